@@ -1,0 +1,31 @@
+#!lua
+--[[ claim_record: insert a record if its key is absent, and list it (insert-if-absent).
+KEYS[1] record hash     <tag>:rec:<kind>:<id>  (or <tag>:jrn:<journal>:<id> for journal entries)
+KEYS[2] listing zset    <tag>:idx:<kind>       member <id>, score = creation time (server ms)
+KEYS[3] owner set       <tag>:own:<owner>      (ignored when ARGV[4] is '')
+ARGV[1] id              the listing member
+ARGV[2] doc             the record's JSON text, stored verbatim
+ARGV[3] request_id      unique per logical call; a resend with the same id answers "ok" again
+ARGV[4] owner           agent id that owns the record, or ''
+Returns:
+  {"ok", created_ms}          this call (or an earlier send of it) created the record
+  {"exists", doc}             another caller's record is there; doc is its stored text
+Writes (only when absent): HSET KEYS[1]; ZADD KEYS[2]; SADD KEYS[3]
+]]
+local rec, listing, owned = KEYS[1], KEYS[2], KEYS[3]
+local id, doc, req, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local existing = redis.call('HMGET', rec, 'doc', 'req', 'at')
+if existing[1] then
+  if existing[2] == req then return {'ok', tonumber(existing[3])} end
+  return {'exists', existing[1]}
+end
+
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', rec, 'doc', doc, 'req', req, 'own', owner, 'at', now_ms)
+redis.call('ZADD', listing, now_ms, id)
+if owner ~= '' then
+  redis.call('SADD', owned, rec .. '|' .. listing .. '|' .. id)
+end
+return {'ok', now_ms}

@@ -1,0 +1,110 @@
+"""The only place where Redis key names are spelled.
+
+Every key carries a hash tag so the store runs unchanged on a Redis Cluster:
+
+* records of one id live in that id's bucket tag ``{<prefix>:b0042}``, next to the
+  per-bucket listings they appear in, so one script can write both atomically;
+* the agent namespace (provisioning keys and agents) shares one tag, because a
+  provisioning key and the agent id it maps to must be checked in one script;
+* deployment metadata lives under ``{<prefix>}``.
+
+The bucket of an id is ``crc32(id) % buckets``; the bucket count is fixed per deployment
+(recorded in the metadata hash at first use).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+DEFAULT_PREFIX = "mrq"
+DEFAULT_BUCKETS = 64
+MAX_BUCKETS = 4096
+
+
+@dataclass(frozen=True)
+class Keyspace:
+    prefix: str = DEFAULT_PREFIX
+    buckets: int = DEFAULT_BUCKETS
+
+    def __post_init__(self) -> None:
+        if not PREFIX_PATTERN.fullmatch(self.prefix):
+            raise ConfigError(
+                f"invalid key prefix {self.prefix!r}: expected [A-Za-z0-9_.-]{{1,32}}")
+        if not 1 <= self.buckets <= MAX_BUCKETS:
+            raise ConfigError(f"invalid bucket count {self.buckets}: expected 1..{MAX_BUCKETS}")
+
+    # -- tags -------------------------------------------------------------------------
+
+    def bucket_of(self, ident: str) -> int:
+        return zlib.crc32(ident.encode()) % self.buckets
+
+    def tag(self, bucket: int) -> str:
+        return f"{{{self.prefix}:b{bucket:04d}}}"
+
+    def tag_of(self, ident: str) -> str:
+        return self.tag(self.bucket_of(ident))
+
+    @property
+    def meta(self) -> str:
+        """Hash: deployment metadata (bucket count, layout version)."""
+        return f"{{{self.prefix}}}:meta"
+
+    # -- claimed records (kind + id) -----------------------------------------------------
+
+    def record(self, kind: str, rid: str) -> str:
+        """Hash {doc, req, own, at}: one claimed record."""
+        return f"{self.tag_of(rid)}:rec:{kind}:{rid}"
+
+    def listing(self, kind: str, bucket: int) -> str:
+        """Sorted set of ids of one kind in one bucket, scored by creation time (ms)."""
+        return f"{self.tag(bucket)}:idx:{kind}"
+
+    def owned(self, owner: str, bucket: int) -> str:
+        """Set of ``record key|listing key|member`` for everything `owner` has in a bucket."""
+        return f"{self.tag(bucket)}:own:{owner}"
+
+    # -- workspace entries (compare-and-set), bucketed by workspace --------------------
+
+    def entry(self, workspace: str, key: str) -> str:
+        return f"{self.tag_of(workspace)}:ws:{workspace}:{key}"
+
+    def entries(self, workspace: str) -> str:
+        return f"{self.tag_of(workspace)}:wsidx:{workspace}"
+
+    # -- effect receipts, in the bucket of their scope (a run id) -----------------------
+
+    def effect(self, scope: str, key: str) -> str:
+        return f"{self.tag_of(scope)}:eff:{scope}:{key}"
+
+    def scope_fence(self, scope: str) -> str:
+        """Hash whose `epoch` field fences writes made on behalf of `scope`."""
+        return f"{self.tag_of(scope)}:fence:{scope}"
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def lease(self, name: str) -> str:
+        return f"{self.tag_of(name)}:lease:{name}"
+
+    def lease_epoch(self, name: str) -> str:
+        return f"{self.tag_of(name)}:epoch:{name}"
+
+    # -- the agent namespace (one tag) ----------------------------------------------------
+
+    @property
+    def agents_tag(self) -> str:
+        return f"{{{self.prefix}:agents}}"
+
+    def provisioning(self, pkey: str) -> str:
+        return f"{self.agents_tag}:prov:{pkey}"
+
+    def agent(self, agent_id: str) -> str:
+        return f"{self.agents_tag}:agent:{agent_id}"
+
+    @property
+    def agent_listing(self) -> str:
+        return f"{self.agents_tag}:idx:agent"

@@ -1,0 +1,107 @@
+"""Records: msgspec Structs, stored as the exact JSON text encoded here.
+
+Rules (see README, "Records"):
+
+* every record has a required ``version``; a reader refuses a version newer than it knows,
+  rather than decoding it and later writing it back without the new fields;
+* user payloads (inputs, results, values) are ``msgspec.Raw``: their bytes are stored and
+  handed back unchanged (key order, unicode, integers of any size);
+* new fields get defaults; a field's type never changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, TypeVar
+
+import msgspec
+
+from .errors import CorruptRecordError, UnsupportedRecordVersionError
+
+
+class Record(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind"):
+    """Base of every stored document. Subclasses set ``tag=`` (their kind) and VERSION."""
+
+    VERSION: ClassVar[int] = 1
+    version: int
+
+
+class IdRecord(Record, kw_only=True, frozen=True):
+    """A record addressed by its own id (claims, journal entries)."""
+
+    id: str
+
+
+class EventRecord(IdRecord, tag="event", kw_only=True, frozen=True):
+    """An inbound event, claimed under ``sha(source, provider event id)`` before its run."""
+
+    source: str
+    payload: msgspec.Raw = msgspec.Raw(b"null")
+    received_at_ms: int = 0
+
+
+class JournalEntry(IdRecord, tag="journal", kw_only=True, frozen=True):
+    """One entry of a named journal (an obligation recorded before it is acted on)."""
+
+    type: str
+    payload: msgspec.Raw = msgspec.Raw(b"null")
+    at_ms: int = 0
+
+
+class AgentRecord(Record, tag="agent", kw_only=True, frozen=True):
+    """A worker/agent created by provisioning; it owns the records it writes."""
+
+    id: str
+    definition_id: str
+    provisioning_key: str
+    created_at_ms: int = 0
+    meta: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class WorkspaceEntry(Record, tag="ws_entry", kw_only=True, frozen=True):
+    """A value in a workspace, updated only by compare-and-set on ``updated_at``."""
+
+    workspace_id: str
+    key: str
+    updated_at: str
+    value: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class EffectReceipt(Record, tag="effect", kw_only=True, frozen=True):
+    """Proof that an effect was reserved under its idempotency key (first claimer wins)."""
+
+    scope: str
+    key: str
+    at_ms: int = 0
+    meta: msgspec.Raw = msgspec.Raw(b"null")
+
+
+R = TypeVar("R", bound=Record)
+IR = TypeVar("IR", bound=IdRecord)
+
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+def kind_of(cls: type[Record]) -> str:
+    tag = cls.__struct_config__.tag
+    if not isinstance(tag, str):
+        raise TypeError(f"{cls.__name__} has no string tag")
+    return tag
+
+
+def encode(record: Record) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode(cls: type[R], data: bytes, key: str) -> R:
+    """Decode `data` as `cls`; `key` names where it came from in every error."""
+    decoder = _decoders.get(cls)
+    if decoder is None:
+        decoder = _decoders[cls] = msgspec.json.Decoder(cls)
+    try:
+        record: R = decoder.decode(data)
+    except msgspec.DecodeError as exc:  # also covers ValidationError
+        raise CorruptRecordError(key, str(exc)) from None
+    if record.version > cls.VERSION:
+        raise UnsupportedRecordVersionError(key, record.version, cls.VERSION)
+    return record

@@ -1,0 +1,236 @@
+"""The only module that calls Lua: loads ``lua/*.lua`` and exposes one method per script.
+
+Calls go out as EVALSHA; a NOSCRIPT answer (Redis restarted or failed over, so its script
+cache is empty) is answered with EVAL of the same source. A dropped connection or a timeout
+is retried with the *same* arguments until a short deadline: every write script carries a
+request id or an owner token and answers a resend with the first send's outcome, so a retry
+can never apply a write twice (README, "No silent duplicate writes").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from .connection import Client
+from .errors import ScriptReplyError
+
+_RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+
+def lua_dir() -> Path:
+    """`lua/` inside the installed package (wheel) or at the top of a source checkout."""
+    packaged = Path(str(resources.files("marbles_rq"))) / "lua"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "lua"
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str
+
+
+def load_scripts(directory: Path | None = None) -> dict[str, Script]:
+    directory = directory or lua_dir()
+    scripts = {}
+    for path in sorted(directory.glob("*.lua")):
+        source = path.read_text()
+        scripts[path.stem] = Script(path.stem, source, hashlib.sha1(source.encode()).hexdigest())
+    if not scripts:
+        raise FileNotFoundError(f"no Lua scripts found in {directory}")
+    return scripts
+
+
+_SCRIPTS: dict[str, Script] | None = None
+
+
+def _scripts() -> dict[str, Script]:
+    global _SCRIPTS
+    if _SCRIPTS is None:
+        _SCRIPTS = load_scripts()
+    return _SCRIPTS
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    won: bool
+    doc: bytes | None  # the existing document when not won
+    at_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    status: str  # created | exists | moved | taken
+    doc: bytes | None = None
+    agent_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CasResult:
+    ok: bool
+    current: str | None  # the entry's updated_at on conflict; None when absent
+
+
+@dataclass(frozen=True)
+class EffectClaim:
+    status: str  # ok | exists | stale_epoch
+    doc: bytes | None = None
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    held: bool  # True when the caller holds it now
+    epoch: int
+    holder: str | None = None
+    ttl_ms: int = 0
+
+
+class Scripts:
+    """Typed calls, keyword arguments in ARGV order; each returns its reply as a value."""
+
+    def __init__(self, client: Client, *, retry_s: float = 3.0) -> None:
+        self.client = client
+        self.retry_s = retry_s
+        self.scripts = _scripts()
+
+    def call(self, name: str, keys: list[str], args: list[str | bytes | int]) -> list[Any]:
+        script = self.scripts[name]
+        deadline = time.monotonic() + self.retry_s
+        for pause in (*_RETRY_PAUSES_S, None):
+            try:
+                try:
+                    reply = self.client.evalsha(script.sha, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    reply = self.client.eval(script.source, len(keys), *keys, *args)
+            except (redis.ConnectionError, redis.TimeoutError):
+                if pause is None or time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                continue
+            if not isinstance(reply, list) or not reply:
+                raise ScriptReplyError(f"{name} replied {reply!r}")
+            return reply
+        raise AssertionError("unreachable")
+
+    def _unexpected(self, name: str, reply: list[Any]) -> ScriptReplyError:
+        return ScriptReplyError(f"{name} replied {reply!r}")
+
+    # -- records -----------------------------------------------------------------------
+
+    def claim_record(self, *, record_key: str, listing_key: str, owned_key: str,
+                     record_id: str, doc: bytes, request_id: str, owner: str) -> Claimed:
+        reply = self.call("claim_record", [record_key, listing_key, owned_key],
+                          [record_id, doc, request_id, owner])
+        status = _s(reply[0])
+        if status == "ok":
+            return Claimed(True, None, int(reply[1]))
+        if status == "exists":
+            return Claimed(False, reply[1])
+        raise self._unexpected("claim_record", reply)
+
+    def provision_agent(self, *, provisioning_key: str, agent_key: str, listing_key: str,
+                        agent_id: str, doc: bytes, request_id: str,
+                        pkey: str) -> Provisioned:
+        reply = self.call("provision_agent", [provisioning_key, agent_key, listing_key],
+                          [agent_id, doc, request_id, pkey])
+        status = _s(reply[0])
+        if status in ("created", "exists"):
+            return Provisioned(status, reply[1])
+        if status == "moved":
+            return Provisioned(status, agent_id=_s(reply[1]))
+        if status == "taken":
+            return Provisioned(status)
+        raise self._unexpected("provision_agent", reply)
+
+    def cas_entry(self, *, entry_key: str, listing_key: str, owned_key: str, expected: str,
+                  updated_at: str, doc: bytes, request_id: str, owner: str,
+                  key: str) -> CasResult:
+        reply = self.call("cas_entry", [entry_key, listing_key, owned_key],
+                          [expected, updated_at, doc, request_id, owner, key])
+        status = _s(reply[0])
+        if status == "ok":
+            return CasResult(True, updated_at)
+        if status == "conflict":
+            return CasResult(False, _s(reply[1]) or None)
+        raise self._unexpected("cas_entry", reply)
+
+    def claim_effect(self, *, receipt_key: str, fence_key: str, doc: bytes, request_id: str,
+                     epoch: int | None) -> EffectClaim:
+        reply = self.call("claim_effect", [receipt_key, fence_key],
+                          [doc, request_id, "" if epoch is None else epoch])
+        status = _s(reply[0])
+        if status == "ok":
+            return EffectClaim("ok")
+        if status == "exists":
+            return EffectClaim("exists", reply[1])
+        if status == "stale_epoch":
+            return EffectClaim("stale_epoch", epoch=int(reply[1]))
+        raise self._unexpected("claim_effect", reply)
+
+    def purge_owned(self, *, owned_key: str,
+                    members: list[tuple[str, str, str]]) -> tuple[int, int]:
+        """`members` are (raw member, record key, listing key); returns (removed, remaining)."""
+        keys = [owned_key]
+        for _, record_key, listing_key in members:
+            keys += [record_key, listing_key]
+        reply = self.call("purge_owned", keys, [m for m, _, _ in members])
+        if _s(reply[0]) != "ok":
+            raise self._unexpected("purge_owned", reply)
+        return int(reply[1]), int(reply[2])
+
+    def purge_agent(self, *, provisioning_key: str, agent_key: str, listing_key: str,
+                    agent_id: str) -> str:
+        reply = self.call("purge_agent", [provisioning_key, agent_key, listing_key], [agent_id])
+        status = _s(reply[0])
+        if status not in ("ok", "not_found", "moved"):
+            raise self._unexpected("purge_agent", reply)
+        return status
+
+    # -- leases ------------------------------------------------------------------------
+
+    def acquire_lease(self, *, lease_key: str, epoch_key: str, token: str,
+                      ttl_ms: int) -> LeaseReply:
+        reply = self.call("acquire_lease", [lease_key, epoch_key], [token, ttl_ms])
+        status = _s(reply[0])
+        if status == "ok":
+            return LeaseReply(True, int(reply[1]), token, int(reply[2]))
+        if status == "held":
+            return LeaseReply(False, int(reply[1]), _s(reply[2]), int(reply[3]))
+        raise self._unexpected("acquire_lease", reply)
+
+    def renew_lease(self, *, lease_key: str, epoch: int, token: str, ttl_ms: int) -> bool:
+        reply = self.call("renew_lease", [lease_key], [epoch, token, ttl_ms])
+        status = _s(reply[0])
+        if status not in ("ok", "lost"):
+            raise self._unexpected("renew_lease", reply)
+        return status == "ok"
+
+    def release_lease(self, *, lease_key: str, epoch: int, token: str) -> bool:
+        reply = self.call("release_lease", [lease_key], [epoch, token])
+        status = _s(reply[0])
+        if status not in ("ok", "not_held"):
+            raise self._unexpected("release_lease", reply)
+        return status == "ok"
+
+    # -- deployment --------------------------------------------------------------------
+
+    def ensure_meta(self, *, meta_key: str, buckets: int, layout: int) -> tuple[bool, str, str]:
+        reply = self.call("ensure_meta", [meta_key], [buckets, layout])
+        status = _s(reply[0])
+        if status not in ("ok", "mismatch"):
+            raise self._unexpected("ensure_meta", reply)
+        return status == "ok", _s(reply[1]), _s(reply[2])

@@ -1,0 +1,388 @@
+"""The durable store: typed operations over Redis (this module) or memory (`memory.py`).
+
+Writes go through `scripts.py` (one Lua script per atomic operation); reads are plain
+commands, pipelined across buckets. Both backends implement `Store` and pass the same
+contract suite (tests/test_store_contract.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol
+
+import redis
+
+from .connection import Client, connect, unavailable
+from .errors import AgentIdTakenError, BucketMismatchError, CorruptRecordError, MarblesError
+from .errors import UnsupportedRecordVersionError as _Unsupported
+from .ids import check_id, check_kind
+from .keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
+from .records import (
+    IR,
+    AgentRecord,
+    EffectReceipt,
+    IdRecord,
+    JournalEntry,
+    R,
+    Record,
+    WorkspaceEntry,
+    decode,
+    encode,
+    kind_of,
+)
+from .scripts import Scripts
+
+log = logging.getLogger("marbles_rq.store")
+
+LAYOUT_VERSION = 1
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class ClaimResult(Generic[R]):
+    won: bool
+    record: R  # ours when won, else the one that was there first
+
+
+@dataclass(frozen=True)
+class Provision:
+    created: bool
+    agent: AgentRecord
+
+
+@dataclass(frozen=True)
+class CasOutcome:
+    ok: bool
+    current: str | None  # updated_at now stored (None = absent)
+
+
+@dataclass(frozen=True)
+class EffectOutcome:
+    won: bool
+    stale: bool = False  # refused: a newer epoch owns the scope
+    receipt: EffectReceipt | None = None  # the first receipt when not won
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A held lease. `valid_until` is on this process's monotonic clock, measured from
+    *before* the acquire was sent, so local time never overstates what we hold."""
+
+    name: str
+    token: str
+    epoch: int
+    ttl_ms: int
+    valid_until: float
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    epoch: int
+    token: str
+    ttl_ms: int
+
+
+class Store(Protocol):
+    keys: Keyspace
+
+    def claim(self, record: IdRecord, *, owner: str = "") -> ClaimResult[Any]: ...
+    def get(self, cls: type[R], record_id: str) -> R | None: ...
+    def get_raw(self, cls: type[Record], record_id: str) -> bytes | None: ...
+    def list_records(self, cls: type[R]) -> list[R]: ...
+    def provision(self, agent: AgentRecord) -> Provision: ...
+    def get_agent(self, agent_id: str) -> AgentRecord | None: ...
+    def list_agents(self) -> list[AgentRecord]: ...
+    def compare_and_set(self, entry: WorkspaceEntry, expected: str | None, *,
+                        owner: str = "") -> CasOutcome: ...
+    def get_entry(self, workspace_id: str, key: str) -> WorkspaceEntry | None: ...
+    def list_entries(self, workspace_id: str) -> list[WorkspaceEntry]: ...
+    def append(self, journal: str, entry: JournalEntry, *,
+               owner: str = "") -> ClaimResult[JournalEntry]: ...
+    def read_journal(self, journal: str) -> list[JournalEntry]: ...
+    def claim_effect(self, receipt: EffectReceipt, *,
+                     epoch: int | None = None) -> EffectOutcome: ...
+    def purge(self, owner: str, *, batch_size: int = 100,
+              max_batches: int | None = None) -> int: ...
+    def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Lease | LeaseHolder: ...
+    def renew_lease(self, lease: Lease) -> Lease | None: ...
+    def release_lease(self, lease: Lease) -> bool: ...
+
+
+def journal_kind(journal: str) -> str:
+    return "journal." + check_kind(journal)
+
+
+class RedisStore:
+    """`Store` on one Redis server or a Redis Cluster (same keys, same scripts)."""
+
+    def __init__(self, client: Client, keys: Keyspace | None = None, *, url: str = "") -> None:
+        self.client = client
+        self.keys = keys or Keyspace()
+        self.url = url
+        self.scripts = Scripts(client)
+        ok, buckets, layout = self.scripts.ensure_meta(
+            meta_key=self.keys.meta, buckets=self.keys.buckets, layout=LAYOUT_VERSION)
+        if not ok:
+            raise BucketMismatchError(
+                f"this deployment (prefix {self.keys.prefix!r}) was created with {buckets} "
+                f"buckets and layout {layout}; this process was configured with "
+                f"{self.keys.buckets} buckets and layout {LAYOUT_VERSION}")
+
+    # -- claims --------------------------------------------------------------------------
+
+    def claim(self, record: IdRecord, *, owner: str = "") -> ClaimResult[Any]:
+        kind = check_kind(kind_of(type(record)))
+        rid = check_id(record.id)
+        return self._claim(type(record), record, self.keys.record(kind, rid),
+                           self.keys.listing(kind, self.keys.bucket_of(rid)), owner)
+
+    def _claim(self, cls: type[IR], record: IR, record_key: str, listing_key: str,
+               owner: str) -> ClaimResult[IR]:
+        rid = record.id
+        if owner:
+            check_id(owner, "owner")
+        reply = self.scripts.claim_record(
+            record_key=record_key, listing_key=listing_key,
+            owned_key=self.keys.owned(owner, self.keys.bucket_of(rid)),
+            record_id=rid, doc=encode(record), request_id=new_request_id(), owner=owner)
+        if reply.won:
+            return ClaimResult(True, record)
+        assert reply.doc is not None
+        return ClaimResult(False, decode(cls, reply.doc, record_key))
+
+    def get_raw(self, cls: type[Record], record_id: str) -> bytes | None:
+        key = self.keys.record(kind_of(cls), check_id(record_id))
+        return self._read(lambda: self.client.hget(key, "doc"))  # type: ignore[no-any-return]
+
+    def get(self, cls: type[R], record_id: str) -> R | None:
+        raw = self.get_raw(cls, record_id)
+        if raw is None:
+            return None
+        return decode(cls, raw, self.keys.record(kind_of(cls), record_id))
+
+    def list_records(self, cls: type[R]) -> list[R]:
+        kind = kind_of(cls)
+        return self._list(cls, lambda b: self.keys.listing(kind, b),
+                          lambda rid: self.keys.record(kind, rid))
+
+    # -- journal ---------------------------------------------------------------------------
+
+    def append(self, journal: str, entry: JournalEntry, *,
+               owner: str = "") -> ClaimResult[JournalEntry]:
+        kind = journal_kind(journal)
+        rid = check_id(entry.id)
+        return self._claim(JournalEntry, entry, self.keys.record(kind, rid),
+                           self.keys.listing(kind, self.keys.bucket_of(rid)), owner)
+
+    def read_journal(self, journal: str) -> list[JournalEntry]:
+        kind = journal_kind(journal)
+        return self._list(JournalEntry, lambda b: self.keys.listing(kind, b),
+                          lambda rid: self.keys.record(kind, rid))
+
+    # -- agents ------------------------------------------------------------------------------
+
+    def provision(self, agent: AgentRecord) -> Provision:
+        check_id(agent.id, "agent id")
+        check_id(agent.provisioning_key, "provisioning key")
+        agent_id, request_id = agent.id, new_request_id()
+        for _ in range(5):  # "moved" only repeats if the mapped agent keeps being purged
+            reply = self.scripts.provision_agent(
+                provisioning_key=self.keys.provisioning(agent.provisioning_key),
+                agent_key=self.keys.agent(agent_id), listing_key=self.keys.agent_listing,
+                agent_id=agent_id, doc=encode(agent), request_id=request_id,
+                pkey=agent.provisioning_key)
+            if reply.status == "taken":
+                raise AgentIdTakenError(
+                    f"agent id {agent.id!r} is taken by another provisioning key")
+            if reply.status == "moved":
+                assert reply.agent_id is not None
+                agent_id = reply.agent_id
+                continue
+            assert reply.doc is not None
+            stored = decode(AgentRecord, reply.doc, self.keys.agent(agent_id))
+            return Provision(reply.status == "created", stored)
+        raise MarblesError(f"provisioning key {agent.provisioning_key!r} keeps changing")
+
+    def get_agent(self, agent_id: str) -> AgentRecord | None:
+        key = self.keys.agent(check_id(agent_id, "agent id"))
+        raw = self._read(lambda: self.client.hget(key, "doc"))
+        return None if raw is None else decode(AgentRecord, raw, key)
+
+    def list_agents(self) -> list[AgentRecord]:
+        return self._list(AgentRecord, lambda b: self.keys.agent_listing, self.keys.agent,
+                          buckets=[0])
+
+    # -- workspace entries ---------------------------------------------------------------
+
+    def compare_and_set(self, entry: WorkspaceEntry, expected: str | None, *,
+                        owner: str = "") -> CasOutcome:
+        ws, key = check_id(entry.workspace_id, "workspace id"), check_id(entry.key, "entry key")
+        if owner:
+            check_id(owner, "owner")
+        reply = self.scripts.cas_entry(
+            entry_key=self.keys.entry(ws, key), listing_key=self.keys.entries(ws),
+            owned_key=self.keys.owned(owner, self.keys.bucket_of(ws)),
+            expected=expected or "", updated_at=entry.updated_at, doc=encode(entry),
+            request_id=new_request_id(), owner=owner, key=key)
+        return CasOutcome(reply.ok, reply.current)
+
+    def get_entry(self, workspace_id: str, key: str) -> WorkspaceEntry | None:
+        rkey = self.keys.entry(check_id(workspace_id, "workspace id"), check_id(key, "entry key"))
+        raw = self._read(lambda: self.client.hget(rkey, "doc"))
+        return None if raw is None else decode(WorkspaceEntry, raw, rkey)
+
+    def list_entries(self, workspace_id: str) -> list[WorkspaceEntry]:
+        ws = check_id(workspace_id, "workspace id")
+        return self._list(WorkspaceEntry, lambda b: self.keys.entries(ws),
+                          lambda k: self.keys.entry(ws, k), buckets=[0])
+
+    # -- effects ---------------------------------------------------------------------------
+
+    def claim_effect(self, receipt: EffectReceipt, *, epoch: int | None = None) -> EffectOutcome:
+        scope = check_id(receipt.scope, "effect scope")
+        if not receipt.key or len(receipt.key) > 512:
+            raise MarblesError("an effect key must be 1..512 characters")
+        key = self.keys.effect(scope, receipt.key)
+        reply = self.scripts.claim_effect(
+            receipt_key=key, fence_key=self.keys.scope_fence(scope), doc=encode(receipt),
+            request_id=new_request_id(), epoch=epoch)
+        if reply.status == "ok":
+            return EffectOutcome(True)
+        if reply.status == "stale_epoch":
+            return EffectOutcome(False, stale=True)
+        assert reply.doc is not None
+        return EffectOutcome(False, receipt=decode(EffectReceipt, reply.doc, key))
+
+    # -- purge -------------------------------------------------------------------------------
+
+    def purge(self, owner: str, *, batch_size: int = 100, max_batches: int | None = None) -> int:
+        """Delete everything `owner` owns, then the agent `owner` itself. Each batch is atomic
+        in its bucket; the whole is idempotent, so an interrupted purge is finished by
+        running it again. Returns how many owned records this call removed."""
+        check_id(owner, "owner")
+        removed = batches = 0
+        pending = list(range(self.keys.buckets))
+        while pending:
+            owned = [self.keys.owned(owner, b) for b in pending]
+            found = self._smembers(owned)
+            pending_next = []
+            for bucket, key, members in zip(pending, owned, found, strict=True):
+                batch = sorted(_s(m) for m in members)[:batch_size]
+                if not batch:
+                    continue
+                if max_batches is not None and batches >= max_batches:
+                    return removed
+                parsed = [(m, *_record_and_listing(m)) for m in batch]
+                n, remaining = self.scripts.purge_owned(owned_key=key, members=parsed)
+                removed += n
+                batches += 1
+                if remaining:
+                    pending_next.append(bucket)
+            pending = pending_next
+        if max_batches is not None and batches >= max_batches:
+            return removed
+        self._purge_agent(owner)
+        return removed
+
+    def _purge_agent(self, agent_id: str) -> None:
+        agent_key = self.keys.agent(agent_id)
+        for _ in range(5):
+            pkey = self._read(lambda: self.client.hget(agent_key, "pkey"))
+            prov = self.keys.provisioning(_s(pkey)) if pkey else self.keys.provisioning("-")
+            status = self.scripts.purge_agent(
+                provisioning_key=prov, agent_key=agent_key,
+                listing_key=self.keys.agent_listing, agent_id=agent_id)
+            if status != "moved":
+                return
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Lease | LeaseHolder:
+        check_id(name, "lease name")
+        started = time.monotonic()
+        reply = self.scripts.acquire_lease(lease_key=self.keys.lease(name),
+                                           epoch_key=self.keys.lease_epoch(name),
+                                           token=token, ttl_ms=ttl_ms)
+        if not reply.held:
+            return LeaseHolder(reply.epoch, reply.holder or "", reply.ttl_ms)
+        return Lease(name, token, reply.epoch, ttl_ms, started + ttl_ms / 1000)
+
+    def renew_lease(self, lease: Lease) -> Lease | None:
+        started = time.monotonic()
+        if not self.scripts.renew_lease(lease_key=self.keys.lease(lease.name), epoch=lease.epoch,
+                                        token=lease.token, ttl_ms=lease.ttl_ms):
+            return None
+        return Lease(lease.name, lease.token, lease.epoch, lease.ttl_ms,
+                     started + lease.ttl_ms / 1000)
+
+    def release_lease(self, lease: Lease) -> bool:
+        released: bool = self.scripts.release_lease(lease_key=self.keys.lease(lease.name),
+                                          epoch=lease.epoch, token=lease.token)
+        return released
+
+    # -- reading helpers -------------------------------------------------------------------
+
+    def _read(self, fn: Any) -> Any:
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise unavailable(self.url or "redis", exc) from None
+
+    def _smembers(self, keys: list[str]) -> list[set[bytes]]:
+        return self._pipeline_read(lambda p: [p.smembers(k) for k in keys])
+
+    def _pipeline_read(self, build: Any) -> list[Any]:
+        def run() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            build(pipe)
+            return list(pipe.execute())
+        return self._read(run)  # type: ignore[no-any-return]
+
+    def _list(self, cls: type[R], listing_key: Any, record_key: Any,
+              buckets: Iterable[int] | None = None) -> list[R]:
+        bucket_list = list(range(self.keys.buckets)) if buckets is None else list(buckets)
+        listings = [listing_key(b) for b in bucket_list]
+        ranked = self._pipeline_read(
+            lambda p: [p.zrange(k, 0, -1, withscores=True) for k in listings])
+        ids = sorted(((score, _s(member)) for rows in ranked for member, score in rows))
+        keys = [record_key(rid) for _, rid in ids]
+        docs = self._pipeline_read(lambda p: [p.hget(k, "doc") for k in keys])
+        records: list[R] = []
+        for key, doc in zip(keys, docs, strict=True):
+            if doc is None:
+                continue  # deleted between the two reads
+            try:
+                records.append(decode(cls, doc, key))
+            except (CorruptRecordError, _Unsupported) as exc:
+                log.warning("skipping unreadable record: %s", exc)
+        return records
+
+
+def _record_and_listing(member: str) -> tuple[str, str]:
+    record_key, listing_key, _ = member.split("|", 2)
+    return record_key, listing_key
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def open_store(url: str | None = None, *, prefix: str = DEFAULT_PREFIX,
+               buckets: int = DEFAULT_BUCKETS) -> RedisStore:
+    """Connect, check the bucket count, and return the store. One clear error otherwise."""
+    client = connect(url)
+    try:
+        return RedisStore(client, Keyspace(prefix, buckets), url=url or "")
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
+        raise unavailable(url or "", exc) from None
+    except redis.ResponseError as exc:
+        if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+            raise unavailable(url or "", exc) from None
+        raise
