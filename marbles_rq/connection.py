@@ -20,6 +20,10 @@ from .errors import ConfigError, RedisUnavailableError
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 URL_ENV = "MARBLES_REDIS_URL"
+TIMEOUT_ENV = "MARBLES_SOCKET_TIMEOUT"
+# Long enough for an fsyncing Redis under load; short enough that a hung server is reported
+# within seconds. Script calls that time out are resent with the same request id.
+DEFAULT_SOCKET_TIMEOUT_S = 3.0
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 Client = redis.Redis | RedisCluster
@@ -43,12 +47,14 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def connect(url: str | None = None, *, socket_timeout: float = 10.0,
+def connect(url: str | None = None, *, socket_timeout: float | None = None,
             connect_timeout: float = 2.0) -> Client:
     """A client for `url`: ``redis://``, ``rediss://``, ``unix://``, or
     ``redis+cluster://host:port`` for a Redis Cluster. Raises ConfigError on a malformed
     URL; does not touch the network."""
     url = url or default_url()
+    if socket_timeout is None:
+        socket_timeout = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_SOCKET_TIMEOUT_S)
     try:
         parts = urlsplit(url)
         _ = parts.port  # raises ValueError on a bad port
@@ -79,10 +85,10 @@ def connect(url: str | None = None, *, socket_timeout: float = 10.0,
 
 def unavailable(url: str, exc: BaseException) -> RedisUnavailableError:
     """One clear line for a failure to talk to Redis."""
+    if "Authentication required" in str(exc) or "NOAUTH" in str(exc):
+        return RedisUnavailableError(f"Redis at {redact(url)} requires a password: {exc}")
     if isinstance(exc, redis.AuthenticationError | redis.AuthenticationWrongNumberOfArgsError):
         return RedisUnavailableError(f"Redis at {redact(url)} refused the credentials: {exc}")
-    if isinstance(exc, redis.ResponseError) and "NOAUTH" in str(exc):
-        return RedisUnavailableError(f"Redis at {redact(url)} requires a password: {exc}")
     if isinstance(exc, redis.TimeoutError):
         return RedisUnavailableError(f"Redis at {redact(url)} did not answer in time: {exc}")
     detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -121,7 +121,12 @@ _children: set[subprocess.Popen[bytes]] = set()
 _children_lock = threading.Lock()
 
 
+_owner_pid = os.getpid()
+
+
 def _kill_children_at_exit() -> None:
+    if os.getpid() != _owner_pid:
+        return  # a forked child (e.g. an RQ work horse) exiting must not kill our servers
     with _children_lock:
         procs = list(_children)
         _children.clear()

@@ -1,0 +1,103 @@
+"""The `marbles-rq` command line. Exit codes: 0 ok; 1 the thing asked about is not ok (a
+doctor problem, a failed run); 2 bad input; 3 Redis unreachable, refused or unsafe."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+import redis
+
+from ..connection import DEFAULT_URL, URL_ENV, connect, unavailable
+from ..errors import (
+    BucketMismatchError,
+    ConfigError,
+    InvalidIdError,
+    MarblesError,
+    RedisUnavailableError,
+    UnsafeRedisError,
+)
+from ..keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
+from ..store import RedisStore, open_store
+
+EXIT_PROBLEM, EXIT_INPUT, EXIT_REDIS = 1, 2, 3
+
+
+@dataclass
+class Settings:
+    redis_url: str
+    prefix: str
+    buckets: int
+    _store: RedisStore | None = field(default=None, repr=False)
+
+    def client(self) -> Any:
+        return connect(self.redis_url)
+
+    def store(self) -> RedisStore:
+        if self._store is None:
+            self._store = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets)
+        return self._store
+
+    @property
+    def keys(self) -> Keyspace:
+        return Keyspace(self.prefix, self.buckets)
+
+
+@click.group()
+@click.option("--redis-url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True,
+              help=f"Redis URL (env {URL_ENV}); redis+cluster://host:port for a cluster.")
+@click.option("--prefix", envvar="MARBLES_PREFIX", default=DEFAULT_PREFIX, show_default=True,
+              help="Key prefix of this deployment (env MARBLES_PREFIX).")
+@click.option("--buckets", envvar="MARBLES_BUCKETS", default=DEFAULT_BUCKETS, show_default=True,
+              type=int, help="Bucket count, fixed per deployment (env MARBLES_BUCKETS).")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int) -> None:
+    """Durable workflows on Redis with RQ workers."""
+    ctx.obj = Settings(redis_url, prefix, buckets)
+
+
+def _register() -> None:
+    from . import doctor
+
+    cli.add_command(doctor.doctor)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every expected failure becomes one line on stderr and an exit code."""
+    _register()
+    try:
+        cli.main(args=argv, prog_name="marbles-rq", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
+    except (ConfigError, InvalidIdError, BucketMismatchError) as exc:
+        _fail(str(exc), EXIT_INPUT)
+    except (RedisUnavailableError, UnsafeRedisError) as exc:
+        _fail(str(exc), EXIT_REDIS)
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
+        _fail(str(unavailable(_url_from(argv), exc)), EXIT_REDIS)
+    except MarblesError as exc:
+        _fail(str(exc), EXIT_PROBLEM)
+    sys.exit(0)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _url_from(argv: list[str] | None) -> str:
+    import os
+
+    args = sys.argv[1:] if argv is None else argv
+    for i, arg in enumerate(args):
+        if arg == "--redis-url" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--redis-url="):
+            return arg.split("=", 1)[1]
+    return os.environ.get(URL_ENV) or DEFAULT_URL

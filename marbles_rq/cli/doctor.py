@@ -1,0 +1,45 @@
+"""`marbles-rq doctor`: is the configured Redis durable enough for marbles-rq?"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+import redis
+
+from ..connection import unavailable
+from ..doctor import check_durability, problem_line, problems, report
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as one JSON object.")
+@click.pass_obj
+def doctor(settings: object, as_json: bool) -> None:
+    """Check the durability settings of Redis; exit 1 if a write could be lost or evicted."""
+    url = getattr(settings, "redis_url")
+    client = getattr(settings, "client")()
+    try:
+        checks = check_durability(client)
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError,
+            redis.ResponseError) as exc:
+        raise unavailable(url, exc) from None
+    bad = problems(checks)
+    if as_json:
+        click.echo(json.dumps({"redis_url": _redacted(url), **report(checks)}, indent=2))
+    else:
+        click.echo(f"Redis {_redacted(url)}")
+        for check in checks:
+            click.echo("  " + check.line())
+        for check in bad:
+            click.echo(f"problem: {problem_line(check)}", err=True)
+        if not bad:
+            click.echo("ok: acknowledged writes survive a crash and are never evicted")
+    if bad:
+        sys.exit(1)
+
+
+def _redacted(url: str) -> str:
+    from ..connection import redact
+
+    return redact(url)
