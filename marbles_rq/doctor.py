@@ -75,7 +75,7 @@ def check_durability(client: Client) -> list[Check]:
     names = [*REQUIRED, *RECOMMENDED]
     if isinstance(client, RedisCluster):
         checks = []
-        for node in client.get_primaries():
+        for node in client.get_primaries():  # type: ignore[no-untyped-call]
             conn = client.get_redis_connection(node)
             checks += _read(conn, node.name, names)
         return checks

@@ -102,7 +102,7 @@ def test_unanswering_redis_times_out_within_five_seconds() -> None:
         env_url = f"redis://127.0.0.1:{port}/0"
         proc = subprocess.run(
             [sys.executable, "-c",
-             "from marbles_rq.cli import main; main(['--redis-url', %r, 'doctor'])" % env_url],
+             f"from marbles_rq.cli import main; main(['--redis-url', {env_url!r}, 'doctor'])"],
             capture_output=True, text=True, timeout=30)
         assert time.monotonic() - started < 5
         assert proc.returncode == 3

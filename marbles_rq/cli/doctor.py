@@ -10,15 +10,16 @@ import redis
 
 from ..connection import unavailable
 from ..doctor import check_durability, problem_line, problems, report
+from . import Settings
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as one JSON object.")
 @click.pass_obj
-def doctor(settings: object, as_json: bool) -> None:
+def doctor(settings: Settings, as_json: bool) -> None:
     """Check the durability settings of Redis; exit 1 if a write could be lost or evicted."""
-    url = getattr(settings, "redis_url")
-    client = getattr(settings, "client")()
+    url = settings.redis_url
+    client = settings.client()
     try:
         checks = check_durability(client)
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError,
