@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import math
 import multiprocessing as mp
@@ -64,6 +65,7 @@ PREFIX = "bench"
 WORKLOADS = ("setnx", "claim", "cas")
 LABEL = {"setnx": "SET NX", "claim": "claim", "cas": "CAS"}
 MAIN_COMMAND = {"setnx": "set", "claim": "evalsha", "cas": "evalsha"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # unit of /proc/stat
 AIM = 0.8  # the project's stated aim: claim >= 0.8x raw SET NX
 RECEIVED_AT_MS = 1_796_000_000_000
 
@@ -251,6 +253,8 @@ class Cell:
     before: Snapshot
     after: Snapshot
     capped: bool = False
+    client_cpu_raw_ns: int = 0  # all client CPU in the window, also after a cap
+    round_rates: list[float] = field(default_factory=list)  # with --rounds > 1
 
     @property
     def rate(self) -> float:
@@ -298,6 +302,28 @@ class Cell:
     def host_busy_pct(self) -> float:
         total = self.after.host_total - self.before.host_total
         return 100.0 * (self.after.host_busy - self.before.host_busy) / total if total else 0.0
+
+    def other_cpu_pct(self) -> float:
+        """Share of the machine busy with anything but these clients and redis-server (other
+        sessions, this script's parent, kernel time not charged to a process)."""
+        total = self.after.host_total - self.before.host_total
+        if not total:
+            return 0.0
+        busy_s = (self.after.host_busy - self.before.host_busy) / CLK_TCK
+        ours_s = (self.client_cpu_raw_ns
+                  + self.after.server_cpu_ns - self.before.server_cpu_ns) / 1e9
+        return max(0.0, 100.0 * (busy_s - ours_s) / (total / CLK_TCK))
+
+
+def merge(runs: list[Cell]) -> Cell:
+    """Several rounds of one cell: the median-throughput round, with every round's latencies."""
+    if len(runs) == 1:
+        return runs[0]
+    mid = sorted(runs, key=lambda c: c.rate)[len(runs) // 2]
+    return dataclasses.replace(
+        mid, lat_ns=sorted(x for c in runs for x in c.lat_ns),
+        errors=sum(c.errors for c in runs), capped=any(c.capped for c in runs),
+        round_rates=[c.rate for c in runs])
 
 
 def sleep_until(deadline_ns: int) -> None:
@@ -375,7 +401,7 @@ def run_cell(ctx: Any, url: str, server_pid: int, workload: str, clients: int,
     measured = sum(len(array("q", r["lat"])) for r in results)
     cpu_for_kept = cpu * (sum(per_client) / measured) if measured else 0
     return Cell(workload, clients, window / 1e9, len(lat), errors, lat, per_client,
-                int(cpu_for_kept), before, after, capped)
+                int(cpu_for_kept), before, after, capped, cpu)
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,6 +471,95 @@ def client_breakdown(url: str, payload_bytes: int) -> list[tuple[str, float]]:
     return rows
 
 
+def _stats(client: redis.Redis) -> dict[str, tuple[int, int]]:
+    out = {}
+    for name, row in client.info("commandstats").items():
+        if isinstance(row, dict) and str(name).startswith("cmdstat_"):
+            out[str(name)[8:]] = (int(row["calls"]), int(row["usec"]))
+    return out
+
+
+def _function_library(scripts: dict[str, Any]) -> str:
+    """claim_record's exact body, registered as a Redis Function (7.0+) for comparison."""
+    body = scripts["claim_record"].source.split("\n", 1)[1]  # drop the #!lua shebang
+    return ("#!lua name=marbles_bench_probe\n"
+            "redis.register_function('bench_noop', function(KEYS, ARGV) return {'ok', 1} end)\n"
+            "redis.register_function('bench_claim_record', function(KEYS, ARGV)\n"
+            f"{body}\nend)\n")
+
+
+def server_probe(url: str, payload_bytes: int, calls: int = 600, batch: int = 100,
+                 rounds: int = 5) -> list[tuple[str, str, float, float]]:
+    """Server-side time per call from INFO commandstats. Each variant is sent from one
+    connection in pipelines of `batch` (so fsync and client speed do not matter, and
+    redis-server is not preempted by 16 clients), `calls` per round, variants interleaved,
+    median of `rounds`: (label, command, usec per call, usec of the commands it ran)."""
+    client = connect(url)
+    store = RedisStore(client, Keyspace(PREFIX), url=url)
+    keys, scripts = store.keys, store.scripts.scripts
+    payload = msgspec.Raw(make_payload(payload_bytes))
+    noop_sha = str(client.script_load("#!lua\nreturn {'ok', 1}"))
+    set_sha = str(client.script_load(
+        "#!lua\nif redis.call('SET', KEYS[1], ARGV[1], 'NX') then return {'ok', 1} end\n"
+        "return {'exists', 0}"))
+    client.function_load(_function_library(scripts), replace=True)
+    tag = f"probe{os.getpid()}"
+    value = encode(event(f"{tag}.0", payload))
+    claim_sha, cas_sha = scripts["claim_record"].sha, scripts["cas_entry"].sha
+    ws = f"{tag}.ws"
+    store.compare_and_set(entry(ws, stamp(0), payload), None)
+
+    def claim_args(v: str, i: int) -> list[Any]:
+        rid = f"{tag}.{v}.{i}"
+        return [3, keys.record("event", rid), keys.listing("event", keys.bucket_of(rid)),
+                keys.owned("", keys.bucket_of(rid)), rid, encode(event(rid, payload)),
+                new_request_id(), ""]
+
+    variants: list[tuple[str, str, Callable[[Any, int], Any]]] = [
+        ("SET key val NX", "set",
+         lambda p, i: p.set(f"{setnx_key_prefix(keys)}{tag}.{i}", value, nx=True)),
+        ("EVALSHA trivial script (return {'ok',1})", "evalsha",
+         lambda p, i: p.evalsha(noop_sha, 0)),
+        ("FCALL trivial function", "fcall", lambda p, i: p.fcall("bench_noop", 0)),
+        ("EVALSHA script doing one SET key val NX", "evalsha",
+         lambda p, i: p.evalsha(set_sha, 1, f"{setnx_key_prefix(keys)}{tag}.s{i}", value)),
+        ("EVALSHA claim_record", "evalsha",
+         lambda p, i: p.evalsha(claim_sha, *claim_args("e", i))),
+        ("FCALL claim_record body as a Function", "fcall",
+         lambda p, i: p.fcall("bench_claim_record", *claim_args("f", i))),
+        ("EVALSHA cas_entry (update path)", "evalsha",
+         lambda p, i: p.evalsha(cas_sha, 3, keys.entry(ws, "state"), keys.entries(ws),
+                                keys.owned("", keys.bucket_of(ws)), stamp(i), stamp(i + 1),
+                                encode(entry(ws, stamp(i + 1), payload)),
+                                new_request_id(), "", "state")),
+    ]
+    samples: list[list[tuple[float, float]]] = [[] for _ in variants]
+    for r in range(rounds):
+        for v, (_, command, call) in enumerate(variants):
+            before = _stats(client)
+            for start in range(r * calls, (r + 1) * calls, batch):
+                pipe = client.pipeline(transaction=False)
+                for i in range(start, start + batch):
+                    call(pipe, i)
+                pipe.execute()
+            after = _stats(client)
+            delta = {k: (c1 - before.get(k, (0, 0))[0], u1 - before.get(k, (0, 0))[1])
+                     for k, (c1, u1) in after.items()}
+            n, usec = delta.get(command, (0, 0))
+            inner = sum(u for k, (_, u) in delta.items()
+                        if k not in ("info", "evalsha", "fcall") and k != command)
+            if n:
+                samples[v].append((usec / n, inner / n if command != "set" else math.nan))
+    rows = []
+    for (label, command, _), got in zip(variants, samples, strict=True):
+        got.sort()
+        usec, inner = got[len(got) // 2] if got else (math.nan, math.nan)
+        rows.append((label, command, usec, inner))
+    client.function_delete("marbles_bench_probe")
+    client.close()
+    return rows
+
+
 def profile_claims(url: str, payload_bytes: int, seconds: float, top: int) -> str:
     """cProfile of one client claiming against the live server (c=1), top `top` by tottime."""
     payload = msgspec.Raw(make_payload(payload_bytes))
@@ -499,7 +614,7 @@ def table(rows: list[list[str]], right: set[int]) -> list[str]:
                  for k, (c, w) in enumerate(zip(r, widths, strict=True))]
         out.append("  " + "  ".join(cells).rstrip())
         if n == 0:
-            out.append("  " + "  ".join("-" * w for w in widths))
+            out.append(("  " + "  ".join("-" * w for w in widths)).rstrip())
     return out
 
 
@@ -515,12 +630,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated concurrency levels (default 1,16)")
     parser.add_argument("--payload-bytes", type=int, default=256,
                         help="size of the EventRecord / WorkspaceEntry JSON payload (default 256)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat every cell R times; report the median round (default 1)")
     parser.add_argument("--no-profile", action="store_true",
                         help="skip the client-side breakdown and the cProfile section")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.clients.split(",") if x.strip()]
-    if not levels or min(levels) < 1 or args.seconds <= 0 or args.ops < 0 or args.warmup < 0:
-        parser.error("need --clients >= 1, --seconds > 0, --ops >= 0, --warmup >= 0")
+    if (not levels or min(levels) < 1 or args.rounds < 1 or args.seconds <= 0 or args.ops < 0
+            or args.warmup < 0):
+        parser.error("need --clients >= 1, --rounds >= 1, --seconds > 0, --ops >= 0, "
+                     "--warmup >= 0")
 
     from tests.redis_procs import RedisServer  # only the parent starts a server
 
@@ -571,22 +690,26 @@ def run(args: argparse.Namespace, levels: list[int], server: Any, rep: Report) -
     rep.add()
 
     ctx = mp.get_context("spawn")
-    cells: dict[tuple[str, int], Cell] = {}
+    runs: dict[tuple[str, int], list[Cell]] = {}
     n = 0
-    for clients in levels:
-        for workload in WORKLOADS:
-            n += 1
-            cells[workload, clients] = run_cell(ctx, server.url, server.pid, workload, clients,
-                                                args, n)
+    for _ in range(args.rounds):
+        for clients in levels:
+            for workload in WORKLOADS:
+                n += 1
+                runs.setdefault((workload, clients), []).append(
+                    run_cell(ctx, server.url, server.pid, workload, clients, args, n))
+    cells = {k: merge(v) for k, v in runs.items()}
 
-    rows = [["clients", "op", "ops/s", "p50 ms", "p99 ms", "x SET NX", "errors"]]
+    rows = [["clients", "op", "ops/s", "p50 ms", "p99 ms", "x SET NX", "errors",
+             "ops/s of each round" if args.rounds > 1 else ""]]
     for clients in levels:
         base = cells["setnx", clients].rate
         for workload in WORKLOADS:
             c = cells[workload, clients]
             ratio = c.rate / base if base else math.nan
             rows.append([str(clients), LABEL[workload], fmt_rate(c.rate), fmt(c.pct(0.5), 3),
-                         fmt(c.pct(0.99), 3), fmt(ratio, 2), str(c.errors)])
+                         fmt(c.pct(0.99), 3), fmt(ratio, 2), str(c.errors),
+                         " ".join(fmt_rate(r) for r in c.round_rates)])
     rep.add("results (appendfsync always)")
     for line in table(rows, right={0, 2, 3, 4, 5, 6}):
         rep.add(line)
@@ -604,7 +727,7 @@ def run(args: argparse.Namespace, levels: list[int], server: Any, rep: Report) -
     rep.add()
 
     rows = [["clients", "op", "client CPU", "server CPU", "server cmd", "script inner",
-             "CPU total", "CPU-bound max", "host busy", "ops/client"]]
+             "CPU total", "CPU-bound max", "host busy", "other", "ops/client"]]
     for clients in levels:
         for workload in WORKLOADS:
             c = cells[workload, clients]
@@ -616,9 +739,9 @@ def run(args: argparse.Namespace, levels: list[int], server: Any, rep: Report) -
                          fmt(c.server_cpu_us_per_op()),
                          f"{main_cmd} {fmt(c.usec_per_call(main_cmd), 2)}",
                          fmt(c.inner_usec_per_op(), 2), fmt(total), fmt_rate(bound),
-                         f"{c.host_busy_pct():.0f}%", spread])
+                         f"{c.host_busy_pct():.0f}%", f"{c.other_cpu_pct():.0f}%", spread])
     rep.add("where the time goes (same windows; CPU in us per op)")
-    for line in table(rows, right={0, 2, 3, 5, 6, 7, 8}):
+    for line in table(rows, right={0, 2, 3, 5, 6, 7, 8, 9}):
         rep.add(line)
     rep.add("  client CPU  : sum of the client processes' CPU time / ops (Python, redis-py, "
             "syscalls)")
@@ -630,12 +753,22 @@ def run(args: argparse.Namespace, levels: list[int], server: Any, rep: Report) -
             "ZADD, ...) per script call")
     rep.add(f"  CPU-bound max: {ncpu} CPUs / (client + server CPU per op), the ceiling "
             "when the CPUs, not fsync, are the limit")
+    rep.add("  host busy / other: all CPUs' utilisation (/proc/stat), and the part of it not "
+            "used by these clients or redis-server (other sessions on the machine, kernel)")
     rep.add()
 
     if not args.no_profile:
         rep.add("client-side cost of one claim without the network (one process, us per call)")
         for name, us in client_breakdown(server.url, args.payload_bytes):
             rep.add(f"  {name:52s} {us:7.2f}")
+        rep.add()
+        rep.add("server-side time per call: one connection, pipelines of 100, variants "
+                "interleaved, median of 5 x 600 calls (INFO commandstats)")
+        rows = [["call", "cmd", "us/call", "of which inner cmds"]]
+        for label, command, usec, inner in server_probe(server.url, args.payload_bytes):
+            rows.append([label, command, fmt(usec, 2), fmt(inner, 2)])
+        for line in table(rows, right={2, 3}):
+            rep.add(line)
         rep.add()
         rep.add("cProfile of RedisStore.claim, 1 client, live server, top 14 by tottime")
         rep.add(profile_claims(server.url, args.payload_bytes, 1.5, 14))

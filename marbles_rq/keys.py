@@ -27,6 +27,17 @@ MAX_BUCKETS = 4096
 
 
 @dataclass(frozen=True)
+class RunKeys:
+    run: str
+    steps: str
+    output: str
+    listing: str
+    leases: str
+    dispatch: str
+    fence: str
+
+
+@dataclass(frozen=True)
 class Keyspace:
     prefix: str = DEFAULT_PREFIX
     buckets: int = DEFAULT_BUCKETS
@@ -84,6 +95,39 @@ class Keyspace:
     def scope_fence(self, scope: str) -> str:
         """Hash whose `epoch` field fences writes made on behalf of `scope`."""
         return f"{self.tag_of(scope)}:fence:{scope}"
+
+    # -- runs: every key of one run, and its bucket's indexes, share the run's tag ----------
+
+    def run(self, run_id: str) -> str:
+        """Hash: the run's document and the fields its scripts test (status, attempt, epoch)."""
+        return f"{self.tag_of(run_id)}:run:{run_id}"
+
+    def steps(self, run_id: str) -> str:
+        """Hash: the ledger, step key ``<path>#<position>`` -> StepRecord JSON."""
+        return f"{self.tag_of(run_id)}:steps:{run_id}"
+
+    def output(self, run_id: str) -> str:
+        """Stream: the run's output journal (lifecycle, stream.write, logs, final record)."""
+        return f"{self.tag_of(run_id)}:out:{run_id}"
+
+    def run_leases(self, bucket: int) -> str:
+        """Sorted set: run id -> lease expiry (server ms) of executing runs in the bucket."""
+        return f"{self.tag(bucket)}:leases"
+
+    def run_dispatch(self, bucket: int) -> str:
+        """Sorted set: run id -> when the controller checks that its delivery was enqueued."""
+        return f"{self.tag(bucket)}:dispatch"
+
+    def controller_fence(self, bucket: int) -> str:
+        """Hash {epoch}: the newest controller epoch that wrote to this bucket."""
+        return f"{self.tag(bucket)}:ctl"
+
+    def run_keys(self, run_id: str) -> RunKeys:
+        bucket = self.bucket_of(run_id)
+        return RunKeys(run=self.run(run_id), steps=self.steps(run_id),
+                       output=self.output(run_id), listing=self.listing("run", bucket),
+                       leases=self.run_leases(bucket), dispatch=self.run_dispatch(bucket),
+                       fence=self.controller_fence(bucket))
 
     # -- leases ---------------------------------------------------------------------------
 

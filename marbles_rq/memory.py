@@ -46,6 +46,8 @@ class _Doc:
     owner: str = ""
     at_ms: int = 0
     updated_at: str = ""
+    listing: str = ""  # the listing it appears in, and as which member (for purge)
+    member: str = ""
 
 
 @dataclass
@@ -77,7 +79,7 @@ class MemoryStore:
         if existing is not None:
             return existing
         at = self._now_ms()
-        self.docs[key] = _Doc(doc, owner, at)
+        self.docs[key] = _Doc(doc, owner, at, listing=listing, member=member)
         self.listings.setdefault(listing, {})[member] = at
         return None
 
@@ -225,10 +227,8 @@ class MemoryStore:
                 if max_batches is not None and batches >= max_batches:
                     return removed
                 for key in mine:
-                    del self.docs[key]
-                    for members in self.listings.values():
-                        for member in [m for m in members if key.endswith(":" + m)]:
-                            del members[member]
+                    doc = self.docs.pop(key)
+                    self.listings.get(doc.listing, {}).pop(doc.member, None)
                 removed += len(mine)
                 batches += 1
         if max_batches is not None and batches >= max_batches:

@@ -75,6 +75,38 @@ class EffectReceipt(Record, tag="effect", kw_only=True, frozen=True):
     meta: msgspec.Raw = msgspec.Raw(b"null")
 
 
+class ErrorInfo(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    type: str
+    message: str
+    step: str = ""
+    traceback: str = ""
+
+
+class RunRecord(Record, tag="run", kw_only=True, frozen=True):
+    """What was asked for: written once when the run is recorded, never rewritten. The
+    mutable state (status, attempt, epoch, result) lives in the run hash's own fields."""
+
+    id: str
+    name: str
+    queue: str
+    input: msgspec.Raw
+    requested_at_ms: int
+    timeout_s: float = 0.0
+    max_deliveries: int = 20
+
+
+class StepRecord(Record, tag="step", kw_only=True, frozen=True):
+    """The ledger entry of one step call, keyed ``<path>#<position>``."""
+
+    key: str
+    name: str
+    status: str  # running | succeeded | failed
+    attempts: int
+    result: msgspec.Raw = msgspec.Raw(b"null")  # msgspec cannot decode `Raw | None`
+    error: ErrorInfo | None = None
+    at_ms: int = 0
+
+
 R = TypeVar("R", bound=Record)
 IR = TypeVar("IR", bound=IdRecord)
 

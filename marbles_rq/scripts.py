@@ -20,6 +20,7 @@ import redis
 
 from .connection import Client
 from .errors import ScriptReplyError
+from .keys import RunKeys
 
 _RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 
@@ -97,6 +98,14 @@ class LeaseReply:
     epoch: int
     holder: str | None = None
     ttl_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A run script's reply: its status word and the values after it (see each header)."""
+
+    status: str
+    values: list[Any]
 
 
 class Scripts:
@@ -225,6 +234,72 @@ class Scripts:
         if status not in ("ok", "not_held"):
             raise self._unexpected("release_lease", reply)
         return status == "ok"
+
+    # -- runs: thin calls; runs.py interprets the replies ---------------------------------
+
+    def _reply(self, name: str, keys: list[str], args: list[str | bytes | int],
+               statuses: tuple[str, ...]) -> Reply:
+        reply = self.call(name, keys, args)
+        status = _s(reply[0])
+        if status not in statuses:
+            raise self._unexpected(name, reply)
+        return Reply(status, reply[1:])
+
+    def claim_run(self, *, keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
+                  timeout_ms: int, max_deliveries: int, grace_ms: int, event: bytes) -> Reply:
+        return self._reply("claim_run", [keys.run, keys.listing, keys.dispatch, keys.output],
+                           [run_id, doc, request_id, queue, timeout_ms, max_deliveries,
+                            grace_ms, event], ("ok", "exists"))
+
+    def start_attempt(self, *, keys: RunKeys, run_id: str, attempt: int, ttl_ms: int,
+                      worker: str, final_cancel: bytes, final_timeout: bytes) -> Reply:
+        return self._reply(
+            "start_attempt",
+            [keys.run, keys.steps, keys.leases, keys.dispatch, keys.output],
+            [run_id, attempt, ttl_ms, worker, final_cancel, final_timeout],
+            ("ok", "missing", "settled", "stale_attempt", "busy", "cancelled", "timed_out"))
+
+    def start_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
+                   event: bytes) -> Reply:
+        return self._reply("start_step", [keys.run, keys.steps, keys.output],
+                           [epoch, step_key, record, event],
+                           ("ok", "stale", "settled", "cancelled"))
+
+    def commit_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
+                    event_type: str, event: bytes, run_id: str, ttl_ms: int) -> Reply:
+        return self._reply("commit_step", [keys.run, keys.steps, keys.leases, keys.output],
+                           [epoch, step_key, record, event_type, event, run_id, ttl_ms],
+                           ("ok", "cancelled", "stale", "settled"))
+
+    def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes) -> Reply:
+        return self._reply("append_output", [keys.run, keys.output], [epoch, type, data],
+                           ("ok", "stale", "settled"))
+
+    def renew_attempt(self, *, keys: RunKeys, epoch: int, ttl_ms: int, run_id: str) -> Reply:
+        return self._reply("renew_attempt", [keys.run, keys.leases], [epoch, ttl_ms, run_id],
+                           ("ok", "stale", "settled", "cancelled", "timed_out"))
+
+    def settle_run(self, *, keys: RunKeys, epoch: int, status: str, result: bytes,
+                   error: bytes, event: bytes, run_id: str) -> Reply:
+        return self._reply("settle_run", [keys.run, keys.leases, keys.dispatch, keys.output],
+                           [epoch, status, result, error, event, run_id],
+                           ("ok", "settled", "stale"))
+
+    def cancel_run(self, *, keys: RunKeys, run_id: str, event: bytes) -> Reply:
+        return self._reply("cancel_run", [keys.run, keys.leases, keys.dispatch, keys.output],
+                           [run_id, event], ("cancelled", "requested", "settled", "missing"))
+
+    def reap_run(self, *, keys: RunKeys, run_id: str, ctl_epoch: int, grace_ms: int,
+                 final_cancel: bytes, final_gave_up: bytes) -> Reply:
+        return self._reply(
+            "reap_run", [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence],
+            [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up],
+            ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced"))
+
+    def abandon_attempt(self, *, keys: RunKeys, run_id: str, attempt: int,
+                        worker: str) -> Reply:
+        return self._reply("abandon_attempt", [keys.run, keys.leases], [run_id, attempt, worker],
+                           ("ok", "ignored"))
 
     # -- deployment --------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import threading
 import time
 import traceback
@@ -121,11 +122,28 @@ def run_processes(url: str, job: str, args: Sequence[tuple[Any, ...]]) -> list[A
                          daemon=True) for i, a in enumerate(args)]
     for p in procs:
         p.start()
+    got: dict[int, Any] = {}
+    errors: list[str] = []
     try:
-        got: dict[int, Any] = {}
-        errors: list[str] = []
-        for _ in procs:
-            index, ok, value = results.get(timeout=RESULT_TIMEOUT_S)
+        deadline = time.monotonic() + RESULT_TIMEOUT_S
+        reported: set[int] = set()
+        while len(reported) < len(procs):
+            try:
+                index, ok, value = results.get(timeout=0.5)
+            except queue.Empty:
+                # A worker that died without reporting (a crash, not an exception) would
+                # otherwise leave us waiting for the full timeout.
+                dead = [i for i, p in enumerate(procs)
+                        if i not in reported and p.exitcode is not None]
+                if dead and results.empty():
+                    raise AssertionError(
+                        f"workers {dead} exited without a result (exit codes "
+                        f"{[procs[i].exitcode for i in dead]})") from None
+                if time.monotonic() > deadline:
+                    msg = f"workers still running after {RESULT_TIMEOUT_S}s"
+                    raise AssertionError(msg) from None
+                continue
+            reported.add(index)
             if ok:
                 got[index] = value
             else:

@@ -3,6 +3,7 @@ doctor problem, a failed run); 2 bad input; 3 Redis unreachable, refused or unsa
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from ..errors import (
     UnsafeRedisError,
 )
 from ..keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
+from ..runs import RunStore
 from ..store import RedisStore, open_store
 
 EXIT_PROBLEM, EXIT_INPUT, EXIT_REDIS = 1, 2, 3
@@ -30,7 +32,27 @@ class Settings:
     redis_url: str
     prefix: str
     buckets: int
+    source: str | None = None
+    rq_url: str | None = None
     _store: RedisStore | None = field(default=None, repr=False)
+    _loaded: bool = field(default=False, repr=False)
+
+    def load_source(self) -> None:
+        """Import the workflow definitions named by --source (once)."""
+        from ..authoring import load_source
+
+        if self.source and not self._loaded:
+            for part in self.source.split(os.pathsep):
+                load_source(part)
+            self._loaded = True
+
+    def runs(self) -> RunStore:
+        return RunStore(self.store())
+
+    def rq(self) -> redis.Redis:
+        from ..dispatch import rq_connection
+
+        return rq_connection(self.rq_url or self.redis_url)
 
     def client(self) -> Any:
         return connect(self.redis_url)
@@ -52,16 +74,25 @@ class Settings:
               help="Key prefix of this deployment (env MARBLES_PREFIX).")
 @click.option("--buckets", envvar="MARBLES_BUCKETS", default=DEFAULT_BUCKETS, show_default=True,
               type=int, help="Bucket count, fixed per deployment (env MARBLES_BUCKETS).")
+@click.option("--source", envvar="MARBLES_SOURCE", default=None,
+              help="Workflow definitions: a module path, a file, or a folder of modules "
+                   "(env MARBLES_SOURCE).")
+@click.option("--rq-url", envvar="MARBLES_RQ_URL", default=None,
+              help="Redis for RQ's queues if not the store's (required when the store is a "
+                   "cluster; env MARBLES_RQ_URL).")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int) -> None:
+def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: str | None,
+        rq_url: str | None) -> None:
     """Durable workflows on Redis with RQ workers."""
-    ctx.obj = Settings(redis_url, prefix, buckets)
+    ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url)
 
 
 def _register() -> None:
-    from . import doctor
+    from . import doctor, procs, runs
 
-    cli.add_command(doctor.doctor)
+    for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
+                    procs.worker, procs.controller, doctor.doctor):
+        cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,7 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
         _fail(str(unavailable(_url_from(argv), exc)), EXIT_REDIS)
     except MarblesError as exc:
-        _fail(str(exc), EXIT_PROBLEM)
+        from ..authoring import DefinitionError, InputError, UnknownWorkflowError
+        from ..runs import RunNotFoundError
+
+        bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError)
+        _fail(str(exc), EXIT_INPUT if isinstance(exc, bad_input) else EXIT_PROBLEM)
     sys.exit(0)
 
 

@@ -1,0 +1,37 @@
+#!lua
+--[[ cancel_run: cancel a run. A run that is not executing is settled cancelled at once (a
+later delivery of it is a no-op); a running one is flagged, and its execution stops at the
+next step boundary or lease renewal and settles itself cancelled.
+KEYS[1] run hash        <tag>:run:<run id>
+KEYS[2] lease zset      <tag>:leases
+KEYS[3] dispatch zset   <tag>:dispatch
+KEYS[4] output stream   <tag>:out:<run id>
+ARGV[1] run_id
+ARGV[2] event           JSON data of the output event (the final one when settled now)
+Returns:
+  {"cancelled"}           settled cancelled by this call
+  {"requested"}           the run is executing; it will stop and settle itself
+  {"settled", status}     already finished; nothing written
+  {"missing"}             no such run
+Writes: HSET KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]
+]]
+local run, leases, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local run_id = ARGV[1]
+local r = redis.call('HMGET', run, 'status', 'attempt')
+if not r[1] then return {'missing'} end
+if r[1] == 'succeeded' or r[1] == 'failed' or r[1] == 'cancelled' then
+  return {'settled', r[1]}
+end
+if r[1] == 'running' or r[1] == 'waiting' then
+  redis.call('HSET', run, 'cancel', '1')
+  redis.call('XADD', out, '*', 't', 'cancel_requested', 'a', r[2], 'd', ARGV[2])
+  return {'requested'}
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', run, 'status', 'cancelled', 'cancel', '1', 'finished_ms', now_ms)
+redis.call('HINCRBY', run, 'epoch', 1)  -- fences anything still holding the old epoch
+redis.call('ZREM', leases, run_id)
+redis.call('ZREM', dispatch, run_id)
+redis.call('XADD', out, '*', 't', 'final', 'a', r[2], 'd', ARGV[2])
+return {'cancelled'}

@@ -1,0 +1,31 @@
+#!lua
+--[[ commit_step: record a step attempt's outcome in the ledger, and extend the lease.
+KEYS[1] run hash        <tag>:run:<run id>
+KEYS[2] ledger hash     <tag>:steps:<run id>
+KEYS[3] lease zset      <tag>:leases
+KEYS[4] output stream   <tag>:out:<run id>
+ARGV[1] epoch           the execution's fence
+ARGV[2] step_key
+ARGV[3] record          StepRecord JSON (succeeded with its result, or failed with its error)
+ARGV[4] event_type      step_succeeded | step_failed | step_retry
+ARGV[5] event           JSON data of the output event
+ARGV[6] run_id
+ARGV[7] ttl_ms          the lease is extended to now + ttl_ms
+Returns:
+  {"ok"}
+  {"cancelled"}           written, but cancel was requested: the body must stop
+  {"stale", epoch}        a newer execution owns the run; nothing written
+  {"settled", status}     the run is finished; nothing written
+Writes (ok/cancelled): HSET KEYS[2]; ZADD XX KEYS[3]; XADD KEYS[4]
+]]
+local run, steps, leases, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt')
+if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
+if r[2] ~= 'running' then return {'settled', r[2] or ''} end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', steps, ARGV[2], ARGV[3])
+redis.call('ZADD', leases, 'XX', now_ms + tonumber(ARGV[7]), ARGV[6])
+redis.call('XADD', out, '*', 't', ARGV[4], 'a', r[4], 'd', ARGV[5])
+if r[3] == '1' then return {'cancelled'} end
+return {'ok'}

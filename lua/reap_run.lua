@@ -1,0 +1,68 @@
+#!lua
+--[[ reap_run: the controller redelivers a run whose execution's lease expired: attempt + 1
+under the same run id (or settles it, if it was cancelled or has used up its deliveries).
+KEYS[1] run hash        <tag>:run:<run id>
+KEYS[2] lease zset      <tag>:leases
+KEYS[3] dispatch zset   <tag>:dispatch
+KEYS[4] output stream   <tag>:out:<run id>
+KEYS[5] bucket fence    <tag>:ctl                {epoch}: the newest controller seen here
+ARGV[1] run_id
+ARGV[2] ctl_epoch       the calling controller's lease epoch
+ARGV[3] grace_ms        the dispatch check comes due after this long
+ARGV[4] final_cancel    JSON data of the final event when settled cancelled
+ARGV[5] final_gave_up   JSON data of the final event when deliveries are used up
+Returns:
+  {"redelivered", attempt, queue}   the caller now enqueues delivery <attempt> on <queue>
+  {"cancelled"}                     cancel had been requested: settled cancelled
+  {"gave_up", attempt}              max deliveries reached: settled failed
+  {"not_expired"}                   renewed meanwhile; nothing written
+  {"gone"}                          no lease (settled or reaped already); nothing written
+  {"fenced", epoch}                 a newer controller acts on this bucket; nothing written
+Writes: HSET KEYS[1] (+ HINCRBY epoch); ZREM KEYS[2]; ZADD KEYS[3]; XADD KEYS[4]; HSET KEYS[5]
+]]
+local run, leases, dispatch, out, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local run_id, ctl_epoch = ARGV[1], tonumber(ARGV[2])
+
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+if seen > ctl_epoch then return {'fenced', seen} end
+local score = redis.call('ZSCORE', leases, run_id)
+if not score then return {'gone'} end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(score) > now_ms then return {'not_expired'} end
+local r = redis.call('HMGET', run, 'status', 'attempt', 'cancel', 'max_deliveries', 'queue')
+if r[1] ~= 'running' then
+  -- Only a settled or missing run can be here; its lease entry is debris.
+  redis.call('ZREM', leases, run_id)
+  return {'gone'}
+end
+if seen < ctl_epoch then redis.call('HSET', fence, 'epoch', ctl_epoch) end
+local attempt = tonumber(r[2])
+
+local function settle(status, error_json, final_event)
+  redis.call('HSET', run, 'status', status, 'finished_ms', now_ms)
+  if error_json then redis.call('HSET', run, 'error', error_json) end
+  redis.call('HINCRBY', run, 'epoch', 1)
+  redis.call('ZREM', leases, run_id)
+  redis.call('ZREM', dispatch, run_id)
+  redis.call('XADD', out, '*', 't', 'final', 'a', attempt, 'd', final_event)
+end
+if r[3] == '1' then
+  settle('cancelled', nil, ARGV[4])
+  return {'cancelled'}
+end
+if attempt >= tonumber(r[4] or '0') then
+  settle('failed', '{"type":"DeliveriesExhausted","message":"the run\'s executions kept '
+    .. 'vanishing; gave up after ' .. attempt .. ' deliveries"}', ARGV[5])
+  return {'gave_up', attempt}
+end
+
+redis.call('HSET', run, 'status', 'queued', 'attempt', attempt + 1)
+redis.call('HDEL', run, 'worker')
+redis.call('HINCRBY', run, 'epoch', 1)  -- the vanished execution's writes are refused from now
+redis.call('ZREM', leases, run_id)
+redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[3]), run_id)
+redis.call('XADD', out, '*', 't', 'redelivered', 'a', attempt + 1,
+  'd', '{"previous":' .. attempt .. ',"attempt":' .. (attempt + 1)
+    .. ',"reason":"lease expired"}')
+return {'redelivered', attempt + 1, r[5]}

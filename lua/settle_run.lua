@@ -1,0 +1,35 @@
+#!lua
+--[[ settle_run: write a run's one terminal record; a repeat returns the first one.
+KEYS[1] run hash        <tag>:run:<run id>
+KEYS[2] lease zset      <tag>:leases
+KEYS[3] dispatch zset   <tag>:dispatch
+KEYS[4] output stream   <tag>:out:<run id>
+ARGV[1] epoch           the execution's fence
+ARGV[2] status          succeeded | failed | cancelled
+ARGV[3] result          JSON text of the result ('' for none)
+ARGV[4] error           JSON text of the error ('' for none)
+ARGV[5] event           JSON data of the final output event
+ARGV[6] run_id
+Returns:
+  {"ok", finished_ms}
+  {"settled", status, result, error}   already finished; the first terminal record
+  {"stale", epoch}                     a newer execution owns the run; nothing written
+Writes (only for "ok"): HSET KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]
+]]
+local run, leases, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local r = redis.call('HMGET', run, 'epoch', 'status', 'result', 'error', 'attempt')
+if r[2] == 'succeeded' or r[2] == 'failed' or r[2] == 'cancelled' then
+  return {'settled', r[2], r[3] or '', r[4] or ''}
+end
+if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
+if r[2] ~= 'running' then
+  return redis.error_reply('settle_run: run is ' .. tostring(r[2]) .. ', not running')
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', run, 'status', ARGV[2], 'finished_ms', now_ms, 'result', ARGV[3],
+  'error', ARGV[4])
+redis.call('ZREM', leases, ARGV[6])
+redis.call('ZREM', dispatch, ARGV[6])
+redis.call('XADD', out, '*', 't', 'final', 'a', r[5], 'd', ARGV[5])
+return {'ok', now_ms}

@@ -1,0 +1,71 @@
+#!lua
+--[[ start_attempt: a worker begins executing delivery <attempt> of a run. It takes the
+run's lease under a new epoch (the fence every later write of this execution checks) and
+returns the record and the ledger, so replay needs no other read.
+KEYS[1] run hash        <tag>:run:<run id>
+KEYS[2] ledger hash     <tag>:steps:<run id>     step key -> StepRecord JSON
+KEYS[3] lease zset      <tag>:leases             run id -> lease expiry (server ms)
+KEYS[4] dispatch zset   <tag>:dispatch
+KEYS[5] output stream   <tag>:out:<run id>
+ARGV[1] run_id
+ARGV[2] attempt         the delivery number the RQ job carries
+ARGV[3] ttl_ms          lease length
+ARGV[4] worker          name of the executing worker (for status and output)
+ARGV[5] final_cancel    JSON data of the final event if the run turns out cancelled
+ARGV[6] final_timeout   JSON data of the final event if the run's deadline has passed
+Returns:
+  {"ok", epoch, doc, deadline_ms, ledger}   ledger = flat {key, record, key, record, ...}
+  {"missing"}                 no such run
+  {"settled", status}         the run is finished; this delivery is a no-op
+  {"stale_attempt", attempt}  a newer delivery exists; this one is a no-op
+  {"busy", epoch}             another execution of this delivery holds a live lease
+  {"cancelled"}               cancel was requested before it started: settled cancelled now
+  {"timed_out"}               its deadline passed: settled failed now
+Writes: only for ok/cancelled/timed_out (HSET KEYS[1], ZADD/ZREM KEYS[3], ZREM KEYS[4], XADD)
+]]
+local run, steps, leases, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local run_id, attempt, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+
+local r = redis.call('HMGET', run, 'doc', 'status', 'attempt', 'epoch', 'cancel',
+  'deadline_ms', 'timeout_ms')
+if not r[1] then return {'missing'} end
+local status = r[2]
+if status == 'succeeded' or status == 'failed' or status == 'cancelled' then
+  return {'settled', status}
+end
+if attempt ~= tonumber(r[3]) then return {'stale_attempt', tonumber(r[3])} end
+
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease_until = tonumber(redis.call('ZSCORE', leases, run_id) or '0')
+if status == 'running' and lease_until > now_ms then return {'busy', tonumber(r[4])} end
+
+local function settle(final_status, error_json, final_event)
+  redis.call('HSET', run, 'status', final_status, 'finished_ms', now_ms)
+  if error_json then redis.call('HSET', run, 'error', error_json) end
+  redis.call('ZREM', leases, run_id)
+  redis.call('ZREM', dispatch, run_id)
+  redis.call('XADD', out, '*', 't', 'final', 'a', attempt, 'd', final_event)
+end
+if r[5] == '1' then
+  settle('cancelled', nil, ARGV[5])
+  return {'cancelled'}
+end
+local deadline = tonumber(r[6] or '0')
+if deadline > 0 and now_ms > deadline then
+  settle('failed', '{"type":"RunTimeout","message":"the run passed its timeout"}', ARGV[6])
+  return {'timed_out'}
+end
+
+local epoch = redis.call('HINCRBY', run, 'epoch', 1)
+redis.call('HSET', run, 'status', 'running', 'worker', ARGV[4])
+if deadline == 0 and tonumber(r[7] or '0') > 0 then
+  deadline = now_ms + tonumber(r[7])
+  redis.call('HSET', run, 'deadline_ms', deadline)
+end
+if not redis.call('HGET', run, 'started_ms') then redis.call('HSET', run, 'started_ms', now_ms) end
+redis.call('ZADD', leases, now_ms + ttl_ms, run_id)
+redis.call('ZREM', dispatch, run_id)
+redis.call('XADD', out, '*', 't', 'attempt_started', 'a', attempt,
+  'd', cjson.encode({epoch = epoch, worker = ARGV[4]}))
+return {'ok', epoch, r[1], deadline, redis.call('HGETALL', steps)}

@@ -1,0 +1,24 @@
+#!lua
+--[[ start_step: record that a step (key "<path>#<position>") starts an attempt.
+KEYS[1] run hash        <tag>:run:<run id>
+KEYS[2] ledger hash     <tag>:steps:<run id>
+KEYS[3] output stream   <tag>:out:<run id>
+ARGV[1] epoch           the execution's fence
+ARGV[2] step_key
+ARGV[3] record          StepRecord JSON (status running, attempts so far)
+ARGV[4] event           JSON data of the "step_started" output event
+Returns:
+  {"ok"}
+  {"stale", epoch}        a newer execution owns the run; nothing written
+  {"settled", status}     the run is finished; nothing written
+  {"cancelled"}           cancel was requested; nothing written, the body must stop
+Writes (only for "ok"): HSET KEYS[2]; XADD KEYS[3]
+]]
+local run, steps, out = KEYS[1], KEYS[2], KEYS[3]
+local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt')
+if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
+if r[2] ~= 'running' then return {'settled', r[2] or ''} end
+if r[3] == '1' then return {'cancelled'} end
+redis.call('HSET', steps, ARGV[2], ARGV[3])
+redis.call('XADD', out, '*', 't', 'step_started', 'a', r[4], 'd', ARGV[4])
+return {'ok'}

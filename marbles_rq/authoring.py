@@ -1,0 +1,233 @@
+"""Defining workflows and steps: decorators, the registry, and loading a --source.
+
+    @step(retries=3)
+    def fetch(url: str) -> str: ...
+
+    @workflow()
+    def etl(ctx: Context, inp: EtlInput) -> dict: ...
+
+A decorated step called inside a running workflow goes through the ledger (recorded once,
+replayed after a redelivery); called anywhere else it is a plain function call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from .errors import MarblesError
+
+SOURCE_ENV = "MARBLES_SOURCE"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class DefinitionError(MarblesError):
+    """A workflow or step definition is invalid (duplicate name, bad signature, bad source)."""
+
+    code = "definition"
+
+
+class UnknownWorkflowError(MarblesError):
+    code = "unknown_workflow"
+
+
+class InputError(MarblesError):
+    """A run's input is not JSON, or does not match the workflow's declared input type."""
+
+    code = "invalid_input"
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return getattr(fn, "__qualname__", repr(fn))
+    return f"{os.path.relpath(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _return_type(fn: Callable[..., Any]) -> Any:
+    try:
+        return typing.get_type_hints(fn).get("return", Any)
+    except Exception:  # unresolvable annotations: decode results as plain JSON
+        return Any
+
+
+@dataclass
+class StepDef:
+    name: str
+    fn: Callable[..., Any]
+    retries: int = 0
+    backoff: str = "exponential"  # or "fixed"
+    delay_s: float = 1.0
+    max_delay_s: float = 60.0
+    jitter: bool = True
+    result_type: Any = Any
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .execute import current_run
+
+        run = current_run()
+        if run is None:
+            return self.fn(*args, **kwargs)
+        return run.step(self, *args, **kwargs)
+
+    def delay_for(self, attempt: int) -> float:
+        """Seconds to wait before attempt `attempt + 1`; `attempt` counts from 1."""
+        import random
+
+        delay = self.delay_s if self.backoff == "fixed" else self.delay_s * 2 ** (attempt - 1)
+        delay = min(delay, self.max_delay_s)
+        return delay * random.uniform(0.5, 1.0) if self.jitter else delay
+
+
+@dataclass
+class WorkflowDef:
+    name: str
+    fn: Callable[..., Any]
+    input_type: Any  # None: the workflow takes no input
+    queue: str = "default"
+    timeout_s: float = 0.0
+    max_deliveries: int = 20
+
+    def parse_input(self, raw: bytes) -> tuple[Any, bytes]:
+        """Validate `raw` JSON; returns (the value the body gets, the JSON to record)."""
+        try:
+            if self.input_type is None:
+                value = msgspec.json.decode(raw)
+                if value not in (None, {}):
+                    raise InputError(f"workflow {self.name!r} takes no input")
+                return None, b"null"
+            value = msgspec.json.decode(raw, type=self.input_type)
+        except msgspec.ValidationError as exc:
+            raise InputError(f"input does not match workflow {self.name!r}: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise InputError(f"input is not valid JSON: {exc}") from None
+        if self.input_type is Any:
+            return value, raw  # recorded verbatim
+        return value, msgspec.json.encode(value)  # defaults applied, recorded as used
+
+    def decode_input(self, raw: bytes) -> Any:
+        if self.input_type is None:
+            return None
+        return msgspec.json.decode(raw, type=self.input_type)
+
+
+@dataclass
+class Registry:
+    workflows: dict[str, WorkflowDef] = field(default_factory=dict)
+    steps: dict[str, StepDef] = field(default_factory=dict)
+
+    def _add(self, table: dict[str, Any], kind: str, name: str, definition: Any) -> None:
+        existing = table.get(name)
+        if existing is not None and _where(existing.fn) != _where(definition.fn):
+            raise DefinitionError(f"duplicate {kind} name {name!r}: defined at "
+                                  f"{_where(existing.fn)} and {_where(definition.fn)}")
+        table[name] = definition  # same place again: a module loaded twice
+
+    def workflow(self, name: str) -> WorkflowDef:
+        try:
+            return self.workflows[name]
+        except KeyError:
+            known = ", ".join(sorted(self.workflows)) or "none loaded; is --source set?"
+            raise UnknownWorkflowError(f"unknown workflow {name!r} (known: {known})") from None
+
+
+REGISTRY = Registry()
+
+
+def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
+         backoff: str = "exponential", delay_s: float = 1.0, max_delay_s: float = 60.0,
+         jitter: bool = True) -> Any:
+    """Register a step. Usable as ``@step``, ``@step()`` or ``@step("name", retries=3)``."""
+    if backoff not in ("exponential", "fixed"):
+        raise DefinitionError(f"backoff must be 'exponential' or 'fixed', not {backoff!r}")
+    if retries < 0:
+        raise DefinitionError("retries must be >= 0")
+
+    def register(fn: Callable[..., Any]) -> StepDef:
+        step_name = name if isinstance(name, str) else fn.__name__
+        definition = StepDef(step_name, fn, retries, backoff, delay_s, max_delay_s, jitter,
+                             _return_type(fn))
+        REGISTRY._add(REGISTRY.steps, "step", step_name, definition)
+        return definition
+
+    if callable(name):
+        return register(name)
+    return register
+
+
+def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "default",
+             timeout_s: float = 0.0, max_deliveries: int = 20) -> Any:
+    """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``."""
+
+    def register(fn: Callable[..., Any]) -> WorkflowDef:
+        wf_name = name if isinstance(name, str) else fn.__name__
+        params = list(inspect.signature(fn).parameters.values())
+        if not 1 <= len(params) <= 2:
+            raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}) must take (ctx) or "
+                                  f"(ctx, input)")
+        input_type: Any = None
+        if len(params) == 2:
+            try:
+                input_type = typing.get_type_hints(fn).get(params[1].name, Any)
+            except Exception as exc:
+                raise DefinitionError(f"workflow {wf_name!r}: cannot resolve the input "
+                                      f"annotation: {exc}") from None
+        definition = WorkflowDef(wf_name, fn, input_type, queue, timeout_s, max_deliveries)
+        REGISTRY._add(REGISTRY.workflows, "workflow", wf_name, definition)
+        return definition
+
+    if callable(name):
+        return register(name)
+    return register
+
+
+def load_source(source: str) -> list[str]:
+    """Import a module path (``pkg.mod``), a file, or every module in a folder (sorted,
+    skipping names that start with ``_`` or ``.``). Returns the modules imported."""
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.py") if not any(
+            part.startswith(("_", ".")) for part in p.relative_to(path).parts))
+        return [_import_file(f, path) for f in files]
+    if path.suffix == ".py":
+        if not path.is_file():
+            raise DefinitionError(f"source file {source!r} does not exist")
+        return [_import_file(path, path.parent)]
+    try:
+        importlib.import_module(source)
+    except ImportError as exc:
+        raise DefinitionError(f"cannot import source {source!r}: {exc}") from None
+    return [source]
+
+
+def _import_file(file: Path, root: Path) -> str:
+    rel = file.relative_to(root).with_suffix("")
+    module_name = "marbles_source." + ".".join(rel.parts)
+    if module_name in sys.modules:
+        return module_name
+    if str(root.resolve()) not in sys.path:
+        sys.path.insert(0, str(root.resolve()))  # so sources can import their siblings
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise DefinitionError(f"cannot load {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except DefinitionError:
+        del sys.modules[module_name]
+        raise
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise DefinitionError(f"loading {file} failed: {type(exc).__name__}: {exc}") from None
+    return module_name

@@ -1,0 +1,189 @@
+"""Run commands: enqueue, status, runs, watch, cancel."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+import msgspec
+
+from ..ops import RunRequest, prepare
+from ..ops import enqueue as enqueue_run
+from ..runs import STATUSES, TERMINAL, OutputEvent, RunNotFoundError, RunStore, RunView
+from . import Settings
+
+
+@click.command()
+@click.argument("name")
+@click.option("--input", "input_json", default="null", show_default=True,
+              help="The run's input as JSON; @FILE reads it from a file.")
+@click.option("--id", "run_id", default=None, help="Run id; the same id again returns the "
+              "existing run. Default: a random id.")
+@click.option("--queue", default=None, help="RQ queue (default: the workflow's).")
+@click.option("--wait", is_flag=True, help="Follow the run's output until it finishes; exit "
+              "like `watch`.")
+@click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
+@click.pass_obj
+def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
+            queue: str | None, wait: bool, as_json: bool) -> None:
+    """Record a run of workflow NAME, then enqueue it."""
+    settings.load_source()
+    if input_json.startswith("@"):
+        with open(input_json[1:], "rb") as fh:
+            raw = fh.read()
+    else:
+        raw = input_json.encode()
+    request = RunRequest(name, raw, run_id, queue)
+    prepare(request)  # every input error before touching Redis
+    runs = settings.runs()
+    result = enqueue_run(runs, settings.rq(), request)
+    if as_json:
+        view = runs.get(result.run_id)
+        click.echo(json.dumps({"created": result.created, **_view_json(view)}, indent=2))
+    elif result.created:
+        click.echo(f"run {result.run_id} queued ({result.record.name} on "
+                   f"{result.record.queue})" + ("" if result.dispatched else
+                                                "; the controller will dispatch it"))
+    else:
+        click.echo(f"run {result.run_id} exists already ({result.record.name}, "
+                   f"{result.status}); not enqueued again")
+    if wait:
+        sys.exit(_follow(runs, result.run_id))
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
+@click.pass_obj
+def status(settings: Settings, run_id: str, as_json: bool) -> None:
+    """Show one run: status, attempt, timings, result or error, steps."""
+    view = _get(settings.runs(), run_id)
+    if as_json:
+        click.echo(json.dumps(_view_json(view), indent=2))
+        return
+    data = view.to_json()
+    click.echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}")
+    click.echo(f"  queue {data['queue']}  created {data['created_at']}  started "
+               f"{data['started_at'] or '-'}  finished {data['finished_at'] or '-'}")
+    if data["worker"] and data["status"] == "running":
+        click.echo(f"  worker {data['worker']}")
+    if data["cancel_requested"] and data["status"] not in TERMINAL:
+        click.echo("  cancel requested")
+    for s in data["steps"]:
+        click.echo(f"  step {s['path']}#{s['position']}  {s['status']}  attempts {s['attempts']}")
+    if data["result"] is not None:
+        click.echo(f"  result {json.dumps(data['result'])}")
+    if data["error"] is not None:
+        click.echo(f"  error {data['error']['type']}: {data['error']['message']}")
+
+
+@click.command("runs")
+@click.option("--status", "status_", type=click.Choice(STATUSES), default=None)
+@click.option("--name", default=None, help="Only runs of this workflow.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.pass_obj
+def runs_cmd(settings: Settings, status_: str | None, name: str | None, limit: int,
+             as_json: bool) -> None:
+    """List runs, newest first."""
+    views = settings.runs().list_runs(limit=limit, status=status_, name=name)
+    if as_json:
+        click.echo(json.dumps([_view_json(v) for v in views], indent=2))
+        return
+    for v in views:
+        data = v.to_json()
+        click.echo(f"{data['id']:34} {data['name']:16} {data['status']:10} a{data['attempt']:<3} "
+                   f"{data['created_at']}")
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--no-follow", is_flag=True, help="Print what is there and stop.")
+@click.pass_obj
+def watch(settings: Settings, run_id: str, no_follow: bool) -> None:
+    """Print a run's output from the start and follow it. Exit 0 if it succeeded, 1 if it
+    failed or was cancelled."""
+    runs = settings.runs()
+    _get(runs, run_id)
+    sys.exit(_follow(runs, run_id, follow=not no_follow))
+
+
+@click.command()
+@click.argument("run_id")
+@click.pass_obj
+def cancel(settings: Settings, run_id: str) -> None:
+    """Cancel a run: a queued run never starts; a running one stops at its next step
+    boundary (its horse is stopped) and never resumes."""
+    outcome = settings.runs().cancel(run_id)
+    if outcome == "missing":
+        raise RunNotFoundError(f"no run with id {run_id!r}")
+    click.echo({"cancelled": f"run {run_id} cancelled",
+                "requested": f"run {run_id} is running; cancel requested, it stops at its "
+                             f"next step boundary",
+                "settled": f"run {run_id} has already finished; nothing to cancel"}[outcome])
+
+
+def _get(runs: RunStore, run_id: str) -> RunView:
+    view = runs.get(run_id)
+    if view is None:
+        raise RunNotFoundError(f"no run with id {run_id!r}")
+    return view
+
+
+def _view_json(view: RunView | None) -> dict[str, Any]:
+    return {} if view is None else view.to_json()
+
+
+def _follow(runs: RunStore, run_id: str, *, follow: bool = True) -> int:
+    """Print the output journal; return the exit code of the run's final status."""
+    after = "0-0"
+    while True:
+        events = runs.output(run_id, after=after, block_ms=2000 if follow and after != "0-0"
+                             else None)
+        for ev in events:
+            click.echo(format_event(ev))
+            after = ev.id
+            if ev.type == "final":
+                return 0 if ev.data.get("status") == "succeeded" else 1
+        if not follow:
+            view = runs.get(run_id)
+            return 0 if view is not None and view.status == "succeeded" else 1
+        if not events and after == "0-0":
+            time.sleep(0.2)
+
+
+def format_event(ev: OutputEvent) -> str:
+    stamp = time.strftime("%H:%M:%S", time.gmtime(ev.at_ms / 1000)) + f".{ev.at_ms % 1000:03d}"
+    d = ev.data if isinstance(ev.data, dict) else {"value": ev.data}
+    handlers: dict[str, Callable[[], str]] = {
+        "queued": lambda: f"queued: {d.get('name')} on {d.get('queue')}",
+        "attempt_started": lambda: f"attempt {ev.attempt} started on {d.get('worker')} "
+                                   f"(epoch {d.get('epoch')})",
+        "step_started": lambda: f"step {d.get('step')} started (try {d.get('attempt')})",
+        "step_succeeded": lambda: f"step {d.get('step')} succeeded",
+        "step_retry": lambda: f"step {d.get('step')} failed ({d.get('error')}); retrying in "
+                              f"{d.get('retry_in_s')} s",
+        "step_failed": lambda: f"step {d.get('step')} failed: {d.get('error')}",
+        "output": lambda: d["text"] if "text" in d else json.dumps(d.get("value")),
+        "log": lambda: f"{d.get('level')}: {d.get('message')}",
+        "redelivered": lambda: f"attempt {d.get('previous')} vanished ({d.get('reason')}); "
+                               f"redelivered as attempt {d.get('attempt')}",
+        "cancel_requested": lambda: "cancel requested",
+        "final": lambda: _final(d),
+    }
+    text = handlers.get(ev.type, lambda: f"{ev.type}: {json.dumps(d)}")()
+    return f"{stamp} a{ev.attempt} {text}"
+
+
+def _final(d: dict[str, Any]) -> str:
+    status = d.get("status")
+    if status == "succeeded":
+        return f"run succeeded: {msgspec.json.encode(d.get('result')).decode()}"
+    if status == "failed":
+        err = d.get("error") or {}
+        return f"run failed: {err.get('type')}: {err.get('message')}"
+    return f"run {status}" + (f": {d['reason']}" if d.get("reason") else "")

@@ -1,0 +1,296 @@
+"""Runs in the store: recording, executing (fenced by epoch), settling, reading.
+
+Every transition is one Lua script (see lua/*_run.lua, *_step.lua, *_attempt.lua); this
+module builds their arguments and turns their replies into values. Reads are plain
+pipelined commands.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from .errors import MarblesError
+from .ids import check_id
+from .keys import RunKeys
+from .records import EffectReceipt, ErrorInfo, RunRecord, StepRecord, decode, encode
+from .store import RedisStore, new_request_id
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+STATUSES = ("queued", "running", "waiting", *TERMINAL)
+DEFAULT_LEASE_MS = 10_000
+DISPATCH_GRACE_MS = 5_000
+
+
+def event(**data: Any) -> bytes:
+    return msgspec.json.encode(data)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RunNotFoundError(MarblesError):
+    code = "run_not_found"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    created: bool
+    record: RunRecord
+    status: str
+
+
+@dataclass
+class Execution:
+    """One execution of one delivery: the epoch fences everything it writes."""
+
+    run_id: str
+    attempt: int
+    epoch: int
+    keys: RunKeys
+    ttl_ms: int
+    record: RunRecord
+    deadline_ms: int
+    ledger: dict[str, StepRecord] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Started:
+    status: str  # ok | missing | settled | stale_attempt | busy | cancelled | timed_out
+    execution: Execution | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    id: str
+    type: str
+    attempt: int
+    data: Any
+
+    @property
+    def at_ms(self) -> int:
+        return int(self.id.split("-", 1)[0])
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run as `status --json` shows it."""
+
+    record: RunRecord
+    status: str
+    attempt: int
+    epoch: int
+    created_ms: int
+    started_ms: int | None
+    finished_ms: int | None
+    result: msgspec.Raw | None
+    error: ErrorInfo | None
+    worker: str | None
+    cancel_requested: bool
+    steps: list[StepRecord]
+
+    def to_json(self) -> dict[str, Any]:
+        def iso(ms: int | None) -> str | None:
+            if ms is None:
+                return None
+            return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + (
+                f".{ms % 1000:03d}Z")
+
+        return {
+            "id": self.record.id, "name": self.record.name, "queue": self.record.queue,
+            "status": self.status, "attempt": self.attempt,
+            "created_at": iso(self.created_ms), "started_at": iso(self.started_ms),
+            "finished_at": iso(self.finished_ms),
+            "input": msgspec.json.decode(self.record.input),
+            "result": None if self.result is None else msgspec.json.decode(self.result),
+            "error": None if self.error is None else msgspec.structs.asdict(self.error),
+            "worker": self.worker, "cancel_requested": self.cancel_requested,
+            "steps": [{"path": s.key.rsplit("#", 1)[0], "position": int(s.key.rsplit("#", 1)[1]),
+                       "name": s.name, "status": s.status, "attempts": s.attempts}
+                      for s in self.steps],
+        }
+
+
+class RunStore:
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.keys = store.keys
+        self.scripts = store.scripts
+        self.client = store.client
+
+    # -- recording -------------------------------------------------------------------------
+
+    def record(self, record: RunRecord) -> Recorded:
+        check_id(record.id, "run id")
+        keys = self.keys.run_keys(record.id)
+        reply = self.scripts.claim_run(
+            keys=keys, run_id=record.id, doc=encode(record), request_id=new_request_id(),
+            queue=record.queue, timeout_ms=int(record.timeout_s * 1000),
+            max_deliveries=record.max_deliveries, grace_ms=DISPATCH_GRACE_MS,
+            event=event(name=record.name, queue=record.queue))
+        if reply.status == "ok":
+            return Recorded(True, record, "queued")
+        existing = decode(RunRecord, reply.values[0], keys.run)
+        return Recorded(False, existing, _s(reply.values[1]))
+
+    # -- executing (every call fenced by the execution's epoch) ---------------------------
+
+    def start(self, run_id: str, attempt: int, *, ttl_ms: int, worker: str) -> Started:
+        keys = self.keys.run_keys(run_id)
+        reply = self.scripts.start_attempt(
+            keys=keys, run_id=run_id, attempt=attempt, ttl_ms=ttl_ms, worker=worker,
+            final_cancel=event(status="cancelled", reason="cancelled before it started"),
+            final_timeout=event(status="failed", error={"type": "RunTimeout",
+                                                        "message": "the run passed its timeout"}))
+        if reply.status != "ok":
+            detail = _s(reply.values[0]) if reply.values else ""
+            return Started(reply.status, detail=detail)
+        epoch, doc, deadline_ms, flat = reply.values
+        ledger = {}
+        for i in range(0, len(flat), 2):
+            key = _s(flat[i])
+            ledger[key] = decode(StepRecord, flat[i + 1], f"{keys.steps}#{key}")
+        return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms,
+                                       decode(RunRecord, doc, keys.run), int(deadline_ms),
+                                       ledger))
+
+    def start_step(self, ex: Execution, record: StepRecord) -> str:
+        return self.scripts.start_step(
+            keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
+            event=event(step=record.key, attempt=record.attempts)).status
+
+    def commit_step(self, ex: Execution, record: StepRecord, event_type: str,
+                    data: bytes) -> str:
+        return self.scripts.commit_step(
+            keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
+            event_type=event_type, event=data, run_id=ex.run_id, ttl_ms=ex.ttl_ms).status
+
+    def write(self, ex: Execution, type: str, data: bytes) -> str:
+        return self.scripts.append_output(keys=ex.keys, epoch=ex.epoch, type=type,
+                                          data=data).status
+
+    def renew(self, ex: Execution) -> str:
+        return self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,
+                                          run_id=ex.run_id).status
+
+    def settle(self, ex: Execution, status: str, *, result: bytes | None = None,
+               error: ErrorInfo | None = None) -> str:
+        err = b"" if error is None else msgspec.json.encode(error)
+        data: dict[str, Any] = {"status": status}
+        if result is not None:
+            data["result"] = msgspec.Raw(result)
+        if error is not None:
+            data["error"] = error
+        reply = self.scripts.settle_run(
+            keys=ex.keys, epoch=ex.epoch, status=status, result=result or b"", error=err,
+            event=msgspec.json.encode(data), run_id=ex.run_id)
+        return reply.status
+
+    def claim_effect(self, ex: Execution, key: str, meta: bytes = b"null") -> str:
+        """ok | exists | stale_epoch: a receipt under `key`, fenced by the run's epoch."""
+        receipt = EffectReceipt(version=1, scope=ex.run_id, key=key,
+                                at_ms=int(time.time() * 1000), meta=msgspec.Raw(meta))
+        if not key or len(key) > 512:
+            raise MarblesError("an effect key must be 1..512 characters")
+        return self.scripts.claim_effect(
+            receipt_key=self.keys.effect(ex.run_id, key), fence_key=ex.keys.run,
+            doc=encode(receipt), request_id=new_request_id(), epoch=ex.epoch).status
+
+    # -- operating ------------------------------------------------------------------------
+
+    def cancel(self, run_id: str, reason: str = "cancelled by request") -> str:
+        keys = self.keys.run_keys(check_id(run_id, "run id"))
+        return self.scripts.cancel_run(keys=keys, run_id=run_id,
+                                       event=event(status="cancelled", reason=reason)).status
+
+    def abandon(self, run_id: str, attempt: int, worker: str) -> str:
+        return self.scripts.abandon_attempt(keys=self.keys.run_keys(run_id), run_id=run_id,
+                                            attempt=attempt, worker=worker).status
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunView | None:
+        keys = self.keys.run_keys(check_id(run_id, "run id"))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(keys.run)
+        pipe.hgetall(keys.steps)
+        fields, steps = pipe.execute()
+        return None if not fields else self._view(keys, fields, steps)
+
+    def _view(self, keys: RunKeys, f: dict[bytes, bytes], steps: dict[bytes, bytes]) -> RunView:
+        def num(name: str) -> int | None:
+            value = f.get(name.encode())
+            return int(value) if value not in (None, b"") else None
+
+        result, error = f.get(b"result"), f.get(b"error")
+        ledger = sorted((decode(StepRecord, v, f"{keys.steps}#{_s(k)}") for k, v in steps.items()),
+                        key=lambda s: (s.at_ms, s.key))
+        return RunView(
+            record=decode(RunRecord, f[b"doc"], keys.run), status=_s(f[b"status"]),
+            attempt=num("attempt") or 0, epoch=num("epoch") or 0,
+            created_ms=num("created_ms") or 0, started_ms=num("started_ms"),
+            finished_ms=num("finished_ms"),
+            result=msgspec.Raw(result) if result else None,
+            error=msgspec.json.decode(error, type=ErrorInfo) if error else None,
+            worker=_s(f[b"worker"]) if f.get(b"worker") else None,
+            cancel_requested=f.get(b"cancel") == b"1", steps=ledger)
+
+    def list_runs(self, *, limit: int = 50, status: str | None = None,
+             name: str | None = None) -> list[RunView]:
+        """Newest first. Filters scan up to 50x `limit` of the newest runs per bucket."""
+        scan = limit if status is None and name is None else limit * 50
+        listings = [self.keys.listing("run", b) for b in range(self.keys.buckets)]
+        pipe = self.client.pipeline(transaction=False)
+        for key in listings:
+            pipe.zrevrange(key, 0, scan - 1, withscores=True)
+        rows = sorted(((score, _s(rid)) for part in pipe.execute() for rid, score in part),
+                      reverse=True)[:scan]
+        views: list[RunView] = []
+        for chunk in _chunks([rid for _, rid in rows], 500):
+            pipe = self.client.pipeline(transaction=False)
+            for rid in chunk:
+                keys = self.keys.run_keys(rid)
+                pipe.hgetall(keys.run)
+                pipe.hgetall(keys.steps)
+            replies = pipe.execute()
+            for i, rid in enumerate(chunk):
+                fields, steps = replies[2 * i], replies[2 * i + 1]
+                if not fields:
+                    continue
+                view = self._view(self.keys.run_keys(rid), fields, steps)
+                if (status is None or view.status == status) and (
+                        name is None or view.record.name == name):
+                    views.append(view)
+                    if len(views) >= limit:
+                        return views
+        return views
+
+    def output(self, run_id: str, *, after: str = "0-0", block_ms: int | None = None,
+               count: int = 1000) -> list[OutputEvent]:
+        key = self.keys.output(check_id(run_id, "run id"))
+        rows: Any
+        if block_ms is None:
+            rows = self.client.xrange(key, min=f"({after}" if after != "0-0" else "-",
+                                      count=count)
+        else:
+            reply: Any = self.client.xread({key: after}, count=count, block=block_ms)
+            if not reply:
+                rows = []
+            elif isinstance(reply, dict):  # RESP3 shape
+                rows = next(iter(reply.values()))
+                rows = rows[0] if rows and isinstance(rows[0], list) else rows
+            else:
+                rows = reply[0][1]
+        return [OutputEvent(_s(eid), _s(f[b"t"]), int(f[b"a"]), msgspec.json.decode(f[b"d"]))
+                for eid, f in rows]
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
