@@ -67,6 +67,7 @@ LABEL = {"setnx": "SET NX", "claim": "claim", "cas": "CAS"}
 MAIN_COMMAND = {"setnx": "set", "claim": "evalsha", "cas": "evalsha"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")  # unit of /proc/stat
 AIM = 0.8  # the project's stated aim: claim >= 0.8x raw SET NX
+OTHER_LOAD_WARN = 20.0  # % of the machine used by others during a window: flag the cell
 RECEIVED_AT_MS = 1_796_000_000_000
 
 
@@ -560,6 +561,58 @@ def server_probe(url: str, payload_bytes: int, calls: int = 600, batch: int = 10
     return rows
 
 
+def single_client_costs(url: str, payload_bytes: int, slice_s: float = 0.5,
+                        rounds: int = 3) -> list[tuple[str, float, float]]:
+    """One client in this process, variants interleaved in `slice_s` slices, median of
+    `rounds`: (label, client CPU us per call, wall us per call). Separates the redis-py round
+    trip, the fsync wait, the script, and the marbles_rq layer on top of redis-py."""
+    payload = msgspec.Raw(make_payload(payload_bytes))
+    client = connect(url)
+    store = RedisStore(connect(url), Keyspace(PREFIX), url=url)
+    keys = store.keys
+    claim_src = store.scripts.scripts["claim_record"]
+    client.script_load(claim_src.source)
+    noop_sha = str(client.script_load("#!lua\nreturn {'ok', 1}"))
+    tag = f"one{os.getpid()}"
+    value = encode(event(f"{tag}.0", payload))
+    prefix = setnx_key_prefix(keys)
+
+    def raw_claim(i: int) -> object:
+        rid = f"{tag}.r{i}"
+        bucket = keys.bucket_of(rid)
+        return client.evalsha(claim_src.sha, 3, keys.record("event", rid),
+                              keys.listing("event", bucket), keys.owned("", bucket), rid,
+                              value, new_request_id(), "")
+
+    variants: list[tuple[str, Callable[[int], object]]] = [
+        ("EVALSHA trivial script (round trip, no write, no fsync)",
+         lambda i: client.evalsha(noop_sha, 0)),
+        ("SET key val NX", lambda i: client.set(f"{prefix}{tag}.s{i}", value, nx=True)),
+        ("EVALSHA claim_record via bare redis-py", raw_claim),
+        ("RedisStore.claim", lambda i: store.claim(event(f"{tag}.c{i}", payload))),
+    ]
+    got: list[list[tuple[float, float]]] = [[] for _ in variants]
+    i = 0
+    for _ in range(rounds):
+        for v, (_, fn) in enumerate(variants):
+            n = 0
+            t0, c0 = time.perf_counter(), time.process_time()
+            while time.perf_counter() - t0 < slice_s:
+                fn(i)
+                i += 1
+                n += 1
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            got[v].append((cpu / n * 1e6, wall / n * 1e6))
+    client.close()
+    store.client.close()
+    rows = []
+    for (label, _), samples in zip(variants, got, strict=True):
+        samples.sort()
+        cpu_us, wall_us = samples[len(samples) // 2]
+        rows.append((label, cpu_us, wall_us))
+    return rows
+
+
 def profile_claims(url: str, payload_bytes: int, seconds: float, top: int) -> str:
     """cProfile of one client claiming against the live server (c=1), top `top` by tottime."""
     payload = msgspec.Raw(make_payload(payload_bytes))
@@ -753,14 +806,27 @@ def run(args: argparse.Namespace, levels: list[int], server: Any, rep: Report) -
             "ZADD, ...) per script call")
     rep.add(f"  CPU-bound max: {ncpu} CPUs / (client + server CPU per op), the ceiling "
             "when the CPUs, not fsync, are the limit")
-    rep.add("  host busy / other: all CPUs' utilisation (/proc/stat), and the part of it not "
-            "used by these clients or redis-server (other sessions on the machine, kernel)")
+    rep.add("  host busy / other: all CPUs' utilisation (/proc/stat, tick-sampled), and the part "
+            "of it not used by these clients or redis-server (other sessions, kernel)")
+    noisy = [c for c in cells.values() if c.other_cpu_pct() > OTHER_LOAD_WARN]
+    for c in noisy:
+        rep.add(f"  WARNING: {LABEL[c.workload]} x{c.clients}: {c.other_cpu_pct():.0f}% of the "
+                "machine was busy with other work during the window; its ops/s and ratio are "
+                "not trustworthy (re-run, or use --rounds 3)")
     rep.add()
 
     if not args.no_profile:
         rep.add("client-side cost of one claim without the network (one process, us per call)")
         for name, us in client_breakdown(server.url, args.payload_bytes):
             rep.add(f"  {name:52s} {us:7.2f}")
+        rep.add()
+        rep.add("one client, back to back (variants interleaved, median of 3 x 0.5 s): "
+                "client CPU and wall time per call, us")
+        rows = [["call", "client CPU", "wall"]]
+        for label, cpu_us, wall_us in single_client_costs(server.url, args.payload_bytes):
+            rows.append([label, fmt(cpu_us), fmt(wall_us)])
+        for line in table(rows, right={1, 2}):
+            rep.add(line)
         rep.add()
         rep.add("server-side time per call: one connection, pipelines of 100, variants "
                 "interleaved, median of 5 x 600 calls (INFO commandstats)")

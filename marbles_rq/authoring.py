@@ -93,10 +93,25 @@ class StepDef:
 class WorkflowDef:
     name: str
     fn: Callable[..., Any]
-    input_type: Any  # None: the workflow takes no input
+    input_param: str | None  # None: the workflow takes no input
     queue: str = "default"
     timeout_s: float = 0.0
     max_deliveries: int = 20
+    _input_type: Any = field(default=None, repr=False)
+
+    @property
+    def input_type(self) -> Any:
+        """The declared input type, resolved at first use (so it may be defined later in
+        the module); None when the workflow takes no input, Any when unannotated."""
+        if self.input_param is None:
+            return None
+        if self._input_type is None:
+            try:
+                self._input_type = typing.get_type_hints(self.fn).get(self.input_param, Any)
+            except Exception as exc:
+                raise DefinitionError(f"workflow {self.name!r} ({_where(self.fn)}): cannot "
+                                      f"resolve its input annotation: {exc}") from None
+        return self._input_type
 
     def parse_input(self, raw: bytes) -> tuple[Any, bytes]:
         """Validate `raw` JSON; returns (the value the body gets, the JSON to record)."""
@@ -175,14 +190,8 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
         if not 1 <= len(params) <= 2:
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}) must take (ctx) or "
                                   f"(ctx, input)")
-        input_type: Any = None
-        if len(params) == 2:
-            try:
-                input_type = typing.get_type_hints(fn).get(params[1].name, Any)
-            except Exception as exc:
-                raise DefinitionError(f"workflow {wf_name!r}: cannot resolve the input "
-                                      f"annotation: {exc}") from None
-        definition = WorkflowDef(wf_name, fn, input_type, queue, timeout_s, max_deliveries)
+        input_param = params[1].name if len(params) == 2 else None
+        definition = WorkflowDef(wf_name, fn, input_param, queue, timeout_s, max_deliveries)
         REGISTRY._add(REGISTRY.workflows, "workflow", wf_name, definition)
         return definition
 

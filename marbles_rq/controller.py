@@ -22,7 +22,7 @@ import redis
 
 from . import dispatch
 from .errors import RedisUnavailableError
-from .runs import DISPATCH_GRACE_MS, RunStore, event
+from .runs import DISPATCH_GRACE_MS, TERMINAL, RunStore, event
 from .store import Lease
 
 log = logging.getLogger("marbles_rq.controller")
@@ -123,6 +123,13 @@ class Controller:
         for _, run_id in due:
             pipe.hmget(self.keys.run(run_id), "status", "attempt", "queue")
         states = pipe.execute()
+        debris = [(b, rid) for (b, rid), st in zip(due, states, strict=True)
+                  if st[0] is None or _s(st[0]) in TERMINAL]
+        if debris:  # purged or settled runs: nothing left to dispatch
+            pipe = self.store.client.pipeline(transaction=False)
+            for bucket, run_id in debris:
+                pipe.zrem(self.keys.run_dispatch(bucket), run_id)
+            pipe.execute()
         queued = [(b, rid, int(st[1]), _s(st[2])) for (b, rid), st in zip(due, states, strict=True)
                   if st[0] == b"queued"]
         present = dispatch.deliveries_exist(self.rq, [(rid, a) for _, rid, a, _ in queued])

@@ -269,6 +269,11 @@ class Watchdog:
             return
 
 
+def _settled(reply_status: str, status: str) -> str:
+    """What a delivery reports to RQ: the status it settled, or why it could not."""
+    return status if reply_status == "ok" else reply_status
+
+
 def settle_stopped(runs: RunStore, ex: Execution, reason: str) -> None:
     if reason == "cancelled":
         runs.settle(ex, "cancelled")
@@ -325,7 +330,7 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
             definition = registry.workflow(ex.record.name)
             value = definition.decode_input(bytes(ex.record.input))
         except (UnknownWorkflowError, msgspec.DecodeError) as exc:
-            return runs.settle(ex, "failed", error=_error(exc))
+            return _settled(runs.settle(ex, "failed", error=_error(exc)), "failed")
         ctx = RunContext(runs, ex, value, watchdog)
         token = _current.set(ctx)
         watchdog.start()
@@ -334,7 +339,7 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
                 ctx, value)
             encoded = msgspec.json.encode(result)
         except StepFailedError as exc:
-            return runs.settle(ex, "failed", error=exc.error)
+            return _settled(runs.settle(ex, "failed", error=exc.error), "failed")
         except StopExecution as stop:
             if stop.reason in ("cancelled", "timed_out"):
                 settle_stopped(runs, ex, stop.reason)
@@ -342,9 +347,8 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
         except (redis.RedisError, RedisUnavailableError):
             raise  # no settle possible; the lease expires and the run is redelivered
         except Exception as exc:
-            return runs.settle(ex, "failed", error=_error(exc))
-        status = runs.settle(ex, "succeeded", result=encoded)
-        return "succeeded" if status == "ok" else status
+            return _settled(runs.settle(ex, "failed", error=_error(exc)), "failed")
+        return _settled(runs.settle(ex, "succeeded", result=encoded), "succeeded")
     finally:
         watchdog.stop()
         if token is not None:

@@ -8,6 +8,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 
+import msgspec
 import redis
 
 from . import dispatch
@@ -55,8 +56,6 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
     definition = registry.workflow(request.name)
     _, recorded_input = definition.parse_input(request.input)
     run_id = check_id(request.run_id, "run id") if request.run_id else uuid.uuid4().hex
-    import msgspec
-
     return RunRecord(version=1, id=run_id, name=definition.name,
                      queue=request.queue or definition.queue,
                      input=msgspec.Raw(recorded_input), requested_at_ms=int(time.time() * 1000),

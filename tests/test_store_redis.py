@@ -18,6 +18,7 @@ from redis.retry import Retry
 
 from marbles_rq.connection import connect
 from marbles_rq.errors import BucketMismatchError
+from marbles_rq.keys import Keyspace
 from marbles_rq.records import (
     AgentRecord,
     EffectReceipt,
@@ -107,20 +108,50 @@ class CountingClient:
 # -- no silent duplicate writes -------------------------------------------------------------
 
 
+def node_for(request: pytest.FixtureRequest, deployment: str, key: str) -> tuple[str, str]:
+    """(store URL, URL of the server holding `key`) for a single server or the cluster."""
+    if deployment == "redis":
+        url: str = request.getfixturevalue("redis_url")
+        return url, url
+    cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+    url = request.getfixturevalue("cluster_url")
+    client = cluster.nodes[0].client()
+    try:
+        slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+        port = next(int(row[2][1]) for row in client.cluster("SLOTS")
+                    if int(row[0]) <= slot <= int(row[1]))
+    finally:
+        client.close()
+    return url, next(n.url for n in cluster.nodes if n.port == port)
+
+
+def same_bucket_id(keys: Any, like: str) -> str:
+    return next(f"warm-{i}" for i in range(10_000)
+                if keys.bucket_of(f"warm-{i}") == keys.bucket_of(like))
+
+
 @pytest.mark.parametrize("op", ["claim", "append", "cas"])
-def test_resend_after_timeout_writes_once_and_reports_success(redis_url: str, op: str) -> None:
-    store = RedisStore(connect(redis_url, socket_timeout=0.2), url=redis_url)
-    reader = open_store(redis_url)
-    admin = plain_client(redis_url)
-    # Warm the script cache, so that the first, timed-out send runs the script too.
-    assert store.claim(EventRecord(version=1, id="warm", source="w")).won
-    assert store.append("j", JournalEntry(version=1, id="warm", type="t")).won
+@pytest.mark.parametrize("deployment", ["redis", "cluster"])
+def test_resend_after_timeout_writes_once_and_reports_success(
+        request: pytest.FixtureRequest, deployment: str, op: str) -> None:
+    keys = Keyspace()
+    target = {"claim": keys.record("event", "ev-1"),
+              "append": keys.record(journal_kind("j"), "e-1"),
+              "cas": keys.entry("ws", "k")}[op]
+    url, node_url = node_for(request, deployment, target)
+    store = RedisStore(connect(url, socket_timeout=0.2), keys, url=url)
+    reader = open_store(url)
+    admin = plain_client(node_url)
+    # Warm the script cache of the node (same bucket), so the timed-out send runs too.
+    warm = same_bucket_id(keys, "ev-1" if op == "claim" else "e-1")
+    assert store.claim(EventRecord(version=1, id=warm, source="w")).won
+    assert store.append("j", JournalEntry(version=1, id=warm, type="t")).won
     first = WorkspaceEntry(version=1, workspace_id="ws", key="k", updated_at="1", value=raw(1))
     assert store.compare_and_set(first, None).ok
 
     counter = CountingClient(store.client)
     before = calls(admin, "evalsha")
-    with stalled(redis_url, 600):
+    with stalled(node_url, 600):
         if op == "claim":
             rec = EventRecord(version=1, id="ev-1", source="mine", payload=raw({"a": 1}))
             result: Any = store.claim(rec)
@@ -139,18 +170,18 @@ def test_resend_after_timeout_writes_once_and_reports_success(redis_url: str, op
     # The store really resent (otherwise this test proves nothing). The first send was
     # already in the server's socket buffer when it timed out, so the server ran it after
     # the stall; the send that answered was another one. (A resend can also fail in the
-    # reconnect handshake without reaching the server, so counts may differ by that.)
+    # reconnect handshake without reaching the server, so the counts may differ.)
     assert counter.sends >= 2
     assert server_sends >= 2
     if op == "claim":
         assert [r.id for r in reader.list_records(EventRecord)].count("ev-1") == 1
         assert reader.get_raw(EventRecord, "ev-1") == encode(rec)
     elif op == "append":
-        assert sorted(e.id for e in reader.read_journal("j")) == ["e-1", "warm"]
-        assert admin.hget(reader.keys.record(journal_kind("j"), "e-1"), "doc") == encode(entry)
+        assert sorted(e.id for e in reader.read_journal("j")) == sorted(["e-1", warm])
+        assert admin.hget(target, "doc") == encode(entry)
     else:
         assert reader.list_entries("ws") == [update]
-        assert admin.hget(reader.keys.entry("ws", "k"), "doc") == encode(update)
+        assert admin.hget(target, "doc") == encode(update)
     admin.close()
 
 

@@ -11,7 +11,9 @@ from typing import Any
 import click
 import msgspec
 
+from ..authoring import InputError
 from ..ops import RunRequest, prepare
+from ..authoring import InputError
 from ..ops import enqueue as enqueue_run
 from ..runs import STATUSES, TERMINAL, OutputEvent, RunNotFoundError, RunStore, RunView
 from . import Settings
@@ -33,8 +35,11 @@ def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
     """Record a run of workflow NAME, then enqueue it."""
     settings.load_source()
     if input_json.startswith("@"):
-        with open(input_json[1:], "rb") as fh:
-            raw = fh.read()
+        try:
+            with open(input_json[1:], "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise InputError(f"cannot read the input file: {exc}") from None
     else:
         raw = input_json.encode()
     request = RunRequest(name, raw, run_id, queue)

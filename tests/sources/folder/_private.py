@@ -1,0 +1,1 @@
+raise RuntimeError("modules whose names start with _ are not loaded")
