@@ -38,6 +38,7 @@ import multiprocessing as mp
 import os
 import platform
 import pstats
+import resource
 import shlex
 import sys
 import tempfile
@@ -169,6 +170,7 @@ def worker_main(spec: Spec, ready: Any, go: Any, start_ns: Any, out: Any) -> Non
         fin = array("q")  # its completion time, relative to the window start
         errors = 0
         cpu0 = cpu1 = 0
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         clock, cpu_clock = time.monotonic_ns, time.process_time_ns
         i = 1
         while True:
@@ -177,6 +179,7 @@ def worker_main(spec: Spec, ready: Any, go: Any, start_ns: Any, out: Any) -> Non
                 break
             if not cpu0 and t1 >= window_start:
                 cpu0 = cpu_clock()
+                ru0 = resource.getrusage(resource.RUSAGE_SELF)
             ok = op(i)
             t2 = clock()
             i += 1
@@ -187,8 +190,11 @@ def worker_main(spec: Spec, ready: Any, go: Any, start_ns: Any, out: Any) -> Non
                 if spec.cap and len(lat) >= spec.cap:
                     break
         cpu1 = cpu_clock()
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
         out.put({"worker": spec.worker, "lat": lat.tobytes(), "fin": fin.tobytes(),
                  "errors": errors, "cpu_ns": cpu1 - cpu0 if cpu0 else 0,
+                 "vcsw": ru1.ru_nvcsw - ru0.ru_nvcsw if cpu0 else 0,
+                 "ivcsw": ru1.ru_nivcsw - ru0.ru_nivcsw if cpu0 else 0,
                  "capped": bool(spec.cap and len(lat) >= spec.cap)})
     except BaseException as exc:
         out.put({"worker": spec.worker, "error": f"{type(exc).__name__}: {exc}"})
@@ -255,6 +261,9 @@ class Cell:
     after: Snapshot
     capped: bool = False
     client_cpu_raw_ns: int = 0  # all client CPU in the window, also after a cap
+    measured_ops: int = 0  # all ops the clients completed in the window, also after a cap
+    vcsw: int = 0  # client context switches in the window: voluntary (blocked in recv) ...
+    ivcsw: int = 0  # ... and involuntary (preempted)
     round_rates: list[float] = field(default_factory=list)  # with --rounds > 1
 
     @property
@@ -296,6 +305,11 @@ class Cell:
     def server_cpu_us_per_op(self) -> float:
         ops = self.server_ops
         return (self.after.server_cpu_ns - self.before.server_cpu_ns) / ops / 1e3 if ops else 0.0
+
+    def switches_per_op(self) -> str:
+        if not self.measured_ops:
+            return "-"
+        return f"{self.vcsw / self.measured_ops:.2f}+{self.ivcsw / self.measured_ops:.2f}"
 
     def client_cpu_us_per_op(self) -> float:
         return self.client_cpu_ns / self.ops / 1e3 if self.ops else 0.0
@@ -402,7 +416,8 @@ def run_cell(ctx: Any, url: str, server_pid: int, workload: str, clients: int,
     measured = sum(len(array("q", r["lat"])) for r in results)
     cpu_for_kept = cpu * (sum(per_client) / measured) if measured else 0
     return Cell(workload, clients, window / 1e9, len(lat), errors, lat, per_client,
-                int(cpu_for_kept), before, after, capped, cpu)
+                int(cpu_for_kept), before, after, capped, cpu, measured,
+                sum(r["vcsw"] for r in results), sum(r["ivcsw"] for r in results))
 
 
 # --------------------------------------------------------------------------------------------
@@ -780,7 +795,8 @@ def run(args: argparse.Namespace, levels: list[int], server: Any, rep: Report) -
     rep.add()
 
     rows = [["clients", "op", "client CPU", "server CPU", "server cmd", "script inner",
-             "CPU total", "CPU-bound max", "host busy", "other", "ops/client"]]
+             "CPU total", "CPU-bound max", "host busy", "other", "ctx sw/op",
+             "ops/client"]]
     for clients in levels:
         for workload in WORKLOADS:
             c = cells[workload, clients]
@@ -792,9 +808,10 @@ def run(args: argparse.Namespace, levels: list[int], server: Any, rep: Report) -
                          fmt(c.server_cpu_us_per_op()),
                          f"{main_cmd} {fmt(c.usec_per_call(main_cmd), 2)}",
                          fmt(c.inner_usec_per_op(), 2), fmt(total), fmt_rate(bound),
-                         f"{c.host_busy_pct():.0f}%", f"{c.other_cpu_pct():.0f}%", spread])
+                         f"{c.host_busy_pct():.0f}%", f"{c.other_cpu_pct():.0f}%",
+                         c.switches_per_op(), spread])
     rep.add("where the time goes (same windows; CPU in us per op)")
-    for line in table(rows, right={0, 2, 3, 5, 6, 7, 8, 9}):
+    for line in table(rows, right={0, 2, 3, 5, 6, 7, 8, 9, 10}):
         rep.add(line)
     rep.add("  client CPU  : sum of the client processes' CPU time / ops (Python, redis-py, "
             "syscalls)")
@@ -808,6 +825,8 @@ def run(args: argparse.Namespace, levels: list[int], server: Any, rep: Report) -
             "when the CPUs, not fsync, are the limit")
     rep.add("  host busy / other: all CPUs' utilisation (/proc/stat, tick-sampled), and the part "
             "of it not used by these clients or redis-server (other sessions, kernel)")
+    rep.add("  ctx sw/op   : client context switches per op, voluntary (waiting for the reply) + "
+            "involuntary (preempted)")
     noisy = [c for c in cells.values() if c.other_cpu_pct() > OTHER_LOAD_WARN]
     for c in noisy:
         rep.add(f"  WARNING: {LABEL[c.workload]} x{c.clients}: {c.other_cpu_pct():.0f}% of the "

@@ -94,8 +94,8 @@ def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.error("Redis unavailable (%s)", exc)
         else:
-            if burst or worker._stop_requested:
-                return
+            if burst or worker._stop_requested or worker._shutdown_requested_date is not None:
+                return  # SIGTERM/SIGINT: RQ sets _stop_requested only when it was busy
             log.error("worker %s stopped on an error (see above)", worker.name)
         while True:
             try:
@@ -108,6 +108,8 @@ def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
         delay = 1.0
+        with contextlib.suppress(redis.RedisError):
+            worker.register_death()  # its teardown may not have reached Redis; free the name
         log.info("Redis is back; restarting the worker")
 
 

@@ -72,7 +72,8 @@ class Backend:
         return open_store(self.url)
 
     def run(self, job: str, args: list[tuple[Any, ...]]) -> list[Any]:
-        """Run len(args) workers concurrently (processes for Redis, threads for memory)."""
+        """Run len(args) workers concurrently: OS processes for Redis, each with its own
+        connection; threads for memory (its state cannot be shared across processes)."""
         if self.memory is not None:
             return store_workers.run_threads(self.memory, job, args)
         return store_workers.run_processes(self.url, job, args)
@@ -177,7 +178,7 @@ def test_provisioning_race_creates_one_agent(backend: Backend) -> None:
 def test_compare_and_set_race_has_one_winner(backend: Backend) -> None:
     store = backend.store()
     expected: str | None = None
-    for round_ in (1, 2, 3):
+    for round_ in (1, 2):  # absent first, then a given updated_at
         results = backend.run("cas", [("ws-race", "k", expected, round_)] * N_WORKERS)
         oks = [r for r in results if r[0]]
         assert len(oks) == 1, results
@@ -622,11 +623,22 @@ def test_leases_fence_with_increasing_epochs(backend: Backend) -> None:
     assert sb.release_lease(b)
 
     # expiry: C's short lease lapses; D then gets a strictly larger epoch
+    started = time.monotonic()
     c = sa.acquire_lease("lease-1", "tok-c", 300)
     assert isinstance(c, Lease) and c.epoch > b.epoch
-    assert isinstance(sb.acquire_lease("lease-1", "tok-d", 10_000), LeaseHolder)
-    d = wait_for(lambda: (lambda r: r if isinstance(r, Lease) else None)(
-        sb.acquire_lease("lease-1", "tok-d", 10_000)), "the lease to expire", interval=0.02)
+    early = sb.acquire_lease("lease-1", "tok-d", 10_000)
+    if isinstance(early, Lease):  # only possible on a machine so slow that C already lapsed
+        assert time.monotonic() - started >= 0.3
+        assert early.epoch > c.epoch
+        assert sb.release_lease(early)
+    else:
+        assert early.token == "tok-c" and early.epoch == c.epoch
+
+    def acquired() -> Lease | None:
+        got = sb.acquire_lease("lease-1", "tok-d", 10_000)
+        return got if isinstance(got, Lease) else None
+
+    d = wait_for(acquired, "C's lease to expire", interval=0.02)
     assert d.epoch > c.epoch
     assert sa.renew_lease(c) is None and sa.release_lease(c) is False
 

@@ -72,7 +72,9 @@ def stalled(url: str, ms: int) -> Iterator[None]:
 
     thread = threading.Thread(target=stall, daemon=True)
     thread.start()
-    probe = plain_client(url, timeout=0.05)
+    # A PING answers in well under a millisecond unless the server is busy; 150 ms leaves
+    # room for a loaded test machine, and the stalls below are long enough to absorb it.
+    probe = plain_client(url, timeout=0.15)
     deadline = time.monotonic() + 10
     try:
         while True:
@@ -151,7 +153,7 @@ def test_resend_after_timeout_writes_once_and_reports_success(
 
     counter = CountingClient(store.client)
     before = calls(admin, "evalsha")
-    with stalled(node_url, 600):
+    with stalled(node_url, 800):
         if op == "claim":
             rec = EventRecord(version=1, id="ev-1", source="mine", payload=raw({"a": 1}))
             result: Any = store.claim(rec)
@@ -196,7 +198,7 @@ def test_control_default_redis_py_retry_applies_a_write_twice(redis_url: str) ->
                          socket_timeout=0.25)  # everything else: redis-py's defaults
     admin = plain_client(redis_url)
     assert client.ping()  # connected before the stall: the first RPUSH reaches the server
-    with stalled(redis_url, 600):
+    with stalled(redis_url, 800):
         length = client.rpush("control", "x")
     assert length > 1  # one RPUSH call, several elements
     assert admin.llen("control") == length
