@@ -13,7 +13,6 @@ import msgspec
 
 from ..authoring import InputError
 from ..ops import RunRequest, prepare
-from ..authoring import InputError
 from ..ops import enqueue as enqueue_run
 from ..runs import STATUSES, TERMINAL, OutputEvent, RunNotFoundError, RunStore, RunView
 from . import Settings
