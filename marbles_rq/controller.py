@@ -29,6 +29,7 @@ log = logging.getLogger("marbles_rq.controller")
 
 LEASE_NAME = "controller"
 BATCH = 200
+LOST_AFTER_S = 5.0
 
 
 @dataclass
@@ -40,15 +41,18 @@ class Stats:
 
 class Controller:
     def __init__(self, runs: RunStore, rq: redis.Redis, *, lease_ms: int = 10_000,
-                 interval_s: float = 0.5, recheck_ms: int = 30_000) -> None:
+                 interval_s: float = 0.5, recheck_ms: int = 30_000,
+                 lost_after_s: float = LOST_AFTER_S) -> None:
         self.runs, self.rq = runs, rq
         self.store = runs.store
         self.keys = runs.keys
         self.lease_ms, self.interval_s, self.recheck_ms = lease_ms, interval_s, recheck_ms
+        self.lost_after_s = lost_after_s
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease: Lease | None = None
         self.stats = Stats()
         self.stop_event = threading.Event()
+        self._missing: dict[tuple[str, int], float] = {}  # (run, attempt) -> first seen lost
 
     # -- election -----------------------------------------------------------------------------
 
@@ -139,12 +143,41 @@ class Controller:
                 log.info("run %s: dispatched attempt %s (it never reached RQ)", run_id, attempt)
                 self.stats.dispatched += 1
                 done += 1
+        done += self._find_lost([q for q, e in zip(queued, present, strict=True) if e])
         # Check again later: a delivery waiting in a long queue is normal.
         later = self.server_ms() + self.recheck_ms
         pipe = self.store.client.pipeline(transaction=False)
         for bucket, run_id in due:
             pipe.zadd(self.keys.run_dispatch(bucket), {run_id: later}, xx=True)
         pipe.execute()
+        return done
+
+    def _find_lost(self, queued: list[tuple[int, str, int, str]]) -> int:
+        """A delivery whose job exists but is in no queue list, on two checks LOST_AFTER_S
+        apart, while its run has not started, was lost inside RQ: deliver attempt + 1."""
+        assert self.lease is not None
+        waiting = dispatch.deliveries_waiting(self.rq, [(q, rid, a) for _, rid, a, q in queued])
+        now, done = time.monotonic(), 0
+        for (_, run_id, attempt, _q), is_waiting in zip(queued, waiting, strict=True):
+            if is_waiting:
+                self._missing.pop((run_id, attempt), None)
+                continue
+            first = self._missing.setdefault((run_id, attempt), now)
+            if now - first < self.lost_after_s:
+                continue
+            reply = self.runs.scripts.redispatch_run(
+                keys=self.keys.run_keys(run_id), run_id=run_id, attempt=attempt,
+                ctl_epoch=self.lease.epoch, grace_ms=DISPATCH_GRACE_MS)
+            if reply.status == "redelivered":
+                new_attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
+                log.warning("run %s: delivery %s was lost inside RQ; redelivering as "
+                            "attempt %s", run_id, attempt, new_attempt)
+                self._enqueue(queue_name, run_id, new_attempt)
+                self.stats.redelivered += 1
+                done += 1
+            self._missing.pop((run_id, attempt), None)
+        for key in [k for k, t in self._missing.items() if now - t > 3600]:
+            del self._missing[key]  # runs that started or settled meanwhile
         return done
 
     def _enqueue(self, queue_name: str, run_id: str, attempt: int) -> bool:

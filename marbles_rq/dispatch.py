@@ -83,6 +83,18 @@ def enqueue_deliveries(conn: redis.Redis, queue_name: str, runs: list[tuple[str,
         pipe.execute()
 
 
+def deliveries_waiting(conn: redis.Redis, ids: list[tuple[str, str, int]]) -> list[bool]:
+    """For (queue, run id, attempt): is the delivery's job in its queue or intermediate
+    list, i.e. still on its way to a worker? (LPOS: linear in the queue length.)"""
+    pipe = conn.pipeline(transaction=False)
+    for queue_name, rid, attempt in ids:
+        key, job_id = Queue(queue_name, connection=conn).key, delivery_id(rid, attempt)
+        pipe.lpos(key, job_id)
+        pipe.lpos(f"{key}:intermediate", job_id)
+    found = pipe.execute()
+    return [found[2 * i] is not None or found[2 * i + 1] is not None for i in range(len(ids))]
+
+
 def deliveries_exist(conn: redis.Redis, ids: list[tuple[str, int]]) -> list[bool]:
     pipe = conn.pipeline(transaction=False)
     for rid, attempt in ids:

@@ -296,6 +296,12 @@ class Scripts:
             [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up],
             ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced"))
 
+    def redispatch_run(self, *, keys: RunKeys, run_id: str, attempt: int, ctl_epoch: int,
+                       grace_ms: int) -> Reply:
+        return self._reply("redispatch_run", [keys.run, keys.dispatch, keys.output, keys.fence],
+                           [run_id, attempt, ctl_epoch, grace_ms],
+                           ("redelivered", "moved", "fenced"))
+
     def abandon_attempt(self, *, keys: RunKeys, run_id: str, attempt: int,
                         worker: str) -> Reply:
         return self._reply("abandon_attempt", [keys.run, keys.leases], [run_id, attempt, worker],

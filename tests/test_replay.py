@@ -179,3 +179,40 @@ def test_a_run_past_its_timeout_fails(redis_url: str) -> None:
     assert view.error is not None and view.error.type == "RunTimeout"
     # The step that was running when the deadline passed could not record a result.
     assert [s.status for s in view.steps] == ["running"]
+
+
+def test_a_crash_between_record_and_enqueue_is_dispatched(redis_url: str) -> None:
+    runs = _runs(redis_url)
+    _record(runs, "t_replay", b'{"n": 1}', "undispatched-1")  # recorded; RQ never told
+    rq = rq_connection(redis_url)
+    ctl = Controller(runs, rq)
+    assert ctl.lead()
+    assert ctl.dispatch() == 0  # within the enqueuer's grace period: not yet
+    keys = runs.keys.run_keys("undispatched-1")
+    runs.client.zadd(keys.dispatch, {"undispatched-1": 0})  # the grace period has passed
+    assert ctl.dispatch() == 1
+    assert rq.lrange("rq:queue:default", 0, -1) == [b"undispatched-1-a1"]
+    runs.client.zadd(keys.dispatch, {"undispatched-1": 0})
+    assert ctl.dispatch() == 0  # it is waiting in RQ now: not dispatched twice
+    assert _run(runs, "undispatched-1", 1) == "succeeded"
+
+
+def test_a_delivery_lost_inside_rq_is_redelivered(redis_url: str) -> None:
+    from marbles_rq import ops
+
+    runs = _runs(redis_url)
+    rq = rq_connection(redis_url)
+    result = ops.enqueue(runs, rq, RunRequest("t_replay", b'{"n": 1}', "lost-1"))
+    assert result.dispatched
+    # A multi-queue worker BLPOPs the job and is killed before RQ records it anywhere.
+    assert rq.lpop("rq:queue:default") == b"lost-1-a1"
+    ctl = Controller(runs, rq, lost_after_s=0.0)
+    assert ctl.lead()
+    keys = runs.keys.run_keys("lost-1")
+    runs.client.zadd(keys.dispatch, {"lost-1": 0})
+    assert ctl.dispatch() == 1
+    assert rq.lrange("rq:queue:default", 0, -1) == [b"lost-1-a2"]
+    assert _run(runs, "lost-1", 1) == "stale_attempt"  # the lost one, if it ever turns up
+    assert _run(runs, "lost-1", 2) == "succeeded"
+    assert [e.data["reason"] for e in runs.output("lost-1") if e.type == "redelivered"] == [
+        "delivery lost before it started"]
