@@ -69,7 +69,7 @@ def connect(url: str | None = None, *, socket_timeout: float | None = None,
     try:
         if parts.scheme in CLUSTER_SCHEMES:
             plain = urlunsplit(parts._replace(scheme=CLUSTER_SCHEMES[parts.scheme]))
-            return RedisCluster.from_url(plain, cluster_error_retry_attempts=0, **options)
+            return RedisCluster.from_url(plain, **options)  # retry: none, as for one server
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError(
                 "scheme must be redis://, rediss://, unix:// or redis+cluster://"

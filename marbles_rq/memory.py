@@ -173,6 +173,8 @@ class MemoryStore:
     def compare_and_set(self, entry: WorkspaceEntry, expected: str | None, *,
                         owner: str = "") -> CasOutcome:
         ws, k = check_id(entry.workspace_id, "workspace id"), check_id(entry.key, "entry key")
+        if owner:
+            check_id(owner, "owner")
         if entry.updated_at == (expected or ""):
             raise MarblesError("the new updated_at must differ from the expected one")
         key = self.keys.entry(ws, k)
@@ -246,6 +248,8 @@ class MemoryStore:
 
     def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Lease | LeaseHolder:
         check_id(name, "lease name")
+        if ttl_ms <= 0:
+            raise MarblesError("a lease needs ttl_ms > 0")
         now = time.monotonic()
         with self._lock:
             cur = self.leases.get(name)

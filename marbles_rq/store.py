@@ -226,6 +226,8 @@ class RedisStore:
         ws, key = check_id(entry.workspace_id, "workspace id"), check_id(entry.key, "entry key")
         if owner:
             check_id(owner, "owner")
+        if entry.updated_at == (expected or ""):
+            raise MarblesError("the new updated_at must differ from the expected one")
         reply = self.scripts.cas_entry(
             entry_key=self.keys.entry(ws, key), listing_key=self.keys.entries(ws),
             owned_key=self.keys.owned(owner, self.keys.bucket_of(ws)),
@@ -306,6 +308,8 @@ class RedisStore:
 
     def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Lease | LeaseHolder:
         check_id(name, "lease name")
+        if ttl_ms <= 0:
+            raise MarblesError("a lease needs ttl_ms > 0")
         started = time.monotonic()
         reply = self.scripts.acquire_lease(lease_key=self.keys.lease(name),
                                            epoch_key=self.keys.lease_epoch(name),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -176,10 +177,17 @@ def run_threads(store: Store, job: str, args: Sequence[tuple[Any, ...]]) -> list
 
     threads = [threading.Thread(target=main, args=(i, a), daemon=True)
                for i, a in enumerate(args)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(RESULT_TIMEOUT_S)
+    # A memory operation takes microseconds: with the default 5 ms GIL switch interval one
+    # thread can finish its whole job before the others run. Switch often, so they overlap.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(RESULT_TIMEOUT_S)
+    finally:
+        sys.setswitchinterval(interval)
     if errors or any(t.is_alive() for t in threads):
         raise AssertionError("worker(s) failed or hung:\n" + "\n".join(errors))
     return [got[i] for i in range(len(args))]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from marbles_rq.scripts import load_scripts, lua_dir
+from marbles_rq.scripts import Script, load_scripts, lua_dir
 
 SCRIPTS = sorted(load_scripts().values(), key=lambda s: s.name)
 
@@ -23,8 +23,8 @@ def _split(source: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.name)
-def test_header_documents_keys_argv_and_replies(script: object) -> None:
-    name, source = getattr(script, "name"), getattr(script, "source")
+def test_header_documents_keys_argv_and_replies(script: Script) -> None:
+    name, source = script.name, script.source
     header, body = _split(source)
     assert header.splitlines()[1].startswith(f"--[[ {name}: "), "header names the script"
     assert "Returns:" in header
@@ -38,8 +38,8 @@ def test_header_documents_keys_argv_and_replies(script: object) -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.name)
-def test_no_key_is_built_inside_lua(script: object) -> None:
-    _, body = _split(getattr(script, "source"))
+def test_no_key_is_built_inside_lua(script: Script) -> None:
+    _, body = _split(script.source)
     for call in re.findall(r"redis\.call\('(\w+)',\s*([^,)]+)", body):
         command, first = call
         if command in ("TIME",):
