@@ -216,3 +216,32 @@ def test_a_delivery_lost_inside_rq_is_redelivered(redis_url: str) -> None:
     assert _run(runs, "lost-1", 2) == "succeeded"
     assert [e.data["reason"] for e in runs.output("lost-1") if e.type == "redelivered"] == [
         "delivery lost before it started"]
+
+
+def test_enqueue_many_records_each_run_once_and_enqueues_only_new_ones(redis_url: str) -> None:
+    from marbles_rq import ops
+
+    runs = _runs(redis_url)
+    rq = rq_connection(redis_url)
+    first = ops.enqueue(runs, rq, RunRequest("t_replay", b'{"n": 1}', "batch-0"))
+    assert first.created
+    requests = [RunRequest("t_replay", b'{"n": 1}', f"batch-{i}") for i in range(50)]
+    results = ops.enqueue_many(runs, rq, requests)
+    assert [r.created for r in results] == [False] + [True] * 49
+    assert all(r.dispatched for r in results[1:])
+    queued = rq.lrange("rq:queue:default", 0, -1)
+    assert sorted(queued) == sorted(f"batch-{i}-a1".encode() for i in range(50))
+    for i in range(50):
+        assert _run(runs, f"batch-{i}", 1) == "succeeded"
+
+
+def test_enqueue_many_validates_everything_before_recording_anything(redis_url: str) -> None:
+    from marbles_rq import ops
+    from marbles_rq.authoring import InputError
+
+    runs = _runs(redis_url)
+    requests = [RunRequest("t_replay", b'{"n": 1}', "ok-1"),
+                RunRequest("t_replay", b'{"n": "x"}', "bad-1")]
+    with pytest.raises(InputError):
+        ops.enqueue_many(runs, rq_connection(redis_url), requests)
+    assert runs.get("ok-1") is None
