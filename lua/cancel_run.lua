@@ -17,12 +17,13 @@ Writes: HSET KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]
 ]]
 local run, leases, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local run_id = ARGV[1]
-local r = redis.call('HMGET', run, 'status', 'attempt')
+local r = redis.call('HMGET', run, 'status', 'attempt', 'cancel')
 if not r[1] then return {'missing'} end
 if r[1] == 'succeeded' or r[1] == 'failed' or r[1] == 'cancelled' then
   return {'settled', r[1]}
 end
 if r[1] == 'running' or r[1] == 'waiting' then
+  if r[3] == '1' then return {'requested'} end  -- asked already (or a resend)
   redis.call('HSET', run, 'cancel', '1')
   redis.call('XADD', out, '*', 't', 'cancel_requested', 'a', r[2], 'd', ARGV[2])
   return {'requested'}

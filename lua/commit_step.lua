@@ -11,19 +11,26 @@ ARGV[4] event_type      step_succeeded | step_failed | step_retry
 ARGV[5] event           JSON data of the output event
 ARGV[6] run_id
 ARGV[7] ttl_ms          the lease is extended to now + ttl_ms
+ARGV[8] seq             this execution's write number; one already applied is not rewritten
 Returns:
   {"ok"}
   {"cancelled"}           written, but cancel was requested: the body must stop
   {"stale", epoch}        a newer execution owns the run; nothing written
   {"settled", status}     the run is finished; nothing written
-Writes (ok/cancelled): HSET KEYS[2]; ZADD XX KEYS[3]; XADD KEYS[4]
+Writes (a fresh ok/cancelled): HSET KEYS[2]; HSET KEYS[1] wseq; ZADD XX KEYS[3]; XADD KEYS[4]
 ]]
 local run, steps, leases, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt')
+local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq')
 if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then return {'settled', r[2] or ''} end
+local resend = tonumber(ARGV[8]) <= tonumber(r[5] or '0')
+if resend then
+  if r[3] == '1' then return {'cancelled'} end
+  return {'ok'}
+end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', run, 'wseq', ARGV[8])
 redis.call('HSET', steps, ARGV[2], ARGV[3])
 redis.call('ZADD', leases, 'XX', now_ms + tonumber(ARGV[7]), ARGV[6])
 redis.call('XADD', out, '*', 't', ARGV[4], 'a', r[4], 'd', ARGV[5])

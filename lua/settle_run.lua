@@ -14,7 +14,7 @@ Returns:
   {"ok", finished_ms}
   {"settled", status, result, error}   already finished; the first terminal record
   {"stale", epoch}                     a newer execution owns the run; nothing written
-Writes (only for "ok"): HSET KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]
+Writes (only for "ok"): HSET + HINCRBY epoch KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]
 ]]
 local run, leases, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'result', 'error', 'attempt')
@@ -29,6 +29,8 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', run, 'status', ARGV[2], 'finished_ms', now_ms, 'result', ARGV[3],
   'error', ARGV[4])
+-- Fences the execution itself: an effect claimed after the terminal record is refused.
+redis.call('HINCRBY', run, 'epoch', 1)
 redis.call('ZREM', leases, ARGV[6])
 redis.call('ZREM', dispatch, ARGV[6])
 redis.call('XADD', out, '*', 't', 'final', 'a', r[5], 'd', ARGV[5])

@@ -13,6 +13,7 @@ ARGV[3] ttl_ms          lease length
 ARGV[4] worker          name of the executing worker (for status and output)
 ARGV[5] final_cancel    JSON data of the final event if the run turns out cancelled
 ARGV[6] final_timeout   JSON data of the final event if the run's deadline has passed
+ARGV[7] token           unique per start call; a resend that finds its own start answers "ok"
 Returns:
   {"ok", epoch, doc, deadline_ms, ledger}   ledger = flat {key, record, key, record, ...}
   {"missing"}                 no such run
@@ -21,13 +22,14 @@ Returns:
   {"busy", epoch}             another execution of this delivery holds a live lease
   {"cancelled"}               cancel was requested before it started: settled cancelled now
   {"timed_out"}               its deadline passed: settled failed now
-Writes: only for ok/cancelled/timed_out (HSET KEYS[1], ZADD/ZREM KEYS[3], ZREM KEYS[4], XADD)
+Writes: only for a fresh ok, cancelled or timed_out (HSET KEYS[1], ZADD/ZREM KEYS[3],
+  ZREM KEYS[4], XADD)
 ]]
 local run, steps, leases, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local run_id, attempt, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local r = redis.call('HMGET', run, 'doc', 'status', 'attempt', 'epoch', 'cancel',
-  'deadline_ms', 'timeout_ms')
+  'deadline_ms', 'timeout_ms', 'start_token')
 if not r[1] then return {'missing'} end
 local status = r[2]
 if status == 'succeeded' or status == 'failed' or status == 'cancelled' then
@@ -38,6 +40,9 @@ if attempt ~= tonumber(r[3]) then return {'stale_attempt', tonumber(r[3])} end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = tonumber(redis.call('ZSCORE', leases, run_id) or '0')
+if status == 'running' and r[8] == ARGV[7] then  -- our own start, resent
+  return {'ok', tonumber(r[4]), r[1], tonumber(r[6] or '0'), redis.call('HGETALL', steps)}
+end
 if status == 'running' and lease_until > now_ms then return {'busy', tonumber(r[4])} end
 
 local function settle(final_status, error_json, final_event)
@@ -58,7 +63,8 @@ if deadline > 0 and now_ms > deadline then
 end
 
 local epoch = redis.call('HINCRBY', run, 'epoch', 1)
-redis.call('HSET', run, 'status', 'running', 'worker', ARGV[4])
+redis.call('HSET', run, 'status', 'running', 'worker', ARGV[4], 'start_token', ARGV[7],
+  'wseq', 0)
 if deadline == 0 and tonumber(r[7] or '0') > 0 then
   deadline = now_ms + tonumber(r[7])
   redis.call('HSET', run, 'deadline_ms', deadline)

@@ -35,6 +35,15 @@ class StopExecution(BaseException):
         self.reason = reason
 
 
+class StoreUnavailable(StopExecution):
+    """The store could not be reached from inside the body. Not the step's failure: the
+    execution stops unsettled, its lease expires, and the run is delivered again."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__("store_unavailable")
+        self.cause = cause
+
+
 class StepFailedError(MarblesError):
     code = "step_failed"
 
@@ -132,8 +141,12 @@ class RunContext:
     def claim_effect(self, key: str | None = None) -> bool:
         """Reserve an effect once per run (default key: the current idempotency key).
         True for the first claimer ever; False if it was claimed before (by this run's
-        earlier delivery); stops the execution if a newer one owns the run."""
-        status = self.runs.claim_effect(self.ex, key or self.idempotency_key)
+        earlier delivery); stops the execution if a newer one owns the run.
+
+        A reservation, not a transaction with the effect: a crash between this claim and
+        the effect leaves the effect undone. Where the target system takes an idempotency
+        key, give it `idempotency_key` instead; that is exactly-once end to end."""
+        status: str = self._store(self.runs.claim_effect, self.ex, key or self.idempotency_key)
         if status == "stale_epoch":
             raise StopExecution("stale")
         return status == "ok"
@@ -155,7 +168,7 @@ class RunContext:
         attempts = recorded.attempts if recorded is not None else 0
         while True:
             attempts += 1
-            self._check(self.runs.start_step(self.ex, StepRecord(
+            self._check(self._store(self.runs.start_step, self.ex, StepRecord(
                 version=1, key=key, name=definition.name, status="running", attempts=attempts,
                 at_ms=_now_ms())))
             self._frames.append(key)
@@ -189,14 +202,22 @@ class RunContext:
                                          "error": f"{error.type}: {error.message}"})
             raise StepFailedError(error)
 
+    def _store(self, call: Any, *args: Any) -> Any:
+        """A store call from inside the body: unreachable Redis stops the execution."""
+        try:
+            return call(*args)
+        except (redis.ConnectionError, redis.TimeoutError, RedisUnavailableError) as exc:
+            raise StoreUnavailable(exc) from exc
+
     def _commit(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
-        status = self.runs.commit_step(self.ex, record, event_type, msgspec.json.encode(data))
+        status = self._store(self.runs.commit_step, self.ex, record, event_type,
+                             msgspec.json.encode(data))
         if status in ("ok", "cancelled"):
             self.ex.ledger[record.key] = record
         self._check(status)
 
     def _write(self, type: str, data: dict[str, Any]) -> None:
-        self._check(self.runs.write(self.ex, type, msgspec.json.encode(data)))
+        self._check(self._store(self.runs.write, self.ex, type, msgspec.json.encode(data)))
 
     def _check(self, status: str) -> None:
         if status == "ok":
@@ -340,6 +361,10 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
             encoded = msgspec.json.encode(result)
         except StepFailedError as exc:
             return _settled(runs.settle(ex, "failed", error=exc.error), "failed")
+        except StoreUnavailable as lost:
+            log.error("run %s attempt %s: the store is unreachable (%s); stopping unsettled, "
+                      "it is redelivered once its lease expires", run_id, attempt, lost.cause)
+            raise RedisUnavailableError(f"store unreachable: {lost.cause}") from None
         except StopExecution as stop:
             if stop.reason in ("cancelled", "timed_out"):
                 settle_stopped(runs, ex, stop.reason)

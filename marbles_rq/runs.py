@@ -7,7 +7,9 @@ pipelined commands.
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +59,10 @@ class Execution:
     record: RunRecord
     deadline_ms: int
     ledger: dict[str, StepRecord] = field(default_factory=dict)
+    # Each fenced write carries the next number; the scripts apply a number once, so a
+    # resend after a timeout is a no-op. The lock keeps numbers in send order.
+    seq: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,8 @@ class RunStore:
             keys=keys, run_id=run_id, attempt=attempt, ttl_ms=ttl_ms, worker=worker,
             final_cancel=event(status="cancelled", reason="cancelled before it started"),
             final_timeout=event(status="failed", error={"type": "RunTimeout",
-                                                        "message": "the run passed its timeout"}))
+                                                        "message": "the run passed its timeout"}),
+            token=uuid.uuid4().hex)
         if reply.status != "ok":
             detail = _s(reply.values[0]) if reply.values else ""
             return Started(reply.status, detail=detail)
@@ -161,19 +168,26 @@ class RunStore:
                                        ledger))
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
-        return self.scripts.start_step(
-            keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
-            event=event(step=record.key, attempt=record.attempts)).status
+        with ex.lock:
+            ex.seq += 1
+            return self.scripts.start_step(
+                keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
+                event=event(step=record.key, attempt=record.attempts), seq=ex.seq).status
 
     def commit_step(self, ex: Execution, record: StepRecord, event_type: str,
                     data: bytes) -> str:
-        return self.scripts.commit_step(
-            keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
-            event_type=event_type, event=data, run_id=ex.run_id, ttl_ms=ex.ttl_ms).status
+        with ex.lock:
+            ex.seq += 1
+            return self.scripts.commit_step(
+                keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
+                event_type=event_type, event=data, run_id=ex.run_id, ttl_ms=ex.ttl_ms,
+                seq=ex.seq).status
 
     def write(self, ex: Execution, type: str, data: bytes) -> str:
-        return self.scripts.append_output(keys=ex.keys, epoch=ex.epoch, type=type,
-                                          data=data).status
+        with ex.lock:
+            ex.seq += 1
+            return self.scripts.append_output(keys=ex.keys, epoch=ex.epoch, type=type,
+                                              data=data, seq=ex.seq).status
 
     def renew(self, ex: Execution) -> str:
         return self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,

@@ -252,27 +252,30 @@ class Scripts:
                             grace_ms, event], ("ok", "exists"))
 
     def start_attempt(self, *, keys: RunKeys, run_id: str, attempt: int, ttl_ms: int,
-                      worker: str, final_cancel: bytes, final_timeout: bytes) -> Reply:
+                      worker: str, final_cancel: bytes, final_timeout: bytes,
+                      token: str) -> Reply:
         return self._reply(
             "start_attempt",
             [keys.run, keys.steps, keys.leases, keys.dispatch, keys.output],
-            [run_id, attempt, ttl_ms, worker, final_cancel, final_timeout],
+            [run_id, attempt, ttl_ms, worker, final_cancel, final_timeout, token],
             ("ok", "missing", "settled", "stale_attempt", "busy", "cancelled", "timed_out"))
 
     def start_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
-                   event: bytes) -> Reply:
+                   event: bytes, seq: int) -> Reply:
         return self._reply("start_step", [keys.run, keys.steps, keys.output],
-                           [epoch, step_key, record, event],
+                           [epoch, step_key, record, event, seq],
                            ("ok", "stale", "settled", "cancelled"))
 
     def commit_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
-                    event_type: str, event: bytes, run_id: str, ttl_ms: int) -> Reply:
+                    event_type: str, event: bytes, run_id: str, ttl_ms: int,
+                    seq: int) -> Reply:
         return self._reply("commit_step", [keys.run, keys.steps, keys.leases, keys.output],
-                           [epoch, step_key, record, event_type, event, run_id, ttl_ms],
+                           [epoch, step_key, record, event_type, event, run_id, ttl_ms, seq],
                            ("ok", "cancelled", "stale", "settled"))
 
-    def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes) -> Reply:
-        return self._reply("append_output", [keys.run, keys.output], [epoch, type, data],
+    def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes,
+                      seq: int) -> Reply:
+        return self._reply("append_output", [keys.run, keys.output], [epoch, type, data, seq],
                            ("ok", "stale", "settled"))
 
     def renew_attempt(self, *, keys: RunKeys, epoch: int, ttl_ms: int, run_id: str) -> Reply:

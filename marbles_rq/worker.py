@@ -108,9 +108,20 @@ def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
         delay = 1.0
+        _kill_orphaned_horse(worker)
         with contextlib.suppress(redis.RedisError):
             worker.register_death()  # its teardown may not have reached Redis; free the name
         log.info("Redis is back; restarting the worker")
+
+
+def _kill_orphaned_horse(worker: Any) -> None:
+    """A worker whose loop broke mid-run may leave its horse running; it is fenced, but a
+    restarted loop must not run beside it."""
+    pid = getattr(worker, "_horse_pid", 0)
+    if pid:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def run_pool(engine: Engine, queues: list[str], conn: redis.Redis, *, size: int, burst: bool,

@@ -11,12 +11,18 @@ the run's *current* attempt, not the writer's -- and with its effect claims logg
 * every effect claim RPUSHes ``{attempt, pid, key, outcome}`` to ``zchain:claims``
   (outcome ``won``, ``exists``, or ``refused:<reason>`` when the execution was fenced);
 * a won claim RPUSHes the key to ``zchain:receipts`` (the effect).
+
+`zresend` stalls Redis (a busy Lua script, from another connection) right before the
+execution's own calls -- its ``stream.write`` and its step commit -- so that, with a short
+``MARBLES_SOCKET_TIMEOUT``, those calls time out and are resent while the first send is
+still queued behind the stall.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import msgspec
@@ -67,3 +73,38 @@ def zlink(index: int, sleep_s: float) -> dict[str, object]:
 def zchain(ctx: mr.RunContext, inp: ZChainInput) -> dict[str, object]:
     done = [zlink(i, inp.sleep_s) for i in range(inp.steps)]
     return {"steps": inp.steps, "done": done}
+
+
+BUSY_LUA = """
+local t0 = redis.call('TIME')
+local start = t0[1] * 1000000 + t0[2]
+while true do
+  local t = redis.call('TIME')
+  if t[1] * 1000000 + t[2] - start > tonumber(ARGV[1]) then return 1 end
+end
+"""
+
+
+class ZResendInput(msgspec.Struct):
+    steps: int = 2
+    stall_ms: int = 500
+
+
+def _stall(ms: int) -> None:
+    """Keep Redis busy for `ms` from another connection; return once the stall runs."""
+    threading.Thread(target=lambda: _client().eval(BUSY_LUA, 0, ms * 1000), daemon=True).start()
+    time.sleep(0.05)  # the busy script is executing by now
+
+
+@mr.step
+def zstalled(index: int, stall_ms: int) -> int:
+    run = mr.current()
+    _stall(stall_ms)
+    run.stream.write({"index": index, "attempt": run.attempt})  # queued behind the stall
+    _stall(stall_ms)
+    return index  # its commit is queued behind the stall
+
+
+@mr.workflow
+def zresend(ctx: mr.RunContext, inp: ZResendInput) -> list[int]:
+    return [zstalled(i, inp.stall_ms) for i in range(inp.steps)]

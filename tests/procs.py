@@ -341,7 +341,7 @@ class Observer:
             after = page[-1].id
 
     def lrange(self, key: str) -> list[str]:
-        return list(self.client.lrange(key, 0, -1))
+        return [str(x) for x in self.client.lrange(key, 0, -1)]  # decode_responses=True
 
     def dump(self, run_id: str) -> str:
         """The run's status and output journal, for failure messages."""
@@ -515,11 +515,25 @@ class Procs:
         self.log_cli(argv, done.returncode, done.stdout, done.stderr)
         return done
 
-    def cli_popen(self, *args: str) -> subprocess.Popen[str]:
-        """Start one ``marbles-rq`` command (e.g. to run several at once); communicate() it."""
-        return subprocess.Popen(self.cli_argv(*args), cwd=REPO_ROOT, env=self.env, text=True,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+    def cli_concurrently(self, *args: str, n: int,
+                         timeout: float = 120.0) -> list[subprocess.CompletedProcess[str]]:
+        """Start `n` copies of one ``marbles-rq`` command at once; wait for all of them."""
+        argv = self.cli_argv(*args)
+        started = [subprocess.Popen(argv, cwd=REPO_ROOT, env=self.env, text=True,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE) for _ in range(n)]
+        done: list[subprocess.CompletedProcess[str]] = []
+        try:
+            for proc in started:
+                out, err = proc.communicate(timeout=timeout)
+                self.log_cli(argv, proc.returncode, out, err)
+                done.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
+        finally:
+            for proc in started:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        return done
 
     def log_cli(self, argv: Sequence[str], code: int, out: str, err: str) -> None:
         with self.cli_log.open("a") as fh:

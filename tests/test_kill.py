@@ -2,10 +2,13 @@
 redis-server (fresh per test). Whatever is killed, a run ends `succeeded` exactly once, no
 recorded step runs again, and every effect happens exactly once.
 
-Each test waits on events (run status, output journal, processes appearing or vanishing);
-the only fixed waits are the ones that check that something does *not* happen, and they are
-one lease long. Redelivery latencies are printed (``pytest -s`` or ``-rP``) and asserted
-generously (< 4 x lease); precise numbers belong in bench/.
+Each test waits on events (run status, output journal, processes appearing or vanishing).
+The only fixed waits are a Redis outage's length (test 5) and, where a test checks that
+something does *not* happen, one lease. Redelivery latencies are printed (``pytest -s`` or
+``-rP``) and asserted generously (< 4 x lease); precise numbers belong in bench/.
+
+Two tests reproduce bugs found while writing these, now fixed: an unreachable store inside
+a step was recorded as the step's failure, and resent run scripts wrote twice.
 """
 
 from __future__ import annotations
@@ -148,17 +151,21 @@ def start_chain(procs: Procs, run_id: str, *, steps: int = STEPS,
     assert f"run {run_id} queued" in out, out
 
 
-def _killed_step(events: list[OutputEvent], steps: list[str]) -> str:
-    done = _succeeded(events)
-    return next(key for key in steps if key not in done)
+def _in_flight(events: list[OutputEvent]) -> str | None:
+    """The step that had started but not succeeded when the execution vanished, if any."""
+    started = {e.data["step"] for e in events if e.type == "step_started"}
+    pending = started - _succeeded(events)
+    assert len(pending) <= 1, pending
+    return next(iter(pending), None)
 
 
-def check_ledger_attempts(view: RunView, killed: str) -> None:
-    """The step that was executing when its execution vanished was tried twice; the others
-    once (none was re-executed, none was lost)."""
+def check_ledger_attempts(view: RunView, events: list[OutputEvent]) -> None:
+    """The step that was executing when attempt 1 vanished was tried twice; every other
+    step once: none was re-executed, none was lost."""
+    killed = _in_flight([e for e in events if e.attempt == 1])
     attempts = {s.key: s.attempts for s in view.steps}
-    assert attempts[killed] == 2, attempts
-    assert all(n == 1 for key, n in attempts.items() if key != killed), attempts
+    expected = {key: 2 if key == killed else 1 for key in attempts}
+    assert attempts == expected, (killed, attempts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,8 +188,7 @@ def test_kill9_horse_mid_step(procs: Procs, record_property: Any) -> None:
     assert worker.alive(), "the worker died with its horse"
     assert view.attempt == 2, obs.dump(run_id)
     assert view.worker == worker.name  # the same worker took the redelivery
-    check_ledger_attempts(view, _killed_step([e for e in events if _sid(e.id) <= _sid(mark)],
-                                             steps))
+    check_ledger_attempts(view, events)
     report_latency("horse kill -> redelivered", redelivery_ms(events, killed_ms),
                    record_property)
     assert cli_status(procs, run_id)["status"] == "succeeded"
@@ -208,8 +214,7 @@ def test_kill9_worker_parent_takes_its_horse(procs: Procs, record_property: Any)
     view, events = assert_exactly_once(obs, run_id, steps=steps, kill_mark=mark)
     assert view.attempt == 2, obs.dump(run_id)
     assert view.worker != victim.name
-    check_ledger_attempts(view, _killed_step([e for e in events if _sid(e.id) <= _sid(mark)],
-                                             steps))
+    check_ledger_attempts(view, events)
     report_latency("worker kill -> redelivered", redelivery_ms(events, killed_ms),
                    record_property)
     assert cli_status(procs, run_id)["attempt"] == 2
@@ -235,8 +240,7 @@ def test_kill9_worker_and_horse(procs: Procs, record_property: Any) -> None:
     view, events = assert_exactly_once(obs, run_id, steps=steps, kill_mark=mark)
     assert view.attempt == 2, obs.dump(run_id)
     assert view.worker != victim.name
-    check_ledger_attempts(view, _killed_step([e for e in events if _sid(e.id) <= _sid(mark)],
-                                             steps))
+    check_ledger_attempts(view, events)
     report_latency("worker+horse kill -> redelivered", redelivery_ms(events, killed_ms),
                    record_property)
 
@@ -269,6 +273,7 @@ def test_sigstop_horse_past_lease_is_fenced(procs: Procs, record_property: Any) 
     assert zombie == marker["pid"]
     os.kill(zombie, signal.SIGSTOP)
     stopped_ms = _now_ms()
+    mark = _last_id(obs.events(run_id))  # the stopped horse is sleeping: it writes nothing
     try:
         redelivered = obs.wait_event(run_id, lambda e: e.type == "redelivered",
                                      what="redelivery of the stopped execution")
@@ -279,12 +284,12 @@ def test_sigstop_horse_past_lease_is_fenced(procs: Procs, record_property: Any) 
                        and e.data["step"] == "zchain.zlink#1", what="attempt 2 past step #1")
     finally:
         os.kill(zombie, signal.SIGCONT)
-    continued = obs.events(run_id)
     wait_for(lambda: not pid_alive(zombie), timeout=15, what=f"zombie horse {zombie} to exit",
              context=procs.report)
 
     obs.wait_final(run_id)
-    view, events = assert_exactly_once(obs, run_id, steps=steps, receipts_key=zw.RECEIPTS_KEY)
+    view, events = assert_exactly_once(obs, run_id, steps=steps, receipts_key=zw.RECEIPTS_KEY,
+                                       kill_mark=mark)
     assert view.attempt == 2
     report_latency("stopped horse -> redelivered", redelivered.at_ms - stopped_ms,
                    record_property)
@@ -292,10 +297,9 @@ def test_sigstop_horse_past_lease_is_fenced(procs: Procs, record_property: Any) 
     # Nothing the zombie (attempt 1) wrote after the redelivery reached the output journal.
     after = [e for e in events if _sid(e.id) > _sid(redelivered.id)]
     assert all(e.attempt == 2 for e in after), after
-    zombie_out = [e for e in after if e.type == "output" and e.data["value"]["attempt"] == 1]
+    zombie_out = [e for e in after if e.type == "output"
+                  and (e.data["value"]["attempt"] == 1 or e.data["value"]["pid"] == zombie)]
     assert not zombie_out, zombie_out
-    assert not [e for e in events if e.type == "output" and e.data["value"]["pid"] == zombie
-                and _sid(e.id) > _sid(continued[-1].id)]
 
     # The ledger holds attempt 1's result for step #0 and attempt 2's for the rest.
     results = {s.key: (s.attempts, msgspec.json.decode(s.result)["attempt"])
@@ -343,15 +347,11 @@ def test_kill9_redis_mid_run(procs: Procs, redis_server: RedisServer, outage_s: 
     assert not dead, f"exited because of the Redis outage: {dead}\n{procs.report()}"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "BUG: an error reaching Redis inside a step (claim_effect, stream.write) is recorded as "
-    "the step's failure; when Redis is back before the lease expires, the run ends failed"))
 def test_redis_outage_during_effect_claim_does_not_fail_the_run(
         procs: Procs, redis_server: RedisServer) -> None:
     """Default lease (10 s). Redis dies while step #1 sleeps and stays down ~3 s: the step's
-    claim_effect gives up resending (~1.6 s) and raises ConnectionError inside the step;
-    marbles records that as the step failing, Redis is back before the commit's resends end,
-    and the run settles `failed` -- a 3-second Redis restart fails a run for good."""
+    claim_effect gives up resending and the execution stops unsettled (it is not the step's
+    failure); the run is redelivered and succeeds once."""
     procs.start(workers=1, lease_ms=10_000)
     obs, run_id = procs.observer, "outage-in-step"
     start_chain(procs, run_id, steps=2, sleep_s=1.0)
@@ -361,6 +361,23 @@ def test_redis_outage_during_effect_claim_does_not_fail_the_run(
     redis_server.restart()
     obs.wait_final(run_id, timeout=60)
     assert_exactly_once(obs, run_id, steps=_steps("chain.link", 2))
+
+
+def test_resent_run_scripts_write_once(procs: Procs) -> None:
+    """README: "each write script carries a request id ... and answers a resend with the
+    first send's outcome". With a 0.2 s socket timeout, `zresend` stalls Redis for 0.5 s
+    right before its stream.write and before its step commit: both calls time out and are
+    resent while the first send is still queued. Every journal event must be written once."""
+    procs.env["MARBLES_SOCKET_TIMEOUT"] = "0.2"
+    procs.start(workers=1, lease_ms=5000)
+    obs, run_id = procs.observer, "resend"
+    procs.enqueue("zresend", {"steps": 3, "stall_ms": 500}, run_id)
+    obs.wait_final(run_id)
+    events = obs.events(run_id)
+    repeated = Counter((e.type, json.dumps(e.data)) for e in events
+                       if e.type in ("step_started", "step_succeeded", "output"))
+    assert all(n == 1 for n in repeated.values()), obs.dump(run_id)
+    assert obs.status(run_id) == "succeeded", obs.dump(run_id)
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,16 +396,11 @@ def test_duplicate_enqueue_records_and_runs_once(procs: Procs) -> None:
     for d in seq[1:]:
         assert "run dup-seq exists already (chain, queued); not enqueued again" in d.stdout
 
-    concurrent = [procs.cli_popen("enqueue", "chain", "--input", payload, "--id", "dup-conc")
-                  for _ in range(8)]
-    outs = []
-    for p in concurrent:
-        out, err = p.communicate(timeout=120)
-        procs.log_cli(p.args, p.returncode, out, err)  # type: ignore[arg-type]
-        outs.append((p.returncode, out, err))
-    assert [code for code, _, _ in outs] == [0] * 8, outs
-    assert sum("run dup-conc queued" in out for _, out, _ in outs) == 1, outs
-    assert sum("run dup-conc exists already" in out for _, out, _ in outs) == 7, outs
+    conc = procs.cli_concurrently("enqueue", "chain", "--input", payload, "--id", "dup-conc",
+                                  n=8)
+    assert [d.returncode for d in conc] == [0] * 8, [d.stderr for d in conc]
+    assert sum("run dup-conc queued" in d.stdout for d in conc) == 1, conc
+    assert sum("run dup-conc exists already" in d.stdout for d in conc) == 7, conc
 
     # One RQ job per run, before any worker runs.
     assert rq.llen("rq:queue:default") == 2
@@ -455,7 +467,8 @@ def test_cancel_queued_run_never_starts(procs: Procs) -> None:
 
     procs.start(workers=1)
     job = dispatch.delivery_id(run_id, 1)
-    wait_for(lambda: obs.client.hget(f"rq:job:{job}", "status") == "finished", timeout=30,
+    wait_for(lambda: obs.client.hget(f"rq:job:{job}", "status") in ("finished", "failed"),
+             timeout=30,
              what=f"the worker to consume RQ job {job}", context=procs.report)
     view = obs.view(run_id)
     events = obs.events(run_id)
@@ -518,22 +531,22 @@ def test_pool_executor_kill9(procs: Procs, record_property: Any) -> None:
     wait_for(lambda: not pid_alive(victim), timeout=10, what=f"executor {victim} to die")
     mark = _last_id(obs.events(run_id))
 
-    replaced = wait_for(
-        lambda: (lambda kids: kids if len(kids) == 2 and victim not in kids else None)(
-            pool.children()), timeout=15, what="the supervisor to restart the executor",
-        context=procs.report)
+    def restarted() -> list[int] | None:
+        kids = pool.children()
+        return kids if len(kids) == 2 and victim not in kids else None
+
+    replaced = wait_for(restarted, timeout=15, what="the supervisor to restart the executor",
+                        context=procs.report)
     obs.wait_final(run_id)
     view, events = assert_exactly_once(obs, run_id, steps=steps, kill_mark=mark)
     assert view.attempt == 2, obs.dump(run_id)
-    check_ledger_attempts(view, _killed_step([e for e in events if _sid(e.id) <= _sid(mark)],
-                                             steps))
+    check_ledger_attempts(view, events)
     report_latency("pool executor kill -> redelivered", redelivery_ms(events, killed_ms),
                    record_property)
     assert pool.alive()
     assert f"(pid {victim}) exited with -9; restarting it" in pool.text()
     assert set(replaced) - set(executors), (executors, replaced)
     assert children(pool.pid) == sorted(replaced)
-
 
 
 # --------------------------------------------------------------------------------------------

@@ -142,6 +142,7 @@ def test_a_stale_execution_cannot_write_anything(redis_url: str) -> None:
     assert runs.claim_effect(new, "charge-1") == "exists"
     assert runs.settle(new, "succeeded", result=b'"real"') == "ok"
     assert runs.settle(new, "failed") == "settled"  # the first terminal record stands
+    assert runs.claim_effect(new, "after-the-end") == "stale_epoch"  # nothing after settling
     view = runs.get("fence-1")
     assert view is not None and view.status == "succeeded" and bytes(view.result or b"") == (
         b'"real"')
