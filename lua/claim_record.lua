@@ -10,22 +10,26 @@ ARGV[4] owner           agent id that owns the record, or ''
 Returns:
   {"ok", created_ms}          this call (or an earlier send of it) created the record
   {"exists", doc}             another caller's record is there; doc is its stored text
-Writes (only when absent): HSET KEYS[1]; ZADD KEYS[2]; SADD KEYS[3]
+Writes (only when absent): HSET KEYS[1] {doc, req[, own]}; ZADD KEYS[2]; SADD KEYS[3]
 ]]
 local rec, listing, owned = KEYS[1], KEYS[2], KEYS[3]
 local id, doc, req, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
-local existing = redis.call('HMGET', rec, 'doc', 'req', 'at')
+local existing = redis.call('HMGET', rec, 'doc', 'req')
 if existing[1] then
-  if existing[2] == req then return {'ok', tonumber(existing[3])} end
+  if existing[2] == req then  -- a resend of the call that created it
+    return {'ok', tonumber(redis.call('ZSCORE', listing, id) or '0')}
+  end
   return {'exists', existing[1]}
 end
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', rec, 'doc', doc, 'req', req, 'own', owner, 'at', now_ms)
-redis.call('ZADD', listing, now_ms, id)
 if owner ~= '' then
+  redis.call('HSET', rec, 'doc', doc, 'req', req, 'own', owner)
   redis.call('SADD', owned, rec .. '|' .. listing .. '|' .. id)
+else
+  redis.call('HSET', rec, 'doc', doc, 'req', req)
 end
+redis.call('ZADD', listing, now_ms, id)
 return {'ok', now_ms}

@@ -75,6 +75,11 @@ class Keyspace:
         """Sorted set of ids of one kind in one bucket, scored by creation time (ms)."""
         return f"{self.tag(bucket)}:idx:{kind}"
 
+    def claim_keys(self, kind: str, rid: str, owner: str) -> tuple[str, str, str]:
+        """record, listing and owner-set keys of one claim (the hot path: one crc32)."""
+        tag = self.tag_of(rid)
+        return f"{tag}:rec:{kind}:{rid}", f"{tag}:idx:{kind}", f"{tag}:own:{owner}"
+
     def owned(self, owner: str, bucket: int) -> str:
         """Set of ``record key|listing key|member`` for everything `owner` has in a bucket."""
         return f"{self.tag(bucket)}:own:{owner}"

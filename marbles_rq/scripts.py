@@ -118,7 +118,7 @@ class Scripts:
 
     def call(self, name: str, keys: list[str], args: list[str | bytes | int]) -> list[Any]:
         script = self.scripts[name]
-        deadline = time.monotonic() + self.retry_s
+        deadline = 0.0  # set at the first failure: the happy path reads no clock
         for pause in (*_RETRY_PAUSES_S, None):
             try:
                 try:
@@ -126,6 +126,7 @@ class Scripts:
                 except redis.exceptions.NoScriptError:
                     reply = self.client.eval(script.source, len(keys), *keys, *args)
             except (redis.ConnectionError, redis.TimeoutError):
+                deadline = deadline or time.monotonic() + self.retry_s
                 if pause is None or time.monotonic() + pause > deadline:
                     raise
                 time.sleep(pause)

@@ -7,7 +7,9 @@ contract suite (tests/test_store_contract.py).
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterable
@@ -41,8 +43,27 @@ log = logging.getLogger("marbles_rq.store")
 LAYOUT_VERSION = 1
 
 
+class _RequestIds:
+    """Unique request ids without a random syscall per call: a random prefix per process
+    (drawn again in a forked child) and a counter."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self.prefix = uuid.uuid4().hex[:16]
+        self.counter = itertools.count()
+
+    def next(self) -> str:
+        return f"{self.prefix}{next(self.counter):x}"
+
+
+_request_ids = _RequestIds()
+
+
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    return _request_ids.next()
 
 
 @dataclass(frozen=True)
@@ -119,6 +140,16 @@ def journal_kind(journal: str) -> str:
     return "journal." + check_kind(journal)
 
 
+_KINDS: dict[type[Record], str] = {}
+
+
+def _kind(cls: type[Record]) -> str:
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = check_kind(kind_of(cls))
+    return kind
+
+
 class RedisStore:
     """`Store` on one Redis server or a Redis Cluster (same keys, same scripts)."""
 
@@ -138,20 +169,16 @@ class RedisStore:
     # -- claims --------------------------------------------------------------------------
 
     def claim(self, record: IdRecord, *, owner: str = "") -> ClaimResult[Any]:
-        kind = check_kind(kind_of(type(record)))
-        rid = check_id(record.id)
-        return self._claim(type(record), record, self.keys.record(kind, rid),
-                           self.keys.listing(kind, self.keys.bucket_of(rid)), owner)
+        return self._claim(type(record), record, _kind(type(record)), owner)
 
-    def _claim(self, cls: type[IR], record: IR, record_key: str, listing_key: str,
-               owner: str) -> ClaimResult[IR]:
-        rid = record.id
+    def _claim(self, cls: type[IR], record: IR, kind: str, owner: str) -> ClaimResult[IR]:
+        rid = check_id(record.id)
         if owner:
             check_id(owner, "owner")
+        record_key, listing_key, owned_key = self.keys.claim_keys(kind, rid, owner)
         reply = self.scripts.claim_record(
-            record_key=record_key, listing_key=listing_key,
-            owned_key=self.keys.owned(owner, self.keys.bucket_of(rid)),
-            record_id=rid, doc=encode(record), request_id=new_request_id(), owner=owner)
+            record_key=record_key, listing_key=listing_key, owned_key=owned_key, record_id=rid,
+            doc=encode(record), request_id=new_request_id(), owner=owner)
         if reply.won:
             return ClaimResult(True, record)
         assert reply.doc is not None
@@ -176,10 +203,7 @@ class RedisStore:
 
     def append(self, journal: str, entry: JournalEntry, *,
                owner: str = "") -> ClaimResult[JournalEntry]:
-        kind = journal_kind(journal)
-        rid = check_id(entry.id)
-        return self._claim(JournalEntry, entry, self.keys.record(kind, rid),
-                           self.keys.listing(kind, self.keys.bucket_of(rid)), owner)
+        return self._claim(JournalEntry, entry, journal_kind(journal), owner)
 
     def read_journal(self, journal: str) -> list[JournalEntry]:
         kind = journal_kind(journal)
