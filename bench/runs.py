@@ -111,7 +111,7 @@ class Sizes:
     kills_default: int
 
 
-QUICK = Sizes(simple_n=200, fork_n=100, ten_simple_n=60, ten_fork_n=40, reps_one=1, reps_ten=1,
+QUICK = Sizes(simple_n=150, fork_n=80, ten_simple_n=60, ten_fork_n=40, reps_one=2, reps_ten=1,
               latency_steps=1000, enqueue_n=500, enqueue_reps=2, rt_small=10, rt_large=40,
               inproc_one=100, inproc_ten=30, kills_short=8, horse_kills=10, kills_default=0)
 FULL = Sizes(simple_n=1000, fork_n=500, ten_simple_n=300, ten_fork_n=200, reps_one=2, reps_ten=1,
@@ -150,6 +150,8 @@ class Bench:
         self.procs = Procs(tmp / "logs", env)
         self.host = socket.gethostname()
         self.runs = RunStore(open_store(self.url))
+        self.manual_rewrites = 0
+        self.summary: list[str] = []
 
     def reset(self) -> None:
         """An empty Redis (and a fresh store handle); the AOF is compacted if it grew large,
@@ -158,6 +160,7 @@ class Bench:
         info = self.r.info("persistence")
         if int(info.get("aof_current_size", 0)) > 32 << 20:
             self.r.bgrewriteaof()
+            self.manual_rewrites += 1
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 info = self.r.info("persistence")
@@ -318,12 +321,24 @@ class Cell:
         return median([d.redis_cpu_s / d.n * 1000 for d in self.drains])
 
 
+def set_p50(b: Bench, n: int = 200) -> float:
+    """The median time of one fsync'd write right now: how slow this host's disk is."""
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        b.r.set("bench:probe", "v")
+        samples.append(time.perf_counter() - t0)
+    b.r.delete("bench:probe")
+    return pct(samples, 50)
+
+
 def run_cell(b: Bench, cell: Cell, argv: list[str], workflow: str | None) -> None:
     b.reset()
     if workflow is None:
         b.fill_rq(cell.n)
     else:
         ids = b.fill_marbles(workflow, cell.n)
+    probe = set_p50(b)
     d = drain(b, f"{cell.system}-{cell.job}".replace(" ", "_"), argv, cell.n)
     if workflow is None:
         d.check = ("ok" if d.finished == cell.n and d.failed == 0 else
@@ -335,7 +350,8 @@ def run_cell(b: Bench, cell: Cell, argv: list[str], workflow: str | None) -> Non
             d.check += f"; rq finished {d.finished} failed {d.failed}"
     cell.drains.append(d)
     say(f"    {cell.config:12} {cell.system:28} {cell.job:9} N={cell.n:<5} "
-        f"{d.seconds:6.2f} s  {d.rate:7.1f}/s  check: {d.check}")
+        f"{d.seconds:6.2f} s  {d.rate:7.1f}/s  check: {d.check}  (SET p50 just before: "
+        f"{probe * 1000:.2f} ms)")
 
 
 def section_throughput(b: Bench) -> dict[str, float]:
@@ -401,6 +417,10 @@ def section_throughput(b: Bench) -> dict[str, float]:
         one, ten, base = (cells[(config, k)] for k in ("one", "ten", "rq"))
         extra_ms = 1000 / one.rate - 1000 / base.rate
         step_ms = (1000 / ten.rate - 1000 / one.rate) / 9
+        b.summary.append(
+            f"  throughput {config}: RQ {base.rate:.1f} jobs/s, marbles one-step "
+            f"{one.rate:.1f} runs/s ({ratio(one.rate, base.rate)}), ten-step {ten.rate:.1f} "
+            f"runs/s ({ratio(ten.rate, base.rate)})")
         say(f"  {config}: a one-step run costs {extra_ms:+.2f} ms over a no-op RQ job; "
             f"each further step adds {step_ms:.2f} ms ({1000 / step_ms:.0f} steps/s); "
             f"ten-step runs = {10 * ten.rate:.0f} steps/s")
@@ -472,8 +492,11 @@ def section_latency(b: Bench) -> dict[str, float]:
         say(f"  inside Redis: {evals} EVALSHA, mean {s1.usec['evalsha'] / evals:.1f} us of "
             "command time each (excludes the AOF write+fsync, done before the reply)")
     p50, p99 = out["commit_us"], out["commit_us99"]
-    say(f"  aim commit p50 <= 1 ms: {ms(p50)} ms -> {'met' if p50 <= 0.001 else 'MISSED'}; "
-        f"aim p99 <= 5 ms: {ms(p99)} ms -> {'met' if p99 <= 0.005 else 'MISSED'}")
+    aims = (f"aim commit p50 <= 1 ms: {ms(p50)} ms -> {'met' if p50 <= 0.001 else 'MISSED'}; "
+            f"aim p99 <= 5 ms: {ms(p99)} ms -> {'met' if p99 <= 0.005 else 'MISSED'}")
+    say("  " + aims)
+    b.summary.append(f"  step latency: step call p50 {ms(out['step_us'])} ms / p99 "
+                     f"{ms(out['step_us99'])} ms; {aims}")
     say()
     return out
 
@@ -554,6 +577,8 @@ def section_enqueue(b: Bench) -> None:
             for label, kind, *_ in methods]
     say(table(["method", "kind", "per s", "each rep", "ms each", "vs RQ same kind", "count"],
               rows))
+    for row in (rows[0], rows[1], rows[4], rows[5]):
+        b.summary.append(f"  enqueue {row[0].strip()}: {row[2]}/s ({row[5]} of RQ)")
     say()
 
 
@@ -743,6 +768,9 @@ def section_redelivery(b: Bench) -> None:
         log.clear()
         for child in [*workers, controller]:
             b.procs.stop(child)
+    for row in rows:
+        b.summary.append(f"  redelivery {row[0]}: n={row[1]} p50 {row[2]} s, max {row[4]} s "
+                         f"= {row[6]}x TTL (aim <= 2x: {row[7]})")
     say(table(["case", "kills", "p50 s", "p90 s", "max s", "p50/TTL", "max/TTL",
                "max<=2xTTL", "lease left ms", "expiry->reap ms", "kill->reap ms",
                "reap->start ms", "horse gone"], rows))
@@ -820,6 +848,8 @@ def section_anatomy(b: Bench) -> None:
                      f"{calls.get('exec', 0):.1f}", f"{d['net_in']:.0f}", f"{d['net_out']:.0f}"])
     say(table(["per job / run", "reads (~round trips)", "commands", "EVALSHA", "MULTI/EXEC",
                "bytes in", "bytes out"], rows))
+    b.summary.append("  Redis reads (~round trips) per job/run: " + "; ".join(
+        f"{label} {d['reads']:.0f}" for label, d in results))
     say("  command mix per job/run (>= 0.5 per job):")
     for label, d in results:
         mix = sorted(d["calls"].items(), key=lambda kv: -kv[1])
@@ -866,6 +896,19 @@ def section_anatomy(b: Bench) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+def git_state() -> str:
+    """The commit measured, and whether the engine (marbles_rq/, lua/) differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "marbles_rq", "lua"],
+                               cwd=REPO_ROOT, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown commit"
+    return f"commit {head or '?'}" + (" + uncommitted engine changes" if dirty else "")
+
+
 def header(b: Bench, quick: bool) -> None:
     cfg = {}
     for key in ("appendonly", "appendfsync", "no-appendfsync-on-rewrite", "maxmemory-policy",
@@ -894,7 +937,7 @@ def header(b: Bench, quick: bool) -> None:
         f"({fs_type}); config {DEFAULT_CONF.relative_to(REPO_ROOT)}; read back with CONFIG GET: "
         + ", ".join(f"{k} {v!r}" if v == "" else f"{k} {v}" for k, v in cfg.items()))
     say(f"rq {rq.__version__}, redis-py {redis.__version__}, hiredis {version('hiredis')}, "
-        f"msgspec {msgspec.__version__}, marbles-rq {version('marbles-rq')}")
+        f"msgspec {msgspec.__version__}, marbles-rq {version('marbles-rq')} at {git_state()}")
     say()
 
 
@@ -931,10 +974,13 @@ def main(argv: list[str] | None = None) -> int:
                 globals()[f"section_{name}"](b)
                 say(f"   ({name}: {time.monotonic() - t0:.0f} s; {load_line()})")
                 say()
-        persistence = b.r.info("persistence")
-        say(f"AOF rewrites during the run: {persistence.get('aof_rewrites', '?')} "
-            f"(an automatic one inside a measurement would skew it; reset() compacts between "
-            f"measurements)")
+        rewrites = int(b.r.info("persistence").get("aof_rewrites", 0))
+        say(f"AOF rewrites: {rewrites}, of which {b.manual_rewrites} started by reset() between "
+            f"measurements and {rewrites - b.manual_rewrites} automatic (inside a measurement)")
+        if b.summary:
+            say()
+            say("SUMMARY")
+            say("\n".join(b.summary))
     except BenchError as exc:
         say(f"BENCHMARK FAILED: {exc}")
         code = 1
