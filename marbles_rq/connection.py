@@ -64,7 +64,10 @@ def connect(url: str | None = None, *, socket_timeout: float | None = None,
         socket_timeout=socket_timeout,
         socket_connect_timeout=connect_timeout,
         retry=Retry(NoBackoff(), 0),
-        health_check_interval=30,
+        # RESP2 needs no HELLO, and no health-check PING: each forked work-horse opens a fresh
+        # connection per run, and both would be round trips on its hot path. A dead
+        # connection is found by the call itself, which scripts.py resends safely.
+        protocol=2,
     )
     try:
         if parts.scheme in CLUSTER_SCHEMES:

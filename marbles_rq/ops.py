@@ -81,7 +81,7 @@ def enqueue_many(runs: RunStore, rq: redis.Redis, requests: list[RunRequest],
                  registry: Registry = REGISTRY) -> list[Enqueued]:
     """Validate all, record each, then enqueue the new ones in one RQ pipeline per queue."""
     records = [prepare(r, registry) for r in requests]
-    recorded = [runs.record(r) for r in records]
+    recorded = runs.record_many(records)
     fresh: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for rec in recorded:
         if rec.created:

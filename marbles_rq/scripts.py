@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from .connection import Client
 from .errors import ScriptReplyError
@@ -136,6 +137,38 @@ class Scripts:
             return reply
         raise AssertionError("unreachable")
 
+    def call_many(self, name: str, calls: list[tuple[list[str], list[str | bytes | int]]]
+                  ) -> list[list[Any]]:
+        """Many calls of one script in one round trip (one fsync for all) on a single server;
+        one by one on a cluster, where scripts cannot be pipelined. Each call must be safe to
+        resend (request ids), because a failed pipeline is resent whole."""
+        if isinstance(self.client, RedisCluster) or len(calls) < 2:
+            return [self.call(name, keys, args) for keys, args in calls]
+        script = self.scripts[name]
+        deadline = 0.0
+        for pause in (*_RETRY_PAUSES_S, None):
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                replies = pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError):
+                deadline = deadline or time.monotonic() + self.retry_s
+                if pause is None or time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                continue
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+                self.client.script_load(script.source)  # cache was empty; all were refused
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+                if not isinstance(reply, list) or not reply:
+                    raise ScriptReplyError(f"{name} replied {reply!r}")
+            return list(replies)
+        raise AssertionError("unreachable")
+
     def _unexpected(self, name: str, reply: list[Any]) -> ScriptReplyError:
         return ScriptReplyError(f"{name} replied {reply!r}")
 
@@ -246,11 +279,29 @@ class Scripts:
             raise self._unexpected(name, reply)
         return Reply(status, reply[1:])
 
+    @staticmethod
+    def _claim_run_call(keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
+                        timeout_ms: int, max_deliveries: int, grace_ms: int,
+                        event: bytes) -> tuple[list[str], list[str | bytes | int]]:
+        return ([keys.run, keys.listing, keys.dispatch, keys.output],
+                [run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event])
+
     def claim_run(self, *, keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
                   timeout_ms: int, max_deliveries: int, grace_ms: int, event: bytes) -> Reply:
-        return self._reply("claim_run", [keys.run, keys.listing, keys.dispatch, keys.output],
-                           [run_id, doc, request_id, queue, timeout_ms, max_deliveries,
-                            grace_ms, event], ("ok", "exists"))
+        return self._reply("claim_run", *self._claim_run_call(
+            keys, run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event),
+            ("ok", "exists"))
+
+    def claim_runs(self, calls: list[dict[str, Any]]) -> list[Reply]:
+        """claim_run for many runs in one round trip (see call_many)."""
+        replies = self.call_many("claim_run", [self._claim_run_call(**c) for c in calls])
+        out = []
+        for reply in replies:
+            status = _s(reply[0])
+            if status not in ("ok", "exists"):
+                raise self._unexpected("claim_run", reply)
+            out.append(Reply(status, reply[1:]))
+        return out
 
     def start_attempt(self, *, keys: RunKeys, run_id: str, attempt: int, ttl_ms: int,
                       worker: str, final_cancel: bytes, final_timeout: bytes,

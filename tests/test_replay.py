@@ -246,3 +246,14 @@ def test_enqueue_many_validates_everything_before_recording_anything(redis_url: 
     with pytest.raises(InputError):
         ops.enqueue_many(runs, rq_connection(redis_url), requests)
     assert runs.get("ok-1") is None
+
+
+def test_enqueue_many_after_the_script_cache_was_emptied(redis_url: str) -> None:
+    from marbles_rq import ops
+
+    runs = _runs(redis_url)
+    runs.client.script_flush()  # as after a restart or a failover
+    results = ops.enqueue_many(runs, rq_connection(redis_url), [
+        RunRequest("t_replay", b'{"n": 1}', f"flushed-{i}") for i in range(20)])
+    assert all(r.created for r in results)
+    assert len(runs.list_runs(limit=100)) == 20
