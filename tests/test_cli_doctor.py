@@ -136,3 +136,20 @@ def test_require_durable_refuses_unless_allowed(default_config_server: RedisServ
     bad = require_durable(client, allow_unsafe=True)
     assert {c.name for c in bad} == {"appendonly", "appendfsync"}
     assert "UNSAFE REDIS" in caplog.text
+
+
+@pytest.mark.parametrize("command", [["worker", "--burst"], ["controller"]])
+def test_long_running_commands_refuse_a_non_durable_redis(
+        default_config_server: RedisServer, command: list[str]) -> None:
+    proc = run_cli("--redis-url", default_config_server.url, *command)
+    assert proc.returncode == 3
+    line = one_line_error(proc)
+    assert "Redis is not durable" in line and "appendfsync is 'everysec'" in line
+
+
+def test_allow_unsafe_redis_runs_and_says_so_loudly(default_config_server: RedisServer) -> None:
+    proc = run_cli("--redis-url", default_config_server.url, "--source", "examples/chain.py",
+                   "worker", "--burst", "--allow-unsafe-redis")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if "UNSAFE REDIS" in ln]
+    assert len(warnings) == 2, proc.stderr  # appendonly and appendfsync
