@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -23,6 +24,7 @@ from .connection import Client
 from .errors import ScriptReplyError
 from .keys import RunKeys
 
+T = TypeVar("T")
 _RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 
@@ -117,25 +119,36 @@ class Scripts:
         self.retry_s = retry_s
         self.scripts = _scripts()
 
-    def call(self, name: str, keys: list[str], args: list[str | bytes | int]) -> list[Any]:
-        script = self.scripts[name]
+    def _resending(self, send: Callable[[], T]) -> T:
+        """Run `send`, resending after a dropped connection or a timeout until a short
+        deadline. Only for sends that are safe to repeat (request ids, tokens, sequences)."""
         deadline = 0.0  # set at the first failure: the happy path reads no clock
         for pause in (*_RETRY_PAUSES_S, None):
             try:
-                try:
-                    reply = self.client.evalsha(script.sha, len(keys), *keys, *args)
-                except redis.exceptions.NoScriptError:
-                    reply = self.client.eval(script.source, len(keys), *keys, *args)
+                return send()
             except (redis.ConnectionError, redis.TimeoutError):
                 deadline = deadline or time.monotonic() + self.retry_s
                 if pause is None or time.monotonic() + pause > deadline:
                     raise
                 time.sleep(pause)
-                continue
-            if not isinstance(reply, list) or not reply:
-                raise ScriptReplyError(f"{name} replied {reply!r}")
-            return reply
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _checked(name: str, reply: Any) -> list[Any]:
+        if not isinstance(reply, list) or not reply:
+            raise ScriptReplyError(f"{name} replied {reply!r}")
+        return reply
+
+    def call(self, name: str, keys: list[str], args: list[str | bytes | int]) -> list[Any]:
+        script = self.scripts[name]
+
+        def send() -> Any:
+            try:
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                return self.client.eval(script.source, len(keys), *keys, *args)
+
+        return self._checked(name, self._resending(send))
 
     def call_many(self, name: str, calls: list[tuple[list[str], list[str | bytes | int]]]
                   ) -> list[list[Any]]:
@@ -145,29 +158,25 @@ class Scripts:
         if isinstance(self.client, RedisCluster) or len(calls) < 2:
             return [self.call(name, keys, args) for keys, args in calls]
         script = self.scripts[name]
-        deadline = 0.0
-        for pause in (*_RETRY_PAUSES_S, None):
-            try:
-                pipe = self.client.pipeline(transaction=False)
-                for keys, args in calls:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                replies = pipe.execute(raise_on_error=False)
-            except (redis.ConnectionError, redis.TimeoutError):
-                deadline = deadline or time.monotonic() + self.retry_s
-                if pause is None or time.monotonic() + pause > deadline:
-                    raise
-                time.sleep(pause)
-                continue
+
+        def pipelined() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            return list(pipe.execute(raise_on_error=False))
+
+        def send() -> list[Any]:
+            replies = pipelined()
             if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
                 self.client.script_load(script.source)  # cache was empty; all were refused
-                continue
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-                if not isinstance(reply, list) or not reply:
-                    raise ScriptReplyError(f"{name} replied {reply!r}")
-            return list(replies)
-        raise AssertionError("unreachable")
+                replies = pipelined()
+            return replies
+
+        replies = self._resending(send)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return [self._checked(name, reply) for reply in replies]
 
     def _unexpected(self, name: str, reply: list[Any]) -> ScriptReplyError:
         return ScriptReplyError(f"{name} replied {reply!r}")
