@@ -1,22 +1,37 @@
 #!lua
---[[ append_output: add a line to a running run's output (stream.write, log lines).
+--[[ append_output: add a line to a running run's output (stream.write, log lines), up to the
+run's output cap; past it one "truncated" marker is written and later lines are dropped.
 KEYS[1] run hash        <tag>:run:<run id>
 KEYS[2] output stream   <tag>:out:<run id>
 ARGV[1] epoch           the execution's fence
 ARGV[2] type            output | log
 ARGV[3] data            JSON data of the event
 ARGV[4] seq             this execution's write number; one already applied answers "ok"
+ARGV[5] max_entries     cap on the lines a run may write
+ARGV[6] max_bytes       cap on the bytes of data a run may write
 Returns:
   {"ok"}
+  {"capped"}              the run's output cap is reached; this line was dropped
   {"stale", epoch}        a newer execution owns the run; nothing written
   {"settled", status}     the run is finished; nothing written
-Writes (only for a fresh "ok"): HSET KEYS[1] wseq; XADD KEYS[2]
+Writes (only for a fresh "ok" or the first "capped"): HSET/HINCRBY KEYS[1]; XADD KEYS[2]
 ]]
 local run, out = KEYS[1], KEYS[2]
-local r = redis.call('HMGET', run, 'epoch', 'status', 'attempt', 'wseq')
+local r = redis.call('HMGET', run, 'epoch', 'status', 'attempt', 'wseq', 'out_n', 'out_b',
+  'out_cut')
 if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then return {'settled', r[2] or ''} end
 if tonumber(ARGV[4]) <= tonumber(r[4] or '0') then return {'ok'} end  -- a resend
 redis.call('HSET', run, 'wseq', ARGV[4])
+if r[7] == '1' then return {'capped'} end
+local n, b = tonumber(r[5] or '0') or 0, tonumber(r[6] or '0') or 0
+if n + 1 > tonumber(ARGV[5]) or b + #ARGV[3] > tonumber(ARGV[6]) then
+  redis.call('HSET', run, 'out_cut', '1')
+  redis.call('XADD', out, '*', 't', 'truncated', 'a', r[3],
+    'd', '{"lines":' .. n .. ',"bytes":' .. b .. ',"max_lines":' .. ARGV[5]
+      .. ',"max_bytes":' .. ARGV[6] .. '}')
+  return {'capped'}
+end
+redis.call('HSET', run, 'out_n', n + 1, 'out_b', b + #ARGV[3])
 redis.call('XADD', out, '*', 't', ARGV[2], 'a', r[3], 'd', ARGV[3])
 return {'ok'}

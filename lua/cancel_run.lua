@@ -6,33 +6,40 @@ KEYS[1] run hash        <tag>:run:<run id>
 KEYS[2] lease zset      <tag>:leases
 KEYS[3] dispatch zset   <tag>:dispatch
 KEYS[4] output stream   <tag>:out:<run id>
+KEYS[5] finished zset   <tag>:finished
 ARGV[1] run_id
 ARGV[2] event           JSON data of the output event (the final one when settled now)
+ARGV[3] request_id      a resend with the same id answers what the first send answered
 Returns:
   {"cancelled"}           settled cancelled by this call
   {"requested"}           the run is executing; it will stop and settle itself
   {"settled", status}     already finished; nothing written
   {"missing"}             no such run
-Writes: HSET KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]
+Writes: HSET/HINCRBY KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]; ZADD KEYS[5]
 ]]
-local run, leases, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local run_id = ARGV[1]
-local r = redis.call('HMGET', run, 'status', 'attempt', 'cancel')
+local run, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local run_id, req = ARGV[1], ARGV[3]
+local r = redis.call('HMGET', run, 'status', 'attempt', 'cancel', 'cancel_req', 'cancel_outcome',
+  'retention_ms')
 if not r[1] then return {'missing'} end
+if r[4] == req and r[5] then return {r[5]} end  -- a resend: the first send's answer
 if r[1] == 'succeeded' or r[1] == 'failed' or r[1] == 'cancelled' then
   return {'settled', r[1]}
 end
 if r[1] == 'running' or r[1] == 'waiting' then
-  if r[3] == '1' then return {'requested'} end  -- asked already (or a resend)
-  redis.call('HSET', run, 'cancel', '1')
+  if r[3] == '1' then return {'requested'} end  -- asked already
+  redis.call('HSET', run, 'cancel', '1', 'cancel_req', req, 'cancel_outcome', 'requested')
   redis.call('XADD', out, '*', 't', 'cancel_requested', 'a', r[2], 'd', ARGV[2])
   return {'requested'}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', run, 'status', 'cancelled', 'cancel', '1', 'finished_ms', now_ms)
+redis.call('HSET', run, 'status', 'cancelled', 'cancel', '1', 'finished_ms', now_ms,
+  'cancel_req', req, 'cancel_outcome', 'cancelled')
+redis.call('HDEL', run, 'note')
 redis.call('HINCRBY', run, 'epoch', 1)  -- fences anything still holding the old epoch
 redis.call('ZREM', leases, run_id)
 redis.call('ZREM', dispatch, run_id)
+redis.call('ZADD', finished, now_ms + (tonumber(r[6] or '') or 604800000), run_id)
 redis.call('XADD', out, '*', 't', 'final', 'a', r[2], 'd', ARGV[2])
 return {'cancelled'}

@@ -3,28 +3,34 @@
 fenced by the epoch of the scope (a run) it is claimed for.
 KEYS[1] receipt hash    <tag>:eff:<scope>:<key>      {doc, req, at}
 KEYS[2] scope fence     the scope's hash whose `epoch` field is the current attempt's epoch
+                        (for a run: the run hash, whose `status` is also checked)
+KEYS[3] effect index    <tag>:effidx:<scope>         set of the scope's receipt keys (pruning)
 ARGV[1] doc             the receipt's JSON text
 ARGV[2] request_id      a resend with the same id answers "ok" again
 ARGV[3] epoch           the claimer's epoch, or '' for an unfenced claim
 Returns:
   {"ok", at_ms}               this call (or an earlier send of it) holds the receipt
   {"exists", doc}             the effect was already claimed; doc is the first receipt
-  {"stale_epoch", current}    a newer attempt owns the scope; nothing written
-Writes (only for a fresh "ok"): HSET KEYS[1]
+  {"stale_epoch", current}    a newer attempt owns the scope, or the run has finished;
+                              nothing written
+Writes (only for a fresh "ok"): HSET KEYS[1]; SADD KEYS[3]
 ]]
-local receipt, fence = KEYS[1], KEYS[2]
+local receipt, fence, index = KEYS[1], KEYS[2], KEYS[3]
 local doc, req, epoch = ARGV[1], ARGV[2], ARGV[3]
 
-if epoch ~= '' then
-  local current = tonumber(redis.call('HGET', fence, 'epoch') or '0')
-  if current > tonumber(epoch) then return {'stale_epoch', current} end
-end
 local existing = redis.call('HMGET', receipt, 'doc', 'req', 'at')
-if existing[1] then
-  if existing[2] == req then return {'ok', tonumber(existing[3])} end
-  return {'exists', existing[1]}
+if existing[1] and existing[2] == req then return {'ok', tonumber(existing[3])} end  -- a resend
+if epoch ~= '' then
+  local f = redis.call('HMGET', fence, 'epoch', 'status')
+  local current = tonumber(f[1] or '0') or 0
+  if current > tonumber(epoch) then return {'stale_epoch', current} end
+  if f[2] == 'succeeded' or f[2] == 'failed' or f[2] == 'cancelled' then
+    return {'stale_epoch', current}
+  end
 end
+if existing[1] then return {'exists', existing[1]} end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', receipt, 'doc', doc, 'req', req, 'at', now_ms)
+redis.call('SADD', index, receipt)
 return {'ok', now_ms}

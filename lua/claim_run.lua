@@ -12,6 +12,7 @@ ARGV[5] timeout_ms      run timeout from its first start, 0 = none
 ARGV[6] max_deliveries  give up after this many deliveries (poison runs)
 ARGV[7] grace_ms        how long the enqueuer has before the controller dispatches it
 ARGV[8] event           JSON data of the "queued" output event
+ARGV[9] retention_ms    how long the run is kept after it finishes, then pruned
 Returns:
   {"ok", created_ms}          recorded by this call (or an earlier send of it)
   {"exists", doc, status}     a run with this id exists already; nothing written
@@ -30,7 +31,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', run, 'doc', doc, 'req', req, 'queue', ARGV[4], 'status', 'queued',
   'attempt', 1, 'epoch', 0, 'created_ms', now_ms, 'timeout_ms', ARGV[5],
-  'max_deliveries', ARGV[6])
+  'max_deliveries', ARGV[6], 'retention_ms', ARGV[9])
 redis.call('ZADD', listing, now_ms, run_id)
 redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[7]), run_id)
 redis.call('XADD', out, '*', 't', 'queued', 'a', 1, 'd', ARGV[8])

@@ -15,12 +15,13 @@ ARGV[8] seq             this execution's write number; one already applied is no
 Returns:
   {"ok"}
   {"cancelled"}           written, but cancel was requested: the body must stop
+  {"timed_out"}           the run's deadline passed: nothing written, the body must stop
   {"stale", epoch}        a newer execution owns the run; nothing written
   {"settled", status}     the run is finished; nothing written
 Writes (a fresh ok/cancelled): HSET KEYS[2]; HSET KEYS[1] wseq; ZADD XX KEYS[3]; XADD KEYS[4]
 ]]
 local run, steps, leases, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq')
+local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq', 'deadline_ms')
 if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then return {'settled', r[2] or ''} end
 local resend = tonumber(ARGV[8]) <= tonumber(r[5] or '0')
@@ -30,6 +31,10 @@ if resend then
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- A step that ends after the run's deadline is not recorded: the run fails RunTimeout, even
+-- when the lease watchdog that would have said so is gone.
+local deadline = tonumber(r[6] or '0')
+if deadline > 0 and now_ms > deadline then return {'timed_out'} end
 redis.call('HSET', run, 'wseq', ARGV[8])
 redis.call('HSET', steps, ARGV[2], ARGV[3])
 redis.call('ZADD', leases, 'XX', now_ms + tonumber(ARGV[7]), ARGV[6])

@@ -6,6 +6,7 @@ KEYS[2] lease zset      <tag>:leases
 KEYS[3] dispatch zset   <tag>:dispatch
 KEYS[4] output stream   <tag>:out:<run id>
 KEYS[5] bucket fence    <tag>:ctl                {epoch}: the newest controller seen here
+KEYS[6] finished zset   <tag>:finished
 ARGV[1] run_id
 ARGV[2] ctl_epoch       the calling controller's lease epoch
 ARGV[3] grace_ms        the dispatch check comes due after this long
@@ -18,9 +19,12 @@ Returns:
   {"not_expired"}                   renewed meanwhile; nothing written
   {"gone"}                          no lease (settled or reaped already); nothing written
   {"fenced", epoch}                 a newer controller acts on this bucket; nothing written
-Writes: HSET KEYS[1] (+ HINCRBY epoch); ZREM KEYS[2]; ZADD KEYS[3]; XADD KEYS[4]; HSET KEYS[5]
+  {"corrupt", reason}               the run's hash is unreadable; nothing written
+Writes: HSET KEYS[1] (+ HINCRBY epoch); ZREM KEYS[2]; ZADD KEYS[3]; XADD KEYS[4]; HSET KEYS[5];
+  ZADD KEYS[6] when settled
 ]]
-local run, leases, dispatch, out, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local run, leases, dispatch, out, fence, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  KEYS[6]
 local run_id, ctl_epoch = ARGV[1], tonumber(ARGV[2])
 
 local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
@@ -30,12 +34,19 @@ if not score then return {'gone'} end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if tonumber(score) > now_ms then return {'not_expired'} end
-local r = redis.call('HMGET', run, 'status', 'attempt', 'cancel', 'max_deliveries', 'queue')
+local r = redis.pcall('HMGET', run, 'status', 'attempt', 'cancel', 'max_deliveries', 'queue',
+  'deferred', 'retention_ms', 'epoch')
+if r.err then return {'corrupt', 'the run key is not a hash'} end
 if r[1] ~= 'running' then
   -- Only a settled or missing run can be here; its lease entry is debris.
   redis.call('ZREM', leases, run_id)
   return {'gone'}
 end
+for i, name in pairs({[2] = 'attempt', [4] = 'max_deliveries', [6] = 'deferred',
+                      [7] = 'retention_ms', [8] = 'epoch'}) do
+  if r[i] and not tonumber(r[i]) then return {'corrupt', 'field ' .. name .. ' is not a number'} end
+end
+if not r[2] then return {'corrupt', 'field attempt is missing'} end
 if seen < ctl_epoch then redis.call('HSET', fence, 'epoch', ctl_epoch) end
 local attempt = tonumber(r[2])
 
@@ -43,15 +54,18 @@ local function settle(status, error_json, final_event)
   redis.call('HSET', run, 'status', status, 'finished_ms', now_ms)
   if error_json then redis.call('HSET', run, 'error', error_json) end
   redis.call('HINCRBY', run, 'epoch', 1)
+  redis.call('HDEL', run, 'note')
   redis.call('ZREM', leases, run_id)
   redis.call('ZREM', dispatch, run_id)
+  redis.call('ZADD', finished, now_ms + tonumber(r[7] or '604800000'), run_id)
   redis.call('XADD', out, '*', 't', 'final', 'a', attempt, 'd', final_event)
 end
 if r[3] == '1' then
   settle('cancelled', nil, ARGV[4])
   return {'cancelled'}
 end
-if attempt >= tonumber(r[4] or '0') then
+-- Deferrals (a worker that lacked the workflow handed it back) are not failed deliveries.
+if attempt - tonumber(r[6] or '0') >= tonumber(r[4] or '0') then
   settle('failed', '{"type":"DeliveriesExhausted","message":"the run\'s executions kept '
     .. 'vanishing; gave up after ' .. attempt .. ' deliveries"}', ARGV[5])
   return {'gave_up', attempt}

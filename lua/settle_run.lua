@@ -4,6 +4,7 @@ KEYS[1] run hash        <tag>:run:<run id>
 KEYS[2] lease zset      <tag>:leases
 KEYS[3] dispatch zset   <tag>:dispatch
 KEYS[4] output stream   <tag>:out:<run id>
+KEYS[5] finished zset   <tag>:finished           run id -> when it may be pruned (server ms)
 ARGV[1] epoch           the execution's fence
 ARGV[2] status          succeeded | failed | cancelled
 ARGV[3] result          JSON text of the result ('' for none)
@@ -14,10 +15,14 @@ Returns:
   {"ok", finished_ms}
   {"settled", status, result, error}   already finished; the first terminal record
   {"stale", epoch}                     a newer execution owns the run; nothing written
-Writes (only for "ok"): HSET + HINCRBY epoch KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]
+  {"timed_out"}                        "succeeded" asked after the run's deadline; nothing
+                                       written (the caller settles it failed: RunTimeout)
+Writes (only for "ok"): HSET + HINCRBY epoch KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4];
+  ZADD KEYS[5]
 ]]
-local run, leases, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local r = redis.call('HMGET', run, 'epoch', 'status', 'result', 'error', 'attempt')
+local run, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local r = redis.call('HMGET', run, 'epoch', 'status', 'result', 'error', 'attempt',
+  'deadline_ms', 'retention_ms')
 if r[2] == 'succeeded' or r[2] == 'failed' or r[2] == 'cancelled' then
   return {'settled', r[2], r[3] or '', r[4] or ''}
 end
@@ -27,11 +32,14 @@ if r[2] ~= 'running' then
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(r[6] or '0')
+if ARGV[2] == 'succeeded' and deadline > 0 and now_ms > deadline then return {'timed_out'} end
 redis.call('HSET', run, 'status', ARGV[2], 'finished_ms', now_ms, 'result', ARGV[3],
   'error', ARGV[4])
 -- Fences the execution itself: an effect claimed after the terminal record is refused.
 redis.call('HINCRBY', run, 'epoch', 1)
 redis.call('ZREM', leases, ARGV[6])
 redis.call('ZREM', dispatch, ARGV[6])
+redis.call('ZADD', finished, now_ms + tonumber(r[7] or '604800000'), ARGV[6])
 redis.call('XADD', out, '*', 't', 'final', 'a', r[5], 'd', ARGV[5])
 return {'ok', now_ms}

@@ -7,6 +7,7 @@ KEYS[2] ledger hash     <tag>:steps:<run id>     step key -> StepRecord JSON
 KEYS[3] lease zset      <tag>:leases             run id -> lease expiry (server ms)
 KEYS[4] dispatch zset   <tag>:dispatch
 KEYS[5] output stream   <tag>:out:<run id>
+KEYS[6] finished zset   <tag>:finished           run id -> when it may be pruned (server ms)
 ARGV[1] run_id
 ARGV[2] attempt         the delivery number the RQ job carries
 ARGV[3] ttl_ms          lease length
@@ -22,19 +23,27 @@ Returns:
   {"busy", epoch}             another execution of this delivery holds a live lease
   {"cancelled"}               cancel was requested before it started: settled cancelled now
   {"timed_out"}               its deadline passed: settled failed now
-Writes: only for a fresh ok, cancelled or timed_out (HSET KEYS[1], ZADD/ZREM KEYS[3],
-  ZREM KEYS[4], XADD)
+  {"corrupt", reason}         the run's hash is unreadable; nothing written
+Writes: only for a fresh ok, cancelled or timed_out (HSET/HINCRBY KEYS[1], ZADD/ZREM KEYS[3],
+  ZREM KEYS[4], XADD KEYS[5], ZADD KEYS[6] when settled)
 ]]
-local run, steps, leases, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local run, steps, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  KEYS[6]
 local run_id, attempt, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local r = redis.call('HMGET', run, 'doc', 'status', 'attempt', 'epoch', 'cancel',
-  'deadline_ms', 'timeout_ms', 'start_token')
+local r = redis.pcall('HMGET', run, 'doc', 'status', 'attempt', 'epoch', 'cancel',
+  'deadline_ms', 'timeout_ms', 'start_token', 'retention_ms')
+if r.err then return {'corrupt', 'the run key is not a hash'} end
 if not r[1] then return {'missing'} end
 local status = r[2]
 if status == 'succeeded' or status == 'failed' or status == 'cancelled' then
   return {'settled', status}
 end
+for i, name in pairs({[3] = 'attempt', [4] = 'epoch', [6] = 'deadline_ms', [7] = 'timeout_ms',
+                      [9] = 'retention_ms'}) do
+  if r[i] and not tonumber(r[i]) then return {'corrupt', 'field ' .. name .. ' is not a number'} end
+end
+if not r[3] then return {'corrupt', 'field attempt is missing'} end
 if attempt ~= tonumber(r[3]) then return {'stale_attempt', tonumber(r[3])} end
 
 local t = redis.call('TIME')
@@ -48,8 +57,12 @@ if status == 'running' and lease_until > now_ms then return {'busy', tonumber(r[
 local function settle(final_status, error_json, final_event)
   redis.call('HSET', run, 'status', final_status, 'finished_ms', now_ms)
   if error_json then redis.call('HSET', run, 'error', error_json) end
+  -- Fences whatever still holds the old epoch (a zombie's effect claims included).
+  redis.call('HINCRBY', run, 'epoch', 1)
+  redis.call('HDEL', run, 'note')
   redis.call('ZREM', leases, run_id)
   redis.call('ZREM', dispatch, run_id)
+  redis.call('ZADD', finished, now_ms + tonumber(r[9] or '604800000'), run_id)
   redis.call('XADD', out, '*', 't', 'final', 'a', attempt, 'd', final_event)
 end
 if r[5] == '1' then
@@ -65,6 +78,7 @@ end
 local epoch = redis.call('HINCRBY', run, 'epoch', 1)
 redis.call('HSET', run, 'status', 'running', 'worker', ARGV[4], 'start_token', ARGV[7],
   'wseq', 0)
+redis.call('HDEL', run, 'note')
 if deadline == 0 and tonumber(r[7] or '0') > 0 then
   deadline = now_ms + tonumber(r[7])
   redis.call('HSET', run, 'deadline_ms', deadline)

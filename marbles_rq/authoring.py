@@ -97,6 +97,7 @@ class WorkflowDef:
     queue: str = "default"
     timeout_s: float = 0.0
     max_deliveries: int = 20
+    retention_s: float = 7 * 86400.0
     _input_type: Any = field(default=None, repr=False)
 
     @property
@@ -181,8 +182,12 @@ def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
 
 
 def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "default",
-             timeout_s: float = 0.0, max_deliveries: int = 20) -> Any:
-    """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``."""
+             timeout_s: float = 0.0, max_deliveries: int = 20,
+             retention_s: float = 7 * 86400.0) -> Any:
+    """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``.
+    A finished run is kept `retention_s` seconds (default 7 days), then pruned."""
+    if not 0 <= retention_s <= 10 * 365 * 86400:
+        raise DefinitionError(f"retention_s must be between 0 and 10 years, not {retention_s}")
 
     def register(fn: Callable[..., Any]) -> WorkflowDef:
         wf_name = name if isinstance(name, str) else fn.__name__
@@ -191,7 +196,8 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}) must take (ctx) or "
                                   f"(ctx, input)")
         input_param = params[1].name if len(params) == 2 else None
-        definition = WorkflowDef(wf_name, fn, input_param, queue, timeout_s, max_deliveries)
+        definition = WorkflowDef(wf_name, fn, input_param, queue, timeout_s, max_deliveries,
+                                 retention_s)
         REGISTRY._add(REGISTRY.workflows, "workflow", wf_name, definition)
         return definition
 

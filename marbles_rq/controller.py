@@ -1,20 +1,29 @@
-"""`marbles-rq controller`: one elected controller redelivers runs whose execution vanished
-and dispatches runs that were recorded but never reached RQ. A second controller waits and
-takes over when the first one's lease lapses.
+"""`marbles-rq controller`: one elected controller redelivers runs whose execution vanished,
+dispatches runs that were recorded but never reached RQ, redelivers deliveries lost inside
+RQ, and prunes finished runs past their retention. A second controller waits and takes over
+when the first one's lease lapses.
 
 Election is a lease with a fencing epoch; correctness comes from the fence: every write the
-controller makes (reap_run) checks, in the bucket it changes, that no newer controller has
-written there.
+controller makes to a run (reap_run, redispatch_run) checks, in the bucket it changes, that
+no newer controller has written there.
+
+Every pass costs what is due or in flight, never what is queued: leases that expired,
+dispatch checks that came due (each run is checked once, after the enqueuer's grace), the
+deliveries RQ holds between a worker's pop and the run's start, and finished runs whose
+retention ended. Reaping goes first and dispatch checks are bounded per pass, so a burst of
+enqueues never delays a redelivery.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,14 +31,23 @@ import redis
 
 from . import dispatch
 from .errors import RedisUnavailableError
-from .runs import DISPATCH_GRACE_MS, TERMINAL, RunStore, event
+from .redis_errors import is_outage, one_line
+from .runs import DISPATCH_GRACE_MS, RunStore, event
 from .store import Lease
 
 log = logging.getLogger("marbles_rq.controller")
 
 LEASE_NAME = "controller"
-BATCH = 200
-LOST_AFTER_S = 5.0
+REAP_BATCH = 200          # expired leases read per bucket per pass
+DISPATCH_BUDGET = 1_000   # dispatch checks per pass, over all buckets
+PRUNE_BUDGET = 200        # finished runs pruned per prune pass
+PRUNE_EVERY_S = 5.0
+LOST_AFTER_S = 5.0        # a popped delivery whose run has not started by then was lost
+MAX_BACKOFF_S = 30.0
+WARN_AGAIN_S = 600.0      # repeat a warning about the same bad key at most this often
+REAP_CANCELLED = event(status="cancelled", reason="cancel requested; its execution had vanished")
+REAP_GAVE_UP = event(status="failed", error={"type": "DeliveriesExhausted",
+                                             "message": "executions kept vanishing"})
 
 
 @dataclass
@@ -37,22 +55,28 @@ class Stats:
     redelivered: int = 0
     dispatched: int = 0
     settled: int = 0
+    pruned: int = 0
+    corrupt: int = 0
 
 
 class Controller:
     def __init__(self, runs: RunStore, rq: redis.Redis, *, lease_ms: int = 10_000,
-                 interval_s: float = 0.5, recheck_ms: int = 30_000,
-                 lost_after_s: float = LOST_AFTER_S) -> None:
+                 interval_s: float = 0.5, lost_after_s: float = LOST_AFTER_S,
+                 dispatch_budget: int = DISPATCH_BUDGET) -> None:
         self.runs, self.rq = runs, rq
         self.store = runs.store
         self.keys = runs.keys
-        self.lease_ms, self.interval_s, self.recheck_ms = lease_ms, interval_s, recheck_ms
+        self.lease_ms, self.interval_s = lease_ms, interval_s
         self.lost_after_s = lost_after_s
+        self.dispatch_budget = dispatch_budget
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease: Lease | None = None
         self.stats = Stats()
         self.stop_event = threading.Event()
-        self._missing: dict[tuple[str, int], float] = {}  # (run, attempt) -> first seen lost
+        self.in_flight = dispatch.InFlight(rq)
+        self._lost: dict[tuple[str, int], float] = {}  # popped, unstarted -> first seen
+        self._next_prune = 0.0
+        self._warned: dict[str, float] = {}
 
     # -- election -----------------------------------------------------------------------------
 
@@ -73,39 +97,81 @@ class Controller:
                 log.info("elected controller, epoch %s", got.epoch)
         return self.lease is not None and time.monotonic() < self.lease.valid_until
 
-    # -- one pass ---------------------------------------------------------------------------
+    # -- helpers ------------------------------------------------------------------------------
 
     def server_ms(self) -> int:
         # Leases are scored in the server's clock; compare in the same clock.
         secs, micros = self.store.client.time()
         return int(secs) * 1000 + int(micros) // 1000
 
-    def _due(self, key_of: Any, now_ms: int) -> list[tuple[int, str]]:
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(key, -WARN_AGAIN_S) >= WARN_AGAIN_S:
+            self._warned[key] = now
+            log.warning(message, *args)
+
+    def _due(self, key_of: Callable[[int], str], now_ms: int, per_bucket: int,
+             budget: int | None = None) -> list[tuple[int, str]]:
+        """(bucket, run id) of entries scored <= now, oldest buckets' entries first."""
         pipe = self.store.client.pipeline(transaction=False)
         buckets = range(self.keys.buckets)
         for bucket in buckets:
-            pipe.zrangebyscore(key_of(bucket), "-inf", now_ms, start=0, num=BATCH)
-        return [(b, _s(rid)) for b, ids in zip(buckets, pipe.execute(), strict=True)
-                for rid in ids]
+            pipe.zrangebyscore(key_of(bucket), "-inf", now_ms, start=0, num=per_bucket)
+        due: list[tuple[int, str]] = []
+        for bucket, ids in zip(buckets, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(ids, Exception):
+                if is_outage(ids):
+                    raise ids
+                self._warn_once(key_of(bucket), "skipping unreadable index %s: %s",
+                                key_of(bucket), one_line(ids))
+                continue
+            due += [(bucket, _s(rid)) for rid in ids]
+        return due if budget is None else due[:budget]
+
+    def _run_script(self, run_id: str, call: Callable[[], Any]) -> Any:
+        """One run's script call; a run whose keys are unreadable is failed once, alone."""
+        try:
+            return call()
+        except redis.ResponseError as exc:
+            if is_outage(exc):
+                raise
+            self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {one_line(exc)}")
+            return None
+
+    def _fail_corrupt(self, run_id: str, reason: str) -> None:
+        log.warning("run %s: corrupt record (%s); failing it", run_id, reason)
+        self.runs.fail_corrupt(run_id, f"corrupt record at {reason}")
+        self.stats.corrupt += 1
+
+    def _enqueue(self, queue_name: str, run_id: str, attempt: int) -> bool:
+        try:
+            return dispatch.enqueue_delivery(self.rq, queue_name, run_id, attempt)
+        except redis.RedisError as exc:  # the dispatch entry stays; a later pass retries
+            log.warning("run %s attempt %s: enqueue failed (%s); will retry", run_id, attempt,
+                        one_line(exc))
+            return False
+
+    # -- reaping ------------------------------------------------------------------------------
 
     def reap(self) -> int:
         """Redeliver every run whose lease expired (attempt + 1, same run id)."""
         assert self.lease is not None
-        done = 0
-        for _, run_id in self._due(self.keys.run_leases, self.server_ms()):
-            reply = self.runs.scripts.reap_run(
-                keys=self.keys.run_keys(run_id), run_id=run_id, ctl_epoch=self.lease.epoch,
-                grace_ms=DISPATCH_GRACE_MS,
-                final_cancel=event(status="cancelled", reason="cancel requested; its "
-                                   "execution had vanished"),
-                final_gave_up=event(status="failed", error={
-                    "type": "DeliveriesExhausted", "message": "executions kept vanishing"}))
+        epoch, done = self.lease.epoch, 0
+        for _, run_id in self._due(self.keys.run_leases, self.server_ms(), REAP_BATCH):
+            reply = self._run_script(run_id, functools.partial(
+                self.runs.scripts.reap_run, keys=self.keys.run_keys(run_id), run_id=run_id,
+                ctl_epoch=epoch, grace_ms=DISPATCH_GRACE_MS, final_cancel=REAP_CANCELLED,
+                final_gave_up=REAP_GAVE_UP))
+            if reply is None:
+                continue
             if reply.status == "fenced":
                 log.warning("a newer controller (epoch %s) acts on run %s; stepping down",
                             _s(reply.values[0]), run_id)
                 self.lease = None
                 return done
-            if reply.status == "redelivered":
+            if reply.status == "corrupt":
+                self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
+            elif reply.status == "redelivered":
                 attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
                 log.info("run %s: execution vanished; redelivering as attempt %s", run_id,
                          attempt)
@@ -117,101 +183,192 @@ class Controller:
                 self.stats.settled += 1
         return done
 
+    # -- dispatching --------------------------------------------------------------------------
+
     def dispatch(self) -> int:
-        """Enqueue recorded deliveries that never reached RQ (a crash between recording and
-        enqueueing, or an enqueue that failed)."""
-        due = self._due(self.keys.run_dispatch, self.server_ms())
+        """Each recorded delivery is checked once, after the enqueuer's grace: enqueue it if
+        RQ has no job for it (a crash between recording and enqueueing, a failed enqueue, a
+        deferral), then drop the check. At most `dispatch_budget` checks per pass."""
+        per_bucket = 2 * -(-self.dispatch_budget // self.keys.buckets)
+        due = self._due(self.keys.run_dispatch, self.server_ms(), per_bucket,
+                        self.dispatch_budget)
         if not due:
             return 0
         pipe = self.store.client.pipeline(transaction=False)
         for _, run_id in due:
             pipe.hmget(self.keys.run(run_id), "status", "attempt", "queue")
-        states = pipe.execute()
-        debris = [(b, rid) for (b, rid), st in zip(due, states, strict=True)
-                  if st[0] is None or _s(st[0]) in TERMINAL]
-        if debris:  # purged or settled runs: nothing left to dispatch
-            pipe = self.store.client.pipeline(transaction=False)
-            for bucket, run_id in debris:
-                pipe.zrem(self.keys.run_dispatch(bucket), run_id)
-            pipe.execute()
-        queued = [(b, rid, int(st[1]), _s(st[2])) for (b, rid), st in zip(due, states, strict=True)
-                  if st[0] == b"queued"]
-        present = dispatch.deliveries_exist(self.rq, [(rid, a) for _, rid, a, _ in queued])
+        states = pipe.execute(raise_on_error=False)
+        checked: list[tuple[str, str]] = []  # (run id, attempt seen) whose check is done
+        queued: list[tuple[str, int, str]] = []
+        for (_, run_id), st in zip(due, states, strict=True):
+            if isinstance(st, Exception) or (st[0] == b"queued" and not _is_int(st[1])):
+                if isinstance(st, Exception) and is_outage(st):
+                    raise st
+                self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: unreadable status/attempt")
+            elif st[0] == b"queued":
+                queued.append((run_id, int(st[1]), _s(st[2] or b"default")))
+            else:  # missing, running or settled: nothing left to dispatch
+                checked.append((run_id, ""))
+        exists = dispatch.deliveries_exist(self.rq, [(rid, a) for rid, a, _ in queued])
         done = 0
-        for (_, run_id, attempt, queue_name), exists in zip(queued, present, strict=True):
-            if not exists and self._enqueue(queue_name, run_id, attempt):
-                log.info("run %s: dispatched attempt %s (it never reached RQ)", run_id, attempt)
+        for (run_id, attempt, queue_name), present in zip(queued, exists, strict=True):
+            if present:
+                checked.append((run_id, str(attempt)))
+            elif self._enqueue(queue_name, run_id, attempt):
+                log.info("run %s: dispatched attempt %s (it was not in RQ)", run_id, attempt)
                 self.stats.dispatched += 1
+                checked.append((run_id, str(attempt)))
                 done += 1
-        done += self._find_lost([q for q, e in zip(queued, present, strict=True) if e])
-        # Check again later: a delivery waiting in a long queue is normal.
-        later = self.server_ms() + self.recheck_ms
-        pipe = self.store.client.pipeline(transaction=False)
-        for bucket, run_id in due:
-            pipe.zadd(self.keys.run_dispatch(bucket), {run_id: later}, xx=True)
-        pipe.execute()
+        if checked:
+            self.runs.scripts.dispatch_done(
+                [(self.keys.run_keys(rid), rid, attempt) for rid, attempt in checked])
         return done
 
-    def _find_lost(self, queued: list[tuple[int, str, int, str]]) -> int:
-        """A delivery whose job exists but is in no queue list, on two checks LOST_AFTER_S
-        apart, while its run has not started, was lost inside RQ: deliver attempt + 1."""
+    # -- deliveries lost inside RQ ------------------------------------------------------------
+
+    def find_lost(self) -> int:
+        """A delivery a worker popped (intermediate list, started registry) or that failed in
+        RQ, whose run is still queued under that attempt after LOST_AFTER_S, was lost before
+        it started (the worker died between its pop and its bookkeeping, or Redis restarted
+        there): deliver it again as attempt + 1."""
         assert self.lease is not None
-        waiting = dispatch.deliveries_waiting(self.rq, [(q, rid, a) for _, rid, a, q in queued])
-        now, done = time.monotonic(), 0
-        for (_, run_id, attempt, _q), is_waiting in zip(queued, waiting, strict=True):
-            if is_waiting:
-                self._missing.pop((run_id, attempt), None)
-                continue
-            first = self._missing.setdefault((run_id, attempt), now)
+        popped: list[tuple[str, int]] = []
+        for job_id in self.in_flight.job_ids():
+            parsed = dispatch.parse_delivery_id(self.keys.prefix, job_id)
+            if parsed is not None:
+                popped.append(parsed)
+        now = time.monotonic()
+        if not popped:
+            self._lost.clear()
+            return 0
+        pipe = self.store.client.pipeline(transaction=False)
+        for run_id, _ in popped:
+            pipe.hmget(self.keys.run(run_id), "status", "attempt")
+        states = pipe.execute(raise_on_error=False)
+        still: dict[tuple[str, int], float] = {}
+        done = 0
+        for (run_id, attempt), st in zip(popped, states, strict=True):
+            if isinstance(st, Exception) or st[0] != b"queued" or st[1] != str(attempt).encode():
+                continue  # started, settled, moved on, or not ours to judge here
+            first = self._lost.get((run_id, attempt), now)
             if now - first < self.lost_after_s:
+                still[(run_id, attempt)] = first
                 continue
-            reply = self.runs.scripts.redispatch_run(
-                keys=self.keys.run_keys(run_id), run_id=run_id, attempt=attempt,
-                ctl_epoch=self.lease.epoch, grace_ms=DISPATCH_GRACE_MS)
-            if reply.status == "redelivered":
-                new_attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
-                log.warning("run %s: delivery %s was lost inside RQ; redelivering as "
-                            "attempt %s", run_id, attempt, new_attempt)
-                self._enqueue(queue_name, run_id, new_attempt)
-                self.stats.redelivered += 1
+            if self._redispatch(run_id, attempt):
                 done += 1
-            self._missing.pop((run_id, attempt), None)
-        for key in [k for k, t in self._missing.items() if now - t > 3600]:
-            del self._missing[key]  # runs that started or settled meanwhile
+        self._lost = still
         return done
 
-    def _enqueue(self, queue_name: str, run_id: str, attempt: int) -> bool:
-        try:
-            return dispatch.enqueue_delivery(self.rq, queue_name, run_id, attempt)
-        except redis.RedisError as exc:  # the dispatch pass retries it
-            log.warning("run %s attempt %s: enqueue failed (%s); will retry", run_id, attempt,
-                        exc)
+    def _redispatch(self, run_id: str, attempt: int) -> bool:
+        assert self.lease is not None
+        epoch = self.lease.epoch
+        reply = self._run_script(run_id, lambda: self.runs.scripts.redispatch_run(
+            keys=self.keys.run_keys(run_id), run_id=run_id, attempt=attempt, ctl_epoch=epoch,
+            grace_ms=DISPATCH_GRACE_MS, final_gave_up=event(status="failed", error={
+                "type": "DeliveriesExhausted", "message": "deliveries kept getting lost"})))
+        if reply is None:
             return False
+        if reply.status == "fenced":
+            log.warning("a newer controller (epoch %s) acts on run %s; stepping down",
+                        _s(reply.values[0]), run_id)
+            self.lease = None
+            return False
+        if reply.status == "corrupt":
+            self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
+            return False
+        if reply.status == "gave_up":
+            log.warning("run %s: deliveries used up (%s); failed", run_id, _s(reply.values[0]))
+            self.stats.settled += 1
+            return False
+        if reply.status != "redelivered":
+            return False
+        new_attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
+        log.warning("run %s: delivery %s was lost inside RQ before it started; redelivering "
+                    "as attempt %s", run_id, attempt, new_attempt)
+        self._enqueue(queue_name, run_id, new_attempt)
+        self.stats.redelivered += 1
+        return True
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def prune(self, budget: int = PRUNE_BUDGET) -> int:
+        """Remove finished runs whose retention ended, with everything they stored."""
+        due = self._due(self.keys.run_finished, self.server_ms(),
+                        2 * -(-budget // self.keys.buckets), budget)
+        if not due:
+            return 0
+        pipe = self.store.client.pipeline(transaction=False)
+        for _, run_id in due:
+            pipe.smembers(self.keys.effect_index(run_id))
+        receipts = pipe.execute(raise_on_error=False)
+        done = 0
+        for (_, run_id), found in zip(due, receipts, strict=True):
+            members = [] if isinstance(found, Exception) else sorted(_s(m) for m in found)
+            reply = self._run_script(run_id, functools.partial(
+                self.runs.scripts.purge_run, keys=self.keys.run_keys(run_id), run_id=run_id,
+                receipts=members))
+            if reply is not None and reply.status == "ok":
+                done += 1
+        self.stats.pruned += done
+        if done:
+            log.info("pruned %s finished runs past their retention", done)
+        return done
 
     # -- the loop ---------------------------------------------------------------------------
+
+    def pass_once(self) -> None:
+        """One pass as the leader: reaping first, so nothing waits behind dispatch checks."""
+        self.reap()
+        if self.lease is None:
+            return
+        self.dispatch()
+        self.find_lost()
+        if time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + PRUNE_EVERY_S
+            self.prune()
 
     def run(self) -> None:
         log.info("controller %s started (lease %s ms)", self.token, self.lease_ms)
         leading = False
+        backoff = 0.0
         while not self.stop_event.is_set():
             try:
                 if self.lead():
                     if not leading:
                         log.info("recovering: dispatching recorded runs, reaping expired leases")
                     leading = True
-                    self.dispatch()
-                    self.reap()
+                    self.pass_once()
                 elif leading:
                     leading = False
                     log.warning("no longer the controller; waiting to take over")
-            except (redis.ConnectionError, redis.TimeoutError, RedisUnavailableError) as exc:
-                log.error("Redis unavailable (%s); retrying", exc)
-                self.stop_event.wait(1.0)
+                if backoff:
+                    log.info("Redis answers again; carrying on")
+                backoff = 0.0
+            except (redis.RedisError, RedisUnavailableError, OSError) as exc:
+                # Unreachable, refusing writes (OOM, MISCONF, READONLY, LOADING, NOPERM) or a
+                # script error: one line, back off, carry on. The lease may lapse meanwhile;
+                # the fence keeps a successor and this process from acting twice.
+                backoff = min(MAX_BACKOFF_S, backoff * 2 or 1.0)
+                log.error("Redis error (%s); retrying in %.0f s", one_line(exc), backoff)
+                self.stop_event.wait(backoff)
             self.stop_event.wait(self.interval_s)
         if self.lease is not None:
-            self.store.release_lease(self.lease)
-            log.info("released the controller lease")
+            try:
+                self.store.release_lease(self.lease)
+                log.info("released the controller lease")
+            except (redis.RedisError, RedisUnavailableError) as exc:
+                log.warning("could not release the controller lease (%s); it lapses",
+                            one_line(exc))
+
+
+def _is_int(value: Any) -> bool:
+    try:
+        int(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+

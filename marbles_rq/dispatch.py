@@ -7,6 +7,8 @@ of letters, digits and ``-`` appear as they are.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -15,6 +17,7 @@ from redis.retry import Retry
 from rq import Queue
 from rq.exceptions import DuplicateJobError
 from rq.job import Job
+from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from .errors import ConfigError, MarblesError
 from .serializer import JSONSerializer
@@ -45,6 +48,26 @@ class MarblesJob(Job):
 def delivery_id(run_id: str, attempt: int) -> str:
     escaped = run_id.replace("_", "__").replace(".", "_d").replace(":", "_c")
     return f"{escaped}-a{attempt}"
+
+
+def parse_delivery_id(prefix: str, job_id: str) -> tuple[str, int] | None:
+    """The (run id, attempt) of a delivery id; None if `job_id` is not one."""
+    escaped, sep, attempt = job_id.rpartition("-a")
+    if not sep or not attempt.isdigit() or not escaped:
+        return None
+    out, i = [], 0
+    while i < len(escaped):
+        ch = escaped[i]
+        if ch != "_":
+            out.append(ch)
+            i += 1
+            continue
+        nxt = escaped[i + 1: i + 2]
+        if nxt not in ("_", "d", "c"):
+            return None
+        out.append({"_": "_", "d": ".", "c": ":"}[nxt])
+        i += 2
+    return "".join(out), int(attempt)
 
 
 def rq_connection(url: str) -> redis.Redis:
@@ -83,20 +106,51 @@ def enqueue_deliveries(conn: redis.Redis, queue_name: str, runs: list[tuple[str,
         pipe.execute()
 
 
-def deliveries_waiting(conn: redis.Redis, ids: list[tuple[str, str, int]]) -> list[bool]:
-    """For (queue, run id, attempt): is the delivery's job in its queue or intermediate
-    list, i.e. still on its way to a worker? (LPOS: linear in the queue length.)"""
-    pipe = conn.pipeline(transaction=False)
-    for queue_name, rid, attempt in ids:
-        key, job_id = Queue(queue_name, connection=conn).key, delivery_id(rid, attempt)
-        pipe.lpos(key, job_id)
-        pipe.lpos(f"{key}:intermediate", job_id)
-    found = pipe.execute()
-    return [found[2 * i] is not None or found[2 * i + 1] is not None for i in range(len(ids))]
-
-
 def deliveries_exist(conn: redis.Redis, ids: list[tuple[str, int]]) -> list[bool]:
     pipe = conn.pipeline(transaction=False)
     for rid, attempt in ids:
         pipe.exists(Job.key_for(delivery_id(rid, attempt)))
     return [bool(n) for n in pipe.execute()]
+
+
+@dataclass
+class InFlight:
+    """Reads the deliveries RQ holds between a worker's pop and the run's start: the
+    intermediate lists, the started registries and the failed registries' newest entries.
+    What a pass reads is bounded by what is in flight, never by the length of a queue."""
+
+    conn: redis.Redis
+    failed_seen: dict[str, float] = field(default_factory=dict)  # failed key -> last score
+
+    def job_ids(self, lookback_s: float = 3600.0) -> set[str]:
+        queues = sorted(_s(k) for k in self.conn.smembers(Queue.redis_queues_keys))
+        if not queues:
+            return set()
+        now = time.time()
+        pipe = self.conn.pipeline(transaction=False)
+        for key in queues:
+            name = key.removeprefix(Queue.redis_queue_namespace_prefix)
+            failed = FailedJobRegistry.key_template.format(name)
+            # A failed entry scores its expiry (fail time + failure_ttl): newer fails score higher.
+            since = self.failed_seen.get(failed, now + FAILURE_TTL_S - lookback_s)
+            pipe.lrange(f"{key}:intermediate", 0, -1)
+            pipe.zrange(StartedJobRegistry.key_template.format(name), 0, -1)
+            pipe.zrangebyscore(failed, f"({since}", "+inf", withscores=True)
+        replies = pipe.execute(raise_on_error=False)
+        found: set[str] = set()
+        for i, key in enumerate(queues):
+            intermediate, started, failed = replies[3 * i: 3 * i + 3]
+            name = key.removeprefix(Queue.redis_queue_namespace_prefix)
+            if not isinstance(intermediate, Exception):
+                found.update(_s(j) for j in intermediate)
+            if not isinstance(started, Exception):
+                found.update(_s(m).rsplit(":", 1)[0] for m in started)
+            if not isinstance(failed, Exception) and failed:
+                found.update(_s(j) for j, _ in failed)
+                self.failed_seen[FailedJobRegistry.key_template.format(name)] = max(
+                    score for _, score in failed)
+        return found
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -10,16 +10,23 @@ import time
 import traceback
 from collections import defaultdict
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import msgspec
 import redis
 
-from .authoring import Registry, StepDef, UnknownWorkflowError
-from .errors import MarblesError, RedisUnavailableError
+from .authoring import Registry, StepDef
+from .errors import ConfigError, MarblesError, RedisUnavailableError
 from .records import ErrorInfo, StepRecord
-from .runs import Execution, RunStore
+from .redis_errors import is_outage, one_line
+from .runs import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_OUTPUT_LINES,
+    TIMEOUT_ERROR,
+    Execution,
+    RunStore,
+)
 
 log = logging.getLogger("marbles_rq.execute")
 
@@ -52,6 +59,50 @@ class StepFailedError(MarblesError):
         self.error = error
 
 
+class ValueTooLargeError(MarblesError):
+    """A run tried to write a value over its configured limit; nothing was written."""
+
+    code = "value_too_large"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one run may write. Each from an environment variable of the worker."""
+
+    write_bytes: int = 1 << 20        # one stream.write          MARBLES_MAX_WRITE
+    log_bytes: int = 1 << 20          # one log line              MARBLES_MAX_LOG
+    step_result_bytes: int = 1 << 20  # one step's result         MARBLES_MAX_STEP_RESULT
+    result_bytes: int = 1 << 20       # the run's result          MARBLES_MAX_RESULT
+    output_lines: int = DEFAULT_MAX_OUTPUT_LINES  # lines per run MARBLES_MAX_OUTPUT_LINES
+    output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES  # bytes per run MARBLES_MAX_OUTPUT_BYTES
+
+    ENV: ClassVar[dict[str, str]] = {
+           "write_bytes": "MARBLES_MAX_WRITE", "log_bytes": "MARBLES_MAX_LOG",
+           "step_result_bytes": "MARBLES_MAX_STEP_RESULT", "result_bytes": "MARBLES_MAX_RESULT",
+           "output_lines": "MARBLES_MAX_OUTPUT_LINES", "output_bytes": "MARBLES_MAX_OUTPUT_BYTES"}
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        values: dict[str, int] = {}
+        for name, var in cls.ENV.items():
+            text = os.environ.get(var)
+            if not text:
+                continue
+            try:
+                values[name] = int(text)
+            except ValueError:
+                raise ConfigError(f"{var}={text!r} is not a whole number of "
+                                  f"{'lines' if name == 'output_lines' else 'bytes'}") from None
+            if values[name] < 1:
+                raise ConfigError(f"{var} must be at least 1, not {values[name]}")
+        return cls(**values)
+
+    def check(self, what: str, size: int, limit: int, field_name: str) -> None:
+        if size > limit:
+            raise ValueTooLargeError(f"{what} is {size:,} bytes, over the limit of {limit:,} "
+                                     f"({self.ENV[field_name]}); nothing was written")
+
+
 _current: ContextVar[RunContext | None] = ContextVar("marbles_run", default=None)
 
 
@@ -79,7 +130,7 @@ class Stream:
     def write(self, value: Any) -> None:
         """Append to the run's live output. Strings as text, anything else as JSON."""
         data = {"text": value} if isinstance(value, str) else {"value": value}
-        self._run._write("output", data)
+        self._run._write("output", data, "write_bytes", "stream.write")
 
 
 class RunLogger:
@@ -91,7 +142,8 @@ class RunLogger:
     def _log(self, level: int, msg: str, *args: Any) -> None:
         text = msg % args if args else msg
         log.log(level, "[%s] %s", self._run.run_id, text)
-        self._run._write("log", {"level": logging.getLevelName(level), "message": text})
+        self._run._write("log", {"level": logging.getLevelName(level), "message": text},
+                         "log_bytes", "a log line")
 
     def debug(self, msg: str, *args: Any) -> None:
         self._log(logging.DEBUG, msg, *args)
@@ -109,15 +161,19 @@ class RunLogger:
 class RunContext:
     """What a workflow body receives: its input, steps, live output, effect keys, a logger."""
 
-    def __init__(self, runs: RunStore, ex: Execution, input: Any, watchdog: Watchdog) -> None:
+    def __init__(self, runs: RunStore, ex: Execution, input: Any, watchdog: Watchdog,
+                 limits: Limits | None = None) -> None:
         self.runs = runs
         self.ex = ex
         self.input = input
         self.stream = Stream(self)
         self.log = RunLogger(self)
+        self.limits = limits or Limits()
         self._watchdog = watchdog
-        self._frames: list[str] = [ex.record.name]
-        self._counters: dict[str, int] = defaultdict(int)
+        # One (path, call counters) per frame entered. A frame gets fresh counters on every
+        # (re)entry, so a retried step replays its children at the positions it used before.
+        self._frames: list[tuple[str, defaultdict[str, int]]] = [
+            (ex.record.name, defaultdict(int))]
 
     @property
     def run_id(self) -> str:
@@ -130,7 +186,7 @@ class RunContext:
     @property
     def step_path(self) -> str:
         """The path of the step executing now (the workflow name outside steps)."""
-        return self._frames[-1]
+        return self._frames[-1][0]
 
     @property
     def idempotency_key(self) -> str:
@@ -156,9 +212,10 @@ class RunContext:
     def step(self, fn: StepDef | Any, *args: Any, **kwargs: Any) -> Any:
         """Run `fn` as a recorded step: once per run, its result replayed afterwards."""
         definition = fn if isinstance(fn, StepDef) else StepDef(fn.__name__, fn)
-        base = f"{self._frames[-1]}.{definition.name}"
-        key = f"{base}#{self._counters[base]}"
-        self._counters[base] += 1
+        path, counters = self._frames[-1]
+        base = f"{path}.{definition.name}"
+        key = f"{base}#{counters[base]}"
+        counters[base] += 1
         recorded = self.ex.ledger.get(key)
         if recorded is not None and recorded.status == "succeeded":
             return _decode_result(recorded.result, definition.result_type)
@@ -171,10 +228,12 @@ class RunContext:
             self._check(self._store(self.runs.start_step, self.ex, StepRecord(
                 version=1, key=key, name=definition.name, status="running", attempts=attempts,
                 at_ms=_now_ms())))
-            self._frames.append(key)
+            self._frames.append((key, defaultdict(int)))
             try:
                 value = definition.fn(*args, **kwargs)
                 result = msgspec.json.encode(value)
+                self.limits.check(f"the result of step {key}", len(result),
+                                  self.limits.step_result_bytes, "step_result_bytes")
             except Exception as exc:
                 failure = exc
             else:
@@ -203,11 +262,16 @@ class RunContext:
             raise StepFailedError(error)
 
     def _store(self, call: Any, *args: Any) -> Any:
-        """A store call from inside the body: unreachable Redis stops the execution."""
+        """A store call from inside the body: unreachable Redis, or one that refuses writes
+        (OOM, MISCONF, READONLY ...), stops the execution unsettled."""
         try:
             return call(*args)
-        except (redis.ConnectionError, redis.TimeoutError, RedisUnavailableError) as exc:
+        except RedisUnavailableError as exc:
             raise StoreUnavailable(exc) from exc
+        except redis.RedisError as exc:
+            if is_outage(exc):
+                raise StoreUnavailable(exc) from exc
+            raise
 
     def _commit(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
         status = self._store(self.runs.commit_step, self.ex, record, event_type,
@@ -216,8 +280,15 @@ class RunContext:
             self.ex.ledger[record.key] = record
         self._check(status)
 
-    def _write(self, type: str, data: dict[str, Any]) -> None:
-        self._check(self._store(self.runs.write, self.ex, type, msgspec.json.encode(data)))
+    def _write(self, type: str, data: dict[str, Any], limit: str, what: str) -> None:
+        encoded = msgspec.json.encode(data)
+        self.limits.check(what, len(encoded), getattr(self.limits, limit), limit)
+        self._check(self._store(self._append, type, encoded))
+
+    def _append(self, type: str, encoded: bytes) -> str:
+        status = self.runs.write(self.ex, type, encoded, max_lines=self.limits.output_lines,
+                                 max_bytes=self.limits.output_bytes)
+        return "ok" if status == "capped" else status
 
     def _check(self, status: str) -> None:
         if status == "ok":
@@ -247,6 +318,11 @@ class Watchdog:
         self.runs, self.ex, self.hard_exit = runs, ex, hard_exit
         self.reason: str | None = None
         self._stop = threading.Event()
+        # Set, under the lock, once the execution has its outcome. The process may outlive
+        # the execution (a pool executor takes the next run), so the watchdog may end it
+        # only while its own execution is still going.
+        self._lock = threading.Lock()
+        self._finished = False
         self._thread = threading.Thread(target=self._loop, name=f"lease-{ex.run_id}",
                                         daemon=True)
 
@@ -254,6 +330,12 @@ class Watchdog:
         self._thread.start()
 
     def stop(self) -> None:
+        self._stop.set()
+
+    def finish(self) -> None:
+        """The execution has its outcome: from now on the watchdog changes nothing."""
+        with self._lock:
+            self._finished = True
         self._stop.set()
 
     def sleep(self, seconds: float) -> None:
@@ -271,22 +353,31 @@ class Watchdog:
             try:
                 status = self.runs.renew(self.ex)
             except (redis.RedisError, RedisUnavailableError, OSError) as exc:
-                log.warning("run %s: cannot renew its lease (%s); retrying", self.ex.run_id, exc)
+                log.warning("run %s: cannot renew its lease (%s); retrying", self.ex.run_id,
+                            one_line(exc))
                 continue
             if status == "ok":
                 continue
-            self.reason = {"settled": "stale"}.get(status, status)
-            if status == "cancelled":
-                settle_stopped(self.runs, self.ex, "cancelled")
-            elif status == "timed_out":
-                settle_stopped(self.runs, self.ex, "timed_out")
+            with self._lock:
+                if self._finished:
+                    return  # our own settle landed first: nothing to stop
+                self.reason = {"settled": "stale"}.get(status, status)
+            if status in ("cancelled", "timed_out"):
+                try:
+                    settle_stopped(self.runs, self.ex, status)
+                except (redis.RedisError, RedisUnavailableError, OSError) as exc:
+                    # The body settles it at its next boundary; the scripts refuse its steps.
+                    log.warning("run %s: cannot settle it %s yet (%s)", self.ex.run_id, status,
+                                one_line(exc))
             log.warning("run %s attempt %s: %s; stopping", self.ex.run_id, self.ex.attempt,
                         self.reason)
-            self._stop.set()
             if self.hard_exit:
                 # The body may be inside a long step; give it a moment to reach a boundary.
-                time.sleep(min(1.0, interval))
-                os._exit(EXIT_FENCED)
+                self._stop.wait(min(1.0, interval))
+                with self._lock:
+                    if not self._finished:
+                        os._exit(EXIT_FENCED)
+            self._stop.set()
             return
 
 
@@ -299,8 +390,7 @@ def settle_stopped(runs: RunStore, ex: Execution, reason: str) -> None:
     if reason == "cancelled":
         runs.settle(ex, "cancelled")
     elif reason == "timed_out":
-        runs.settle(ex, "failed", error=ErrorInfo(type="RunTimeout",
-                                                  message="the run passed its timeout"))
+        runs.settle(ex, "failed", error=TIMEOUT_ERROR)
 
 
 @dataclass
@@ -312,6 +402,7 @@ class Engine:
     worker_name: str
     lease_ms: int
     hard_exit: bool = True  # forked horses exit when fenced; set False in tests
+    limits: Limits = field(default_factory=Limits)
 
 
 _ENGINE: Engine | None = None
@@ -334,47 +425,67 @@ def execute_delivery(run_id: str, attempt: int) -> str:
     eng = engine()
     worker = os.environ.get("RQ_WORKER_ID") or eng.worker_name
     return execute(eng.runs, eng.registry, run_id, int(attempt), worker=worker,
-                   lease_ms=eng.lease_ms, hard_exit=eng.hard_exit)
+                   lease_ms=eng.lease_ms, hard_exit=eng.hard_exit, limits=eng.limits)
 
 
 def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, worker: str,
-            lease_ms: int, hard_exit: bool) -> str:
+            lease_ms: int, hard_exit: bool, limits: Limits | None = None) -> str:
+    limits = limits or Limits()
     started = runs.start(run_id, attempt, ttl_ms=lease_ms, worker=worker)
+    if started.status == "corrupt":
+        log.warning("run %s delivery %s: %s; failing the run", run_id, attempt, started.detail)
+        runs.fail_corrupt(run_id, started.detail)
+        return "failed"
     if started.status != "ok" or started.execution is None:
         log.info("run %s delivery %s: %s %s", run_id, attempt, started.status, started.detail)
         return started.status
     ex = started.execution
+    definition = registry.workflows.get(ex.record.name)
+    if definition is None:
+        # Not this worker's to fail: a rolling deploy, or a worker with other sources.
+        note = (f"waiting for a worker that knows workflow {ex.record.name!r} (worker "
+                f"{worker} does not)")
+        status = runs.defer(ex, note)
+        log.warning("run %s: workflow %r is not loaded here; handed back (%s)", run_id,
+                    ex.record.name, status)
+        return "deferred"
     watchdog = Watchdog(runs, ex, hard_exit=hard_exit)
     token = None
     try:
         try:
-            definition = registry.workflow(ex.record.name)
             value = definition.decode_input(bytes(ex.record.input))
-        except (UnknownWorkflowError, msgspec.DecodeError) as exc:
+        except msgspec.DecodeError as exc:
             return _settled(runs.settle(ex, "failed", error=_error(exc)), "failed")
-        ctx = RunContext(runs, ex, value, watchdog)
+        ctx = RunContext(runs, ex, value, watchdog, limits)
         token = _current.set(ctx)
         watchdog.start()
+        status, result, error = "succeeded", b"", None
         try:
-            result = definition.fn(ctx) if definition.input_type is None else definition.fn(
+            output = definition.fn(ctx) if definition.input_type is None else definition.fn(
                 ctx, value)
-            encoded = msgspec.json.encode(result)
+            result = msgspec.json.encode(output)
+            limits.check("the run's result", len(result), limits.result_bytes, "result_bytes")
         except StepFailedError as exc:
-            return _settled(runs.settle(ex, "failed", error=exc.error), "failed")
+            status, error = "failed", exc.error
         except StoreUnavailable as lost:
-            log.error("run %s attempt %s: the store is unreachable (%s); stopping unsettled, "
-                      "it is redelivered once its lease expires", run_id, attempt, lost.cause)
-            raise RedisUnavailableError(f"store unreachable: {lost.cause}") from None
+            log.error("run %s attempt %s: the store is unavailable (%s); stopping unsettled, "
+                      "it is redelivered once its lease expires", run_id, attempt,
+                      one_line(lost.cause))
+            raise RedisUnavailableError(f"store unavailable: {one_line(lost.cause)}") from None
         except StopExecution as stop:
+            watchdog.finish()
             if stop.reason in ("cancelled", "timed_out"):
                 settle_stopped(runs, ex, stop.reason)
             return stop.reason
-        except (redis.RedisError, RedisUnavailableError):
+        except redis.RedisError:
             raise  # no settle possible; the lease expires and the run is redelivered
         except Exception as exc:
-            return _settled(runs.settle(ex, "failed", error=_error(exc)), "failed")
-        return _settled(runs.settle(ex, "succeeded", result=encoded), "succeeded")
+            status, error = "failed", _error(exc)
+        watchdog.finish()
+        if status == "succeeded":
+            return _settled(runs.settle(ex, "succeeded", result=result), "succeeded")
+        return _settled(runs.settle(ex, "failed", error=error), "failed")
     finally:
-        watchdog.stop()
+        watchdog.finish()
         if token is not None:
             _current.reset(token)

@@ -35,6 +35,8 @@ class RunKeys:
     leases: str
     dispatch: str
     fence: str
+    finished: str
+    effects: str
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ class Keyspace:
         tag = self.tag_of(rid)
         return f"{tag}:rec:{kind}:{rid}", f"{tag}:idx:{kind}", f"{tag}:own:{owner}"
 
+    def request_marker(self, ident: str, request_id: str) -> str:
+        """String with a short TTL: a write applied for `request_id`, in `ident`'s bucket, so a
+        resend is answered with the first send's outcome."""
+        return f"{self.tag_of(ident)}:req:{request_id}"
+
     def owned(self, owner: str, bucket: int) -> str:
         """Set of ``record key|listing key|member`` for everything `owner` has in a bucket."""
         return f"{self.tag(bucket)}:own:{owner}"
@@ -96,6 +103,10 @@ class Keyspace:
 
     def effect(self, scope: str, key: str) -> str:
         return f"{self.tag_of(scope)}:eff:{scope}:{key}"
+
+    def effect_index(self, scope: str) -> str:
+        """Set: the receipt keys claimed in `scope` (pruned with it)."""
+        return f"{self.tag_of(scope)}:effidx:{scope}"
 
     def scope_fence(self, scope: str) -> str:
         """Hash whose `epoch` field fences writes made on behalf of `scope`."""
@@ -123,6 +134,10 @@ class Keyspace:
         """Sorted set: run id -> when the controller checks that its delivery was enqueued."""
         return f"{self.tag(bucket)}:dispatch"
 
+    def run_finished(self, bucket: int) -> str:
+        """Sorted set: run id -> when the finished run may be pruned (server ms)."""
+        return f"{self.tag(bucket)}:finished"
+
     def controller_fence(self, bucket: int) -> str:
         """Hash {epoch}: the newest controller epoch that wrote to this bucket."""
         return f"{self.tag(bucket)}:ctl"
@@ -132,7 +147,8 @@ class Keyspace:
         return RunKeys(run=self.run(run_id), steps=self.steps(run_id),
                        output=self.output(run_id), listing=self.listing("run", bucket),
                        leases=self.run_leases(bucket), dispatch=self.run_dispatch(bucket),
-                       fence=self.controller_fence(bucket))
+                       fence=self.controller_fence(bucket),
+                       finished=self.run_finished(bucket), effects=self.effect_index(run_id))
 
     # -- leases ---------------------------------------------------------------------------
 

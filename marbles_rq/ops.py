@@ -19,6 +19,7 @@ from .runs import Recorded, RunStore
 
 MAX_PAYLOAD_ENV = "MARBLES_MAX_PAYLOAD"
 DEFAULT_MAX_PAYLOAD = 1 << 20
+ENQUEUE_CHUNK = 500
 
 
 class PayloadTooLargeError(InputError):
@@ -59,7 +60,8 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
     return RunRecord(version=1, id=run_id, name=definition.name,
                      queue=request.queue or definition.queue,
                      input=msgspec.Raw(recorded_input), requested_at_ms=int(time.time() * 1000),
-                     timeout_s=definition.timeout_s, max_deliveries=definition.max_deliveries)
+                     timeout_s=definition.timeout_s, max_deliveries=definition.max_deliveries,
+                     retention_s=definition.retention_s)
 
 
 def enqueue(runs: RunStore, rq: redis.Redis, request: RunRequest,
@@ -79,20 +81,25 @@ def enqueue(runs: RunStore, rq: redis.Redis, request: RunRequest,
 
 def enqueue_many(runs: RunStore, rq: redis.Redis, requests: list[RunRequest],
                  registry: Registry = REGISTRY) -> list[Enqueued]:
-    """Validate all, record each, then enqueue the new ones in one RQ pipeline per queue."""
+    """Validate all, then per chunk of 500: record it, and enqueue its new runs in one RQ
+    pipeline per queue. Each chunk reaches RQ right after it is recorded, well inside the
+    controller's grace, so the controller never enqueues a delivery a second time."""
     records = [prepare(r, registry) for r in requests]
-    recorded = runs.record_many(records)
-    fresh: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for rec in recorded:
-        if rec.created:
-            fresh[rec.record.queue].append((rec.record.id, 1))
-    dispatched = True
-    try:
-        for queue_name, batch in fresh.items():
-            dispatch.enqueue_deliveries(rq, queue_name, batch)
-    except redis.RedisError:
-        dispatched = False
-    return [_result(r, dispatched=r.created and dispatched) for r in recorded]
+    out: list[Enqueued] = []
+    for start in range(0, len(records), ENQUEUE_CHUNK):
+        recorded = runs.record_chunk(records[start:start + ENQUEUE_CHUNK])
+        fresh: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for rec in recorded:
+            if rec.created:
+                fresh[rec.record.queue].append((rec.record.id, 1))
+        dispatched = True
+        try:
+            for queue_name, batch in fresh.items():
+                dispatch.enqueue_deliveries(rq, queue_name, batch)
+        except redis.RedisError:
+            dispatched = False  # recorded: the controller dispatches them
+        out += [_result(r, dispatched=r.created and dispatched) for r in recorded]
+    return out
 
 
 def _result(recorded: Recorded, *, dispatched: bool) -> Enqueued:

@@ -93,6 +93,7 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     requested_at_ms: int
     timeout_s: float = 0.0
     max_deliveries: int = 20
+    retention_s: float = 7 * 86400.0
 
 
 class StepRecord(Record, tag="step", kw_only=True, frozen=True):

@@ -7,25 +7,34 @@ pipelined commands.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+import redis
 
-from .errors import MarblesError
+from .errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
 from .ids import check_id
 from .keys import RunKeys
 from .records import EffectReceipt, ErrorInfo, RunRecord, StepRecord, decode, encode
 from .store import RedisStore, new_request_id
 
+log = logging.getLogger("marbles_rq.runs")
+
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATUSES = ("queued", "running", "waiting", *TERMINAL)
 DEFAULT_LEASE_MS = 10_000
 DISPATCH_GRACE_MS = 5_000
+DEFAULT_RETENTION_MS = 7 * 86400 * 1000
+# A run's output journal holds at most this many lines / bytes of stream.write and log data
+# (MARBLES_MAX_OUTPUT_LINES / MARBLES_MAX_OUTPUT_BYTES); past it a "truncated" marker.
+DEFAULT_MAX_OUTPUT_LINES = 10_000
+DEFAULT_MAX_OUTPUT_BYTES = 8 << 20
 
 
 def event(**data: Any) -> bytes:
@@ -63,11 +72,13 @@ class Execution:
     # resend after a timeout is a no-op. The lock keeps numbers in send order.
     seq: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    output_capped: bool = False  # the run's output cap was reached: later lines are dropped
 
 
 @dataclass(frozen=True)
 class Started:
-    status: str  # ok | missing | settled | stale_attempt | busy | cancelled | timed_out
+    # ok | missing | settled | stale_attempt | busy | cancelled | timed_out | corrupt
+    status: str
     execution: Execution | None = None
     detail: str = ""
 
@@ -100,6 +111,7 @@ class RunView:
     worker: str | None
     cancel_requested: bool
     steps: list[StepRecord]
+    note: str | None = None  # why a queued run waits (e.g. no worker knows its workflow)
 
     def to_json(self) -> dict[str, Any]:
         def iso(ms: int | None) -> str | None:
@@ -117,10 +129,20 @@ class RunView:
             "result": None if self.result is None else msgspec.json.decode(self.result),
             "error": None if self.error is None else msgspec.structs.asdict(self.error),
             "worker": self.worker, "cancel_requested": self.cancel_requested,
-            "steps": [{"path": s.key.rsplit("#", 1)[0], "position": int(s.key.rsplit("#", 1)[1]),
+            "note": self.note,
+            "steps": [{"path": _step_path(s.key), "position": _step_position(s.key),
                        "name": s.name, "status": s.status, "attempts": s.attempts}
                       for s in self.steps],
         }
+
+
+def _step_path(key: str) -> str:
+    return key.rsplit("#", 1)[0]
+
+
+def _step_position(key: str) -> int | None:
+    tail = key.rsplit("#", 1)[1] if "#" in key else ""
+    return int(tail) if tail.isdigit() else None
 
 
 class RunStore:
@@ -138,7 +160,8 @@ class RunStore:
                     request_id=new_request_id(), queue=record.queue,
                     timeout_ms=int(record.timeout_s * 1000),
                     max_deliveries=record.max_deliveries, grace_ms=DISPATCH_GRACE_MS,
-                    event=event(name=record.name, queue=record.queue))
+                    event=event(name=record.name, queue=record.queue),
+                    retention_ms=int(record.retention_s * 1000))
 
     def _recorded(self, record: RunRecord, reply: Any) -> Recorded:
         if reply.status == "ok":
@@ -151,12 +174,11 @@ class RunStore:
 
     def record_many(self, records: list[RunRecord]) -> list[Recorded]:
         """Record many runs in one round trip per 500 (one by one on a cluster)."""
-        out: list[Recorded] = []
-        for i in range(0, len(records), 500):
-            chunk = records[i:i + 500]
-            replies = self.scripts.claim_runs([self._claim_args(r) for r in chunk])
-            out += [self._recorded(r, reply) for r, reply in zip(chunk, replies, strict=True)]
-        return out
+        return [rec for chunk in _chunks(records, 500) for rec in self.record_chunk(chunk)]
+
+    def record_chunk(self, chunk: list[RunRecord]) -> list[Recorded]:
+        replies = self.scripts.claim_runs([self._claim_args(r) for r in chunk])
+        return [self._recorded(r, reply) for r, reply in zip(chunk, replies, strict=True)]
 
     # -- executing (every call fenced by the execution's epoch) ---------------------------
 
@@ -168,17 +190,25 @@ class RunStore:
             final_timeout=event(status="failed", error={"type": "RunTimeout",
                                                         "message": "the run passed its timeout"}),
             token=uuid.uuid4().hex)
+        if reply.status == "corrupt":
+            return Started("corrupt", detail=f"corrupt record at {keys.run}: "
+                                             f"{_s(reply.values[0])}")
         if reply.status != "ok":
             detail = _s(reply.values[0]) if reply.values else ""
             return Started(reply.status, detail=detail)
         epoch, doc, deadline_ms, flat = reply.values
         ledger = {}
-        for i in range(0, len(flat), 2):
-            key = _s(flat[i])
-            ledger[key] = decode(StepRecord, flat[i + 1], f"{keys.steps}#{key}")
-        return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms,
-                                       decode(RunRecord, doc, keys.run), int(deadline_ms),
-                                       ledger))
+        try:
+            for i in range(0, len(flat), 2):
+                key = _s(flat[i])
+                ledger[key] = decode(StepRecord, flat[i + 1], f"{keys.steps}#{key}")
+            record = decode(RunRecord, doc, keys.run)
+        except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
+            return Started("corrupt", Execution(run_id, attempt, int(epoch), keys, ttl_ms,
+                                                _placeholder(run_id), int(deadline_ms)),
+                           detail=str(exc))
+        return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
+                                       int(deadline_ms), ledger))
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
         with ex.lock:
@@ -196,11 +226,19 @@ class RunStore:
                 event_type=event_type, event=data, run_id=ex.run_id, ttl_ms=ex.ttl_ms,
                 seq=ex.seq).status
 
-    def write(self, ex: Execution, type: str, data: bytes) -> str:
+    def write(self, ex: Execution, type: str, data: bytes, *,
+              max_lines: int = DEFAULT_MAX_OUTPUT_LINES,
+              max_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> str:
+        """ok | capped (dropped: the run's output cap is reached) | stale | settled"""
         with ex.lock:
+            if ex.output_capped:
+                return "capped"
             ex.seq += 1
-            return self.scripts.append_output(keys=ex.keys, epoch=ex.epoch, type=type,
-                                              data=data, seq=ex.seq).status
+            status = self.scripts.append_output(
+                keys=ex.keys, epoch=ex.epoch, type=type, data=data, seq=ex.seq,
+                max_entries=max_lines, max_bytes=max_bytes).status
+            ex.output_capped = status == "capped"
+            return status
 
     def renew(self, ex: Execution) -> str:
         return self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,
@@ -217,6 +255,8 @@ class RunStore:
         reply = self.scripts.settle_run(
             keys=ex.keys, epoch=ex.epoch, status=status, result=result or b"", error=err,
             event=msgspec.json.encode(data), run_id=ex.run_id)
+        if reply.status == "timed_out":  # it finished, but after its deadline
+            return self.settle(ex, "failed", error=TIMEOUT_ERROR)
         return reply.status
 
     def claim_effect(self, ex: Execution, key: str, meta: bytes = b"null") -> str:
@@ -227,14 +267,31 @@ class RunStore:
             raise MarblesError("an effect key must be 1..512 characters")
         return self.scripts.claim_effect(
             receipt_key=self.keys.effect(ex.run_id, key), fence_key=ex.keys.run,
-            doc=encode(receipt), request_id=new_request_id(), epoch=ex.epoch).status
+            index_key=ex.keys.effects, doc=encode(receipt), request_id=new_request_id(),
+            epoch=ex.epoch).status
+
+    def defer(self, ex: Execution, note: str, *, delay_ms: int = DISPATCH_GRACE_MS) -> str:
+        """Hand the run back (this worker cannot execute it): ok | stale | settled."""
+        return self.scripts.defer_run(
+            keys=ex.keys, epoch=ex.epoch, run_id=ex.run_id, delay_ms=delay_ms, note=note,
+            event=event(reason=note, previous=ex.attempt)).status
+
+    def fail_corrupt(self, run_id: str, reason: str) -> str:
+        """Fail a run whose stored state cannot be read, once: failed | settled | unindexed."""
+        keys = self.keys.run_keys(run_id)
+        error = ErrorInfo(type="CorruptRecord", message=reason)
+        return self.scripts.fail_corrupt(
+            keys=keys, run_id=run_id, error=msgspec.json.encode(error),
+            event=msgspec.json.encode({"status": "failed", "error": error}),
+            retention_ms=DEFAULT_RETENTION_MS).status
 
     # -- operating ------------------------------------------------------------------------
 
     def cancel(self, run_id: str, reason: str = "cancelled by request") -> str:
         keys = self.keys.run_keys(check_id(run_id, "run id"))
         return self.scripts.cancel_run(keys=keys, run_id=run_id,
-                                       event=event(status="cancelled", reason=reason)).status
+                                       event=event(status="cancelled", reason=reason),
+                                       request_id=new_request_id()).status
 
     def abandon(self, run_id: str, attempt: int, worker: str) -> str:
         return self.scripts.abandon_attempt(keys=self.keys.run_keys(run_id), run_id=run_id,
@@ -247,26 +304,47 @@ class RunStore:
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(keys.run)
         pipe.hgetall(keys.steps)
-        fields, steps = pipe.execute()
+        fields, steps = pipe.execute(raise_on_error=False)
+        for value, key in ((fields, keys.run), (steps, keys.steps)):
+            if isinstance(value, redis.ResponseError) and "WRONGTYPE" in str(value):
+                raise CorruptRecordError(key, "the key holds another type")
+            if isinstance(value, Exception):
+                raise value
         return None if not fields else self._view(keys, fields, steps)
 
     def _view(self, keys: RunKeys, f: dict[bytes, bytes], steps: dict[bytes, bytes]) -> RunView:
+        """Raises CorruptRecordError (naming the key and the field) on anything unreadable."""
         def num(name: str) -> int | None:
             value = f.get(name.encode())
-            return int(value) if value not in (None, b"") else None
+            if value in (None, b""):
+                return None
+            try:
+                return int(value)
+            except ValueError:
+                raise CorruptRecordError(keys.run, f"field {name} is not a number") from None
 
+        if b"doc" not in f or b"status" not in f:
+            raise CorruptRecordError(keys.run, "the run hash has no doc or status")
         result, error = f.get(b"result"), f.get(b"error")
         ledger = sorted((decode(StepRecord, v, f"{keys.steps}#{_s(k)}") for k, v in steps.items()),
                         key=lambda s: (s.at_ms, s.key))
+        try:
+            error_info = msgspec.json.decode(error, type=ErrorInfo) if error else None
+            if result:
+                msgspec.json.decode(result)
+            status = f[b"status"].decode()
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise CorruptRecordError(keys.run, f"unreadable result, error or status: {exc}"
+                                     ) from None
         return RunView(
-            record=decode(RunRecord, f[b"doc"], keys.run), status=_s(f[b"status"]),
+            record=decode(RunRecord, f[b"doc"], keys.run), status=status,
             attempt=num("attempt") or 0, epoch=num("epoch") or 0,
             created_ms=num("created_ms") or 0, started_ms=num("started_ms"),
             finished_ms=num("finished_ms"),
-            result=msgspec.Raw(result) if result else None,
-            error=msgspec.json.decode(error, type=ErrorInfo) if error else None,
+            result=msgspec.Raw(result) if result else None, error=error_info,
             worker=_s(f[b"worker"]) if f.get(b"worker") else None,
-            cancel_requested=f.get(b"cancel") == b"1", steps=ledger)
+            cancel_requested=f.get(b"cancel") == b"1", steps=ledger,
+            note=_s(f[b"note"]) if f.get(b"note") else None)
 
     def list_runs(self, *, limit: int = 50, status: str | None = None,
              name: str | None = None) -> list[RunView]:
@@ -285,12 +363,19 @@ class RunStore:
                 keys = self.keys.run_keys(rid)
                 pipe.hgetall(keys.run)
                 pipe.hgetall(keys.steps)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
             for i, rid in enumerate(chunk):
                 fields, steps = replies[2 * i], replies[2 * i + 1]
                 if not fields:
                     continue
-                view = self._view(self.keys.run_keys(rid), fields, steps)
+                keys = self.keys.run_keys(rid)
+                try:
+                    if isinstance(fields, Exception) or isinstance(steps, Exception):
+                        raise CorruptRecordError(keys.run, f"unreadable: {fields or steps}")
+                    view = self._view(keys, fields, steps)
+                except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
+                    log.warning("skipping run %s: %s", rid, exc)
+                    continue
                 if (status is None or view.status == status) and (
                         name is None or view.record.name == name):
                     views.append(view)
@@ -314,10 +399,30 @@ class RunStore:
                 rows = rows[0] if rows and isinstance(rows[0], list) else rows
             else:
                 rows = reply[0][1]
-        return [OutputEvent(_s(eid), _s(f[b"t"]), int(f[b"a"]), msgspec.json.decode(f[b"d"]))
-                for eid, f in rows]
+        events = []
+        for eid, f in rows:
+            try:
+                events.append(OutputEvent(_s(eid), f[b"t"].decode(), int(f[b"a"]),
+                                          msgspec.json.decode(f[b"d"])))
+            except (KeyError, ValueError, UnicodeDecodeError, msgspec.DecodeError) as exc:
+                # One bad entry costs only itself; the id keeps followers moving past it.
+                log.warning("skipping unreadable output entry %s %s: %r", key, _s(eid), exc)
+                events.append(OutputEvent(_s(eid), "unreadable", 0, {"error": repr(exc)}))
+        return events
 
 
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+TIMEOUT_ERROR = ErrorInfo(type="RunTimeout", message="the run passed its timeout")
+
+
+def _placeholder(run_id: str) -> RunRecord:
+    """Stands in for a run document that could not be decoded (the run is failed at once)."""
+    return RunRecord(version=1, id=run_id, name="", queue="", input=msgspec.Raw(b"null"),
+                     requested_at_ms=0)
+
+
+T = TypeVar("T")
+
+
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]

@@ -26,6 +26,8 @@ from .keys import RunKeys
 
 T = TypeVar("T")
 _RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
+# A request marker outlives every resend (they stop after `retry_s`, 3 s by default).
+MARKER_MS = 60_000
 
 
 def lua_dir() -> Path:
@@ -184,9 +186,10 @@ class Scripts:
     # -- records -----------------------------------------------------------------------
 
     def claim_record(self, *, record_key: str, listing_key: str, owned_key: str,
-                     record_id: str, doc: bytes, request_id: str, owner: str) -> Claimed:
-        reply = self.call("claim_record", [record_key, listing_key, owned_key],
-                          [record_id, doc, request_id, owner])
+                     marker_key: str, record_id: str, doc: bytes, request_id: str,
+                     owner: str) -> Claimed:
+        reply = self.call("claim_record", [record_key, listing_key, owned_key, marker_key],
+                          [record_id, doc, request_id, owner, MARKER_MS])
         status = _s(reply[0])
         if status == "ok":
             return Claimed(True, None, int(reply[1]))
@@ -208,11 +211,11 @@ class Scripts:
             return Provisioned(status)
         raise self._unexpected("provision_agent", reply)
 
-    def cas_entry(self, *, entry_key: str, listing_key: str, owned_key: str, expected: str,
-                  updated_at: str, doc: bytes, request_id: str, owner: str,
+    def cas_entry(self, *, entry_key: str, listing_key: str, owned_key: str, marker_key: str,
+                  expected: str, updated_at: str, doc: bytes, request_id: str, owner: str,
                   key: str) -> CasResult:
-        reply = self.call("cas_entry", [entry_key, listing_key, owned_key],
-                          [expected, updated_at, doc, request_id, owner, key])
+        reply = self.call("cas_entry", [entry_key, listing_key, owned_key, marker_key],
+                          [expected, updated_at, doc, request_id, owner, key, MARKER_MS])
         status = _s(reply[0])
         if status == "ok":
             return CasResult(True, updated_at)
@@ -220,9 +223,9 @@ class Scripts:
             return CasResult(False, _s(reply[1]) or None)
         raise self._unexpected("cas_entry", reply)
 
-    def claim_effect(self, *, receipt_key: str, fence_key: str, doc: bytes, request_id: str,
-                     epoch: int | None) -> EffectClaim:
-        reply = self.call("claim_effect", [receipt_key, fence_key],
+    def claim_effect(self, *, receipt_key: str, fence_key: str, index_key: str, doc: bytes,
+                     request_id: str, epoch: int | None) -> EffectClaim:
+        reply = self.call("claim_effect", [receipt_key, fence_key, index_key],
                           [doc, request_id, "" if epoch is None else epoch])
         status = _s(reply[0])
         if status == "ok":
@@ -291,15 +294,18 @@ class Scripts:
     @staticmethod
     def _claim_run_call(keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
                         timeout_ms: int, max_deliveries: int, grace_ms: int,
-                        event: bytes) -> tuple[list[str], list[str | bytes | int]]:
+                        event: bytes, retention_ms: int
+                        ) -> tuple[list[str], list[str | bytes | int]]:
         return ([keys.run, keys.listing, keys.dispatch, keys.output],
-                [run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event])
+                [run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event,
+                 retention_ms])
 
     def claim_run(self, *, keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
-                  timeout_ms: int, max_deliveries: int, grace_ms: int, event: bytes) -> Reply:
+                  timeout_ms: int, max_deliveries: int, grace_ms: int, event: bytes,
+                  retention_ms: int) -> Reply:
         return self._reply("claim_run", *self._claim_run_call(
-            keys, run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event),
-            ("ok", "exists"))
+            keys, run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event,
+            retention_ms), ("ok", "exists"))
 
     def claim_runs(self, calls: list[dict[str, Any]]) -> list[Reply]:
         """claim_run for many runs in one round trip (see call_many)."""
@@ -317,27 +323,29 @@ class Scripts:
                       token: str) -> Reply:
         return self._reply(
             "start_attempt",
-            [keys.run, keys.steps, keys.leases, keys.dispatch, keys.output],
+            [keys.run, keys.steps, keys.leases, keys.dispatch, keys.output, keys.finished],
             [run_id, attempt, ttl_ms, worker, final_cancel, final_timeout, token],
-            ("ok", "missing", "settled", "stale_attempt", "busy", "cancelled", "timed_out"))
+            ("ok", "missing", "settled", "stale_attempt", "busy", "cancelled", "timed_out",
+             "corrupt"))
 
     def start_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
                    event: bytes, seq: int) -> Reply:
         return self._reply("start_step", [keys.run, keys.steps, keys.output],
                            [epoch, step_key, record, event, seq],
-                           ("ok", "stale", "settled", "cancelled"))
+                           ("ok", "stale", "settled", "cancelled", "timed_out"))
 
     def commit_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
                     event_type: str, event: bytes, run_id: str, ttl_ms: int,
                     seq: int) -> Reply:
         return self._reply("commit_step", [keys.run, keys.steps, keys.leases, keys.output],
                            [epoch, step_key, record, event_type, event, run_id, ttl_ms, seq],
-                           ("ok", "cancelled", "stale", "settled"))
+                           ("ok", "cancelled", "timed_out", "stale", "settled"))
 
-    def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes,
-                      seq: int) -> Reply:
-        return self._reply("append_output", [keys.run, keys.output], [epoch, type, data, seq],
-                           ("ok", "stale", "settled"))
+    def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes, seq: int,
+                      max_entries: int, max_bytes: int) -> Reply:
+        return self._reply("append_output", [keys.run, keys.output],
+                           [epoch, type, data, seq, max_entries, max_bytes],
+                           ("ok", "capped", "stale", "settled"))
 
     def renew_attempt(self, *, keys: RunKeys, epoch: int, ttl_ms: int, run_id: str) -> Reply:
         return self._reply("renew_attempt", [keys.run, keys.leases], [epoch, ttl_ms, run_id],
@@ -345,26 +353,54 @@ class Scripts:
 
     def settle_run(self, *, keys: RunKeys, epoch: int, status: str, result: bytes,
                    error: bytes, event: bytes, run_id: str) -> Reply:
-        return self._reply("settle_run", [keys.run, keys.leases, keys.dispatch, keys.output],
+        return self._reply("settle_run",
+                           [keys.run, keys.leases, keys.dispatch, keys.output, keys.finished],
                            [epoch, status, result, error, event, run_id],
-                           ("ok", "settled", "stale"))
+                           ("ok", "settled", "stale", "timed_out"))
 
-    def cancel_run(self, *, keys: RunKeys, run_id: str, event: bytes) -> Reply:
-        return self._reply("cancel_run", [keys.run, keys.leases, keys.dispatch, keys.output],
-                           [run_id, event], ("cancelled", "requested", "settled", "missing"))
+    def cancel_run(self, *, keys: RunKeys, run_id: str, event: bytes, request_id: str) -> Reply:
+        return self._reply("cancel_run",
+                           [keys.run, keys.leases, keys.dispatch, keys.output, keys.finished],
+                           [run_id, event, request_id],
+                           ("cancelled", "requested", "settled", "missing"))
 
     def reap_run(self, *, keys: RunKeys, run_id: str, ctl_epoch: int, grace_ms: int,
                  final_cancel: bytes, final_gave_up: bytes) -> Reply:
         return self._reply(
-            "reap_run", [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence],
+            "reap_run",
+            [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished],
             [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up],
-            ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced"))
+            ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced", "corrupt"))
 
     def redispatch_run(self, *, keys: RunKeys, run_id: str, attempt: int, ctl_epoch: int,
-                       grace_ms: int) -> Reply:
-        return self._reply("redispatch_run", [keys.run, keys.dispatch, keys.output, keys.fence],
-                           [run_id, attempt, ctl_epoch, grace_ms],
-                           ("redelivered", "moved", "fenced"))
+                       grace_ms: int, final_gave_up: bytes) -> Reply:
+        return self._reply("redispatch_run",
+                           [keys.run, keys.dispatch, keys.output, keys.fence, keys.finished],
+                           [run_id, attempt, ctl_epoch, grace_ms, final_gave_up],
+                           ("redelivered", "gave_up", "moved", "fenced", "corrupt"))
+
+    def fail_corrupt(self, *, keys: RunKeys, run_id: str, error: bytes, event: bytes,
+                     retention_ms: int) -> Reply:
+        return self._reply("fail_corrupt",
+                           [keys.run, keys.leases, keys.dispatch, keys.output, keys.finished],
+                           [run_id, error, event, retention_ms],
+                           ("failed", "settled", "unindexed"))
+
+    def defer_run(self, *, keys: RunKeys, epoch: int, run_id: str, delay_ms: int, note: str,
+                  event: bytes) -> Reply:
+        return self._reply("defer_run", [keys.run, keys.leases, keys.dispatch, keys.output],
+                           [epoch, run_id, delay_ms, note, event], ("ok", "stale", "settled"))
+
+    def dispatch_done(self, calls: list[tuple[RunKeys, str, str]]) -> list[str]:
+        """For (keys, run id, attempt seen): drop the run's dispatch entry; pipelined."""
+        replies = self.call_many("dispatch_done", [([k.run, k.dispatch], [rid, attempt])
+                                                   for k, rid, attempt in calls])
+        return [_s(r[0]) for r in replies]
+
+    def purge_run(self, *, keys: RunKeys, run_id: str, receipts: list[str]) -> Reply:
+        return self._reply("purge_run", [keys.run, keys.steps, keys.output, keys.listing,
+                                         keys.finished, keys.effects, *receipts],
+                           [run_id], ("ok", "not_due", "retry"))
 
     def abandon_attempt(self, *, keys: RunKeys, run_id: str, attempt: int,
                         worker: str) -> Reply:

@@ -176,9 +176,11 @@ class RedisStore:
         if owner:
             check_id(owner, "owner")
         record_key, listing_key, owned_key = self.keys.claim_keys(kind, rid, owner)
+        request_id = new_request_id()
         reply = self.scripts.claim_record(
-            record_key=record_key, listing_key=listing_key, owned_key=owned_key, record_id=rid,
-            doc=encode(record), request_id=new_request_id(), owner=owner)
+            record_key=record_key, listing_key=listing_key, owned_key=owned_key,
+            marker_key=self.keys.request_marker(rid, request_id), record_id=rid,
+            doc=encode(record), request_id=request_id, owner=owner)
         if reply.won:
             return ClaimResult(True, record)
         assert reply.doc is not None
@@ -252,11 +254,13 @@ class RedisStore:
             check_id(owner, "owner")
         if entry.updated_at == (expected or ""):
             raise MarblesError("the new updated_at must differ from the expected one")
+        request_id = new_request_id()
         reply = self.scripts.cas_entry(
             entry_key=self.keys.entry(ws, key), listing_key=self.keys.entries(ws),
             owned_key=self.keys.owned(owner, self.keys.bucket_of(ws)),
+            marker_key=self.keys.request_marker(ws, request_id),
             expected=expected or "", updated_at=entry.updated_at, doc=encode(entry),
-            request_id=new_request_id(), owner=owner, key=key)
+            request_id=request_id, owner=owner, key=key)
         return CasOutcome(reply.ok, reply.current)
 
     def get_entry(self, workspace_id: str, key: str) -> WorkspaceEntry | None:
@@ -277,7 +281,8 @@ class RedisStore:
             raise MarblesError("an effect key must be 1..512 characters")
         key = self.keys.effect(scope, receipt.key)
         reply = self.scripts.claim_effect(
-            receipt_key=key, fence_key=self.keys.scope_fence(scope), doc=encode(receipt),
+            receipt_key=key, fence_key=self.keys.scope_fence(scope),
+            index_key=self.keys.effect_index(scope), doc=encode(receipt),
             request_id=new_request_id(), epoch=epoch)
         if reply.status == "ok":
             return EffectOutcome(True)

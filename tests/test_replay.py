@@ -205,14 +205,14 @@ def test_a_delivery_lost_inside_rq_is_redelivered(redis_url: str) -> None:
     rq = rq_connection(redis_url)
     result = ops.enqueue(runs, rq, RunRequest("t_replay", b'{"n": 1}', "lost-1"))
     assert result.dispatched
-    # A multi-queue worker BLPOPs the job and is killed before RQ records it anywhere.
-    assert rq.lpop("rq:queue:default") == b"lost-1-a1"
+    # A worker pops the job (BLMOVE into the intermediate list) and is killed before it
+    # records it anywhere else.
+    assert rq.lmove("rq:queue:default", "rq:queue:default:intermediate") == b"lost-1-a1"
     ctl = Controller(runs, rq, lost_after_s=0.0)
     assert ctl.lead()
-    keys = runs.keys.run_keys("lost-1")
-    runs.client.zadd(keys.dispatch, {"lost-1": 0})
-    assert ctl.dispatch() == 1
+    assert ctl.find_lost() == 1
     assert rq.lrange("rq:queue:default", 0, -1) == [b"lost-1-a2"]
+    assert ctl.find_lost() == 0  # the run has moved on to attempt 2: nothing more to do
     assert _run(runs, "lost-1", 1) == "stale_attempt"  # the lost one, if it ever turns up
     assert _run(runs, "lost-1", 2) == "succeeded"
     assert [e.data["reason"] for e in runs.output("lost-1") if e.type == "redelivered"] == [
