@@ -1,0 +1,175 @@
+"""Controller pass cost with many queued runs, and memory per run before and after retention.
+
+    .venv/bin/python bench/controller.py [--queued 100000] [--runs 500] [--passes 20]
+
+Starts its own redis-server from ops/redis.conf (appendfsync always) in a temporary directory,
+then:
+
+1. records and enqueues `--queued` runs (ops.enqueue_many, as `marbles-rq enqueue --batch`
+   would), makes every dispatch check due, and times the passes that check them (each pass
+   checks at most the dispatch budget);
+2. times `--passes` more passes with all of them still queued and nothing due: the steady
+   state of a deployment with a long queue. "Redis time" is the server's own time for the
+   pass's commands (INFO commandstats usec), the figure the aim is stated in (< 50 ms);
+3. executes `--runs` one-step runs in this process (record, start, step, output, effect,
+   settle), reports Redis memory per settled run, then lets the controller prune them
+   (retention 0) and reports what is left per run.
+
+Nothing asserts; it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis  # noqa: E402
+
+import marbles_rq as mr  # noqa: E402
+from marbles_rq import ops  # noqa: E402
+from marbles_rq.authoring import REGISTRY  # noqa: E402
+from marbles_rq.controller import Controller  # noqa: E402
+from marbles_rq.dispatch import rq_connection  # noqa: E402
+from marbles_rq.execute import execute  # noqa: E402
+from marbles_rq.ops import RunRequest  # noqa: E402
+from marbles_rq.runs import RunStore  # noqa: E402
+from marbles_rq.store import open_store  # noqa: E402
+from tests.redis_procs import RedisServer  # noqa: E402
+
+
+@mr.workflow("bench_noop")
+def bench_noop(ctx: mr.RunContext) -> int:
+    return 0
+
+
+@mr.workflow("bench_one_step", retention_s=0)
+def bench_one_step(ctx: mr.RunContext) -> int:
+    ctx.stream.write("working")
+    ctx.claim_effect()
+    return int(ctx.step(lambda: 1))
+
+
+def server_usec(client: redis.Redis) -> tuple[int, int]:
+    stats = client.info("commandstats")
+    return (sum(int(v["usec"]) for k, v in stats.items() if k.startswith("cmdstat_")),
+            sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_")))
+
+
+def timed_pass(ctl: Controller, client: redis.Redis) -> tuple[float, float, int]:
+    """(wall ms, Redis ms, commands) of one controller pass."""
+    client.config_resetstat()
+    start = time.perf_counter()
+    ctl.pass_once()
+    wall = (time.perf_counter() - start) * 1000
+    usec, calls = server_usec(client)
+    # INFO itself is counted once; negligible.
+    return wall, usec / 1000, calls
+
+
+def summary(rows: list[tuple[float, float, int]]) -> str:
+    wall = [r[0] for r in rows]
+    server = [r[1] for r in rows]
+    calls = [r[2] for r in rows]
+    return (f"wall p50 {statistics.median(wall):7.1f} ms  max {max(wall):7.1f} ms | "
+            f"Redis p50 {statistics.median(server):6.2f} ms  max {max(server):6.2f} ms | "
+            f"commands p50 {int(statistics.median(calls)):>6}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queued", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--passes", type=int, default=20)
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="marbles-bench-ctl-") as tmp:
+        server = RedisServer.start(dir=Path(tmp) / "redis")
+        try:
+            run(server.url, args)
+        finally:
+            server.stop()
+
+
+def run(url: str, args: Any) -> None:
+    runs = RunStore(open_store(url))
+    rq = rq_connection(url)
+    client = runs.client
+    info = client.info("server")
+    print("marbles-rq controller benchmark")
+    print(f"command  : python bench/controller.py --queued {args.queued} --runs {args.runs} "
+          f"--passes {args.passes}")
+    print(f"redis    : {info['redis_version']}, {url}; appendfsync "
+          f"{client.config_get('appendfsync')['appendfsync']}, buckets {runs.keys.buckets}")
+
+    # 1. many queued runs, all checks due
+    start = time.perf_counter()
+    batch = 5_000
+    for i in range(0, args.queued, batch):
+        ops.enqueue_many(runs, rq, [RunRequest("bench_noop", b"null", f"q{j}")
+                                    for j in range(i, min(args.queued, i + batch))])
+    took = time.perf_counter() - start
+    print(f"\nrecorded and enqueued {args.queued:,} runs in {took:.1f} s "
+          f"({args.queued / took:,.0f}/s); RQ queue length {rq.llen('rq:queue:default'):,}")
+    pipe = client.pipeline(transaction=False)
+    for j in range(args.queued):
+        pipe.zadd(runs.keys.run_dispatch(runs.keys.bucket_of(f"q{j}")), {f"q{j}": 0})
+        if len(pipe) >= 5_000:
+            pipe.execute()
+    pipe.execute()
+    ctl = Controller(runs, rq)
+    assert ctl.lead()
+    checking: list[tuple[float, float, int]] = []
+    while sum(client.zcard(runs.keys.run_dispatch(b)) for b in range(runs.keys.buckets)):
+        checking.append(timed_pass(ctl, client))
+    print(f"\nfirst checks (each queued run's dispatch check comes due once, after the "
+          f"enqueuer's grace; budget {ctl.dispatch_budget} per pass)")
+    print(f"  {len(checking)} passes  {summary(checking)}")
+
+    # 2. steady state: everything queued, nothing due
+    steady = [timed_pass(ctl, client) for _ in range(args.passes)]
+    print(f"\nsteady state: {args.queued:,} runs queued, nothing due, {args.passes} passes")
+    print(f"  {summary(steady)}")
+    print(f"  aim: a pass costs Redis < 50 ms with 100,000 queued runs: "
+          f"{'met' if max(r[1] for r in steady) < 50 else 'NOT MET'}")
+
+    # 3. memory per settled run, then after retention
+    client.flushall()
+    runs = RunStore(open_store(url))
+    ctl = Controller(runs, rq_connection(url))
+    assert ctl.lead()
+    base = client.info("memory")["used_memory"]
+    base_keys = client.dbsize()
+    for i in range(args.runs):
+        run_id = f"m{i}"
+        runs.record(ops.prepare(RunRequest("bench_one_step", b"null", run_id)))
+        execute(runs, REGISTRY, run_id, 1, worker="bench", lease_ms=60_000, hard_exit=False)
+    used = client.info("memory")["used_memory"]
+    sample = [k for k in client.scan_iter(match="*m1*", count=1000)
+              if k.decode().endswith(":m1") or ":m1:" in k.decode()]
+    print(f"\nmemory: {args.runs} settled one-step runs (output, ledger, effect receipt)")
+    print(f"  used_memory per run before retention: {(used - base) / args.runs:,.0f} bytes "
+          f"({(client.dbsize() - base_keys) / args.runs:.1f} keys per run)")
+    for key in sorted(sample):
+        print(f"    {key.decode():40} MEMORY USAGE {client.memory_usage(key)} bytes")
+    pruned = 0
+    while True:
+        n = ctl.prune(budget=1_000)
+        if not n:
+            break
+        pruned += n
+    after = client.info("memory")["used_memory"]
+    left = [k for k in client.scan_iter(count=1000) if b":m" in k]
+    print(f"  pruned {pruned} runs; keys naming a run left: {len(left)}; used_memory per run "
+          f"after retention: {max(0, after - base) / args.runs:,.0f} bytes (allocator "
+          f"noise included)")
+
+
+if __name__ == "__main__":
+    main()
