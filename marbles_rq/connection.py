@@ -132,7 +132,7 @@ def connect(url: str | None = None, *, socket_timeout: float | None = None,
         raise unavailable(url, exc) from None
 
 
-def refused(exc: redis.ResponseError) -> RedisUnavailableError:
+def refused(exc: redis.ResponseError, *, doctor_hint: bool = True) -> RedisUnavailableError:
     """One line for a command Redis answered with an error: out of memory, cannot persist,
     read-only replica, denied by an ACL, or anything else."""
     text = str(exc).strip()
@@ -148,9 +148,10 @@ def refused(exc: redis.ResponseError) -> RedisUnavailableError:
         return RedisUnavailableError("Redis refused the write: the server is a read-only "
                                      "replica (READONLY); point the URL at the primary")
     if isinstance(exc, redis.exceptions.NoPermissionError) or code == "NOPERM":
+        hint = "; run 'marbles-rq doctor'" if doctor_hint else ""
         return RedisUnavailableError(f"Redis refused the command: the ACL user lacks a "
-                                     f"permission (NOPERM: {first.removeprefix('NOPERM ')}); "
-                                     f"run 'marbles-rq doctor'")
+                                     f"permission (NOPERM: {first.removeprefix('NOPERM ')})"
+                                     f"{hint}")
     return RedisUnavailableError(f"Redis refused the command: {first}")
 
 

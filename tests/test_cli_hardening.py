@@ -260,6 +260,16 @@ def test_an_acl_user_without_scripts_gets_one_line_and_doctor_says_so(
     assert "no run with id 'nothing-here'" in one_line_error(reading)
 
 
+def test_doctor_denied_info_says_refused_not_unreachable(redis_server: RedisServer) -> None:
+    redis_server.client().acl_setuser("blind", enabled=True, passwords=["+pw"], keys=["*"],
+                                      channels=["*"], commands=["+@all", "-info"])
+    proc = mrq("--redis-url", f"redis://blind:pw@127.0.0.1:{redis_server.port}/0", "doctor")
+    assert proc.returncode == 3
+    line = one_line_error(proc)
+    assert "Redis refused the command" in line and "'info'" in line
+    assert "cannot reach" not in line and "pw@" not in line
+
+
 @pytest.mark.parametrize("exc,expected", [
     (redis.ResponseError("MISCONF Redis is configured to save RDB snapshots, but it's "
                          "currently unable to persist to disk."), "cannot persist to disk"),

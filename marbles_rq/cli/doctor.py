@@ -8,7 +8,7 @@ import sys
 import click
 import redis
 
-from ..connection import unavailable
+from ..connection import refused, unavailable
 from ..doctor import check_durability, problem_line, problems, report, warnings
 from . import Settings
 
@@ -23,9 +23,10 @@ def doctor(settings: Settings, as_json: bool) -> None:
     client = settings.client()
     try:
         checks = check_durability(client)
-    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError,
-            redis.ResponseError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
         raise unavailable(url, exc) from None
+    except redis.ResponseError as exc:  # e.g. INFO denied by an ACL: say so, not "unreachable"
+        raise refused(exc, doctor_hint=False) from None
     bad = problems(checks)
     if as_json:
         click.echo(json.dumps({"redis_url": _redacted(url), **report(checks)}, indent=2))
