@@ -30,18 +30,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import redis  # noqa: E402
+import redis
 
-import marbles_rq as mr  # noqa: E402
-from marbles_rq import ops  # noqa: E402
-from marbles_rq.authoring import REGISTRY  # noqa: E402
-from marbles_rq.controller import Controller  # noqa: E402
-from marbles_rq.dispatch import rq_connection  # noqa: E402
-from marbles_rq.execute import execute  # noqa: E402
-from marbles_rq.ops import RunRequest  # noqa: E402
-from marbles_rq.runs import RunStore  # noqa: E402
-from marbles_rq.store import open_store  # noqa: E402
-from tests.redis_procs import RedisServer  # noqa: E402
+import marbles_rq as mr
+from marbles_rq import ops
+from marbles_rq.authoring import REGISTRY
+from marbles_rq.controller import Controller
+from marbles_rq.dispatch import rq_connection
+from marbles_rq.execute import execute
+from marbles_rq.ops import RunRequest
+from marbles_rq.runs import RunStore
+from marbles_rq.store import open_store
+from tests.redis_procs import RedisServer
 
 
 @mr.workflow("bench_noop")

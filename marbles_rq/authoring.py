@@ -12,10 +12,12 @@ replayed after a redelivery); called anywhere else it is a plain function call.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import typing
 from collections.abc import Callable
@@ -29,6 +31,9 @@ from .errors import MarblesError
 
 SOURCE_ENV = "MARBLES_SOURCE"
 F = TypeVar("F", bound=Callable[..., Any])
+# RQ splits --queues on commas and names keys after the queue; keep names to a set that
+# every worker command line and every key can carry as is.
+QUEUE_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class DefinitionError(MarblesError):
@@ -45,6 +50,13 @@ class InputError(MarblesError):
     """A run's input is not JSON, or does not match the workflow's declared input type."""
 
     code = "invalid_input"
+
+
+def queue_problem(name: str) -> str | None:
+    """Why `name` cannot be a queue name, or None when it can."""
+    if QUEUE_PATTERN.fullmatch(name):
+        return None
+    return f"invalid queue name {name!r}: use 1 to 64 of A-Z a-z 0-9 _ -"
 
 
 def _where(fn: Callable[..., Any]) -> str:
@@ -186,6 +198,9 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
              retention_s: float = 7 * 86400.0) -> Any:
     """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``.
     A finished run is kept `retention_s` seconds (default 7 days), then pruned."""
+    problem = queue_problem(queue)
+    if problem is not None:
+        raise DefinitionError(problem)
     if not 0 <= retention_s <= 10 * 365 * 86400:
         raise DefinitionError(f"retention_s must be between 0 and 10 years, not {retention_s}")
 
@@ -228,8 +243,16 @@ def load_source(source: str) -> list[str]:
 def _import_file(file: Path, root: Path) -> str:
     rel = file.relative_to(root).with_suffix("")
     module_name = "marbles_source." + ".".join(rel.parts)
-    if module_name in sys.modules:
-        return module_name
+    loaded = sys.modules.get(module_name)
+    if loaded is not None and _same_file(loaded, file):
+        return module_name  # the same file again
+    if loaded is not None:
+        # Another file with this name (a/flows.py and b/flows.py): it must load too,
+        # under a name of its own, instead of being taken for the one already loaded.
+        digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
+        module_name = f"{module_name}_{digest}"
+        if module_name in sys.modules:
+            return module_name
     if str(root.resolve()) not in sys.path:
         sys.path.insert(0, str(root.resolve()))  # so sources can import their siblings
     spec = importlib.util.spec_from_file_location(module_name, file)
@@ -246,3 +269,8 @@ def _import_file(file: Path, root: Path) -> str:
         del sys.modules[module_name]
         raise DefinitionError(f"loading {file} failed: {type(exc).__name__}: {exc}") from None
     return module_name
+
+
+def _same_file(module: Any, file: Path) -> bool:
+    origin = getattr(module, "__file__", None)
+    return origin is not None and Path(origin).resolve() == file.resolve()

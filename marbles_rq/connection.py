@@ -8,12 +8,14 @@ request id, so a resend is answered from the first attempt's effect (see README)
 
 from __future__ import annotations
 
+import math
 import os
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .errors import ConfigError, RedisUnavailableError
@@ -34,17 +36,60 @@ def default_url() -> str:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
+    """The URL without its password, for messages and logs. Works on the raw text: a
+    password holding '#', '?' or '/' is cut short by a URL parser, which would then leave the
+    rest of it in the "path" or "fragment" and so in the message."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    userinfo, _, hostpart = rest.rpartition("@")
+    if ":" not in userinfo:
+        return url  # a user name alone is no secret
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{hostpart}"
+
+
+def _password_needs_quoting(url: str) -> bool:
+    """True when an '@' comes after the first '/', '?' or '#' of the authority: the user
+    info (a password) holds one of them unencoded, and parsers split the URL there."""
+    rest = url.partition("://")[2]
+    if "@" not in rest:
+        return False
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    return bool(ends) and rest.rfind("@") > min(ends)
+
+
+def socket_timeout_from_env() -> float:
+    raw = os.environ.get(TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_SOCKET_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    # nan and inf pass a plain comparison; a socket timeout of either never fires.
+    if not math.isfinite(value) or not 0 < value <= 3600:
+        raise ConfigError(f"{TIMEOUT_ENV} must be a number of seconds in (0, 3600], not "
+                          f"{raw!r}")
+    return value
+
+
+def check_url(url: str) -> SplitResult:
+    """Parse a Redis URL, or raise ConfigError with one line that never shows its password."""
+    if _password_needs_quoting(url):
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: the password holds '#', '?' or "
+                          f"'/'; percent-encode them (%23, %3F, %2F)")
     try:
         parts = urlsplit(url)
+        port = parts.port
     except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
+        # Our own words: the parser's message quotes the text it could not read.
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: the port must be a number "
+                          f"from 1 to 65535") from None
+    if port == 0:
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: the port must be a number "
+                          f"from 1 to 65535")
+    return parts
 
 
 def connect(url: str | None = None, *, socket_timeout: float | None = None,
@@ -54,12 +99,8 @@ def connect(url: str | None = None, *, socket_timeout: float | None = None,
     URL; does not touch the network."""
     url = url or default_url()
     if socket_timeout is None:
-        socket_timeout = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_SOCKET_TIMEOUT_S)
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # raises ValueError on a bad port
-    except ValueError as exc:
-        raise ConfigError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
+        socket_timeout = socket_timeout_from_env()
+    parts = check_url(url)
     options: dict[str, object] = dict(
         socket_timeout=socket_timeout,
         socket_connect_timeout=connect_timeout,
@@ -84,6 +125,34 @@ def connect(url: str | None = None, *, socket_timeout: float | None = None,
         raise ConfigError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
     except redis.RedisError as exc:  # RedisCluster.from_url connects eagerly
         raise unavailable(url, exc) from None
+    except RedisClusterException as exc:  # not a RedisError: it would escape as a traceback
+        if "Cluster mode is not enabled" in str(exc):
+            raise ConfigError(f"{redact(url)} names a Redis Cluster, but that server is not "
+                              f"in cluster mode; use redis:// for a single server") from None
+        raise unavailable(url, exc) from None
+
+
+def refused(exc: redis.ResponseError, *, doctor_hint: bool = True) -> RedisUnavailableError:
+    """One line for a command Redis answered with an error: out of memory, cannot persist,
+    read-only replica, denied by an ACL, or anything else."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    code = first.split(" ", 1)[0]
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or code == "OOM":
+        return RedisUnavailableError("Redis refused the write: out of memory (maxmemory "
+                                     "reached)")
+    if code == "MISCONF":
+        return RedisUnavailableError("Redis refused the write: it cannot persist to disk "
+                                     "(MISCONF; see its log)")
+    if isinstance(exc, redis.exceptions.ReadOnlyError) or code == "READONLY":
+        return RedisUnavailableError("Redis refused the write: the server is a read-only "
+                                     "replica (READONLY); point the URL at the primary")
+    if isinstance(exc, redis.exceptions.NoPermissionError) or code == "NOPERM":
+        hint = "; run 'marbles-rq doctor'" if doctor_hint else ""
+        return RedisUnavailableError(f"Redis refused the command: the ACL user lacks a "
+                                     f"permission (NOPERM: {first.removeprefix('NOPERM ')})"
+                                     f"{hint}")
+    return RedisUnavailableError(f"Redis refused the command: {first}")
 
 
 def unavailable(url: str, exc: BaseException) -> RedisUnavailableError:

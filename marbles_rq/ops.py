@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -12,7 +13,8 @@ import msgspec
 import redis
 
 from . import dispatch
-from .authoring import REGISTRY, InputError, Registry
+from .authoring import REGISTRY, InputError, Registry, queue_problem
+from .errors import ConfigError, InvalidIdError
 from .ids import check_id
 from .records import RunRecord
 from .runs import Recorded, RunStore
@@ -20,14 +22,60 @@ from .runs import Recorded, RunStore
 MAX_PAYLOAD_ENV = "MARBLES_MAX_PAYLOAD"
 DEFAULT_MAX_PAYLOAD = 1 << 20
 ENQUEUE_CHUNK = 500
+# Deeper input is refused at enqueue: decoders recurse per level, and a document that one
+# accepts (msgspec, ~990 levels) another refuses later, in the worker, after it is recorded.
+MAX_DEPTH = 64
+_JSON_STRUCTURE = re.compile(rb'[][{}"\\]')
 
 
 class PayloadTooLargeError(InputError):
     code = "payload_too_large"
 
 
+class InputTooDeepError(InputError):
+    code = "input_too_deep"
+
+
 def max_payload() -> int:
-    return int(os.environ.get(MAX_PAYLOAD_ENV) or DEFAULT_MAX_PAYLOAD)
+    raw = os.environ.get(MAX_PAYLOAD_ENV)
+    if not raw:
+        return DEFAULT_MAX_PAYLOAD
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{MAX_PAYLOAD_ENV} must be a whole number of bytes > 0, not {raw!r}")
+    return value
+
+
+def json_depth_exceeds(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """True when `raw` nests arrays and objects deeper than `limit`. A scan of brackets
+    outside strings, without decoding: it must stay cheap on input of any depth."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False  # the common case, at C speed
+    depth = 0
+    in_string = False
+    skip_to = -1  # the character after a backslash inside a string is escaped
+    for match in _JSON_STRUCTURE.finditer(raw):
+        pos = match.start()
+        if pos < skip_to:
+            continue
+        char = raw[pos]
+        if in_string:
+            if char == 0x5C:  # backslash
+                skip_to = pos + 2
+            elif char == 0x22:  # quote
+                in_string = False
+        elif char == 0x22:
+            in_string = True
+        elif char in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
 
 
 @dataclass(frozen=True)
@@ -54,9 +102,14 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
     if len(request.input) > limit:
         raise PayloadTooLargeError(f"input is {len(request.input)} bytes; the limit is {limit} "
                                    f"(set {MAX_PAYLOAD_ENV} to change it)")
+    if json_depth_exceeds(request.input):
+        raise InputTooDeepError(f"input nests arrays or objects deeper than {MAX_DEPTH} levels")
+    # An empty id is a mistake (an unset variable), not a request for a random one.
+    run_id = uuid.uuid4().hex if request.run_id is None else check_id(request.run_id, "run id")
+    if request.queue is not None and (problem := queue_problem(request.queue)) is not None:
+        raise InvalidIdError(problem)
     definition = registry.workflow(request.name)
     _, recorded_input = definition.parse_input(request.input)
-    run_id = check_id(request.run_id, "run id") if request.run_id else uuid.uuid4().hex
     return RunRecord(version=1, id=run_id, name=definition.name,
                      queue=request.queue or definition.queue,
                      input=msgspec.Raw(recorded_input), requested_at_ms=int(time.time() * 1000),

@@ -153,18 +153,34 @@ def _kind(cls: type[Record]) -> str:
 class RedisStore:
     """`Store` on one Redis server or a Redis Cluster (same keys, same scripts)."""
 
-    def __init__(self, client: Client, keys: Keyspace | None = None, *, url: str = "") -> None:
+    def __init__(self, client: Client, keys: Keyspace | None = None, *, url: str = "",
+                 read_only: bool = False) -> None:
+        """`read_only`: only compare with the recorded bucket count, never record it, so a
+        reading command writes nothing (a mistyped --buckets on a fresh prefix must not fix
+        the deployment's count) and still works when Redis refuses writes (OOM)."""
         self.client = client
         self.keys = keys or Keyspace()
         self.url = url
         self.scripts = Scripts(client)
-        ok, buckets, layout = self.scripts.ensure_meta(
-            meta_key=self.keys.meta, buckets=self.keys.buckets, layout=LAYOUT_VERSION)
+        if read_only:
+            ok, buckets, layout = self._read_meta()
+        else:
+            ok, buckets, layout = self.scripts.ensure_meta(
+                meta_key=self.keys.meta, buckets=self.keys.buckets, layout=LAYOUT_VERSION)
         if not ok:
             raise BucketMismatchError(
                 f"this deployment (prefix {self.keys.prefix!r}) was created with {buckets} "
                 f"buckets and layout {layout}; this process was configured with "
                 f"{self.keys.buckets} buckets and layout {LAYOUT_VERSION}")
+
+    def _read_meta(self) -> tuple[bool, str, str]:
+        """Like the ensure_meta script without its write: nothing recorded yet is ok."""
+        raw = self.client.hmget(self.keys.meta, ["buckets", "layout"])
+        buckets, layout = (_s(v) if v is not None else None for v in raw)
+        if buckets is None:
+            return True, str(self.keys.buckets), str(LAYOUT_VERSION)
+        ok = buckets == str(self.keys.buckets) and layout == str(LAYOUT_VERSION)
+        return ok, buckets, layout or ""
 
     # -- claims --------------------------------------------------------------------------
 
@@ -408,11 +424,12 @@ def _s(value: Any) -> str:
 
 
 def open_store(url: str | None = None, *, prefix: str = DEFAULT_PREFIX,
-               buckets: int = DEFAULT_BUCKETS) -> RedisStore:
-    """Connect, check the bucket count, and return the store. One clear error otherwise."""
+               buckets: int = DEFAULT_BUCKETS, read_only: bool = False) -> RedisStore:
+    """Connect, check the bucket count, and return the store. One clear error otherwise.
+    `read_only`: for reading commands; records nothing (see RedisStore)."""
     client = connect(url)
     try:
-        return RedisStore(client, Keyspace(prefix, buckets), url=url or "")
+        return RedisStore(client, Keyspace(prefix, buckets), url=url or "", read_only=read_only)
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
         raise unavailable(url or "", exc) from None
     except redis.ResponseError as exc:

@@ -141,7 +141,8 @@ def test_require_durable_refuses_unless_allowed(default_config_server: RedisServ
 @pytest.mark.parametrize("command", [["worker", "--burst"], ["controller"]])
 def test_long_running_commands_refuse_a_non_durable_redis(
         default_config_server: RedisServer, command: list[str]) -> None:
-    proc = run_cli("--redis-url", default_config_server.url, *command)
+    proc = run_cli("--redis-url", default_config_server.url, "--source", "examples/chain.py",
+                   *command)
     assert proc.returncode == 3
     line = one_line_error(proc)
     assert "Redis is not durable" in line and "appendfsync is 'everysec'" in line

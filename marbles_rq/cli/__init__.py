@@ -1,5 +1,7 @@
 """The `marbles-rq` command line. Exit codes: 0 ok; 1 the thing asked about is not ok (a
-doctor problem, a failed run); 2 bad input; 3 Redis unreachable, refused or unsafe."""
+doctor problem, a failed run) or an unexpected error; 2 bad input; 3 Redis unreachable,
+refused or unsafe. Every failure is one line on stderr; --debug (or MARBLES_DEBUG=1) adds
+the traceback of an unexpected one."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import click
 import redis
 
-from ..connection import DEFAULT_URL, URL_ENV, connect, unavailable
+from ..connection import DEFAULT_URL, URL_ENV, check_url, connect, refused, unavailable
 from ..errors import (
     BucketMismatchError,
     ConfigError,
@@ -25,6 +27,7 @@ from ..runs import RunStore
 from ..store import RedisStore, open_store
 
 EXIT_PROBLEM, EXIT_INPUT, EXIT_REDIS = 1, 2, 3
+DEBUG_ENV = "MARBLES_DEBUG"
 
 
 @dataclass
@@ -35,6 +38,7 @@ class Settings:
     source: str | None = None
     rq_url: str | None = None
     _store: RedisStore | None = field(default=None, repr=False)
+    _reader: RedisStore | None = field(default=None, repr=False)
     _loaded: bool = field(default=False, repr=False)
 
     def load_source(self) -> None:
@@ -46,13 +50,16 @@ class Settings:
                 load_source(part)
             self._loaded = True
 
-    def runs(self) -> RunStore:
-        return RunStore(self.store())
+    def runs(self, *, read_only: bool = False) -> RunStore:
+        return RunStore(self.reader() if read_only else self.store())
 
     def rq(self) -> redis.Redis:
         from ..dispatch import rq_connection
 
-        return rq_connection(self.rq_url or self.redis_url)
+        url = self.rq_url or self.redis_url
+        if self.rq_url:
+            check_url(self.rq_url)  # one line that hides its password, as for --redis-url
+        return rq_connection(url)
 
     def client(self) -> Any:
         return connect(self.redis_url)
@@ -61,6 +68,15 @@ class Settings:
         if self._store is None:
             self._store = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets)
         return self._store
+
+    def reader(self) -> RedisStore:
+        """The store for commands that only read: it never records the deployment's meta."""
+        if self._store is not None:
+            return self._store
+        if self._reader is None:
+            self._reader = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets,
+                                      read_only=True)
+        return self._reader
 
     @property
     def keys(self) -> Keyspace:
@@ -80,9 +96,11 @@ class Settings:
 @click.option("--rq-url", envvar="MARBLES_RQ_URL", default=None,
               help="Redis for RQ's queues if not the store's (required when the store is a "
                    "cluster; env MARBLES_RQ_URL).")
+@click.option("--debug", is_flag=True,
+              help=f"Show the traceback of an unexpected error (env {DEBUG_ENV}=1).")
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: str | None,
-        rq_url: str | None) -> None:
+        rq_url: str | None, debug: bool) -> None:
     """Durable workflows on Redis with RQ workers."""
     ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url)
 
@@ -103,27 +121,56 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # bare `marbles-rq`: the help, as click prints it, is the useful answer
+        sys.exit(EXIT_INPUT)
+    except click.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        _fail(exc.format_message() + hint, EXIT_INPUT)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(EXIT_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
+        _fail(exc.format_message(), exc.exit_code)
     except (ConfigError, InvalidIdError, BucketMismatchError) as exc:
         _fail(str(exc), EXIT_INPUT)
     except (RedisUnavailableError, UnsafeRedisError) as exc:
         _fail(str(exc), EXIT_REDIS)
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
         _fail(str(unavailable(_url_from(argv), exc)), EXIT_REDIS)
+    except redis.ResponseError as exc:  # OOM, MISCONF, READONLY, NOPERM ... on any command
+        _fail(str(refused(exc)), EXIT_REDIS)
+    except redis.RedisError as exc:
+        _fail(f"Redis: {type(exc).__name__}: {_first_line(exc)}", EXIT_REDIS)
     except MarblesError as exc:
         from ..authoring import DefinitionError, InputError, UnknownWorkflowError
         from ..runs import RunNotFoundError
 
         bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError)
         _fail(str(exc), EXIT_INPUT if isinstance(exc, bad_input) else EXIT_PROBLEM)
+    except Exception as exc:  # a bug or an unforeseen condition: still one line, not a dump
+        if _debug(argv):
+            import traceback
+
+            traceback.print_exc()
+        _fail(f"unexpected {type(exc).__name__}: {_first_line(exc)} (--debug or "
+              f"{DEBUG_ENV}=1 shows the traceback)", EXIT_PROBLEM)
     sys.exit(0)
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"error: {message}", err=True)
+    from ..terminal import safe
+
+    # safe(): a message may quote a value from Redis or the user; it stays one line.
+    click.echo(f"error: {safe(message)}", err=True)
     sys.exit(code)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _debug(argv: list[str] | None) -> bool:
+    args = sys.argv[1:] if argv is None else argv
+    return "--debug" in args or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
 def _url_from(argv: list[str] | None) -> str:

@@ -8,8 +8,8 @@ import sys
 import click
 import redis
 
-from ..connection import unavailable
-from ..doctor import check_durability, problem_line, problems, report
+from ..connection import refused, unavailable
+from ..doctor import check_durability, problem_line, problems, report, warnings
 from . import Settings
 
 
@@ -17,14 +17,16 @@ from . import Settings
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as one JSON object.")
 @click.pass_obj
 def doctor(settings: Settings, as_json: bool) -> None:
-    """Check the durability settings of Redis; exit 1 if a write could be lost or evicted."""
+    """Check Redis: durability settings, script permission, memory headroom, replication.
+    Exit 1 on a problem (a write could be lost, evicted or refused); warnings do not fail."""
     url = settings.redis_url
     client = settings.client()
     try:
         checks = check_durability(client)
-    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError,
-            redis.ResponseError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
         raise unavailable(url, exc) from None
+    except redis.ResponseError as exc:  # e.g. INFO denied by an ACL: say so, not "unreachable"
+        raise refused(exc, doctor_hint=False) from None
     bad = problems(checks)
     if as_json:
         click.echo(json.dumps({"redis_url": _redacted(url), **report(checks)}, indent=2))
@@ -34,6 +36,8 @@ def doctor(settings: Settings, as_json: bool) -> None:
             click.echo("  " + check.line())
         for check in bad:
             click.echo(f"problem: {problem_line(check)}", err=True)
+        for check in warnings(checks):
+            click.echo(f"warning: {problem_line(check)}", err=True)
         if not bad:
             click.echo("ok: acknowledged writes survive a crash and are never evicted")
     if bad:

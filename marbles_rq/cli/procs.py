@@ -3,23 +3,58 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 from typing import Any
 
 import click
+import redis
 
+from ..connection import unavailable
 from ..doctor import require_durable
+from ..errors import ConfigError
 from . import Settings
+
+LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                          case_sensitive=False)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """FloatRange that refuses nan and inf: nan passes every comparison, so
+    `--interval nan` would be accepted and the controller would spin without sleeping."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 def _logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _check_redis(settings: Settings, allow_unsafe: bool) -> None:
     require_durable(settings.store().client, allow_unsafe=allow_unsafe)
     if settings.rq_url and settings.rq_url != settings.redis_url:
-        require_durable(settings.rq(), allow_unsafe=allow_unsafe)
+        try:
+            require_durable(settings.rq(), allow_unsafe=allow_unsafe)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Name RQ's Redis: the store's URL, which the generic handler would name, works.
+            raise unavailable(settings.rq_url, exc) from None
+
+
+def _queue_names(queues: str) -> list[str]:
+    from ..authoring import queue_problem
+
+    names = [q.strip() for q in queues.split(",")]
+    for name in names:
+        problem = queue_problem(name)
+        if problem is not None:
+            raise click.BadParameter(problem, param_hint="'--queues'")
+    return names
 
 
 @click.command()
@@ -32,7 +67,7 @@ def _check_redis(settings: Settings, allow_unsafe: bool) -> None:
               show_default=True, help="Lease of a running execution; renewed every third.")
 @click.option("--allow-unsafe-redis", is_flag=True,
               help="Start even if Redis could lose acknowledged writes (logged loudly).")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", type=LOG_LEVELS, default="INFO", show_default=True)
 @click.pass_obj
 def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease_ms: int,
            allow_unsafe_redis: bool, log_level: str) -> None:
@@ -41,13 +76,18 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
     from ..execute import Engine
     from ..worker import MarblesWorker, run_pool, work
 
-    _logging(log_level)
+    names = _queue_names(queues)
+    # A worker without workflows would take deliveries only to fail every one of them.
+    if not settings.source:
+        raise ConfigError("a worker needs --source (env MARBLES_SOURCE): the workflows it runs")
     settings.load_source()
+    if not REGISTRY.workflows:
+        raise ConfigError(f"--source {settings.source!r} defines no workflow")
+    _logging(log_level)
     _check_redis(settings, allow_unsafe_redis)
-    names = [q.strip() for q in queues.split(",") if q.strip()]
     engine = Engine(settings.runs(), REGISTRY, worker_name="", lease_ms=lease_ms)
     logging.getLogger("marbles_rq.worker").info(
-        "workflows: %s", ", ".join(sorted(REGISTRY.workflows)) or "none (is --source set?)")
+        "workflows: %s", ", ".join(sorted(REGISTRY.workflows)))
     if pool:
         run_pool(engine, names, settings.rq(), size=pool, burst=burst, logging_level=log_level)
     else:
@@ -57,11 +97,11 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
 @click.command()
 @click.option("--lease-ms", type=click.IntRange(1000, 600_000), default=10_000,
               show_default=True, help="The controller's own lease.")
-@click.option("--interval", type=click.FloatRange(0.05, 60), default=0.5, show_default=True,
+@click.option("--interval", type=FiniteFloatRange(0.05, 60), default=0.5, show_default=True,
               help="Seconds between passes.")
 @click.option("--allow-unsafe-redis", is_flag=True,
               help="Start even if Redis could lose acknowledged writes (logged loudly).")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", type=LOG_LEVELS, default="INFO", show_default=True)
 @click.pass_obj
 def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_redis: bool,
                log_level: str) -> None:

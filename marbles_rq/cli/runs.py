@@ -12,10 +12,16 @@ import click
 import msgspec
 
 from ..authoring import InputError
-from ..ops import RunRequest, prepare
+from ..ops import MAX_PAYLOAD_ENV, PayloadTooLargeError, RunRequest, max_payload, prepare
 from ..ops import enqueue as enqueue_run
 from ..runs import STATUSES, TERMINAL, OutputEvent, RunNotFoundError, RunStore, RunView
+from ..terminal import safe
 from . import Settings
+
+
+def _echo(line: str) -> None:
+    """A line of text output: run data in it is escaped for the terminal (`--json` is not)."""
+    click.echo(safe(line))
 
 
 @click.command()
@@ -33,12 +39,18 @@ def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
             queue: str | None, wait: bool, as_json: bool) -> None:
     """Record a run of workflow NAME, then enqueue it."""
     settings.load_source()
+    limit = max_payload()
     if input_json.startswith("@"):
         try:
             with open(input_json[1:], "rb") as fh:
-                raw = fh.read()
+                # One byte past the limit tells "too large" without reading the rest:
+                # @/dev/zero or a huge file must not be read into memory whole.
+                raw = fh.read(limit + 1)
         except OSError as exc:
             raise InputError(f"cannot read the input file: {exc}") from None
+        if len(raw) > limit:
+            raise PayloadTooLargeError(f"the input file is larger than the limit of {limit} "
+                                       f"bytes (set {MAX_PAYLOAD_ENV} to change it)")
     else:
         raw = input_json.encode()
     request = RunRequest(name, raw, run_id, queue)
@@ -49,11 +61,11 @@ def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
         view = runs.get(result.run_id)
         click.echo(json.dumps({"created": result.created, **_view_json(view)}, indent=2))
     elif result.created:
-        click.echo(f"run {result.run_id} queued ({result.record.name} on "
+        _echo(f"run {result.run_id} queued ({result.record.name} on "
                    f"{result.record.queue})" + ("" if result.dispatched else
                                                 "; the controller will dispatch it"))
     else:
-        click.echo(f"run {result.run_id} exists already ({result.record.name}, "
+        _echo(f"run {result.run_id} exists already ({result.record.name}, "
                    f"{result.status}); not enqueued again")
     if wait:
         sys.exit(_follow(runs, result.run_id))
@@ -65,24 +77,24 @@ def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
 @click.pass_obj
 def status(settings: Settings, run_id: str, as_json: bool) -> None:
     """Show one run: status, attempt, timings, result or error, steps."""
-    view = _get(settings.runs(), run_id)
+    view = _get(settings.runs(read_only=True), run_id)
     if as_json:
         click.echo(json.dumps(_view_json(view), indent=2))
         return
     data = view.to_json()
-    click.echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}")
-    click.echo(f"  queue {data['queue']}  created {data['created_at']}  started "
+    _echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}")
+    _echo(f"  queue {data['queue']}  created {data['created_at']}  started "
                f"{data['started_at'] or '-'}  finished {data['finished_at'] or '-'}")
     if data["worker"] and data["status"] == "running":
-        click.echo(f"  worker {data['worker']}")
+        _echo(f"  worker {data['worker']}")
     if data["cancel_requested"] and data["status"] not in TERMINAL:
-        click.echo("  cancel requested")
+        _echo("  cancel requested")
     for s in data["steps"]:
-        click.echo(f"  step {s['path']}#{s['position']}  {s['status']}  attempts {s['attempts']}")
+        _echo(f"  step {s['path']}#{s['position']}  {s['status']}  attempts {s['attempts']}")
     if data["result"] is not None:
-        click.echo(f"  result {json.dumps(data['result'])}")
+        _echo(f"  result {json.dumps(data['result'])}")
     if data["error"] is not None:
-        click.echo(f"  error {data['error']['type']}: {data['error']['message']}")
+        _echo(f"  error {data['error']['type']}: {data['error']['message']}")
 
 
 @click.command("runs")
@@ -94,13 +106,13 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
 def runs_cmd(settings: Settings, status_: str | None, name: str | None, limit: int,
              as_json: bool) -> None:
     """List runs, newest first."""
-    views = settings.runs().list_runs(limit=limit, status=status_, name=name)
+    views = settings.runs(read_only=True).list_runs(limit=limit, status=status_, name=name)
     if as_json:
         click.echo(json.dumps([_view_json(v) for v in views], indent=2))
         return
     for v in views:
         data = v.to_json()
-        click.echo(f"{data['id']:34} {data['name']:16} {data['status']:10} a{data['attempt']:<3} "
+        _echo(f"{data['id']:34} {data['name']:16} {data['status']:10} a{data['attempt']:<3} "
                    f"{data['created_at']}")
 
 
@@ -111,7 +123,7 @@ def runs_cmd(settings: Settings, status_: str | None, name: str | None, limit: i
 def watch(settings: Settings, run_id: str, no_follow: bool) -> None:
     """Print a run's output from the start and follow it. Exit 0 if it succeeded, 1 if it
     failed or was cancelled."""
-    runs = settings.runs()
+    runs = settings.runs(read_only=True)
     _get(runs, run_id)
     sys.exit(_follow(runs, run_id, follow=not no_follow))
 
@@ -149,7 +161,7 @@ def _follow(runs: RunStore, run_id: str, *, follow: bool = True) -> int:
         events = runs.output(run_id, after=after, block_ms=2000 if follow and after != "0-0"
                              else None)
         for ev in events:
-            click.echo(format_event(ev))
+            _echo(format_event(ev))
             after = ev.id
             if ev.type == "final":
                 return 0 if ev.data.get("status") == "succeeded" else 1
