@@ -27,6 +27,7 @@ from .runs import (
     Execution,
     RunStore,
 )
+from .terminal import safe
 
 log = logging.getLogger("marbles_rq.execute")
 
@@ -141,7 +142,7 @@ class RunLogger:
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
         text = msg % args if args else msg
-        log.log(level, "[%s] %s", self._run.run_id, text)
+        log.log(level, "[%s] %s", self._run.run_id, safe(text))
         self._run._write("log", {"level": logging.getLevelName(level), "message": text},
                          "log_bytes", "a log line")
 

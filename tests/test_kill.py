@@ -451,7 +451,7 @@ def test_recorded_but_never_enqueued_run_is_dispatched(procs: Procs) -> None:
     assert view.attempt == 1
     assert [e.type for e in events].count("attempt_started") == 1
     (controller,) = [p for p in procs.procs if p.role == "controller"]
-    assert "dispatched attempt 1 (it never reached RQ)" in controller.text()
+    assert "dispatched attempt 1 (it was not in RQ)" in controller.text()
 
 
 # --------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
            allow_unsafe_redis: bool, log_level: str) -> None:
     """Execute run deliveries from RQ queues."""
     from ..authoring import REGISTRY
-    from ..execute import Engine
+    from ..execute import Engine, Limits
     from ..worker import MarblesWorker, run_pool, work
 
     names = _queue_names(queues)
@@ -85,7 +85,8 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
         raise ConfigError(f"--source {settings.source!r} defines no workflow")
     _logging(log_level)
     _check_redis(settings, allow_unsafe_redis)
-    engine = Engine(settings.runs(), REGISTRY, worker_name="", lease_ms=lease_ms)
+    engine = Engine(settings.runs(), REGISTRY, worker_name="", lease_ms=lease_ms,
+                    limits=Limits.from_env())
     logging.getLogger("marbles_rq.worker").info(
         "workflows: %s", ", ".join(sorted(REGISTRY.workflows)))
     if pool:

@@ -89,6 +89,8 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         _echo(f"  worker {data['worker']}")
     if data["cancel_requested"] and data["status"] not in TERMINAL:
         _echo("  cancel requested")
+    if data["note"] and data["status"] not in TERMINAL:
+        _echo(f"  {data['note']}")
     for s in data["steps"]:
         _echo(f"  step {s['path']}#{s['position']}  {s['status']}  attempts {s['attempts']}")
     if data["result"] is not None:
@@ -146,7 +148,9 @@ def cancel(settings: Settings, run_id: str) -> None:
 def _get(runs: RunStore, run_id: str) -> RunView:
     view = runs.get(run_id)
     if view is None:
-        raise RunNotFoundError(f"no run with id {run_id!r}")
+        raise RunNotFoundError(f"no run with id {run_id!r} (finished runs are pruned once "
+                               f"their retention ends, 7 days unless the workflow sets "
+                               f"retention_s)")
     return view
 
 
@@ -189,6 +193,9 @@ def format_event(ev: OutputEvent) -> str:
         "redelivered": lambda: f"attempt {d.get('previous')} vanished ({d.get('reason')}); "
                                f"redelivered as attempt {d.get('attempt')}",
         "cancel_requested": lambda: "cancel requested",
+        "deferred": lambda: f"handed back: {d.get('reason')}",
+        "truncated": lambda: f"output truncated: the run's cap of {d.get('max_lines')} lines / "
+                             f"{d.get('max_bytes')} bytes is reached; later lines are dropped",
         "final": lambda: _final(d),
     }
     text = handlers.get(ev.type, lambda: f"{ev.type}: {json.dumps(d)}")()
