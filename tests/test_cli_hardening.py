@@ -291,7 +291,7 @@ def test_each_redis_refusal_maps_to_one_line(exc: redis.ResponseError, expected:
     assert expected in message and "\n" not in message
 
 
-def test_an_unexpected_error_is_one_line_unless_debugging(redis_url: str) -> None:
+def test_a_corrupt_run_is_one_line_naming_its_key(redis_url: str) -> None:
     made = mrq("--redis-url", redis_url, "--source", CHAIN, "enqueue", "chain", "--input",
                '{"steps": 1}', "--id", "mangled")
     assert made.returncode == 0, made.stderr
@@ -299,10 +299,32 @@ def test_an_unexpected_error_is_one_line_unless_debugging(redis_url: str) -> Non
     proc = mrq("--redis-url", redis_url, "status", "mangled")
     assert proc.returncode == 1
     line = one_line_error(proc)
+    assert Keyspace().run("mangled") in line and "attempt" in line
+
+
+_BOOM = """
+import sys
+from marbles_rq import cli
+
+@cli.cli.command()
+def boom() -> None:
+    raise ValueError("a bug, not an expected condition")
+
+cli.main(sys.argv[1:])
+"""
+
+
+def test_an_unexpected_error_is_one_line_unless_debugging() -> None:
+    def boom(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("MARBLES_")}
+        return subprocess.run([sys.executable, "-c", _BOOM, *args], capture_output=True,
+                              text=True, timeout=60, env={**base, **(env or {})})
+
+    proc = boom("boom")
+    assert proc.returncode == 1
+    line = one_line_error(proc)
     assert line.startswith("error: unexpected ValueError: ") and "--debug" in line
-    for debug in (mrq("--redis-url", redis_url, "--debug", "status", "mangled"),
-                  mrq("--redis-url", redis_url, "status", "mangled",
-                      env={"MARBLES_DEBUG": "1"})):
+    for debug in (boom("--debug", "boom"), boom("boom", env={"MARBLES_DEBUG": "1"})):
         assert debug.returncode == 1
         assert "Traceback" in debug.stderr
         assert debug.stderr.strip().splitlines()[-1].startswith("error: unexpected ValueError")
