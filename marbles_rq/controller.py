@@ -136,7 +136,8 @@ class Controller:
             pipe.execute()
         queued = [(b, rid, int(st[1]), _s(st[2])) for (b, rid), st in zip(due, states, strict=True)
                   if st[0] == b"queued"]
-        present = dispatch.deliveries_exist(self.rq, [(rid, a) for _, rid, a, _ in queued])
+        present = dispatch.deliveries_exist(self.rq, self.keys.prefix,
+                                            [(rid, a) for _, rid, a, _ in queued])
         done = 0
         for (_, run_id, attempt, queue_name), exists in zip(queued, present, strict=True):
             if not exists and self._enqueue(queue_name, run_id, attempt):
@@ -156,7 +157,8 @@ class Controller:
         """A delivery whose job exists but is in no queue list, on two checks LOST_AFTER_S
         apart, while its run has not started, was lost inside RQ: deliver attempt + 1."""
         assert self.lease is not None
-        waiting = dispatch.deliveries_waiting(self.rq, [(q, rid, a) for _, rid, a, q in queued])
+        waiting = dispatch.deliveries_waiting(self.rq, self.keys.prefix,
+                                              [(q, rid, a) for _, rid, a, q in queued])
         now, done = time.monotonic(), 0
         for (_, run_id, attempt, _q), is_waiting in zip(queued, waiting, strict=True):
             if is_waiting:
@@ -182,7 +184,8 @@ class Controller:
 
     def _enqueue(self, queue_name: str, run_id: str, attempt: int) -> bool:
         try:
-            return dispatch.enqueue_delivery(self.rq, queue_name, run_id, attempt)
+            return dispatch.enqueue_delivery(self.rq, self.keys.prefix, queue_name, run_id,
+                                             attempt)
         except redis.RedisError as exc:  # the dispatch pass retries it
             log.warning("run %s attempt %s: enqueue failed (%s); will retry", run_id, attempt,
                         exc)
