@@ -36,7 +36,13 @@ from rq import SimpleWorker, Worker, worker_registration
 from rq.exceptions import StopRequested
 from rq.utils import now as rq_now
 
-from .dispatch import MarblesJob, MarblesQueue, clean_registries, rq_queue_name
+from .dispatch import (
+    MarblesJob,
+    MarblesQueue,
+    RefusedJobError,
+    clean_registries,
+    rq_queue_name,
+)
 from .errors import RedisUnavailableError
 from .execute import Engine, configure
 from .serializer import JSONSerializer
@@ -127,6 +133,18 @@ class _RedisErrorsOut:
             super().execute_job(job, queue)  # type: ignore[misc]
         except redis.RedisError as exc:
             raise RedisTrouble(exc) from exc
+
+    def handle_exception(self, job: Any, *exc_info: Any) -> None:
+        """A delivery that stopped on a Redis error, or a refused job, is one line; RQ would
+        log a traceback for each (marbles-rq installs no exception handlers to call)."""
+        exc = exc_info[1]
+        if isinstance(exc, (redis.RedisError, RedisUnavailableError)):
+            log.error("job %s stopped on a Redis error (%s); its run is redelivered once its "
+                      "lease expires", job.id, _describe(exc))
+        elif isinstance(exc, RefusedJobError):
+            log.error("%s", exc)
+        else:
+            super().handle_exception(job, *exc_info)  # type: ignore[misc]
 
 
 class _MarblesMaintenance:
