@@ -22,9 +22,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.procs import Proc, Procs, descendants, pid_alive, wait_for
-from tests.redis_procs import RedisServer
+from tests.redis_procs import RedisServer, free_port
 
 ERROR_LINE = re.compile(r"^(\S+ \S+) ERROR marbles_rq\.worker: Redis error in worker "
                         r"\S+\.(\d+) \((\w+): .*\); restarting it in ([\d.]+) s$", re.M)
@@ -106,12 +107,34 @@ def test_a_worker_restarted_with_the_same_host_and_pid_starts_at_once(procs: Pro
 
 
 # --------------------------------------------------------------------------------------------
-# 12: Redis refuses writes (OOM)
+# 12: Redis refuses writes (OOM, READONLY, NOPERM)
 
 
-def test_out_of_memory_is_one_line_per_event_backoff_and_resume(procs: Procs,
-                                                                redis_server: RedisServer
-                                                                ) -> None:
+def _refuse(admin: redis.Redis, how: str) -> None:
+    if how == "oom":
+        assert admin.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        admin.config_set("maxmemory", 1)  # every write is refused
+    elif how == "readonly":
+        admin.replicaof("127.0.0.1", free_port())  # a replica of nothing: writes refused
+    else:
+        admin.acl_setuser("default", enabled=True, nopass=True,
+                          categories=["+@all", "-@write"])  # pub/sub, scripts, reads stay
+
+
+def _allow(admin: redis.Redis, how: str) -> None:
+    if how == "oom":
+        admin.config_set("maxmemory", 0)
+    elif how == "readonly":
+        admin.replicaof("NO", "ONE")
+    else:
+        admin.acl_setuser("default", enabled=True, nopass=True, categories=["+@all"])
+
+
+@pytest.mark.parametrize("how,error", [("oom", "OutOfMemoryError"),
+                                       ("readonly", "ReadOnlyError"),
+                                       ("noperm", "NoPermissionError")])
+def test_refused_writes_are_one_line_per_event_backoff_and_resume(
+        procs: Procs, redis_server: RedisServer, how: str, error: str) -> None:
     forking, pool = procs.start(workers=1, controller=False), procs.start(
         workers=1, pool=2, controller=False)
     (forking,), (pool,) = forking, pool
@@ -125,17 +148,16 @@ def test_out_of_memory_is_one_line_per_event_backoff_and_resume(procs: Procs,
     for run_id in busy:
         procs.observer.wait_attempt(run_id, 1)
     admin = redis_server.client()
-    assert admin.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
-    admin.config_set("maxmemory", 1)  # every write is refused: OOM
+    _refuse(admin, how)
     try:
-        forking.wait_log("(OutOfMemoryError: ", count=3, timeout=60)
-        pool.wait_log("(OutOfMemoryError: ", count=4, timeout=60)  # at least 2 per executor
+        forking.wait_log(f"({error}: ", count=3, timeout=60)
+        pool.wait_log(f"({error}: ", count=4, timeout=60)  # at least 2 per executor
     finally:
-        admin.config_set("maxmemory", 0)
+        _allow(admin, how)
 
-    reports = _backoffs(forking, "OutOfMemoryError")
+    reports = _backoffs(forking, error)
     assert list(reports) == [str(forking.pid)], forking.tail(80)
-    pooled = _backoffs(pool, "OutOfMemoryError")
+    pooled = _backoffs(pool, error)
     assert sorted(pooled) == sorted(str(p) for p in executors), pool.tail(80)
     for found in [*reports.values(), *pooled.values()]:
         _check_backoff(found)
