@@ -33,7 +33,6 @@ from typing import Any
 
 import redis
 from rq import SimpleWorker, Worker, worker_registration
-from rq.exceptions import StopRequested
 from rq.utils import now as rq_now
 
 from .dispatch import (
@@ -138,6 +137,8 @@ class _RedisErrorsOut:
         """A delivery that stopped on a Redis error, or a refused job, is one line; RQ would
         log a traceback for each (marbles-rq installs no exception handlers to call)."""
         exc = exc_info[1]
+        if isinstance(exc, RedisTrouble):
+            exc = exc.cause
         if isinstance(exc, (redis.RedisError, RedisUnavailableError)):
             log.error("job %s stopped on a Redis error (%s); its run is redelivered once its "
                       "lease expires", job.id, _describe(exc))
@@ -204,14 +205,28 @@ class MarblesSimpleWorker(_RedisErrorsOut, _MarblesMaintenance, SimpleWorker):
     """Executes deliveries in its own process (no fork per run)."""
 
 
-def build_worker(cls: type[Any], queues: list[str], conn: redis.Redis, prefix: str) -> Any:
+def build_worker(cls: type[Any], queues: list[str], conn: redis.Redis, prefix: str,
+                 name: str | None = None) -> Any:
     return cls([rq_queue_name(prefix, q) for q in queues], connection=conn,
                serializer=JSONSerializer, job_class=MarblesJob, queue_class=MarblesQueue,
-               name=worker_name())
+               name=name or worker_name())
 
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+class _StopAsked(Exception):
+    """SIGTERM/SIGINT while `work` waits between two runs of the worker loop."""
+
+
+def _stop_asked(_signum: int, _frame: Any) -> None:
+    raise _StopAsked
+
+
+def _asked_to_stop(worker: Any) -> bool:
+    # RQ sets _stop_requested only when it was busy; the shutdown date always.
+    return bool(worker._stop_requested or worker._shutdown_requested_date is not None)
 
 
 def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *,
@@ -220,42 +235,51 @@ def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *
     worker is rebuilt (under a new name) after a capped exponential backoff."""
     backoff = Backoff()
     prefix = engine.runs.keys.prefix
-    worker: Any = None
     while True:
         started = time.monotonic()
+        name = worker_name()
+        worker: Any = None
         try:
             engine.runs.client.ping()  # the store may be another Redis than RQ's
-            worker = build_worker(cls, queues, conn, prefix)
-            engine.worker_name = worker.name
+            worker = build_worker(cls, queues, conn, prefix, name)
+            engine.worker_name = name
             configure(engine)
             worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
+        except _StopAsked:
+            return  # asked before RQ's loop installed its own handlers
         except RedisTrouble as trouble:
             failure: BaseException | None = trouble.cause
         except (redis.RedisError, RedisUnavailableError) as exc:
             failure = exc
         else:
-            if burst or worker._stop_requested or worker._shutdown_requested_date is not None:
-                return  # SIGTERM/SIGINT: RQ sets _stop_requested only when it was busy
+            if burst or _asked_to_stop(worker):
+                return
             failure = None  # RQ logged why its loop ended
+        if worker is not None and _asked_to_stop(worker):
+            return
         if time.monotonic() - started >= HEALTHY_S:
             backoff.reset()
         delay = backoff.next()
-        name = worker.name if worker is not None else "(not started)"
         if failure is not None:
             log.error("Redis error in worker %s (%s); restarting it in %.1f s", name,
                       _describe(failure), delay)
         else:
             log.error("worker %s stopped on an error (see above); restarting it in %.1f s",
                       name, delay)
+        # RQ's handlers stay installed after its loop ends, and talk to Redis: a stop asked
+        # from here on ends `work` instead.
+        signal.signal(signal.SIGTERM, _stop_asked)
+        signal.signal(signal.SIGINT, _stop_asked)
         try:
             time.sleep(delay)
-        except StopRequested:
-            return  # SIGTERM while waiting: RQ's handler is still installed
+        except _StopAsked:
+            if worker is not None:
+                _kill_orphaned_horse(worker)
+            return
         if worker is not None:
             _kill_orphaned_horse(worker)
             with contextlib.suppress(redis.RedisError):
                 worker.register_death()  # its teardown may not have reached Redis
-            worker = None
 
 
 def _kill_orphaned_horse(worker: Any) -> None:

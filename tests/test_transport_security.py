@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import random
 import sys
 import threading
 from collections.abc import Iterator
@@ -82,6 +83,27 @@ def test_delivery_id_is_spelled_once_and_parsed_back(prefix: str, run_id: str, a
 ])
 def test_parse_delivery_id_refuses_everything_else(prefix: str, job_id: str) -> None:
     assert parse_delivery_id(prefix, job_id) is None
+
+
+def test_delivery_ids_round_trip_and_never_collide_across_prefixes() -> None:
+    """Many generated (prefix, run id, attempt), biased towards the characters that are
+    escaped or separate the parts: each id parses back to exactly its delivery under its own
+    prefix, to nothing under any other, and no two deliveries share an id."""
+    rng = random.Random(20261130)
+    prefix_chars, run_chars = "ab_.-9", "ab_.:-a9"
+    seen: dict[str, tuple[str, str, int]] = {}
+    prefixes = ["".join(rng.choice(prefix_chars) for _ in range(rng.randint(1, 5)))
+                for _ in range(40)]
+    for _ in range(4000):
+        prefix = rng.choice(prefixes)
+        run_id = "".join(rng.choice(run_chars) for _ in range(rng.randint(1, 8)))
+        attempt = rng.choice([1, 2, 10, 11, 123])
+        job_id = delivery_id(prefix, run_id, attempt)
+        assert seen.setdefault(job_id, (prefix, run_id, attempt)) == (prefix, run_id, attempt)
+        assert parse_delivery_id(prefix, job_id) == (run_id, attempt)
+        for other in rng.sample(prefixes, 5):
+            if other != prefix:
+                assert parse_delivery_id(other, job_id) is None, (prefix, other, job_id)
 
 
 def test_queue_names_carry_the_prefix() -> None:

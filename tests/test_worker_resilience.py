@@ -180,6 +180,25 @@ def test_refused_writes_are_one_line_per_event_backoff_and_resume(
     assert forking.alive() and pool.alive()
 
 
+def test_sigterm_while_backing_off_stops_the_worker(procs: Procs,
+                                                    redis_server: RedisServer) -> None:
+    """Between two runs of its loop a worker still stops on SIGTERM, at once and cleanly
+    (RQ's own handler, still installed then, would talk to the refusing Redis)."""
+    (forking,) = procs.start(workers=1, controller=False)
+    procs.enqueue("chain", {"steps": 2, "sleep_s": 1.0}, "busy")
+    procs.observer.wait_attempt("busy", 1)
+    admin = redis_server.client()
+    _refuse(admin, "noperm")
+    try:
+        forking.wait_log("(NoPermissionError: ", count=2)
+        forking.signal(signal.SIGTERM)
+        code = forking.wait_exit(10)
+    finally:
+        _allow(admin, "noperm")
+    assert code == 0, forking.tail(80)
+    _no_tracebacks(forking)
+
+
 # --------------------------------------------------------------------------------------------
 # 23: Redis restarts under running workers
 
