@@ -100,8 +100,9 @@ class RedisTrouble(SystemExit):
 
 class _RedisErrorsOut:
     """The Redis-touching steps of RQ's work loop, with Redis errors turned into
-    RedisTrouble. (RQ handles a lost connection while it blocks on its queues itself, with
-    one line per retry.)"""
+    RedisTrouble. (A connection lost in the blocking pop itself RQ reports in one line and
+    retries; the heartbeat before its retry then ends the loop here if Redis is still
+    away.)"""
 
     def check_for_suspension(self, burst: bool) -> None:
         try:
