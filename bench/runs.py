@@ -86,7 +86,9 @@ from .runs_util import (
 
 FLOWS = "bench/runs_flows.py"
 NOOP = "bench.runs_noop.noop"
-QUEUE = "default"
+MARBLES_QUEUE = "default"
+# Plain RQ's no-op jobs go to the RQ queue marbles-rq's deliveries use (prefix mrq).
+QUEUE = dispatch.rq_queue_name("mrq", MARBLES_QUEUE)
 Q_KEY, FIN_KEY, FAIL_KEY = f"rq:queue:{QUEUE}", f"rq:finished:{QUEUE}", f"rq:failed:{QUEUE}"
 CONTROLLER_INTERVAL_S = 0.5  # the CLI default
 
@@ -530,11 +532,11 @@ def section_enqueue(b: Bench) -> None:
 
     def dispatch_single() -> None:
         for _ in range(n):
-            dispatch.enqueue_delivery(b.rq, QUEUE, uuid.uuid4().hex, 1)
+            dispatch.enqueue_delivery(b.rq, "mrq", MARBLES_QUEUE, uuid.uuid4().hex, 1)
 
     def dispatch_many() -> None:
         for start in range(0, n, 1000):
-            dispatch.enqueue_deliveries(b.rq, QUEUE, [(uuid.uuid4().hex, 1)
+            dispatch.enqueue_deliveries(b.rq, "mrq", MARBLES_QUEUE, [(uuid.uuid4().hex, 1)
                                                       for _ in range(min(1000, n - start))])
 
     def m_single() -> None:
@@ -633,7 +635,8 @@ def started(attempt: int) -> Callable[[OutputEvent], bool]:
 
 def wait_registered(b: Bench, child: Child, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
-    while not b.r.exists(f"rq:worker:{b.host}.{child.pid}"):
+    # Worker names are <host>.<random>.<pid>, unique per start.
+    while not any(m.endswith(f".{child.pid}".encode()) for m in b.r.smembers("rq:workers")):
         if child.proc.poll() is not None or time.monotonic() > deadline:
             raise BenchError(f"worker {child.pid} did not register\n{child.tail()}")
         time.sleep(0.02)

@@ -73,7 +73,7 @@ class Controller:
         self.lease: Lease | None = None
         self.stats = Stats()
         self.stop_event = threading.Event()
-        self.in_flight = dispatch.InFlight(rq)
+        self.in_flight = dispatch.InFlight(rq, self.keys.prefix)
         self._lost: dict[tuple[str, int], float] = {}  # popped, unstarted -> first seen
         self._next_prune = 0.0
         self._warned: dict[str, float] = {}
@@ -145,7 +145,7 @@ class Controller:
 
     def _enqueue(self, queue_name: str, run_id: str, attempt: int) -> bool:
         try:
-            return dispatch.enqueue_delivery(self.rq, queue_name, run_id, attempt)
+            return dispatch.enqueue_delivery(self.rq, self.keys.prefix, queue_name, run_id, attempt)
         except redis.RedisError as exc:  # the dispatch entry stays; a later pass retries
             log.warning("run %s attempt %s: enqueue failed (%s); will retry", run_id, attempt,
                         one_line(exc))
@@ -209,7 +209,8 @@ class Controller:
                 queued.append((run_id, int(st[1]), _s(st[2] or b"default")))
             else:  # missing, running or settled: nothing left to dispatch
                 checked.append((run_id, ""))
-        exists = dispatch.deliveries_exist(self.rq, [(rid, a) for rid, a, _ in queued])
+        exists = dispatch.deliveries_exist(self.rq, self.keys.prefix,
+                                            [(rid, a) for rid, a, _ in queued])
         done = 0
         for (run_id, attempt, queue_name), present in zip(queued, exists, strict=True):
             if present:

@@ -126,7 +126,7 @@ def enqueue(runs: RunStore, rq: redis.Redis, request: RunRequest,
     if not recorded.created:
         return _result(recorded, dispatched=False)
     try:
-        dispatch.enqueue_delivery(rq, record.queue, record.id, 1)
+        dispatch.enqueue_delivery(rq, runs.keys.prefix, record.queue, record.id, 1)
     except redis.RedisError:
         return _result(recorded, dispatched=False)  # the controller dispatches it
     return _result(recorded, dispatched=True)
@@ -148,7 +148,7 @@ def enqueue_many(runs: RunStore, rq: redis.Redis, requests: list[RunRequest],
         dispatched = True
         try:
             for queue_name, batch in fresh.items():
-                dispatch.enqueue_deliveries(rq, queue_name, batch)
+                dispatch.enqueue_deliveries(rq, runs.keys.prefix, queue_name, batch)
         except redis.RedisError:
             dispatched = False  # recorded: the controller dispatches them
         out += [_result(r, dispatched=r.created and dispatched) for r in recorded]

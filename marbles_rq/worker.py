@@ -4,7 +4,17 @@ By default each delivery runs in its own forked work-horse (RQ's Worker), like F
 process per run. RQ's horse calls setpgrp(), so a kill of the worker alone would leave it
 running; here the horse asks the kernel to SIGKILL it when its parent dies (and fencing
 refuses its writes even if it outlived it). ``--pool N`` runs N non-forking executors
-(RQ's SimpleWorker) under a supervisor that restarts any that die.
+(RQ's SimpleWorker) under a supervisor that restarts any that die, with a capped
+exponential backoff for executors that keep dying young.
+
+A worker listens on the RQ queues of its own deployment (``<prefix>.<queue>``) under a
+name that is unique per start (``<host>.<random>.<pid>``): a worker restarted with the same
+pid and hostname (a container) must not collide with its predecessor's registration, which
+RQ keeps for minutes after a hard kill.
+
+Redis errors (unreachable, LOADING, OOM, MISCONF, READONLY, NOPERM, script errors) never end
+the process: each is one log line, then the worker is rebuilt after a capped exponential
+backoff.
 """
 
 from __future__ import annotations
@@ -13,22 +23,51 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import signal
 import socket
 import sys
 import time
+import uuid
 from typing import Any
 
 import redis
-from rq import SimpleWorker, Worker
+from rq import SimpleWorker, Worker, worker_registration
+from rq.utils import now as rq_now
 
-from .dispatch import MarblesJob
+from .dispatch import (
+    MarblesJob,
+    MarblesQueue,
+    RefusedJobError,
+    clean_registries,
+    rq_queue_name,
+)
+from .errors import RedisUnavailableError
 from .execute import Engine, configure
 from .serializer import JSONSerializer
 
 log = logging.getLogger("marbles_rq.worker")
 
 _PR_SET_PDEATHSIG = 1
+
+BACKOFF_FIRST_S = 0.5
+BACKOFF_CAP_S = 30.0
+HEALTHY_S = 10.0  # a worker or executor that ran this long before failing starts afresh
+
+
+class Backoff:
+    """Capped exponential delays: first, 2 x first, ... up to cap; `reset` starts over."""
+
+    def __init__(self, first: float = BACKOFF_FIRST_S, cap: float = BACKOFF_CAP_S) -> None:
+        self.first, self.cap, self.failures = first, cap, 0
+
+    def next(self) -> float:
+        delay: float = min(self.first * 2.0 ** self.failures, self.cap)
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -40,6 +79,106 @@ def die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+def worker_name() -> str:
+    """Unique per start. The pid stays the last dotted part (operators and tests read it);
+    the random part keeps a restart with the same hostname and pid from colliding."""
+    return f"{socket.gethostname()}.{uuid.uuid4().hex[:8]}.{os.getpid()}"
+
+
+class RedisTrouble(SystemExit):
+    """A Redis error inside RQ's work loop. RQ logs any other exception there with a full
+    traceback ("found an unhandled exception, quitting..."); a SystemExit it lets through,
+    so this carries the error to `work`, which logs one line and backs off. It never
+    escapes `work`."""
+
+    def __init__(self, cause: redis.RedisError) -> None:
+        super().__init__(1)
+        self.cause = cause
+
+
+class _RedisErrorsOut:
+    """The Redis-touching steps of RQ's work loop, with Redis errors turned into
+    RedisTrouble. (A connection lost in the blocking pop itself RQ reports in one line and
+    retries; the heartbeat before its retry then ends the loop here if Redis is still
+    away.)"""
+
+    def check_for_suspension(self, burst: bool) -> None:
+        try:
+            super().check_for_suspension(burst)  # type: ignore[misc]
+        except redis.RedisError as exc:
+            raise RedisTrouble(exc) from exc
+
+    def run_maintenance_tasks(self) -> None:
+        try:
+            super().run_maintenance_tasks()  # type: ignore[misc]
+        except redis.RedisError as exc:
+            raise RedisTrouble(exc) from exc
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().heartbeat(*args, **kwargs)  # type: ignore[misc]
+        except redis.RedisError as exc:
+            raise RedisTrouble(exc) from exc
+
+    def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().dequeue_job_and_maintain_ttl(*args, **kwargs)  # type: ignore[misc]
+        except redis.RedisError as exc:
+            raise RedisTrouble(exc) from exc
+
+    def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False
+                              ) -> None:
+        # MarblesQueue pops into the intermediate list for any number of queues (RQ only
+        # for one), so the job always leaves it here, with the rest of the bookkeeping.
+        try:
+            super().prepare_job_execution(job, True)  # type: ignore[misc]
+        except redis.RedisError as exc:
+            raise RedisTrouble(exc) from exc
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        try:
+            super().execute_job(job, queue)  # type: ignore[misc]
+        except redis.RedisError as exc:
+            raise RedisTrouble(exc) from exc
+
+    def handle_exception(self, job: Any, *exc_info: Any) -> None:
+        """A delivery that stopped on a Redis error, or a refused job, is one line; RQ would
+        log a traceback for each (marbles-rq installs no exception handlers to call)."""
+        exc = exc_info[1]
+        if isinstance(exc, RedisTrouble):
+            exc = exc.cause
+        if isinstance(exc, (redis.RedisError, RedisUnavailableError)):
+            log.error("job %s stopped on a Redis error (%s); its run is redelivered once its "
+                      "lease expires", job.id, _describe(exc))
+        elif isinstance(exc, RefusedJobError):
+            log.error("%s", exc)
+        else:
+            super().handle_exception(job, *exc_info)  # type: ignore[misc]
+
+
+class _MarblesMaintenance:
+    """RQ's registry maintenance (BaseWorker.clean_registries, same steps), except that an
+    abandoned job found in a started registry is handled through a MarblesQueue, which
+    never enqueues dependents (see dispatch.clean_registries)."""
+
+    queues: list[Any]
+    name: str
+    log: logging.Logger
+    _exc_handlers: list[Any]
+    last_cleaned_at: Any
+
+    def clean_registries(self) -> None:
+        for queue in self.queues:
+            if queue.acquire_maintenance_lock():  # one worker per queue at a time
+                self.log.info("Worker %s: cleaning registries for queue: %s", self.name,
+                              queue.name)
+                clean_registries(queue, self._exc_handlers)
+                worker_registration.clean_worker_registry(queue)
+                queue.intermediate_queue.cleanup(self, queue)
+                queue.release_maintenance_lock()
+        self.last_cleaned_at = rq_now()
 
 
 class _AbandonOnHorseDeath:
@@ -60,7 +199,7 @@ class _AbandonOnHorseDeath:
             log.warning("could not expire the lease of a dead horse's run: %s", exc)
 
 
-class MarblesWorker(_AbandonOnHorseDeath, Worker):
+class MarblesWorker(_RedisErrorsOut, _MarblesMaintenance, _AbandonOnHorseDeath, Worker):
     """RQ's forking Worker whose horses die with it."""
 
     def fork_work_horse(self, job: Any, queue: Any) -> None:
@@ -72,46 +211,85 @@ class MarblesWorker(_AbandonOnHorseDeath, Worker):
         super().main_work_horse(job, queue)
 
 
-class MarblesSimpleWorker(SimpleWorker):
+class MarblesSimpleWorker(_RedisErrorsOut, _MarblesMaintenance, SimpleWorker):
     """Executes deliveries in its own process (no fork per run)."""
 
 
-def build_worker(cls: type[Any], queues: list[str], conn: redis.Redis) -> Any:
-    return cls(queues, connection=conn, serializer=JSONSerializer, job_class=MarblesJob,
-               name=f"{socket.gethostname()}.{os.getpid()}")
+def build_worker(cls: type[Any], queues: list[str], conn: redis.Redis, prefix: str,
+                 name: str | None = None) -> Any:
+    return cls([rq_queue_name(prefix, q) for q in queues], connection=conn,
+               serializer=JSONSerializer, job_class=MarblesJob, queue_class=MarblesQueue,
+               name=name or worker_name())
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _StopAsked(Exception):
+    """SIGTERM/SIGINT while `work` waits between two runs of the worker loop."""
+
+
+def _stop_asked(_signum: int, _frame: Any) -> None:
+    raise _StopAsked
+
+
+def _asked_to_stop(worker: Any) -> bool:
+    # RQ sets _stop_requested only when it was busy; the shutdown date always.
+    return bool(worker._stop_requested or worker._shutdown_requested_date is not None)
 
 
 def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *,
          burst: bool, logging_level: str = "INFO") -> None:
-    """Run one worker until asked to stop; ride out Redis outages with a clear message."""
-    delay = 1.0
+    """Run one worker until asked to stop. A Redis error of any kind is one log line; the
+    worker is rebuilt (under a new name) after a capped exponential backoff."""
+    backoff = Backoff()
+    prefix = engine.runs.keys.prefix
     while True:
-        worker = build_worker(cls, queues, conn)
-        engine.worker_name = worker.name
-        configure(engine)
+        started = time.monotonic()
+        name = worker_name()
+        worker: Any = None
         try:
+            engine.runs.client.ping()  # the store may be another Redis than RQ's
+            worker = build_worker(cls, queues, conn, prefix, name)
+            engine.worker_name = name
+            configure(engine)
             worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            log.error("Redis unavailable (%s)", exc)
+        except _StopAsked:
+            return  # asked before RQ's loop installed its own handlers
+        except RedisTrouble as trouble:
+            failure: BaseException | None = trouble.cause
+        except (redis.RedisError, RedisUnavailableError) as exc:
+            failure = exc
         else:
-            if burst or worker._stop_requested or worker._shutdown_requested_date is not None:
-                return  # SIGTERM/SIGINT: RQ sets _stop_requested only when it was busy
-            log.error("worker %s stopped on an error (see above)", worker.name)
-        while True:
-            try:
-                conn.ping()
-                engine.runs.client.ping()
-                break
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.error("waiting for Redis (%s); retrying in %.0f s; runs in flight are "
-                          "redelivered once their leases expire", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 30.0)
-        delay = 1.0
-        _kill_orphaned_horse(worker)
-        with contextlib.suppress(redis.RedisError):
-            worker.register_death()  # its teardown may not have reached Redis; free the name
-        log.info("Redis is back; restarting the worker")
+            if burst or _asked_to_stop(worker):
+                return
+            failure = None  # RQ logged why its loop ended
+        if worker is not None and _asked_to_stop(worker):
+            return
+        if time.monotonic() - started >= HEALTHY_S:
+            backoff.reset()
+        delay = backoff.next()
+        if failure is not None:
+            log.error("Redis error in worker %s (%s); restarting it in %.1f s", name,
+                      _describe(failure), delay)
+        else:
+            log.error("worker %s stopped on an error (see above); restarting it in %.1f s",
+                      name, delay)
+        # RQ's handlers stay installed after its loop ends, and talk to Redis: a stop asked
+        # from here on ends `work` instead.
+        signal.signal(signal.SIGTERM, _stop_asked)
+        signal.signal(signal.SIGINT, _stop_asked)
+        try:
+            time.sleep(delay)
+        except _StopAsked:
+            if worker is not None:
+                _kill_orphaned_horse(worker)
+            return
+        if worker is not None:
+            _kill_orphaned_horse(worker)
+            with contextlib.suppress(redis.RedisError):
+                worker.register_death()  # its teardown may not have reached Redis
 
 
 def _kill_orphaned_horse(worker: Any) -> None:
@@ -126,17 +304,31 @@ def _kill_orphaned_horse(worker: Any) -> None:
 
 def run_pool(engine: Engine, queues: list[str], conn: redis.Redis, *, size: int, burst: bool,
              logging_level: str = "INFO") -> None:
-    """N non-forking executors under a supervisor that restarts any that die."""
+    """N non-forking executors under a supervisor that restarts any that die: at once if it
+    had run for HEALTHY_S, else after a capped exponential backoff per slot, so executors
+    that die at birth are not respawned in a tight loop."""
     supervisor = os.getpid()
-    children: dict[int, int] = {}  # pid -> slot
+    children: dict[int, tuple[int, float]] = {}  # pid -> (slot, started)
+    pending: dict[int, float] = {}  # slot -> when to respawn it (monotonic)
+    backoffs = {slot: Backoff() for slot in range(size)}
+    # Signal handlers only write a byte here (no locks: a handler may interrupt anything);
+    # the loop sleeps on it until a child exits, a stop is asked, or a respawn is due.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
     stopping = False
+
+    def wake(*_args: Any) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(wake_w, b"\0")
 
     def spawn(slot: int) -> None:
         pid = os.fork()
         if pid == 0:
             die_with_parent(supervisor)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.close(wake_r)
+            os.close(wake_w)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
             try:
                 work(engine, MarblesSimpleWorker, queues, conn, burst=burst,
                      logging_level=logging_level)
@@ -144,32 +336,58 @@ def run_pool(engine: Engine, queues: list[str], conn: redis.Redis, *, size: int,
                 logging.getLogger("marbles_rq.worker").exception("pool executor crashed")
                 os._exit(1)
             os._exit(0)
-        children[pid] = slot
+        children[pid] = (slot, time.monotonic())
+
+    def exited(pid: int, status: int) -> None:
+        if pid not in children:
+            return
+        slot, born = children.pop(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if stopping or (burst and code == 0):
+            return
+        if time.monotonic() - born >= HEALTHY_S:
+            delay = 0.0
+            backoffs[slot].reset()
+        else:
+            delay = backoffs[slot].next()
+        log.warning("pool executor %s (pid %s) exited with %s; restarting it%s", slot, pid,
+                    code, f" in {delay:.1f} s" if delay else "")
+        pending[slot] = time.monotonic() + delay
 
     def stop(signum: int, _frame: Any) -> None:
         nonlocal stopping
         stopping = True
+        pending.clear()
         for pid in list(children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT)
+        wake()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGCHLD, wake)
     for slot in range(size):
         spawn(slot)
-    while children:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
+    while True:
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                break
+            if pid == 0:
+                break
+            exited(pid, status)
+        now = time.monotonic()
+        for slot, due in sorted(pending.items()):  # a copy: `stop` may clear it meanwhile
+            if due <= now and not stopping and pending.pop(slot, None) is not None:
+                spawn(slot)
+        dues = list(pending.values())
+        if not children and not dues:
             break
-        except InterruptedError:
-            continue
-        if pid not in children:
-            continue
-        slot = children.pop(pid)
-        code = os.waitstatus_to_exitcode(status)
-        if stopping or (burst and code == 0):
-            continue
-        log.warning("pool executor %s (pid %s) exited with %s; restarting it", slot, pid, code)
-        spawn(slot)
+        timeout = max(0.0, min(dues) - now) if dues else None
+        if select.select([wake_r], [], [], timeout)[0]:
+            os.read(wake_r, 4096)  # drained before reaping: a later exit writes again
+    os.close(wake_r)
+    os.close(wake_w)
     sys.stdout.flush()

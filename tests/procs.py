@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -204,10 +205,17 @@ class Proc:
     def __repr__(self) -> str:
         return f"<Proc {self.role} pid={self.pid} {'alive' if self.alive() else 'exited'}>"
 
+    def names(self) -> list[str]:
+        """Every RQ worker name this process has announced in its log (one per start of a
+        worker loop; several for a pool)."""
+        return re.findall(r"Worker (\S+): started with PID", self.text())
+
     @property
     def name(self) -> str:
-        """The RQ worker name it runs under (``hostname.pid``), as `status` shows it."""
-        return f"{HOSTNAME}.{self.pid}"
+        """The RQ worker name it runs under now (``hostname.<random>.pid``, unique per
+        start), as `status` shows it."""
+        names = self.names()
+        return names[-1] if names else f"{HOSTNAME}.?.{self.pid}"
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -495,9 +503,9 @@ class Procs:
         return started
 
     def by_name(self, worker_name: str | None) -> Proc:
-        """The started process whose RQ worker name (``hostname.pid``) is `worker_name`."""
+        """The started process that ran RQ worker `worker_name`."""
         for proc in self.procs:
-            if proc.name == worker_name:
+            if worker_name in proc.names():
                 return proc
         raise AssertionError(f"no started process runs as worker {worker_name!r}: "
                              f"{[p.name for p in self.procs]}")

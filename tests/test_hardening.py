@@ -31,6 +31,7 @@ from tests.redis_procs import RedisServer
 
 H_SOURCE = REPO_ROOT / "tests" / "hardening_workflows.py"
 OTHER_SOURCE = REPO_ROOT / "tests" / "sources_h" / "only_chain.py"
+Q = "rq:queue:mrq.default"  # RQ's list of queue "default" of the default prefix
 
 CHILD_CALLS: Counter[str] = Counter()
 PARENT_TRIES: Counter[str] = Counter()
@@ -165,7 +166,7 @@ def test_delivery_stuck_in_the_intermediate_list_is_redelivered(procs: Procs) ->
     procs.enqueue("chain", {"steps": 1}, "stuck-1")
     rq = redis.Redis.from_url(procs.url)
     # What a worker SIGKILLed between BLMOVE and its bookkeeping leaves behind.
-    assert rq.lmove("rq:queue:default", "rq:queue:default:intermediate") == b"stuck-1-a1"
+    assert rq.lmove(Q, f"{Q}:intermediate") == b"mrq-stuck-1-a1"
     procs.controller()
     procs.worker()
     done = procs.observer.wait_status("stuck-1", "succeeded", timeout=20)
@@ -180,14 +181,14 @@ def test_delivery_stuck_in_the_started_registry_or_failed_before_start(redis_url
     rq = rq_connection(redis_url)
     for run_id in ("wip-1", "failed-1"):
         assert ops.enqueue(runs, rq, RunRequest("hx_noop", b"null", run_id)).dispatched
-        assert rq.lrem("rq:queue:default", 1, f"{run_id}-a1") == 1
+        assert rq.lrem(Q, 1, f"mrq-{run_id}-a1") == 1
     # A worker recorded its pop and died before the run started; a horse died before start.
-    rq.zadd("rq:wip:default", {"wip-1-a1:exec1": time.time() + 60})
-    rq.zadd("rq:failed:default", {"failed-1-a1": time.time() + 7 * 86400})
+    rq.zadd("rq:wip:mrq.default", {"mrq-wip-1-a1:exec1": time.time() + 60})
+    rq.zadd("rq:failed:mrq.default", {"mrq-failed-1-a1": time.time() + 7 * 86400})
     ctl = Controller(runs, rq, lost_after_s=0.0)
     assert ctl.lead()
     assert ctl.find_lost() == 2
-    assert sorted(rq.lrange("rq:queue:default", 0, -1)) == [b"failed-1-a2", b"wip-1-a2"]
+    assert sorted(rq.lrange(Q, 0, -1)) == [b"mrq-failed-1-a2", b"mrq-wip-1-a2"]
     assert ctl.find_lost() == 0
 
 
@@ -227,7 +228,7 @@ def test_a_controller_pass_costs_what_is_due_not_what_is_queued(redis_url: str) 
     ctl.pass_once()
     idle = _commands(runs.client)
     assert idle < 10 * runs.keys.buckets, idle  # nothing due: independent of 6,000 queued
-    assert rq.llen("rq:queue:default") == n + 1  # each delivery once (plus the redelivery)
+    assert rq.llen(Q) == n + 1  # each delivery once (plus the redelivery)
 
 
 # -- 5. a worker that lacks a workflow hands the run back -------------------------------------
@@ -287,13 +288,12 @@ def test_lost_deliveries_count_against_max_deliveries(redis_url: str) -> None:
     ctl = Controller(runs, rq, lost_after_s=0.0)
     assert ctl.lead()
     for attempt in (1, 2):
-        assert rq.lmove("rq:queue:default", "rq:queue:default:intermediate") == (
-            f"poison-1-a{attempt}".encode())
+        assert rq.lmove(Q, f"{Q}:intermediate") == f"mrq-poison-1-a{attempt}".encode()
         ctl.find_lost()
     view = runs.get("poison-1")
     assert view is not None and view.status == "failed" and view.attempt == 2
     assert view.error is not None and view.error.type == "DeliveriesExhausted"
-    assert rq.llen("rq:queue:default") == 0
+    assert rq.llen(Q) == 0
 
 
 # -- 9. a resend is answered with the first send's outcome ------------------------------------
@@ -361,7 +361,7 @@ def test_enqueue_many_enqueues_each_chunk_right_after_recording_it(redis_url: st
                     return
                 if text.startswith(f"EVALSHA {claim_sha}"):
                     seen.append("claim")
-                elif text.startswith(("LPUSH rq:queue:default", "RPUSH rq:queue:default")):
+                elif text.startswith((f"LPUSH {Q}", f"RPUSH {Q}")):
                     seen.append("push")
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -376,8 +376,7 @@ def test_enqueue_many_enqueues_each_chunk_right_after_recording_it(redis_url: st
     assert seen.count("claim") == 1_200
     first_push, last_claim = seen.index("push"), len(seen) - 1 - seen[::-1].index("claim")
     assert first_push < last_claim  # the first chunk was in RQ before the last was recorded
-    assert sorted(rq.lrange("rq:queue:default", 0, -1)) == sorted(
-        f"m-{i}-a1".encode() for i in range(1_200))
+    assert sorted(rq.lrange(Q, 0, -1)) == sorted(f"mrq-m-{i}-a1".encode() for i in range(1_200))
 
 
 # -- 11. a corrupt record costs only itself ---------------------------------------------------
@@ -393,7 +392,7 @@ def test_corrupt_records_cost_only_themselves(procs: Procs) -> None:
     client.hset(keys.run("c-bad-attempt"), mapping={"attempt": "abc", "status": "running"})
     client.zadd(keys.run_keys("c-bad-attempt").leases, {"c-bad-attempt": 0})
     rq = redis.Redis.from_url(procs.url)
-    rq.lrem("rq:queue:default", 0, "c-bad-attempt-a1")
+    rq.lrem(Q, 0, "mrq-c-bad-attempt-a1")
     client.hset(keys.run("c-bad-doc"), "doc", b"{not json")
     used = {keys.bucket_of(r) for r in ("c-bad-attempt", "c-bad-doc", "c-good")}
     spare = next(b for b in range(keys.buckets) if b not in used)
@@ -500,3 +499,20 @@ def test_limits_from_the_environment_refuse_garbage(monkeypatch: Any) -> None:
         Limits.from_env()
     monkeypatch.setenv("MARBLES_MAX_WRITE", "2048")
     assert Limits.from_env().write_bytes == 2048
+
+
+def test_a_multi_queue_worker_pops_where_a_lost_delivery_can_be_seen(procs: Procs) -> None:
+    """RQ pops for several queues with BLPOP, which leaves no trace of a job between the pop
+    and the bookkeeping; marbles-rq's worker moves it into the queue's intermediate list."""
+    client = redis.Redis.from_url(procs.url)
+    procs.controller()
+    procs.worker(extra=["--queues", "hi,lo"])
+    client.config_resetstat()
+    procs.enqueue("chain", {"steps": 1}, "mq-lo", "--queue", "lo")
+    procs.enqueue("chain", {"steps": 1}, "mq-hi", "--queue", "hi")
+    for run_id in ("mq-lo", "mq-hi"):
+        assert procs.observer.wait_status(run_id, "succeeded", timeout=30).attempt == 1
+    stats = client.info("commandstats")
+    assert "cmdstat_blpop" not in stats and "cmdstat_lmove" in stats
+    assert client.llen("rq:queue:mrq.lo:intermediate") == 0  # bookkeeping took it out
+    assert client.llen("rq:queue:mrq.hi:intermediate") == 0

@@ -403,8 +403,9 @@ def test_duplicate_enqueue_records_and_runs_once(procs: Procs) -> None:
     assert sum("run dup-conc exists already" in d.stdout for d in conc) == 7, conc
 
     # One RQ job per run, before any worker runs.
-    assert rq.llen("rq:queue:default") == 2
-    assert sorted(rq.lrange("rq:queue:default", 0, -1)) == ["dup-conc-a1", "dup-seq-a1"]
+    assert rq.llen("rq:queue:mrq.default") == 2
+    assert sorted(rq.lrange("rq:queue:mrq.default", 0, -1)) == ["mrq-dup-conc-a1",
+                                                                 "mrq-dup-seq-a1"]
 
     procs.start(workers=1, controller=False)
     for run_id in ("dup-seq", "dup-conc"):
@@ -422,7 +423,7 @@ def test_duplicate_enqueue_records_and_runs_once(procs: Procs) -> None:
     again = procs.cli("enqueue", "chain", "--input", payload, "--id", "dup-seq")
     assert again.returncode == 0, again.stderr
     assert "run dup-seq exists already (chain, succeeded); not enqueued again" in again.stdout
-    assert rq.llen("rq:queue:default") == 0
+    assert rq.llen("rq:queue:mrq.default") == 0
     assert cli_status(procs, "dup-seq")["attempt"] == 1
 
 
@@ -441,7 +442,7 @@ def test_recorded_but_never_enqueued_run_is_dispatched(procs: Procs) -> None:
     recorded = runs.record(record)
     recorded_ms = _now_ms()
     assert recorded.created
-    assert dispatch.deliveries_exist(obs.client, [(run_id, 1)]) == [False]
+    assert dispatch.deliveries_exist(obs.client, "mrq", [(run_id, 1)]) == [False]
 
     started = obs.wait_attempt(run_id, 1, timeout=30)
     print(f"[latency] recorded -> attempt 1 started: {started.at_ms - recorded_ms} ms "
@@ -466,7 +467,7 @@ def test_cancel_queued_run_never_starts(procs: Procs) -> None:
     assert obs.status(run_id) == "cancelled"
 
     procs.start(workers=1)
-    job = dispatch.delivery_id(run_id, 1)
+    job = dispatch.delivery_id("mrq", run_id, 1)
     wait_for(lambda: obs.client.hget(f"rq:job:{job}", "status") in ("finished", "failed"),
              timeout=30,
              what=f"the worker to consume RQ job {job}", context=procs.report)

@@ -192,7 +192,7 @@ def test_a_crash_between_record_and_enqueue_is_dispatched(redis_url: str) -> Non
     keys = runs.keys.run_keys("undispatched-1")
     runs.client.zadd(keys.dispatch, {"undispatched-1": 0})  # the grace period has passed
     assert ctl.dispatch() == 1
-    assert rq.lrange("rq:queue:default", 0, -1) == [b"undispatched-1-a1"]
+    assert rq.lrange("rq:queue:mrq.default", 0, -1) == [b"mrq-undispatched-1-a1"]
     runs.client.zadd(keys.dispatch, {"undispatched-1": 0})
     assert ctl.dispatch() == 0  # it is waiting in RQ now: not dispatched twice
     assert _run(runs, "undispatched-1", 1) == "succeeded"
@@ -207,11 +207,12 @@ def test_a_delivery_lost_inside_rq_is_redelivered(redis_url: str) -> None:
     assert result.dispatched
     # A worker pops the job (BLMOVE into the intermediate list) and is killed before it
     # records it anywhere else.
-    assert rq.lmove("rq:queue:default", "rq:queue:default:intermediate") == b"lost-1-a1"
+    assert rq.lmove("rq:queue:mrq.default", "rq:queue:mrq.default:intermediate") == (
+        b"mrq-lost-1-a1")
     ctl = Controller(runs, rq, lost_after_s=0.0)
     assert ctl.lead()
     assert ctl.find_lost() == 1
-    assert rq.lrange("rq:queue:default", 0, -1) == [b"lost-1-a2"]
+    assert rq.lrange("rq:queue:mrq.default", 0, -1) == [b"mrq-lost-1-a2"]
     assert ctl.find_lost() == 0  # the run has moved on to attempt 2: nothing more to do
     assert _run(runs, "lost-1", 1) == "stale_attempt"  # the lost one, if it ever turns up
     assert _run(runs, "lost-1", 2) == "succeeded"
@@ -230,8 +231,8 @@ def test_enqueue_many_records_each_run_once_and_enqueues_only_new_ones(redis_url
     results = ops.enqueue_many(runs, rq, requests)
     assert [r.created for r in results] == [False] + [True] * 49
     assert all(r.dispatched for r in results[1:])
-    queued = rq.lrange("rq:queue:default", 0, -1)
-    assert sorted(queued) == sorted(f"batch-{i}-a1".encode() for i in range(50))
+    queued = rq.lrange("rq:queue:mrq.default", 0, -1)
+    assert sorted(queued) == sorted(f"mrq-batch-{i}-a1".encode() for i in range(50))
     for i in range(50):
         assert _run(runs, f"batch-{i}", 1) == "succeeded"
 

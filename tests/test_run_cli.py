@@ -82,7 +82,7 @@ def test_same_id_twice_returns_the_existing_run(redis_url: str) -> None:
     shown = json.loads(again.stdout)
     assert shown["created"] is False and shown["input"] == {"steps": 1, "sleep_s": 0.0}
     rq = redis.Redis.from_url(redis_url)
-    assert rq.lrange("rq:queue:default", 0, -1) == [b"once-a1"]
+    assert rq.lrange("rq:queue:mrq.default", 0, -1) == [b"mrq-once-a1"]
 
 
 def _run_worker_burst(url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -93,7 +93,7 @@ def test_a_pickled_payload_is_refused_not_executed(redis_url: str, tmp_path: Pat
     marker = tmp_path / "pwned"
     conn = redis.Redis.from_url(redis_url)
     # What an attacker with write access to Redis could plant: RQ's default (pickle) job.
-    job = Queue("default", connection=conn).enqueue("os.mkdir", str(marker))
+    job = Queue("mrq.default", connection=conn).enqueue("os.mkdir", str(marker))
     data = zlib.decompress(conn.hget(job.key, "data") or b"")
     assert pickle.loads(data)[0] == "os.mkdir"  # it really is a pickle
     proc = _run_worker_burst(redis_url, tmp_path)
@@ -105,7 +105,7 @@ def test_a_pickled_payload_is_refused_not_executed(redis_url: str, tmp_path: Pat
 def test_a_json_job_for_another_function_is_refused(redis_url: str, tmp_path: Path) -> None:
     marker = tmp_path / "pwned-json"
     conn = redis.Redis.from_url(redis_url)
-    job = Queue("default", connection=conn, serializer=JSONSerializer).enqueue(
+    job = Queue("mrq.default", connection=conn, serializer=JSONSerializer).enqueue(
         "os.mkdir", str(marker))
     proc = _run_worker_burst(redis_url, tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -119,7 +119,7 @@ def test_a_json_job_for_another_function_is_refused(redis_url: str, tmp_path: Pa
 def test_a_delivery_job_with_forged_arguments_is_refused(redis_url: str,
                                                          tmp_path: Path) -> None:
     conn = redis.Redis.from_url(redis_url)
-    job = Queue("default", connection=conn, serializer=JSONSerializer).enqueue(
+    job = Queue("mrq.default", connection=conn, serializer=JSONSerializer).enqueue(
         ENTRY, {"evil": True}, 1)
     _run_worker_burst(redis_url, tmp_path)
     failed = Job.fetch(job.id, connection=conn, serializer=JSONSerializer)
