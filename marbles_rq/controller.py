@@ -138,6 +138,22 @@ class Controller:
             self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {one_line(exc)}")
             return None
 
+    def _handled(self, run_id: str, reply: Any) -> bool:
+        """True when a run script's reply is not about the run's progress: the call failed
+        (None), a newer controller fenced this one (it steps down), or the run is corrupt
+        (it is failed once)."""
+        if reply is None:
+            return True
+        if reply.status == "fenced":
+            log.warning("a newer controller (epoch %s) acts on run %s; stepping down",
+                        _s(reply.values[0]), run_id)
+            self.lease = None
+            return True
+        if reply.status == "corrupt":
+            self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
+            return True
+        return False
+
     def _fail_corrupt(self, run_id: str, reason: str) -> None:
         log.warning("run %s: corrupt record (%s); failing it", run_id, reason)
         self.runs.fail_corrupt(run_id, f"corrupt record at {reason}")
@@ -162,16 +178,11 @@ class Controller:
                 self.runs.scripts.reap_run, keys=self.keys.run_keys(run_id), run_id=run_id,
                 ctl_epoch=epoch, grace_ms=DISPATCH_GRACE_MS, final_cancel=REAP_CANCELLED,
                 final_gave_up=REAP_GAVE_UP))
-            if reply is None:
+            if self._handled(run_id, reply):
+                if self.lease is None:
+                    return done
                 continue
-            if reply.status == "fenced":
-                log.warning("a newer controller (epoch %s) acts on run %s; stepping down",
-                            _s(reply.values[0]), run_id)
-                self.lease = None
-                return done
-            if reply.status == "corrupt":
-                self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
-            elif reply.status == "redelivered":
+            if reply.status == "redelivered":
                 attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
                 log.info("run %s: execution vanished; redelivering as attempt %s", run_id,
                          attempt)
@@ -267,15 +278,7 @@ class Controller:
             keys=self.keys.run_keys(run_id), run_id=run_id, attempt=attempt, ctl_epoch=epoch,
             grace_ms=DISPATCH_GRACE_MS, final_gave_up=event(status="failed", error={
                 "type": "DeliveriesExhausted", "message": "deliveries kept getting lost"})))
-        if reply is None:
-            return False
-        if reply.status == "fenced":
-            log.warning("a newer controller (epoch %s) acts on run %s; stepping down",
-                        _s(reply.values[0]), run_id)
-            self.lease = None
-            return False
-        if reply.status == "corrupt":
-            self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
+        if self._handled(run_id, reply):
             return False
         if reply.status == "gave_up":
             log.warning("run %s: deliveries used up (%s); failed", run_id, _s(reply.values[0]))

@@ -381,6 +381,8 @@ def test_run_output_cannot_drive_the_terminal(redis_url: str, tmp_path: Path) ->
     assert mrq(*args, "enqueue", "evil", "--id", "e1").returncode == 0
     worker = mrq(*args, "worker", "--burst", timeout=120)
     assert worker.returncode == 0, worker.stderr
+    logged = [ln for ln in worker.stderr.splitlines() if "[e1]" in ln]
+    assert logged and not any(CONTROLS.search(ln) for ln in logged), logged  # worker log too
     watched = mrq(*args, "watch", "e1", "--no-follow")
     assert watched.returncode == 0, watched.stderr
     status = mrq(*args, "status", "e1")

@@ -516,3 +516,44 @@ def test_a_multi_queue_worker_pops_where_a_lost_delivery_can_be_seen(procs: Proc
     assert "cmdstat_blpop" not in stats and "cmdstat_lmove" in stats
     assert client.llen("rq:queue:mrq.lo:intermediate") == 0  # bookkeeping took it out
     assert client.llen("rq:queue:mrq.hi:intermediate") == 0
+
+
+# -- 22: the chain example's effect is exactly once, also when killed next to it ---------------
+
+class Killed(BaseException):
+    """Stands in for the process dying at that point: nothing more runs, nothing settles."""
+
+
+def test_the_chain_example_applies_its_effect_once_across_a_kill_at_the_effect(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed right before the effect reaches its target, then redelivered: the effect
+    happens once. (Reserving with claim_effect first, as the example did, skipped it.)"""
+    from marbles_rq.authoring import load_source
+
+    modname = load_source(str(CHAIN_SOURCE))[0]
+    import sys
+
+    chain = sys.modules[modname]
+    monkeypatch.setenv("MARBLES_REDIS_URL", redis_url)
+    real = redis.Redis.from_url(redis_url)
+    runs = _runs(redis_url)
+    _record(runs, "chain", b'{"steps": 2}', "fx-1")
+
+    class DiesBeforeTheEffect:
+        def eval(self, *args: Any) -> Any:
+            raise Killed
+
+        def rpush(self, *args: Any) -> Any:
+            raise Killed
+
+    target = "_target" if hasattr(chain, "_target") else "_receipts"
+    monkeypatch.setattr(chain, target, lambda: DiesBeforeTheEffect())
+    with pytest.raises(Killed):
+        _run(runs, "fx-1", 1)
+    monkeypatch.setattr(chain, target, lambda: real)
+    assert runs.abandon("fx-1", 1, "w") == "ok"
+    ctl = Controller(runs, rq_connection(redis_url))
+    assert ctl.lead() and ctl.reap() == 1
+    assert _run(runs, "fx-1", 2) == "succeeded"
+    receipts = [k.decode() for k in real.lrange(chain.RECEIPTS_KEY, 0, -1)]
+    assert sorted(receipts) == ["fx-1:chain.link#0", "fx-1:chain.link#1"]

@@ -150,8 +150,12 @@ def test_refused_writes_are_one_line_per_event_backoff_and_resume(
     admin = redis_server.client()
     _refuse(admin, how)
     try:
-        forking.wait_log(f"({error}: ", count=3, timeout=60)
-        pool.wait_log(f"({error}: ", count=4, timeout=60)  # at least 2 per executor
+        # At least 3 loop restarts of the forking worker and 2 of each pool executor.
+        wait_for(lambda: sum(map(len, _backoffs(forking, error).values())) >= 3 or None,
+                 timeout=60, what=f"3 {error} reports of the forking worker")
+        wait_for(lambda: (len(found := _backoffs(pool, error)) == 2
+                          and min(map(len, found.values())) >= 2) or None,
+                 timeout=60, what=f"2 {error} reports of each pool executor")
     finally:
         _allow(admin, how)
 
