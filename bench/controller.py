@@ -34,14 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis
 
 import marbles_rq as mr
-from marbles_rq import ops
-from marbles_rq.authoring import REGISTRY
 from marbles_rq.controller import Controller
-from marbles_rq.dispatch import rq_connection
-from marbles_rq.execute import execute
-from marbles_rq.ops import RunRequest
-from marbles_rq.runs import RunStore
+from marbles_rq.engine import ops
+from marbles_rq.engine.authoring import REGISTRY
+from marbles_rq.engine.execute import execute
+from marbles_rq.engine.ops import RunRequest
+from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
+from marbles_rq.transport.dispatch import rq_connection
 from tests.redis_procs import RedisServer
 
 

@@ -57,11 +57,12 @@ import rq
 from rq import Queue
 from rq.serializers import JSONSerializer as RQJSONSerializer
 
-from marbles_rq import dispatch, ops
-from marbles_rq.authoring import REGISTRY, load_source
-from marbles_rq.execute import execute
-from marbles_rq.runs import OutputEvent, RunStore
+from marbles_rq.engine import ops
+from marbles_rq.engine.authoring import REGISTRY, load_source
+from marbles_rq.engine.execute import execute
+from marbles_rq.engine.runs import OutputEvent, RunStore
 from marbles_rq.store import open_store
+from marbles_rq.transport import dispatch
 from tests.redis_procs import DEFAULT_CONF, RedisServer
 
 from .runs_util import (
@@ -435,7 +436,7 @@ def section_throughput(b: Bench) -> dict[str, float]:
 
 
 def rtt_baseline(b: Bench, n: int) -> list[list[Any]]:
-    c = b.runs.client  # built like every marbles-rq client (marbles_rq.connection.connect)
+    c = b.runs.client  # built like every marbles-rq client (marbles_rq.store.connection.connect)
     sha = c.script_load("return redis.call('HSET', KEYS[1], 'f', ARGV[1])")
     probes: list[tuple[str, Callable[[], Any]]] = [
         ("PING", lambda: c.ping()),

@@ -14,7 +14,7 @@ cell per (operation, concurrency):
 * ``CAS``     ``RedisStore.compare_and_set``, each client advancing its own entry's updated_at.
 
 Every client is its own OS process (multiprocessing "spawn") with its own connection from
-``marbles_rq.connection.connect``. Clients connect, do one untimed call, meet at a barrier,
+``marbles_rq.store.connection.connect``. Clients connect, do one untimed call, meet at a barrier,
 then run a warm-up and a fixed wall-clock window whose bounds are the same absolute
 CLOCK_MONOTONIC instants in every process. An op counts if it *completes* inside the window;
 ops/s = completed ops / window. ``--ops N`` additionally caps each client at N measured ops:
@@ -66,10 +66,10 @@ if str(REPO_ROOT) not in sys.path:  # `python bench/store.py` puts bench/ first,
 import msgspec  # noqa: E402
 import redis  # noqa: E402
 
-from marbles_rq.connection import connect  # noqa: E402
-from marbles_rq.keys import Keyspace  # noqa: E402
-from marbles_rq.records import EventRecord, WorkspaceEntry, encode  # noqa: E402
 from marbles_rq.store import RedisStore, new_request_id  # noqa: E402
+from marbles_rq.store.connection import connect  # noqa: E402
+from marbles_rq.store.keys import Keyspace  # noqa: E402
+from marbles_rq.store.records import EventRecord, WorkspaceEntry, encode  # noqa: E402
 
 PREFIX = "bench"
 WORKLOADS = ("setnx", "claim", "cas")
@@ -756,7 +756,7 @@ def run(args: argparse.Namespace, levels: list[int], server: Any, rep: Report) -
             f"else running; load avg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
     rep.add(f"clients  : python {platform.python_version()}, redis-py {redis.__version__} "
             f"(hiredis parser: {'yes' if redis.utils.HIREDIS_AVAILABLE else 'no'}), "
-            "marbles_rq.connection.connect; one OS process + one connection per client "
+            "marbles_rq.store.connection.connect; one OS process + one connection per client "
             "(multiprocessing spawn), start barrier")
     cap = f", capped at {args.ops} ops/client" if args.ops else ""
     rep.add(f"timing   : per cell {args.warmup:g} s warm-up then a {args.seconds:g} s wall-clock "

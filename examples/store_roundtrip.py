@@ -8,8 +8,8 @@ import uuid
 
 import msgspec
 
-from marbles_rq.records import AgentRecord, EventRecord, JournalEntry, WorkspaceEntry
 from marbles_rq.store import Lease, open_store
+from marbles_rq.store.records import AgentRecord, EventRecord, JournalEntry, WorkspaceEntry
 
 
 def main(url: str) -> None:

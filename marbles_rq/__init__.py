@@ -1,11 +1,11 @@
 """marbles-rq: durable workflows on Redis with RQ workers."""
 
-from .authoring import step, workflow
+from .engine.authoring import step, workflow
+from .engine.execute import RunContext, current
 from .errors import MarblesError
-from .execute import RunContext, current
-from .keys import Keyspace
-from .memory import MemoryStore
 from .store import RedisStore, Store, open_store
+from .store.keys import Keyspace
+from .store.memory import MemoryStore
 
 __all__ = [
     "Keyspace",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from marbles_rq.runs import RunStore
+from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
 
 

@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 import redis
 
+from marbles_rq.engine.runs import OutputEvent, RunStore, RunView
 from marbles_rq.errors import MarblesError
-from marbles_rq.runs import OutputEvent, RunStore, RunView
 from marbles_rq.store import open_store
 
 __all__ = [

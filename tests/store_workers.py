@@ -24,8 +24,14 @@ from typing import Any
 
 import msgspec
 
-from marbles_rq.records import AgentRecord, EffectReceipt, EventRecord, JournalEntry, WorkspaceEntry
 from marbles_rq.store import Store, open_store
+from marbles_rq.store.records import (
+    AgentRecord,
+    EffectReceipt,
+    EventRecord,
+    JournalEntry,
+    WorkspaceEntry,
+)
 
 BARRIER_TIMEOUT_S = 60.0
 RESULT_TIMEOUT_S = 120.0

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 import marbles_rq as mr
-from marbles_rq.authoring import REGISTRY, DefinitionError, InputError, load_source
+from marbles_rq.engine.authoring import REGISTRY, DefinitionError, InputError, load_source
 
 SOURCES = Path(__file__).parent / "sources"
 

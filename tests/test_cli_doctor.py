@@ -126,9 +126,9 @@ def test_wrong_password(tmp_path: Path) -> None:
 
 def test_require_durable_refuses_unless_allowed(default_config_server: RedisServer,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    from marbles_rq.connection import connect
-    from marbles_rq.doctor import require_durable
     from marbles_rq.errors import UnsafeRedisError
+    from marbles_rq.store.connection import connect
+    from marbles_rq.store.doctor import require_durable
 
     client = connect(default_config_server.url)
     with pytest.raises(UnsafeRedisError, match="appendfsync is 'everysec'"):

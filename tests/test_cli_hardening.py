@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from marbles_rq.keys import Keyspace
+from marbles_rq.store.keys import Keyspace
 from tests.redis_procs import REPO_ROOT, RedisServer, free_port
 
 CHAIN = "examples/chain.py"
@@ -285,7 +285,7 @@ def test_doctor_denied_info_says_refused_not_unreachable(redis_server: RedisServ
                                                             "something odd"),
 ])
 def test_each_redis_refusal_maps_to_one_line(exc: redis.ResponseError, expected: str) -> None:
-    from marbles_rq.connection import refused
+    from marbles_rq.store.connection import refused
 
     message = str(refused(exc))
     assert expected in message and "\n" not in message

@@ -17,15 +17,15 @@ import pytest
 import redis
 
 import marbles_rq as mr
-from marbles_rq import ops
-from marbles_rq.authoring import REGISTRY
 from marbles_rq.controller import Controller
-from marbles_rq.dispatch import rq_connection
-from marbles_rq.execute import Limits, execute
-from marbles_rq.ops import RunRequest, prepare
-from marbles_rq.records import WorkspaceEntry
-from marbles_rq.runs import RunStore, event
+from marbles_rq.engine import ops
+from marbles_rq.engine.authoring import REGISTRY
+from marbles_rq.engine.execute import Limits, execute
+from marbles_rq.engine.ops import RunRequest, prepare
+from marbles_rq.engine.runs import RunStore, event
 from marbles_rq.store import open_store
+from marbles_rq.store.records import WorkspaceEntry
+from marbles_rq.transport.dispatch import rq_connection
 from tests.procs import CHAIN_SOURCE, KILL_SOURCE, REPO_ROOT, Procs, wait_for
 from tests.redis_procs import RedisServer
 
@@ -316,7 +316,7 @@ def test_resends_answer_with_the_first_sends_outcome(redis_url: str) -> None:
     assert cas("t2", "t1", "req-b")  # another writer moves the entry on
     assert cas("t1", "", "req-a")  # the resend of the first: ok, as the first send was
 
-    from marbles_rq.records import EventRecord, encode
+    from marbles_rq.store.records import EventRecord, encode
 
     record = EventRecord(version=1, id="ev-1", source="s")
     rkey, lkey, okey = keys.claim_keys("event", "ev-1", "agent-1")
@@ -528,7 +528,7 @@ def test_the_chain_example_applies_its_effect_once_across_a_kill_at_the_effect(
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Killed right before the effect reaches its target, then redelivered: the effect
     happens once. (Reserving with claim_effect first, as the example did, skipped it.)"""
-    from marbles_rq.authoring import load_source
+    from marbles_rq.engine.authoring import load_source
 
     modname = load_source(str(CHAIN_SOURCE))[0]
     import sys

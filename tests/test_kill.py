@@ -26,10 +26,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from marbles_rq import dispatch
-from marbles_rq.authoring import REGISTRY, load_source
-from marbles_rq.ops import RunRequest, prepare
-from marbles_rq.runs import OutputEvent, RunStore, RunView
+from marbles_rq.engine.authoring import REGISTRY, load_source
+from marbles_rq.engine.ops import RunRequest, prepare
+from marbles_rq.engine.runs import OutputEvent, RunStore, RunView
+from marbles_rq.transport import dispatch
 from tests import kill_workflows as zw
 from tests.procs import (
     CHAIN_SOURCE,

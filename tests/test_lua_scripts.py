@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from marbles_rq.scripts import Script, load_scripts, lua_dir
+from marbles_rq.store.scripts import Script, load_scripts, lua_dir
 
 SCRIPTS = sorted(load_scripts().values(), key=lambda s: s.name)
 

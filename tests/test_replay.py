@@ -11,14 +11,14 @@ import msgspec
 import pytest
 
 import marbles_rq as mr
-from marbles_rq.authoring import REGISTRY
 from marbles_rq.controller import Controller
-from marbles_rq.dispatch import rq_connection
-from marbles_rq.execute import execute
-from marbles_rq.ops import RunRequest, prepare
-from marbles_rq.records import StepRecord
-from marbles_rq.runs import RunStore
+from marbles_rq.engine.authoring import REGISTRY
+from marbles_rq.engine.execute import execute
+from marbles_rq.engine.ops import RunRequest, prepare
+from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
+from marbles_rq.store.records import StepRecord
+from marbles_rq.transport.dispatch import rq_connection
 
 CALLS: Counter[int] = Counter()
 CRASH_AT: list[int] = []
@@ -199,7 +199,7 @@ def test_a_crash_between_record_and_enqueue_is_dispatched(redis_url: str) -> Non
 
 
 def test_a_delivery_lost_inside_rq_is_redelivered(redis_url: str) -> None:
-    from marbles_rq import ops
+    from marbles_rq.engine import ops
 
     runs = _runs(redis_url)
     rq = rq_connection(redis_url)
@@ -221,7 +221,7 @@ def test_a_delivery_lost_inside_rq_is_redelivered(redis_url: str) -> None:
 
 
 def test_enqueue_many_records_each_run_once_and_enqueues_only_new_ones(redis_url: str) -> None:
-    from marbles_rq import ops
+    from marbles_rq.engine import ops
 
     runs = _runs(redis_url)
     rq = rq_connection(redis_url)
@@ -238,8 +238,8 @@ def test_enqueue_many_records_each_run_once_and_enqueues_only_new_ones(redis_url
 
 
 def test_enqueue_many_validates_everything_before_recording_anything(redis_url: str) -> None:
-    from marbles_rq import ops
-    from marbles_rq.authoring import InputError
+    from marbles_rq.engine import ops
+    from marbles_rq.engine.authoring import InputError
 
     runs = _runs(redis_url)
     requests = [RunRequest("t_replay", b'{"n": 1}', "ok-1"),
@@ -250,7 +250,7 @@ def test_enqueue_many_validates_everything_before_recording_anything(redis_url: 
 
 
 def test_enqueue_many_after_the_script_cache_was_emptied(redis_url: str) -> None:
-    from marbles_rq import ops
+    from marbles_rq.engine import ops
 
     runs = _runs(redis_url)
     runs.client.script_flush()  # as after a restart or a failover

@@ -14,8 +14,8 @@ import redis
 from rq import Queue
 from rq.job import Job
 
-from marbles_rq.dispatch import ENTRY
-from marbles_rq.serializer import JSONSerializer
+from marbles_rq.transport.dispatch import ENTRY
+from marbles_rq.transport.serializer import JSONSerializer
 from tests.redis_procs import free_port
 
 CHAIN = "examples/chain.py"

@@ -21,8 +21,9 @@ import pytest
 import redis
 
 from marbles_rq.errors import AgentIdTakenError, CorruptRecordError
-from marbles_rq.memory import MemoryStore
-from marbles_rq.records import (
+from marbles_rq.store import Lease, LeaseHolder, Store, journal_kind, open_store
+from marbles_rq.store.memory import MemoryStore
+from marbles_rq.store.records import (
     AgentRecord,
     EffectReceipt,
     EventRecord,
@@ -30,7 +31,6 @@ from marbles_rq.records import (
     WorkspaceEntry,
     encode,
 )
-from marbles_rq.store import Lease, LeaseHolder, Store, journal_kind, open_store
 from tests import store_workers
 from tests.redis_procs import RedisServer
 

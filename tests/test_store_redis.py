@@ -16,10 +16,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from marbles_rq.connection import connect
 from marbles_rq.errors import BucketMismatchError
-from marbles_rq.keys import Keyspace
-from marbles_rq.records import (
+from marbles_rq.store import Lease, RedisStore, journal_kind, open_store
+from marbles_rq.store.connection import connect
+from marbles_rq.store.keys import Keyspace
+from marbles_rq.store.records import (
     AgentRecord,
     EffectReceipt,
     EventRecord,
@@ -27,7 +28,6 @@ from marbles_rq.records import (
     WorkspaceEntry,
     encode,
 )
-from marbles_rq.store import Lease, RedisStore, journal_kind, open_store
 from tests.redis_procs import RedisCluster, RedisServer
 
 # Busy-waits for ARGV[1] milliseconds without writing: the server answers nobody meanwhile.

@@ -27,7 +27,7 @@ from rq import Queue
 from rq.command import send_stop_job_command
 from rq.job import Dependency, Job
 
-from marbles_rq.dispatch import (
+from marbles_rq.transport.dispatch import (
     ENTRY,
     FORBIDDEN_FIELDS,
     MarblesJob,
@@ -35,7 +35,7 @@ from marbles_rq.dispatch import (
     parse_delivery_id,
     rq_queue_name,
 )
-from marbles_rq.serializer import JSONSerializer
+from marbles_rq.transport.serializer import JSONSerializer
 from tests.procs import Proc, Procs, wait_for
 
 PREFIX = "mrq"  # the default prefix; the tests' processes run with it
@@ -130,7 +130,7 @@ def deployments(redis_url: str, tmp_path: Path) -> Iterator[tuple[Procs, Procs]]
 
 
 def _view(procs: Procs, prefix: str, run_id: str) -> tuple[str | None, str | None]:
-    from marbles_rq.runs import RunStore
+    from marbles_rq.engine.runs import RunStore
     from marbles_rq.store import open_store
 
     view = RunStore(open_store(procs.url, prefix=prefix)).get(run_id)

@@ -27,9 +27,9 @@ import redis
 from tests.procs import Proc, Procs, descendants, pid_alive, wait_for
 from tests.redis_procs import RedisServer, free_port
 
-ERROR_LINE = re.compile(r"^(\S+ \S+) ERROR marbles_rq\.worker: Redis error in worker "
+ERROR_LINE = re.compile(r"^(\S+ \S+) ERROR marbles_rq\.transport\.worker: Redis error in worker "
                         r"\S+\.(\d+) \((\w+): .*\); restarting it in ([\d.]+) s$", re.M)
-RESPAWN_LINE = re.compile(r"^(\S+ \S+) WARNING marbles_rq\.worker: pool executor (\d+) "
+RESPAWN_LINE = re.compile(r"^(\S+ \S+) WARNING marbles_rq\.transport\.worker: pool executor (\d+) "
                           r"\(pid (\d+)\) exited with (-?\d+); restarting it(?: in ([\d.]+) s)?$",
                           re.M)
 

@@ -13,7 +13,7 @@ from typing import Any
 import click
 import redis
 
-from ..connection import DEFAULT_URL, URL_ENV, check_url, connect, refused, unavailable
+from ..engine.runs import RunStore
 from ..errors import (
     BucketMismatchError,
     ConfigError,
@@ -22,9 +22,9 @@ from ..errors import (
     RedisUnavailableError,
     UnsafeRedisError,
 )
-from ..keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
-from ..runs import RunStore
 from ..store import RedisStore, open_store
+from ..store.connection import DEFAULT_URL, URL_ENV, check_url, connect, refused, unavailable
+from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
 
 EXIT_PROBLEM, EXIT_INPUT, EXIT_REDIS = 1, 2, 3
 DEBUG_ENV = "MARBLES_DEBUG"
@@ -43,7 +43,7 @@ class Settings:
 
     def load_source(self) -> None:
         """Import the workflow definitions named by --source (once)."""
-        from ..authoring import load_source
+        from ..engine.authoring import load_source
 
         if self.source and not self._loaded:
             for part in self.source.split(os.pathsep):
@@ -54,7 +54,7 @@ class Settings:
         return RunStore(self.reader() if read_only else self.store())
 
     def rq(self) -> redis.Redis:
-        from ..dispatch import rq_connection
+        from ..transport.dispatch import rq_connection
 
         url = self.rq_url or self.redis_url
         if self.rq_url:
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     except redis.RedisError as exc:
         _fail(f"Redis: {type(exc).__name__}: {_first_line(exc)}", EXIT_REDIS)
     except MarblesError as exc:
-        from ..authoring import DefinitionError, InputError, UnknownWorkflowError
-        from ..runs import RunNotFoundError
+        from ..engine.authoring import DefinitionError, InputError, UnknownWorkflowError
+        from ..engine.runs import RunNotFoundError
 
         bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError)
         _fail(str(exc), EXIT_INPUT if isinstance(exc, bad_input) else EXIT_PROBLEM)

@@ -8,8 +8,8 @@ import sys
 import click
 import redis
 
-from ..connection import refused, unavailable
-from ..doctor import check_durability, problem_line, problems, report, warnings
+from ..store.connection import refused, unavailable
+from ..store.doctor import check_durability, problem_line, problems, report, warnings
 from . import Settings
 
 
@@ -45,6 +45,6 @@ def doctor(settings: Settings, as_json: bool) -> None:
 
 
 def _redacted(url: str) -> str:
-    from ..connection import redact
+    from ..store.connection import redact
 
     return redact(url)

@@ -10,9 +10,9 @@ from typing import Any
 import click
 import redis
 
-from ..connection import unavailable
-from ..doctor import require_durable
 from ..errors import ConfigError
+from ..store.connection import unavailable
+from ..store.doctor import require_durable
 from . import Settings
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
@@ -47,7 +47,7 @@ def _check_redis(settings: Settings, allow_unsafe: bool) -> None:
 
 
 def _queue_names(queues: str) -> list[str]:
-    from ..authoring import queue_problem
+    from ..engine.authoring import queue_problem
 
     names = [q.strip() for q in queues.split(",")]
     for name in names:
@@ -72,9 +72,9 @@ def _queue_names(queues: str) -> list[str]:
 def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease_ms: int,
            allow_unsafe_redis: bool, log_level: str) -> None:
     """Execute run deliveries from RQ queues."""
-    from ..authoring import REGISTRY
-    from ..execute import Engine, Limits
-    from ..worker import MarblesWorker, run_pool, work
+    from ..engine.authoring import REGISTRY
+    from ..engine.execute import Engine, Limits
+    from ..transport.worker import MarblesWorker, run_pool, work
 
     names = _queue_names(queues)
     # A worker without workflows would take deliveries only to fail every one of them.
@@ -87,7 +87,7 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
     _check_redis(settings, allow_unsafe_redis)
     engine = Engine(settings.runs(), REGISTRY, worker_name="", lease_ms=lease_ms,
                     limits=Limits.from_env())
-    logging.getLogger("marbles_rq.worker").info(
+    logging.getLogger("marbles_rq.transport.worker").info(
         "workflows: %s", ", ".join(sorted(REGISTRY.workflows)))
     if pool:
         run_pool(engine, names, settings.rq(), size=pool, burst=burst, logging_level=log_level)

@@ -11,10 +11,10 @@ from typing import Any
 import click
 import msgspec
 
-from ..authoring import InputError
-from ..ops import MAX_PAYLOAD_ENV, PayloadTooLargeError, RunRequest, max_payload, prepare
-from ..ops import enqueue as enqueue_run
-from ..runs import STATUSES, TERMINAL, OutputEvent, RunNotFoundError, RunStore, RunView
+from ..engine.authoring import InputError
+from ..engine.ops import MAX_PAYLOAD_ENV, PayloadTooLargeError, RunRequest, max_payload, prepare
+from ..engine.ops import enqueue as enqueue_run
+from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunNotFoundError, RunStore, RunView
 from ..terminal import safe
 from . import Settings
 

@@ -16,10 +16,10 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from ..errors import UnsafeRedisError
 from .connection import Client
-from .errors import UnsafeRedisError
 
-log = logging.getLogger("marbles_rq.doctor")
+log = logging.getLogger("marbles_rq.store.doctor")
 
 MIN_VERSION = (7, 0)
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import msgspec
 import redis
 
-from . import dispatch
+from ..errors import ConfigError, InvalidIdError
+from ..store.ids import check_id
+from ..store.records import RunRecord
+from ..transport import dispatch
 from .authoring import REGISTRY, InputError, Registry, queue_problem
-from .errors import ConfigError, InvalidIdError
-from .ids import check_id
-from .records import RunRecord
 from .runs import Recorded, RunStore
 
 MAX_PAYLOAD_ENV = "MARBLES_MAX_PAYLOAD"

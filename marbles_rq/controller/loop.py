@@ -29,11 +29,11 @@ from typing import Any
 
 import redis
 
-from . import dispatch
-from .errors import RedisUnavailableError
-from .redis_errors import is_outage, one_line
-from .runs import DISPATCH_GRACE_MS, RunStore, event
-from .store import Lease
+from ..engine.runs import DISPATCH_GRACE_MS, RunStore, event
+from ..errors import RedisUnavailableError
+from ..store import Lease
+from ..store.redis_errors import is_outage, one_line
+from ..transport import dispatch
 
 log = logging.getLogger("marbles_rq.controller")
 

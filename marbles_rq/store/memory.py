@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import AgentIdTakenError, CorruptRecordError, MarblesError
-from .errors import UnsupportedRecordVersionError as _Unsupported
+from ..errors import AgentIdTakenError, CorruptRecordError, MarblesError
+from ..errors import UnsupportedRecordVersionError as _Unsupported
 from .ids import check_id, check_kind
 from .keys import Keyspace
 from .records import (
@@ -27,7 +27,7 @@ from .records import (
     encode,
     kind_of,
 )
-from .store import (
+from .redis_store import (
     CasOutcome,
     ClaimResult,
     EffectOutcome,
@@ -37,7 +37,7 @@ from .store import (
     journal_kind,
 )
 
-log = logging.getLogger("marbles_rq.memory")
+log = logging.getLogger("marbles_rq.store.memory")
 
 
 @dataclass

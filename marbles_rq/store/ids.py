@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidIdError
+from ..errors import InvalidIdError
 
 # Ids become part of key names and of `|`-separated index members, so `|`, braces and
 # whitespace are excluded; the set matches the run-id rule of the CLI.

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import redis
 from redis.cluster import RedisCluster
 
+from ..errors import ScriptReplyError
 from .connection import Client
-from .errors import ScriptReplyError
 from .keys import RunKeys
 
 T = TypeVar("T")
@@ -35,7 +35,7 @@ def lua_dir() -> Path:
     packaged = Path(str(resources.files("marbles_rq"))) / "lua"
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / "lua"
+    return Path(__file__).resolve().parents[2] / "lua"
 
 
 @dataclass(frozen=True)

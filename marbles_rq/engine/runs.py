@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 import msgspec
 import redis
 
-from .errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
-from .ids import check_id
-from .keys import RunKeys
-from .records import EffectReceipt, ErrorInfo, RunRecord, StepRecord, decode, encode
-from .store import RedisStore, new_request_id
+from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
+from ..store import RedisStore, new_request_id
+from ..store.ids import check_id
+from ..store.keys import RunKeys
+from ..store.records import EffectReceipt, ErrorInfo, RunRecord, StepRecord, decode, encode
 
-log = logging.getLogger("marbles_rq.runs")
+log = logging.getLogger("marbles_rq.engine.runs")
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATUSES = ("queued", "running", "waiting", *TERMINAL)

@@ -35,6 +35,8 @@ import redis
 from rq import SimpleWorker, Worker, worker_registration
 from rq.utils import now as rq_now
 
+from ..engine.execute import Engine, configure
+from ..errors import RedisUnavailableError
 from .dispatch import (
     MarblesJob,
     MarblesQueue,
@@ -42,11 +44,9 @@ from .dispatch import (
     clean_registries,
     rq_queue_name,
 )
-from .errors import RedisUnavailableError
-from .execute import Engine, configure
 from .serializer import JSONSerializer
 
-log = logging.getLogger("marbles_rq.worker")
+log = logging.getLogger("marbles_rq.transport.worker")
 
 _PR_SET_PDEATHSIG = 1
 
@@ -188,7 +188,7 @@ class _AbandonOnHorseDeath:
     name: str
 
     def handle_work_horse_killed(self, job: Any, retpid: int, ret_val: int, rusage: Any) -> None:
-        from .execute import engine
+        from ..engine.execute import engine
 
         try:
             run_id, attempt = job.args
@@ -333,7 +333,7 @@ def run_pool(engine: Engine, queues: list[str], conn: redis.Redis, *, size: int,
                 work(engine, MarblesSimpleWorker, queues, conn, burst=burst,
                      logging_level=logging_level)
             except BaseException:
-                logging.getLogger("marbles_rq.worker").exception("pool executor crashed")
+                logging.getLogger("marbles_rq.transport.worker").exception("pool executor crashed")
                 os._exit(1)
             os._exit(0)
         children[pid] = (slot, time.monotonic())

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .errors import MarblesError
+from ..errors import MarblesError
 
 SOURCE_ENV = "MARBLES_SOURCE"
 F = TypeVar("F", bound=Callable[..., Any])

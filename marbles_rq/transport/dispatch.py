@@ -36,11 +36,11 @@ from rq.registry import (
     StartedJobRegistry,
 )
 
-from .errors import ConfigError, MarblesError
-from .ids import ID_PATTERN
+from ..errors import ConfigError, MarblesError
+from ..store.ids import ID_PATTERN
 from .serializer import JSONSerializer
 
-ENTRY = "marbles_rq.execute.execute_delivery"
+ENTRY = "marbles_rq.engine.execute.execute_delivery"
 # A worker serving several queues blocks this long on its first queue between sweeps: the
 # most a job on a lower-priority queue waits when the worker is idle.
 MULTI_QUEUE_BLOCK_S = 0.5
@@ -171,7 +171,7 @@ class MarblesJob(Job):
         return None
 
     def _execute(self) -> Any:
-        from .execute import engine
+        from ..engine.execute import engine
 
         prefix = engine().runs.keys.prefix
         args = self.args

@@ -18,9 +18,9 @@ from typing import Any, Generic, Protocol
 
 import redis
 
+from ..errors import AgentIdTakenError, BucketMismatchError, CorruptRecordError, MarblesError
+from ..errors import UnsupportedRecordVersionError as _Unsupported
 from .connection import Client, connect, unavailable
-from .errors import AgentIdTakenError, BucketMismatchError, CorruptRecordError, MarblesError
-from .errors import UnsupportedRecordVersionError as _Unsupported
 from .ids import check_id, check_kind
 from .keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
 from .records import (

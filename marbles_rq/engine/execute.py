@@ -16,10 +16,11 @@ from typing import Any, ClassVar
 import msgspec
 import redis
 
+from ..errors import ConfigError, MarblesError, RedisUnavailableError
+from ..store.records import ErrorInfo, StepRecord
+from ..store.redis_errors import is_outage, one_line
+from ..terminal import safe
 from .authoring import Registry, StepDef
-from .errors import ConfigError, MarblesError, RedisUnavailableError
-from .records import ErrorInfo, StepRecord
-from .redis_errors import is_outage, one_line
 from .runs import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_OUTPUT_LINES,
@@ -27,9 +28,8 @@ from .runs import (
     Execution,
     RunStore,
 )
-from .terminal import safe
 
-log = logging.getLogger("marbles_rq.execute")
+log = logging.getLogger("marbles_rq.engine.execute")
 
 EXIT_FENCED = 75  # a horse that learned it no longer owns its run exits with this code
 

@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from .errors import ConfigError, RedisUnavailableError
+from ..errors import ConfigError, RedisUnavailableError
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 URL_ENV = "MARBLES_REDIS_URL"

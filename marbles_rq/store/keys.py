@@ -18,7 +18,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 DEFAULT_PREFIX = "mrq"

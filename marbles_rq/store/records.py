@@ -15,7 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
-from .errors import CorruptRecordError, UnsupportedRecordVersionError
+from ..errors import CorruptRecordError, UnsupportedRecordVersionError
 
 
 class Record(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind"):

@@ -1,0 +1,7 @@
+"""The elected controller: one process at a time holds a fenced lease and keeps every
+accepted run moving (redelivery of vanished executions, dispatch of recorded deliveries,
+deliveries lost inside RQ, retention)."""
+
+from .loop import Controller, Stats
+
+__all__ = ["Controller", "Stats"]
