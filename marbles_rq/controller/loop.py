@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from ..errors import RedisUnavailableError
 from ..store import Lease
 from ..store.redis_errors import is_outage, one_line
 from ..transport import dispatch
+from .duties import RECOVERY_ORDER, Duty
 
 log = logging.getLogger("marbles_rq.controller")
 
@@ -62,7 +63,7 @@ class Stats:
 class Controller:
     def __init__(self, runs: RunStore, rq: redis.Redis, *, lease_ms: int = 10_000,
                  interval_s: float = 0.5, lost_after_s: float = LOST_AFTER_S,
-                 dispatch_budget: int = DISPATCH_BUDGET) -> None:
+                 dispatch_budget: int = DISPATCH_BUDGET, duties: Sequence[Duty] = ()) -> None:
         self.runs, self.rq = runs, rq
         self.store = runs.store
         self.keys = runs.keys
@@ -77,6 +78,7 @@ class Controller:
         self._lost: dict[tuple[str, int], float] = {}  # popped, unstarted -> first seen
         self._next_prune = 0.0
         self._warned: dict[str, float] = {}
+        self.duties = sorted(duties, key=lambda d: RECOVERY_ORDER.index(d.kind))
 
     # -- election -----------------------------------------------------------------------------
 
@@ -320,6 +322,21 @@ class Controller:
 
     # -- the loop ---------------------------------------------------------------------------
 
+    @property
+    def epoch(self) -> int:
+        """The lease epoch that fences this controller's writes (0 when not leading)."""
+        return self.lease.epoch if self.lease is not None else 0
+
+    def recover(self) -> None:
+        """On winning the lease, before anything new: each duty finishes what the previous
+        leader left, in the seed's order; one log line per kind with count and time."""
+        for duty in self.duties:
+            if self.lease is None:
+                return
+            started = time.monotonic()
+            count = duty.recover(self)
+            log.info("recovered %s: %s in %.3f s", duty.kind, count, time.monotonic() - started)
+
     def pass_once(self) -> None:
         """One pass as the leader: reaping first, so nothing waits behind dispatch checks."""
         self.reap()
@@ -330,6 +347,10 @@ class Controller:
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + PRUNE_EVERY_S
             self.prune()
+        for duty in self.duties:
+            if self.lease is None:
+                return
+            duty.tick(self)
 
     def run(self) -> None:
         log.info("controller %s started (lease %s ms)", self.token, self.lease_ms)
@@ -340,6 +361,7 @@ class Controller:
                 if self.lead():
                     if not leading:
                         log.info("recovering: dispatching recorded runs, reaping expired leases")
+                        self.recover()
                     leading = True
                     self.pass_once()
                 elif leading:
