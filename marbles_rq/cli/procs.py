@@ -108,10 +108,13 @@ def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_
                log_level: str) -> None:
     """Elect one controller; it redelivers vanished executions and dispatches recorded runs."""
     from ..controller import Controller
+    from ..controller.duties import default_duties
 
     _logging(log_level)
+    settings.load_source()  # schedules, triggers and monitors are declared beside workflows
     _check_redis(settings, allow_unsafe_redis)
-    ctl = Controller(settings.runs(), settings.rq(), lease_ms=lease_ms, interval_s=interval)
+    ctl = Controller(settings.runs(), settings.rq(), lease_ms=lease_ms, interval_s=interval,
+                     duties=default_duties())
 
     def stop(_signum: int, _frame: Any) -> None:
         ctl.stop_event.set()

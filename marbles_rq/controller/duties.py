@@ -32,3 +32,8 @@ class Duty(Protocol):
     def tick(self, ctl: Controller) -> None:
         """One pass as leader; costs what is due, not what exists."""
         ...
+
+
+def default_duties() -> list[Duty]:
+    """The duties a `marbles-rq controller` keeps, built from what --source declared."""
+    return []
