@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ REAP_BATCH = 200          # expired leases read per bucket per pass
 DISPATCH_BUDGET = 1_000   # dispatch checks per pass, over all buckets
 PRUNE_BUDGET = 200        # finished runs pruned per prune pass
 PRUNE_EVERY_S = 5.0
+RECOVERY_BATCH = 5_000    # dispatch checks per round while recovering
+RECOVERY_ROUNDS = 1_000   # at most 5,000,000 entries; the rest are due in later passes
 LOST_AFTER_S = 5.0        # a popped delivery whose run has not started by then was lost
 MAX_BACKOFF_S = 30.0
 WARN_AGAIN_S = 600.0      # repeat a warning about the same bad key at most this often
@@ -78,6 +81,7 @@ class Controller:
         self._lost: dict[tuple[str, int], float] = {}  # popped, unstarted -> first seen
         self._next_prune = 0.0
         self._warned: dict[str, float] = {}
+        self._last_checks = 0  # dispatch checks the last dispatch pass made
         self.duties = sorted(duties, key=lambda d: RECOVERY_ORDER.index(d.kind))
 
     # -- election -----------------------------------------------------------------------------
@@ -198,13 +202,15 @@ class Controller:
 
     # -- dispatching --------------------------------------------------------------------------
 
-    def dispatch(self) -> int:
+    def dispatch(self, budget: int | None = None) -> int:
         """Each recorded delivery is checked once, after the enqueuer's grace: enqueue it if
         RQ has no job for it (a crash between recording and enqueueing, a failed enqueue, a
-        deferral), then drop the check. At most `dispatch_budget` checks per pass."""
-        per_bucket = 2 * -(-self.dispatch_budget // self.keys.buckets)
-        due = self._due(self.keys.run_dispatch, self.server_ms(), per_bucket,
-                        self.dispatch_budget)
+        deferral), then drop the check. At most `dispatch_budget` checks per pass; the
+        missing deliveries are enqueued in one pipeline per queue."""
+        budget = budget or self.dispatch_budget
+        per_bucket = 2 * -(-budget // self.keys.buckets)
+        due = self._due(self.keys.run_dispatch, self.server_ms(), per_bucket, budget)
+        self._last_checks = len(due)
         if not due:
             return 0
         pipe = self.store.client.pipeline(transaction=False)
@@ -224,15 +230,30 @@ class Controller:
                 checked.append((run_id, ""))
         exists = dispatch.deliveries_exist(self.rq, self.keys.prefix,
                                             [(rid, a) for rid, a, _ in queued])
-        done = 0
+        missing: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for (run_id, attempt, queue_name), present in zip(queued, exists, strict=True):
             if present:
                 checked.append((run_id, str(attempt)))
-            elif self._enqueue(queue_name, run_id, attempt):
-                log.info("run %s: dispatched attempt %s (it was not in RQ)", run_id, attempt)
-                self.stats.dispatched += 1
+            else:
+                missing[queue_name].append((run_id, attempt))
+        done = 0
+        for queue_name, batch in missing.items():
+            try:
+                dispatch.enqueue_deliveries(self.rq, self.keys.prefix, queue_name, batch)
+            except redis.RedisError as exc:  # the checks stay due; a later pass retries
+                log.warning("enqueueing %s deliveries on %s failed (%s); will retry",
+                            len(batch), queue_name, one_line(exc))
+                continue
+            for run_id, attempt in batch:
+                if len(batch) <= 20:
+                    log.info("run %s: dispatched attempt %s (it was not in RQ)", run_id,
+                             attempt)
                 checked.append((run_id, str(attempt)))
-                done += 1
+            if len(batch) > 20:
+                log.info("dispatched %s deliveries on %s (they were not in RQ)", len(batch),
+                         queue_name)
+            self.stats.dispatched += len(batch)
+            done += len(batch)
         if checked:
             self.runs.scripts.dispatch_done(
                 [(self.keys.run_keys(rid), rid, attempt) for rid, attempt in checked])
@@ -328,14 +349,36 @@ class Controller:
         return self.lease.epoch if self.lease is not None else 0
 
     def recover(self) -> None:
-        """On winning the lease, before anything new: each duty finishes what the previous
-        leader left, in the seed's order; one log line per kind with count and time."""
-        for duty in self.duties:
+        """On winning the lease, before anything new: claim every bucket (so a paused
+        ex-leader that wakes has its writes refused everywhere), then finish what the
+        previous leader left, kind by kind in the seed's order (RECOVERY_ORDER); one log line
+        per kind with its count and the time it took."""
+        assert self.lease is not None
+        fences = [self.keys.controller_fence(b) for b in range(self.keys.buckets)]
+        if "fenced" in self.runs.scripts.raise_fences(fences, self.lease.epoch):
+            log.warning("a newer controller holds a bucket; stepping down")
+            self.lease = None
+            return
+        steps: list[tuple[str, Callable[[], int]]] = [("children", self._recover_dispatch)]
+        steps += [(duty.kind, functools.partial(duty.recover, self)) for duty in self.duties]
+        for kind, step in sorted(steps, key=lambda s: RECOVERY_ORDER.index(s[0])):
             if self.lease is None:
                 return
             started = time.monotonic()
-            count = duty.recover(self)
-            log.info("recovered %s: %s in %.3f s", duty.kind, count, time.monotonic() - started)
+            count = step()
+            log.info("recovered %s: %s in %.3f s", kind, count, time.monotonic() - started)
+
+    def _recover_dispatch(self) -> int:
+        """Recorded runs (children included) whose delivery never reached RQ: all of them
+        now, not one budget per pass."""
+        done = 0
+        for _ in range(RECOVERY_ROUNDS):
+            if self.lease is None:
+                break
+            done += self.dispatch(RECOVERY_BATCH)
+            if self._last_checks < RECOVERY_BATCH:
+                break
+        return done
 
     def pass_once(self) -> None:
         """One pass as the leader: reaping first, so nothing waits behind dispatch checks."""

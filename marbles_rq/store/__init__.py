@@ -10,6 +10,7 @@ from .redis_store import (
     ClaimResult,
     Lease,
     LeaseHolder,
+    LeaseInfo,
     RedisStore,
     Store,
     journal_kind,
@@ -17,5 +18,5 @@ from .redis_store import (
     open_store,
 )
 
-__all__ = ["ClaimResult", "Lease", "LeaseHolder", "RedisStore", "Store", "journal_kind",
-           "new_request_id", "open_store"]
+__all__ = ["ClaimResult", "Lease", "LeaseHolder", "LeaseInfo", "RedisStore", "Store",
+           "journal_kind", "new_request_id", "open_store"]

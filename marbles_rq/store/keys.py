@@ -158,6 +158,10 @@ class Keyspace:
     def lease_epoch(self, name: str) -> str:
         return f"{self.tag_of(name)}:epoch:{name}"
 
+    def lease_since(self, name: str) -> str:
+        """String ``<epoch>|<server ms>``: when the lease's current epoch was acquired."""
+        return f"{self.tag_of(name)}:since:{name}"
+
     # -- the agent namespace (one tag) ----------------------------------------------------
 
     @property

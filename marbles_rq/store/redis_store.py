@@ -104,6 +104,16 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class LeaseInfo:
+    """A lease as a reader sees it."""
+
+    epoch: int
+    token: str
+    ttl_ms: int
+    since_ms: int | None  # server time the epoch began; None if not recorded
+
+
+@dataclass(frozen=True)
 class LeaseHolder:
     epoch: int
     token: str
@@ -358,6 +368,7 @@ class RedisStore:
         started = time.monotonic()
         reply = self.scripts.acquire_lease(lease_key=self.keys.lease(name),
                                            epoch_key=self.keys.lease_epoch(name),
+                                           since_key=self.keys.lease_since(name),
                                            token=token, ttl_ms=ttl_ms)
         if not reply.held:
             return LeaseHolder(reply.epoch, reply.holder or "", reply.ttl_ms)
@@ -370,6 +381,18 @@ class RedisStore:
             return None
         return Lease(lease.name, lease.token, lease.epoch, lease.ttl_ms,
                      started + lease.ttl_ms / 1000)
+
+    def lease_holder(self, name: str) -> LeaseInfo | None:
+        """Who holds lease `name` now, read without writing; None when nobody does."""
+        keys = (self.keys.lease(name), self.keys.lease_since(name))
+        value, pttl, since = self._pipeline_read(
+            lambda p: [p.get(keys[0]), p.pttl(keys[0]), p.get(keys[1])])
+        if value is None:
+            return None
+        epoch, _, token = _s(value).partition("|")
+        since_epoch, _, since_ms = _s(since or b"").partition("|")
+        return LeaseInfo(int(epoch), token, max(int(pttl), 0),
+                         int(since_ms) if since_epoch == epoch and since_ms else None)
 
     def release_lease(self, lease: Lease) -> bool:
         released: bool = self.scripts.release_lease(lease_key=self.keys.lease(lease.name),

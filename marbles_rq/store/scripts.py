@@ -257,9 +257,9 @@ class Scripts:
 
     # -- leases ------------------------------------------------------------------------
 
-    def acquire_lease(self, *, lease_key: str, epoch_key: str, token: str,
+    def acquire_lease(self, *, lease_key: str, epoch_key: str, since_key: str, token: str,
                       ttl_ms: int) -> LeaseReply:
-        reply = self.call("acquire_lease", [lease_key, epoch_key], [token, ttl_ms])
+        reply = self.call("acquire_lease", [lease_key, epoch_key, since_key], [token, ttl_ms])
         status = _s(reply[0])
         if status == "ok":
             return LeaseReply(True, int(reply[1]), token, int(reply[2]))
@@ -378,6 +378,11 @@ class Scripts:
                            [keys.run, keys.dispatch, keys.output, keys.fence, keys.finished],
                            [run_id, attempt, ctl_epoch, grace_ms, final_gave_up],
                            ("redelivered", "gave_up", "moved", "fenced", "corrupt"))
+
+    def raise_fences(self, fence_keys: list[str], ctl_epoch: int) -> list[str]:
+        """raise_fence on each bucket fence, pipelined: ok | fenced for each."""
+        replies = self.call_many("raise_fence", [([k], [ctl_epoch]) for k in fence_keys])
+        return [_s(r[0]) for r in replies]
 
     def fail_corrupt(self, *, keys: RunKeys, run_id: str, error: bytes, event: bytes,
                      retention_ms: int) -> Reply:

@@ -37,6 +37,7 @@ from rq.registry import (
 )
 
 from ..errors import ConfigError, MarblesError
+from ..store.connection import socket_timeout_from_env
 from ..store.ids import ID_PATTERN
 from .serializer import JSONSerializer
 
@@ -249,7 +250,10 @@ def rq_connection(url: str) -> redis.Redis:
         raise ConfigError("RQ cannot use a Redis Cluster; give --rq-url (MARBLES_RQ_URL) a "
                           "standalone Redis")
     try:
-        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=2)
+        # A socket timeout, so a hung Redis is a clear error, not a hang (the controller's
+        # calls); RQ's worker raises it above its own blocking pop's timeout.
+        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=2,
+                                    socket_timeout=socket_timeout_from_env())
     except ValueError as exc:
         raise ConfigError(f"invalid RQ Redis URL: {exc}") from None
 

@@ -1,0 +1,92 @@
+"""Commands about the controller and what it keeps: leader, roll, list."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+import msgspec
+
+from ..controller.loop import LEASE_NAME
+from ..terminal import safe
+from . import Settings
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print {holder, epoch, since} (null when "
+              "nobody leads).")
+@click.pass_obj
+def leader(settings: Settings, as_json: bool) -> None:
+    """Show the controller that leads now: its host and pid, its epoch, since when. Exit 1
+    when nobody leads (no controller, or the last one's lease ran out)."""
+    info = settings.reader().lease_holder(LEASE_NAME)
+    if info is None:
+        click.echo("null" if as_json else "no controller leads")
+        sys.exit(1)
+    host, _, rest = info.token.partition(":")
+    pid = rest.partition(":")[0]
+    data: dict[str, Any] = {"holder": f"{host}:{pid}", "epoch": info.epoch,
+                            "since": _iso(info.since_ms), "token": info.token,
+                            "lease_left_ms": info.ttl_ms}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(safe(f"leader {data['holder']}  epoch {info.epoch}  since {data['since'] or '-'}"
+                    f"  lease left {info.ttl_ms} ms"))
+
+
+@click.command()
+@click.argument("name")
+@click.option("--input", "input_json", default=None,
+              help="The run's input as JSON (a workflow only).")
+@click.option("--id", "run_id", default=None, help="Run id (a workflow only; default random).")
+@click.pass_obj
+def roll(settings: Settings, name: str, input_json: str | None, run_id: str | None) -> None:
+    """Run NAME once, now: a workflow name enqueues a run (no lock taken)."""
+    from ..engine.authoring import REGISTRY
+    from ..engine.ops import RunRequest, enqueue, prepare
+
+    settings.load_source()
+    raw = (input_json or "null").encode()
+    request = RunRequest(name, raw, run_id)
+    prepare(request)  # every input error before touching Redis (unknown names included)
+    result = enqueue(settings.runs(), settings.rq(), request, REGISTRY)
+    click.echo(f"run {result.run_id} queued ({result.record.name} on {result.record.queue})"
+               if result.created else
+               f"run {result.run_id} exists already ({result.status}); not enqueued again")
+
+
+@click.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+def list_cmd(settings: Settings, as_json: bool) -> None:
+    """What --source declares: workflows (queue, timeout, retention, input schema)."""
+    from ..engine.authoring import REGISTRY
+
+    settings.load_source()
+    workflows = []
+    for name, wf in sorted(REGISTRY.workflows.items()):
+        schema: Any = None
+        if wf.input_type is not None:
+            schema = msgspec.json.schema(wf.input_type)
+        workflows.append({"name": name, "queue": wf.queue, "timeout_s": wf.timeout_s,
+                          "max_deliveries": wf.max_deliveries, "retention_s": wf.retention_s,
+                          "input_schema": schema})
+    data: dict[str, Any] = {"workflows": workflows}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo("workflows:" if workflows else "workflows: none (is --source set?)")
+    for wf_data in workflows:
+        takes = "no input" if wf_data["input_schema"] is None else "input " + json.dumps(
+            wf_data["input_schema"], separators=(",", ":"))[:120]
+        click.echo(safe(f"  {wf_data['name']:24} queue {wf_data['queue']:12} {takes}"))

@@ -1,0 +1,184 @@
+"""The controller as a visible leader: `leader`, takeover after SIGKILL and SIGSTOP, fencing
+of a paused ex-leader, a hung Redis, startup recovery; and `roll` and `list`. Real
+redis-server, real controller and worker processes, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from marbles_rq.controller import Controller
+from marbles_rq.controller.loop import LEASE_NAME
+from marbles_rq.engine.ops import RunRequest, prepare
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store import LeaseInfo, open_store
+from marbles_rq.transport.dispatch import rq_connection
+from tests.procs import HOSTNAME, Proc, Procs, wait_for
+from tests.redis_procs import RedisServer
+
+TTL_MS = 2000
+
+
+@pytest.fixture
+def procs(redis_server: RedisServer, tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(redis_server.url, tmp_path / "procs")
+    try:
+        yield p
+    finally:
+        p.stop_all()
+        print(p.report())  # pytest shows it only when the test failed
+
+
+def _holder(procs: Procs) -> LeaseInfo | None:
+    return procs.observer.runs.store.lease_holder(LEASE_NAME)
+
+
+def _leads(procs: Procs, proc: Proc, *, timeout: float) -> LeaseInfo:
+    def check() -> LeaseInfo | None:
+        info = _holder(procs)
+        return info if info is not None and info.token.startswith(
+            f"{HOSTNAME}:{proc.pid}:") else None
+
+    return wait_for(check, timeout=timeout, what=f"controller {proc.pid} to lead")
+
+
+def _leader_json(procs: Procs) -> tuple[int, object]:
+    done = procs.cli("leader", "--json")
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_leader_is_null_until_a_controller_leads_then_names_it(procs: Procs) -> None:
+    code, data = _leader_json(procs)
+    assert (code, data) == (1, None)
+    ctl = procs.controller(lease_ms=TTL_MS)
+    code, data = _leader_json(procs)
+    assert code == 0 and isinstance(data, dict)
+    assert data["holder"] == f"{HOSTNAME}:{ctl.pid}" and data["epoch"] == 1
+    assert isinstance(data["since"], str) and data["since"].endswith("Z")
+    text = procs.cli("leader")
+    assert text.returncode == 0 and f"{HOSTNAME}:{ctl.pid}" in text.stdout
+
+
+def test_a_standby_leads_within_the_lease_after_the_leader_is_killed(procs: Procs) -> None:
+    first = procs.controller(lease_ms=TTL_MS)
+    standby = procs.controller(lease_ms=TTL_MS, ready=False)
+    standby.wait_log("controller ")  # started, waiting
+    before = _leads(procs, first, timeout=5)
+    first.kill9()
+    killed_at = time.monotonic()
+    after = _leads(procs, standby, timeout=TTL_MS / 1000 + 1)
+    print(f"[failover] kill -9 -> new leader in {time.monotonic() - killed_at:.2f} s")
+    assert after.epoch == before.epoch + 1
+    code, data = _leader_json(procs)
+    assert code == 0 and isinstance(data, dict)
+    assert data["holder"] == f"{HOSTNAME}:{standby.pid}" and data["epoch"] == after.epoch
+
+
+def test_a_paused_leader_is_replaced_and_changes_nothing_when_it_wakes(procs: Procs) -> None:
+    procs.worker()
+    first = procs.controller(lease_ms=TTL_MS)
+    standby = procs.controller(lease_ms=TTL_MS, ready=False)
+    _leads(procs, first, timeout=5)
+    first.signal(signal.SIGSTOP)
+    try:
+        _leads(procs, standby, timeout=TTL_MS / 1000 + 1)
+        # Work that both would act on: a run whose execution vanished.
+        runs = RunStore(procs.observer.runs.store)
+        runs.record(prepare(RunRequest("chain", b'{"steps": 1}', "paused-1"),
+                            _chain_registry()))
+        assert runs.start("paused-1", 1, ttl_ms=60_000, worker="gone").status == "ok"
+        assert runs.abandon("paused-1", 1, "gone") == "ok"
+        procs.observer.wait_status("paused-1", "succeeded", timeout=30)
+    finally:
+        first.signal(signal.SIGCONT)
+    first.wait_log("lost the controller lease", timeout=20)
+    events = procs.observer.events("paused-1")
+    assert [e.type for e in events].count("redelivered") == 1
+    assert [e.type for e in events].count("final") == 1
+    assert _holder(procs) is not None and _leads(procs, standby, timeout=1)
+
+
+def _chain_registry():  # type: ignore[no-untyped-def]
+    from marbles_rq.engine.authoring import REGISTRY, load_source
+    from tests.procs import CHAIN_SOURCE
+
+    if "chain" not in REGISTRY.workflows:
+        load_source(str(CHAIN_SOURCE))
+    return REGISTRY
+
+
+def test_an_ex_leader_is_fenced_in_every_bucket(redis_url: str) -> None:
+    """Even in a bucket the new leader never wrote to, a woken ex-leader's write is refused:
+    the new leader claims every bucket when it is elected."""
+    runs = RunStore(open_store(redis_url))
+    rq = rq_connection(redis_url)
+    old = Controller(runs, rq, lease_ms=1000)
+    assert old.lead()
+    runs.record(prepare(RunRequest("chain", b'{"steps": 1}', "fence-1"), _chain_registry()))
+    assert runs.start("fence-1", 1, ttl_ms=60_000, worker="gone").status == "ok"
+    assert runs.abandon("fence-1", 1, "gone") == "ok"
+    # The old leader pauses past its lease; a new one is elected and recovers.
+    wait_for(lambda: runs.store.lease_holder(LEASE_NAME) is None or None, timeout=5,
+             what="the old lease to lapse")
+    new = Controller(runs, rq, lease_ms=10_000)
+    assert new.lead()
+    new.recover()
+    assert old.lease is not None  # it still believes it leads ...
+    assert old.reap() == 0  # ... but its write is refused,
+    assert old.lease is None  # and it steps down
+    view = runs.get("fence-1")
+    assert view is not None and view.status == "running" and view.attempt == 1
+    assert new.reap() == 1
+
+
+def test_the_controller_rides_out_a_hung_redis(procs: Procs,
+                                               redis_server: RedisServer) -> None:
+    procs.env["MARBLES_SOCKET_TIMEOUT"] = "1"
+    ctl = procs.controller(lease_ms=TTL_MS)
+    os.kill(redis_server.pid, signal.SIGSTOP)
+    try:
+        ctl.wait_log("Redis error (", timeout=20)
+    finally:
+        os.kill(redis_server.pid, signal.SIGCONT)
+    ctl.wait_log("Redis answers again", timeout=60)
+    assert ctl.alive() and "Traceback" not in ctl.text()
+    procs.worker()
+    procs.enqueue("chain", {"steps": 1}, "after-hang")
+    assert procs.observer.wait_status("after-hang", "succeeded", timeout=30)
+
+
+def test_recovery_dispatches_recorded_runs_first_and_logs_each_kind(procs: Procs) -> None:
+    runs = RunStore(procs.observer.runs.store)
+    ids = [f"rec-{i}" for i in range(30)]
+    for run_id in ids:  # recorded, never enqueued (the enqueuer died), grace long gone
+        runs.record(prepare(RunRequest("chain", b'{"steps": 1}', run_id), _chain_registry()))
+        runs.client.zadd(runs.keys.run_keys(run_id).dispatch, {run_id: 0})
+    ctl = procs.controller(lease_ms=TTL_MS)
+    ctl.wait_log("recovered children: 30 in ")
+    procs.worker()
+    for run_id in ids:
+        assert procs.observer.wait_status(run_id, "succeeded", timeout=60).attempt == 1
+
+
+def test_roll_enqueues_a_workflow_now_and_list_shows_what_source_declares(
+        procs: Procs) -> None:
+    procs.worker()
+    done = procs.cli("roll", "chain", "--input", '{"steps": 1}', "--id", "rolled-1")
+    assert done.returncode == 0, done.stderr
+    assert procs.observer.wait_status("rolled-1", "succeeded", timeout=30)
+    again = procs.cli("roll", "chain", "--input", '{"steps": 1}', "--id", "rolled-1")
+    assert again.returncode == 0 and "exists already" in again.stdout
+    unknown = procs.cli("roll", "no-such-thing")
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: ")
+    assert len(unknown.stderr.strip().splitlines()) == 1
+    listed = procs.cli("list", "--json")
+    assert listed.returncode == 0
+    workflows = {w["name"]: w for w in json.loads(listed.stdout)["workflows"]}
+    assert workflows["chain"]["input_schema"] is not None
+    assert "steps" in json.dumps(workflows["chain"]["input_schema"])
