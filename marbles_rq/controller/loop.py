@@ -376,7 +376,7 @@ class Controller:
             if self.lease is None:
                 break
             done += self.dispatch(RECOVERY_BATCH)
-            if self._last_checks < RECOVERY_BATCH:
+            if not self._last_checks:  # nothing due is left (rounds read per bucket)
                 break
         return done
 
