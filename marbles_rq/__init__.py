@@ -6,8 +6,10 @@ from .errors import MarblesError
 from .store import RedisStore, Store, open_store
 from .store.keys import Keyspace
 from .store.memory import MemoryStore
+from .triggers.events import Event, on_event
 
 __all__ = [
+    "Event",
     "Keyspace",
     "MarblesError",
     "MemoryStore",
@@ -15,6 +17,7 @@ __all__ = [
     "RunContext",
     "Store",
     "current",
+    "on_event",
     "open_store",
     "step",
     "workflow",

@@ -106,10 +106,10 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: s
 
 
 def _register() -> None:
-    from . import doctor, procs, runs
+    from . import doctor, events, procs, runs
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
-                    procs.worker, procs.controller, doctor.doctor):
+                    procs.worker, procs.controller, doctor.doctor, events.events):
         cli.add_command(command)
 
 

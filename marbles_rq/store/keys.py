@@ -150,6 +150,21 @@ class Keyspace:
                        fence=self.controller_fence(bucket),
                        finished=self.run_finished(bucket), effects=self.effect_index(run_id))
 
+    # -- events: an inbound event's hash and its bucket's indexes share the event's tag --------
+
+    def event(self, event_key: str) -> str:
+        """Hash: an inbound event: `doc` (EventRecord JSON), `state` (pending | started |
+        unmatched | failed), `workflow`, `run`, `received_ms`, `note`."""
+        return f"{self.tag_of(event_key)}:evt:{event_key}"
+
+    def event_listing(self, bucket: int) -> str:
+        """Sorted set: event keys in the bucket by time received (server ms)."""
+        return f"{self.tag(bucket)}:evidx"
+
+    def event_pending(self, bucket: int) -> str:
+        """Sorted set: pending event keys -> when the controller turns them into runs."""
+        return f"{self.tag(bucket)}:evpending"
+
     # -- leases ---------------------------------------------------------------------------
 
     def lease(self, name: str) -> str:

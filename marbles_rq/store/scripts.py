@@ -407,6 +407,23 @@ class Scripts:
         return self._reply("abandon_attempt", [keys.run, keys.leases], [run_id, attempt, worker],
                            ("ok", "ignored"))
 
+    # -- events ------------------------------------------------------------------------
+
+    def claim_event(self, *, event_key: str, event_hash: str, listing_key: str,
+                    pending_key: str, doc: bytes, request_id: str, workflow: str, run_id: str,
+                    grace_ms: int) -> Reply:
+        """{"ok", received_ms} or {"exists", doc, state, workflow, run} (lua/claim_event.lua)."""
+        return self._reply("claim_event", [event_hash, listing_key, pending_key],
+                           [event_key, doc, request_id, workflow, run_id, grace_ms],
+                           ("ok", "exists"))
+
+    def mark_event(self, *, event_key: str, event_hash: str, pending_key: str, fence_key: str,
+                   ctl_epoch: int, state: str, note: str = "", retry_ms: int = 0) -> Reply:
+        """state: started | failed | retry; ctl_epoch 0 = the sender (not fenced)."""
+        return self._reply("mark_event", [event_hash, pending_key, fence_key],
+                           [event_key, ctl_epoch, state, note, retry_ms],
+                           ("ok", "not_pending", "missing", "fenced"))
+
     # -- deployment --------------------------------------------------------------------
 
     def ensure_meta(self, *, meta_key: str, buckets: int, layout: int) -> tuple[bool, str, str]:
