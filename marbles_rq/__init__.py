@@ -7,16 +7,21 @@ from .store import RedisStore, Store, open_store
 from .store.keys import Keyspace
 from .store.memory import MemoryStore
 from .triggers.events import Event, on_event
+from .triggers.monitors import FileChange, HttpChange, Launch, monitor
 
 __all__ = [
     "Event",
+    "FileChange",
+    "HttpChange",
     "Keyspace",
+    "Launch",
     "MarblesError",
     "MemoryStore",
     "RedisStore",
     "RunContext",
     "Store",
     "current",
+    "monitor",
     "on_event",
     "open_store",
     "step",

@@ -37,5 +37,6 @@ class Duty(Protocol):
 def default_duties() -> list[Duty]:
     """The duties a `marbles-rq controller` keeps, built from what --source declared."""
     from ..triggers.events import EventsDuty
+    from ..triggers.monitors import MonitorsDuty
 
-    return [EventsDuty()]
+    return [EventsDuty(), MonitorsDuty()]

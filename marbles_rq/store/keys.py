@@ -165,6 +165,17 @@ class Keyspace:
         """Sorted set: pending event keys -> when the controller turns them into runs."""
         return f"{self.tag(bucket)}:evpending"
 
+    # -- monitors: a monitor's state hash and its bucket's due index share its tag ---------
+
+    def monitor(self, monitor_key: str) -> str:
+        """Hash: a monitor's state: `rev`, `obs`, `pending`, `pending_run`, `seq`, `next_ms`,
+        `last_poll_ms`, `last_change_ms`, `last_error`."""
+        return f"{self.tag_of(monitor_key)}:mon:{monitor_key}"
+
+    def monitor_due(self, bucket: int) -> str:
+        """Sorted set: monitor keys in the bucket -> when they are polled next (server ms)."""
+        return f"{self.tag(bucket)}:mondue"
+
     # -- leases ---------------------------------------------------------------------------
 
     def lease(self, name: str) -> str:

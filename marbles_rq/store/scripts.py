@@ -424,6 +424,39 @@ class Scripts:
                            [event_key, ctl_epoch, state, note, retry_ms],
                            ("ok", "not_pending", "missing", "fenced"))
 
+    # -- monitors ----------------------------------------------------------------------
+
+    def arm_monitor(self, *, monitor_key: str, monitor_hash: str, due_key: str,
+                    fence_key: str, ctl_epoch: int, mode: str) -> Reply:
+        """mode: arm | disarm."""
+        return self._reply("arm_monitor", [monitor_hash, due_key, fence_key],
+                           [monitor_key, ctl_epoch, mode], ("ok", "fenced"))
+
+    def arm_monitors(self, calls: list[dict[str, Any]]) -> list[Reply]:
+        """arm_monitor for many monitors in one round trip (see call_many)."""
+        replies = self.call_many("arm_monitor", [
+            ([c["monitor_hash"], c["due_key"], c["fence_key"]],
+             [c["monitor_key"], c["ctl_epoch"], c["mode"]]) for c in calls])
+        out = []
+        for reply in replies:
+            if _s(reply[0]) not in ("ok", "fenced"):
+                raise self._unexpected("arm_monitor", reply)
+            out.append(Reply(_s(reply[0]), reply[1:]))
+        return out
+
+    def observe_monitor(self, *, monitor_key: str, monitor_hash: str, due_key: str,
+                        fence_key: str, ctl_epoch: int, expected_rev: str, obs: bytes,
+                        launch: bytes, launch_run: str, seq: int, interval_ms: int,
+                        error: str) -> Reply:
+        return self._reply("observe_monitor", [monitor_hash, due_key, fence_key],
+                           [monitor_key, ctl_epoch, expected_rev, obs, launch, launch_run, seq,
+                            interval_ms, error], ("ok", "conflict", "fenced"))
+
+    def ack_monitor(self, *, monitor_hash: str, fence_key: str, ctl_epoch: int,
+                    launch_run: str, error: str) -> Reply:
+        return self._reply("ack_monitor", [monitor_hash, fence_key],
+                           [ctl_epoch, launch_run, error], ("ok", "gone", "fenced"))
+
     # -- deployment --------------------------------------------------------------------
 
     def ensure_meta(self, *, meta_key: str, buckets: int, layout: int) -> tuple[bool, str, str]:
