@@ -191,3 +191,29 @@ def test_bad_event_input_is_one_line_exit_2_and_records_nothing(
     line = _exits_2(procs, "events", "send", *args, env=env)
     assert says in line
     assert _client(procs).dbsize() == 0  # nothing recorded, not even the deployment's meta
+
+
+def test_events_past_their_retention_are_pruned_but_pending_ones_stay(redis_url: str) -> None:
+    from marbles_rq.controller import Controller
+    from marbles_rq.transport.dispatch import rq_connection
+    from marbles_rq.triggers.events import EventsDuty
+
+    rq = rq_connection(redis_url)
+    events = Events(RunStore(open_store(redis_url)), rq)
+    done = events.send("stripe", "evt_1")
+    started = events.send("gh", "p-1", type="push")
+    record, trigger = events.prepare("gh", "p-2", type="push")
+    pending = events.journal(record, trigger)
+    assert (done.state, started.state, pending.state) == ("unmatched", "started", "pending")
+
+    duty = EventsDuty(retention_s=0)
+    ctl = Controller(events.runs, rq, duties=[duty])
+    assert ctl.lead()
+    assert duty.prune(ctl) == 2
+    assert [v.key for v in events.recent()] == [pending.key]
+    client = events.store.client
+    assert not client.exists(events.keys.event(done.key), events.keys.event(started.key))
+    # Past the retention a resend is new again; its run id is the same, so a run that is
+    # still kept is not recorded twice.
+    again = events.send("gh", "p-1", type="push")
+    assert again.created and again.run_id == started.run_id and not again.run_created

@@ -424,6 +424,11 @@ class Scripts:
                            [event_key, ctl_epoch, state, note, retry_ms],
                            ("ok", "not_pending", "missing", "fenced"))
 
+    def prune_event(self, *, event_key: str, event_hash: str, listing_key: str,
+                    fence_key: str, ctl_epoch: int, cutoff_ms: int) -> Reply:
+        return self._reply("prune_event", [event_hash, listing_key, fence_key],
+                           [event_key, ctl_epoch, cutoff_ms], ("ok", "kept", "fenced"))
+
     # -- monitors ----------------------------------------------------------------------
 
     def arm_monitor(self, *, monitor_key: str, monitor_hash: str, due_key: str,

@@ -60,6 +60,9 @@ RETRY_MS = 60_000          # a pending event whose workflow this controller lack
 SCAN_EVERY_S = 1.0         # how often a leader looks for pending events past their grace
 PER_BUCKET = 100           # pending events read per bucket per scan
 RECOVER_BATCH = 500
+RETENTION_S = 7 * 86400.0  # an event is kept (and a resend recognised) this long
+PRUNE_EVERY_S = 5.0
+PRUNE_BUDGET = 200         # events pruned per prune pass
 
 
 class Event(msgspec.Struct, kw_only=True, frozen=True):
@@ -389,9 +392,12 @@ class EventsDuty:
 
     kind = "events"
 
-    def __init__(self, registry: Registry = REGISTRY, triggers: Triggers = TRIGGERS) -> None:
+    def __init__(self, registry: Registry = REGISTRY, triggers: Triggers = TRIGGERS, *,
+                 retention_s: float = RETENTION_S) -> None:
         self.registry, self.triggers = registry, triggers
+        self.retention_ms = int(retention_s * 1000)
         self._next_scan = 0.0
+        self._next_prune = 0.0
 
     def _events(self, ctl: Controller) -> Events:
         return Events(ctl.runs, ctl.rq, registry=self.registry, triggers=self.triggers)
@@ -430,6 +436,9 @@ class EventsDuty:
 
     def tick(self, ctl: Controller) -> None:
         now = time.monotonic()
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_EVERY_S
+            self.prune(ctl)
         if now < self._next_scan:
             return
         self._next_scan = now + SCAN_EVERY_S
@@ -437,6 +446,36 @@ class EventsDuty:
         keys = events.pending(due_ms=ctl.server_ms(), per_bucket=PER_BUCKET)
         if keys:
             self._start(ctl, events, keys)
+
+    def prune(self, ctl: Controller, budget: int = PRUNE_BUDGET) -> int:
+        """Remove events received more than the retention ago (pending ones stay)."""
+        cutoff = ctl.server_ms() - self.retention_ms
+        per_bucket = 2 * -(-budget // ctl.keys.buckets)
+        pipe = ctl.store.client.pipeline(transaction=False)
+        for bucket in range(ctl.keys.buckets):
+            pipe.zrangebyscore(ctl.keys.event_listing(bucket), "-inf", cutoff, start=0,
+                               num=per_bucket)
+        due: list[str] = []
+        for found in pipe.execute(raise_on_error=False):
+            if isinstance(found, Exception):
+                if is_outage(found):
+                    raise found
+                continue
+            due += [_s(k) for k in found]
+        done = 0
+        for key in due[:budget]:
+            bucket = ctl.keys.bucket_of(key)
+            reply = ctl.store.scripts.prune_event(
+                event_key=key, event_hash=ctl.keys.event(key),
+                listing_key=ctl.keys.event_listing(bucket),
+                fence_key=ctl.keys.controller_fence(bucket), ctl_epoch=ctl.epoch,
+                cutoff_ms=cutoff)
+            if reply.status == "fenced":
+                break
+            done += reply.status == "ok"
+        if done:
+            log.info("pruned %s events past their retention", done)
+        return done
 
 
 def _iso(ms: int) -> str:
