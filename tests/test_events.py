@@ -193,6 +193,18 @@ def test_bad_event_input_is_one_line_exit_2_and_records_nothing(
     assert _client(procs).dbsize() == 0  # nothing recorded, not even the deployment's meta
 
 
+
+def test_sending_without_any_trigger_declared_is_refused(procs: Procs) -> None:
+    argv = [*procs.base_argv()[:-2], "events", "send", "gh", "--id", "1"]
+    assert "--source" not in argv
+    env = {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("error: no event triggers are declared")
+    assert len(done.stderr.splitlines()) == 1
+    assert _client(procs).dbsize() == 0
+
 def test_events_past_their_retention_are_pruned_but_pending_ones_stay(redis_url: str) -> None:
     from marbles_rq.controller import Controller
     from marbles_rq.transport.dispatch import rq_connection

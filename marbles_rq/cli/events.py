@@ -8,8 +8,9 @@ import click
 
 from ..engine.authoring import InputError
 from ..engine.ops import MAX_PAYLOAD_ENV, PayloadTooLargeError, max_payload
+from ..errors import ConfigError
 from ..terminal import safe
-from ..triggers.events import Events
+from ..triggers.events import TRIGGERS, Events
 from . import Settings
 
 
@@ -50,6 +51,9 @@ def send(settings: Settings, source: str, event_id: str, event_type: str, payloa
          as_json: bool) -> None:
     """Journal an inbound event of SOURCE, then start the run its trigger names."""
     settings.load_source()
+    if not TRIGGERS.by_key:  # every event would be journaled as unmatched, for good
+        raise ConfigError("no event triggers are declared: set --source (env MARBLES_SOURCE) "
+                          "to the modules that declare them")
     limit = max_payload()
     if payload.startswith("@"):
         try:
