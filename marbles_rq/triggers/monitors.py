@@ -296,8 +296,8 @@ class Outcome:
     status: unchanged | changed (the handler returned None) | launched (a run was asked
     for; `run_id`) | started (a pending launch was started; `run_id`) | dropped (a pending
     launch's target is gone) | start_failed (left pending) | poll_failed | handler_failed |
-    conflict (another poll recorded first) | fenced (a newer controller) | pending (a launch
-    is still pending).
+    conflict (another poll recorded first) | fenced (a newer controller) | error (the
+    duty's catch-all: Redis unreachable, a corrupt state).
     """
 
     key: str
@@ -349,13 +349,15 @@ class Poller:
     def _hand_out(self, d: MonitorDef, pending: bytes, run_id: str, epoch: int) -> Outcome:
         """Start a pending launch (the same run id each time), then acknowledge it."""
         mon, _, fence = self._fence(d.key)
-        launch = msgspec.json.decode(pending)
-        workflow = str(launch.get("workflow", ""))
-        error = ""
+        workflow, error = "", ""
         try:
+            launch = _Observation.decode(pending)
+            workflow = str(launch.get("workflow", ""))
             raw = msgspec.json.encode(launch.get("input"))
             ops.enqueue(self.runs, self.rq, ops.RunRequest(workflow, raw, run_id),
                         self.registry)
+        except msgspec.DecodeError as exc:
+            error = f"pending launch unreadable: {exc}"
         except (UnknownWorkflowError, InputError, InvalidIdError) as exc:  # for good
             error = f"launch target {workflow!r} cannot start: {exc}"
         except redis.RedisError as exc:
@@ -417,8 +419,7 @@ class Poller:
         if not launch:
             return Outcome(key, "changed")
         handed = self._hand_out(d, launch, run_id, epoch)
-        return handed if handed.status in ("fenced", "dropped") else Outcome(
-            key, "launched", run_id, handed.detail)
+        return Outcome(key, "launched", run_id) if handed.status == "started" else handed
 
     @staticmethod
     def _settled(status: str, outcome: str) -> str:
@@ -426,11 +427,12 @@ class Poller:
 
     def _look(self, d: MonitorDef, stored: bytes | None) -> tuple[bytes, Any]:
         """(the new observation JSON, the change, falsy when nothing changed)."""
+        baseline = _baseline(d.key, stored)
         if d.kind == "files":
             files = digest_files(d)
             old: dict[str, str] = {}
-            if stored is not None:
-                old = msgspec.json.decode(stored).get("files", {})
+            if baseline is not None:
+                old = baseline.get("files", {})
             change = FileChange(
                 added={p: h for p, h in files.items() if p not in old},
                 modified={p: h for p, h in files.items() if p in old and old[p] != h},
@@ -438,11 +440,25 @@ class Poller:
             return msgspec.json.encode({"files": files}), change
         status, body = fetch(d)
         current = body_hash(body)
-        previous = None if stored is None else msgspec.json.decode(stored).get("hash")
+        previous = None if baseline is None else baseline.get("hash")
         if previous == current:
             return b"", None
         return (msgspec.json.encode({"hash": current, "status": status}),
                 HttpChange(status, previous, current, body))
+
+
+_Observation = msgspec.json.Decoder(dict[str, Any])
+
+
+def _baseline(key: str, stored: bytes | None) -> dict[str, Any] | None:
+    """The stored observation; an unreadable one counts as none (the next poll is a change)."""
+    if stored is None:
+        return None
+    try:
+        return _Observation.decode(stored)
+    except msgspec.DecodeError as exc:
+        log.warning("monitor %s: stored observation unreadable (%s); polling afresh", key, exc)
+        return None
 
 
 # -- a manual roll and the listing (for the CLI) -------------------------------------------
