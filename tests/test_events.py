@@ -129,6 +129,21 @@ def test_a_pending_event_becomes_a_run_once_a_controller_leads(procs: Procs) -> 
     assert "recovered events: 1" in procs.procs[-1].text()  # on election, not a later pass
 
 
+
+def test_a_pending_event_left_while_a_controller_leads_is_started_after_its_grace(
+        procs: Procs) -> None:
+    """The controller's passes (not only its election) pick up an event whose sender died,
+    once the sender's grace (5 s) has passed."""
+    procs.start(workers=1)
+    events = Events(RunStore(open_store(procs.url)))
+    record, trigger = events.prepare("gh", "late-1", type="push", payload=b"7")
+    assert events.journal(record, trigger).created
+    view = procs.observer.wait_status(record.id, "succeeded", timeout=60)
+    got = events.get(record.id)
+    assert got is not None and got.state == "started"
+    assert view.created_ms - got.received_ms >= 5000  # not before the sender's grace
+    assert [m["payload"] for m in _markers(procs)] == [7]
+
 def test_a_controller_killed_while_recovering_events_runs_none_twice(procs: Procs) -> None:
     events = Events(RunStore(open_store(procs.url)))
     keys = []
