@@ -144,6 +144,24 @@ def test_a_pending_event_left_while_a_controller_leads_is_started_after_its_grac
     assert view.created_ms - got.received_ms >= 5000  # not before the sender's grace
     assert [m["payload"] for m in _markers(procs)] == [7]
 
+
+def test_a_corrupt_pending_event_fails_alone(procs: Procs) -> None:
+    events = Events(RunStore(open_store(procs.url)))
+    bad, trigger = events.prepare("gh", "bad-1", type="push")
+    assert events.journal(bad, trigger).created
+    _client(procs).hset(events.keys.event(bad.id), "doc", "{not json")
+    good, trigger = events.prepare("gh", "good-1", type="push")
+    assert events.journal(good, trigger).created
+    procs.start(workers=1)
+    procs.observer.wait_status(good.id, "succeeded", timeout=60)
+    wait_for(lambda: _client(procs).hget(events.keys.event(bad.id), "state") == "failed",
+             timeout=30, what="the corrupt event to be failed", context=procs.report)
+    assert events.recent() == events._views([good.id])  # the listing skips the corrupt one
+    note = _client(procs).hget(events.keys.event(bad.id), "note")
+    assert note is not None and "corrupt record" in note
+    assert events.runs.get(bad.id) is None
+    assert procs.procs[-1].alive()
+
 def test_a_controller_killed_while_recovering_events_runs_none_twice(procs: Procs) -> None:
     events = Events(RunStore(open_store(procs.url)))
     keys = []

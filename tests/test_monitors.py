@@ -291,3 +291,24 @@ def test_roll_and_list_a_monitor_from_python(redis_url: str, tmp_path: Path) -> 
     assert after.pending_run == "" and after.to_json()["last_error"] is None
     assert monitor_key("https://api.example.com/status") == "https-api-example-com-status-" + \
         __import__("hashlib").sha256(b"https://api.example.com/status").hexdigest()[:6]
+
+
+def test_a_monitor_whose_state_key_is_broken_costs_only_itself(
+        procs: Procs, tmp_path: Path) -> None:
+    from marbles_rq.triggers.events import Events
+
+    root = tmp_path / "watched"
+    root.mkdir()
+    (root / "a.txt").write_text("one")
+    procs.env.update(T_MON_ROOT=str(root), T_MON_INTERVAL="0.2")
+    _client(procs).set(KEYS.monitor("t-files"), "not a hash")
+    events = Events(RunStore(open_store(procs.url)))
+    record, trigger = events.prepare("gh", "after-broken-monitor", type="push")
+    assert events.journal(record, trigger).created
+
+    procs.start(workers=1)
+    procs.observer.wait_status(record.id, "succeeded", timeout=60)  # the controller works on
+    ctl = procs.procs[-1]
+    ctl.wait_log("monitor t-files: cannot arm it")
+    assert "recovered monitors: 0" in ctl.text() and "Redis error" not in ctl.text()
+    assert ctl.alive()

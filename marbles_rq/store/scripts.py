@@ -437,18 +437,6 @@ class Scripts:
         return self._reply("arm_monitor", [monitor_hash, due_key, fence_key],
                            [monitor_key, ctl_epoch, mode], ("ok", "fenced"))
 
-    def arm_monitors(self, calls: list[dict[str, Any]]) -> list[Reply]:
-        """arm_monitor for many monitors in one round trip (see call_many)."""
-        replies = self.call_many("arm_monitor", [
-            ([c["monitor_hash"], c["due_key"], c["fence_key"]],
-             [c["monitor_key"], c["ctl_epoch"], c["mode"]]) for c in calls])
-        out = []
-        for reply in replies:
-            if _s(reply[0]) not in ("ok", "fenced"):
-                raise self._unexpected("arm_monitor", reply)
-            out.append(Reply(_s(reply[0]), reply[1:]))
-        return out
-
     def observe_monitor(self, *, monitor_key: str, monitor_hash: str, due_key: str,
                         fence_key: str, ctl_epoch: int, expected_rev: str, obs: bytes,
                         launch: bytes, launch_run: str, seq: int, interval_ms: int,

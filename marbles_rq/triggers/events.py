@@ -42,7 +42,7 @@ from ..engine.authoring import (
     WorkflowDef,
 )
 from ..engine.runs import RunStore
-from ..errors import InvalidIdError
+from ..errors import CorruptRecordError, InvalidIdError, UnsupportedRecordVersionError
 from ..store import RedisStore, new_request_id
 from ..store.records import EventRecord, decode, encode
 from ..store.redis_errors import is_outage, one_line
@@ -412,6 +412,9 @@ class EventsDuty:
                     raise
                 log.warning("event %s: %s; skipped", key, one_line(exc))
                 continue
+            except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
+                log.warning("event %s: %s; failed", key, exc)
+                status = events._mark(key, ctl.epoch, "failed", str(exc)[:500])
             if status == "fenced":
                 log.warning("a newer controller acts on event %s; leaving events to it", key)
                 return done, False

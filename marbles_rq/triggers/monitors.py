@@ -534,15 +534,27 @@ class MonitorsDuty:
     def recover(self, ctl: Controller) -> int:
         if not self.monitors.by_key:
             return 0
-        calls = []
+        armed = 0
         for key in sorted(self.monitors.by_key):
-            mon, due, fence = self._keys(ctl, key)
-            calls.append({"monitor_key": key, "monitor_hash": mon, "due_key": due,
-                          "fence_key": fence, "ctl_epoch": ctl.epoch, "mode": "arm"})
-        replies = ctl.store.scripts.arm_monitors(calls)
-        if any(r.status == "fenced" for r in replies):
-            log.warning("a newer controller acts on monitors; leaving them to it")
-        return sum(1 for r in replies if r.status == "ok")
+            status = self._arm(ctl, key, "arm")
+            if status == "fenced":
+                log.warning("a newer controller acts on monitors; leaving them to it")
+                break
+            armed += status == "ok"
+        return armed
+
+    def _arm(self, ctl: Controller, key: str, mode: str) -> str:
+        """arm_monitor for one monitor; a key of the wrong type costs only that monitor."""
+        mon, due, fence = self._keys(ctl, key)
+        try:
+            return ctl.store.scripts.arm_monitor(monitor_key=key, monitor_hash=mon,
+                                                 due_key=due, fence_key=fence,
+                                                 ctl_epoch=ctl.epoch, mode=mode).status
+        except redis.ResponseError as exc:
+            if is_outage(exc):
+                raise
+            log.warning("monitor %s: cannot %s it (%s)", key, mode, one_line(exc))
+            return "error"
 
     @staticmethod
     def _keys(ctl: Controller, key: str) -> tuple[str, str, str]:
@@ -571,11 +583,8 @@ class MonitorsDuty:
             if key in self._running:
                 continue
             if key not in self.monitors.by_key:
-                mon, due_key, fence = self._keys(ctl, key)
-                ctl.store.scripts.arm_monitor(monitor_key=key, monitor_hash=mon,
-                                              due_key=due_key, fence_key=fence,
-                                              ctl_epoch=ctl.epoch, mode="disarm")
-                log.warning("monitor %s is no longer declared; it is not polled", key)
+                if self._arm(ctl, key, "disarm") == "ok":
+                    log.warning("monitor %s is no longer declared; it is not polled", key)
                 continue
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(POLL_THREADS, thread_name_prefix="monitor")
