@@ -6,7 +6,7 @@ from .errors import MarblesError
 from .store import RedisStore, Store, open_store
 from .store.keys import Keyspace
 from .store.memory import MemoryStore
-from .triggers.events import Event, on_event
+from .triggers.events import Event, on_event, send_event
 from .triggers.monitors import FileChange, HttpChange, Launch, monitor
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "monitor",
     "on_event",
     "open_store",
+    "send_event",
     "step",
     "workflow",
 ]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+import marbles_rq as mr
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
 from marbles_rq.triggers.events import Events, event_key
@@ -245,7 +246,7 @@ def test_events_past_their_retention_are_pruned_but_pending_ones_stay(redis_url:
 
     rq = rq_connection(redis_url)
     events = Events(RunStore(open_store(redis_url)), rq)
-    done = events.send("stripe", "evt_1")
+    done = mr.send_event(events.runs, rq, "stripe", "evt_1")  # the top-level helper
     started = events.send("gh", "p-1", type="push")
     record, trigger = events.prepare("gh", "p-2", type="push")
     pending = events.journal(record, trigger)

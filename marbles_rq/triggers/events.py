@@ -384,6 +384,12 @@ class Events:
         return views
 
 
+def send_event(runs: RunStore, rq: redis.Redis, source: str, event_id: str, *, type: str = "",
+               payload: bytes = b"null") -> Sent:
+    """`marbles-rq events send` in Python: `Events(runs, rq).send(...)` with the triggers
+    declared by the loaded modules."""
+    return Events(runs, rq).send(source, event_id, type=type, payload=payload)
+
 # -- the controller's duty ------------------------------------------------------------------
 
 class EventsDuty:
