@@ -137,6 +137,10 @@ class MonitorDef:
     def interval_ms(self) -> int:
         return max(1, int(self.interval_s * 1000))
 
+    def __call__(self, change: Any) -> Launch | None:
+        """The handler itself, so a declared monitor is easy to unit-test."""
+        return self.handler(change)
+
 
 @dataclass
 class Monitors:
