@@ -6,16 +6,25 @@ from .errors import MarblesError
 from .store import RedisStore, Store, open_store
 from .store.keys import Keyspace
 from .store.memory import MemoryStore
+from .triggers.events import Event, on_event, send_event
+from .triggers.monitors import FileChange, HttpChange, Launch, monitor
 
 __all__ = [
+    "Event",
+    "FileChange",
+    "HttpChange",
     "Keyspace",
+    "Launch",
     "MarblesError",
     "MemoryStore",
     "RedisStore",
     "RunContext",
     "Store",
     "current",
+    "monitor",
+    "on_event",
     "open_store",
+    "send_event",
     "step",
     "workflow",
 ]

@@ -106,11 +106,11 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: s
 
 
 def _register() -> None:
-    from . import control, doctor, procs, runs
+    from . import control, doctor, events, procs, runs
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
                     procs.worker, procs.controller, doctor.doctor, control.leader, control.roll,
-                    control.list_cmd):
+                    control.list_cmd, events.events):
         cli.add_command(command)
 
 

@@ -36,4 +36,7 @@ class Duty(Protocol):
 
 def default_duties() -> list[Duty]:
     """The duties a `marbles-rq controller` keeps, built from what --source declared."""
-    return []
+    from ..triggers.events import EventsDuty
+    from ..triggers.monitors import MonitorsDuty
+
+    return [EventsDuty(), MonitorsDuty()]

@@ -144,6 +144,12 @@ class Controller:
             self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {one_line(exc)}")
             return None
 
+    def step_down(self, why: str) -> None:
+        """A script refused a write because a newer controller was elected: stop acting
+        now (the loop waits to take over again, as a standby)."""
+        log.warning("%s; stepping down", why)
+        self.lease = None
+
     def _handled(self, run_id: str, reply: Any) -> bool:
         """True when a run script's reply is not about the run's progress: the call failed
         (None), a newer controller fenced this one (it steps down), or the run is corrupt
@@ -151,9 +157,8 @@ class Controller:
         if reply is None:
             return True
         if reply.status == "fenced":
-            log.warning("a newer controller (epoch %s) acts on run %s; stepping down",
-                        _s(reply.values[0]), run_id)
-            self.lease = None
+            self.step_down(f"a newer controller (epoch {_s(reply.values[0])}) acts on run "
+                           f"{run_id}")
             return True
         if reply.status == "corrupt":
             self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")

@@ -150,6 +150,32 @@ class Keyspace:
                        fence=self.controller_fence(bucket),
                        finished=self.run_finished(bucket), effects=self.effect_index(run_id))
 
+    # -- events: an inbound event's hash and its bucket's indexes share the event's tag --------
+
+    def event(self, event_key: str) -> str:
+        """Hash: an inbound event: `doc` (EventRecord JSON), `state` (pending | started |
+        unmatched | failed), `workflow`, `run`, `received_ms`, `note`."""
+        return f"{self.tag_of(event_key)}:evt:{event_key}"
+
+    def event_listing(self, bucket: int) -> str:
+        """Sorted set: event keys in the bucket by time received (server ms)."""
+        return f"{self.tag(bucket)}:evidx"
+
+    def event_pending(self, bucket: int) -> str:
+        """Sorted set: pending event keys -> when the controller turns them into runs."""
+        return f"{self.tag(bucket)}:evpending"
+
+    # -- monitors: a monitor's state hash and its bucket's due index share its tag ---------
+
+    def monitor(self, monitor_key: str) -> str:
+        """Hash: a monitor's state: `rev`, `obs`, `pending`, `pending_run`, `seq`, `next_ms`,
+        `last_poll_ms`, `last_change_ms`, `last_error`."""
+        return f"{self.tag_of(monitor_key)}:mon:{monitor_key}"
+
+    def monitor_due(self, bucket: int) -> str:
+        """Sorted set: monitor keys in the bucket -> when they are polled next (server ms)."""
+        return f"{self.tag(bucket)}:mondue"
+
     # -- leases ---------------------------------------------------------------------------
 
     def lease(self, name: str) -> str:

@@ -37,6 +37,8 @@ class EventRecord(IdRecord, tag="event", kw_only=True, frozen=True):
     source: str
     payload: msgspec.Raw = msgspec.Raw(b"null")
     received_at_ms: int = 0
+    event_id: str = ""  # the provider's own id, as sent (the record id is derived from it)
+    type: str = ""
 
 
 class JournalEntry(IdRecord, tag="journal", kw_only=True, frozen=True):

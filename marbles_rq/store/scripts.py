@@ -412,6 +412,49 @@ class Scripts:
         return self._reply("abandon_attempt", [keys.run, keys.leases], [run_id, attempt, worker],
                            ("ok", "ignored"))
 
+    # -- events ------------------------------------------------------------------------
+
+    def claim_event(self, *, event_key: str, event_hash: str, listing_key: str,
+                    pending_key: str, doc: bytes, request_id: str, workflow: str, run_id: str,
+                    grace_ms: int) -> Reply:
+        """{"ok", received_ms} or {"exists", doc, state, workflow, run} (lua/claim_event.lua)."""
+        return self._reply("claim_event", [event_hash, listing_key, pending_key],
+                           [event_key, doc, request_id, workflow, run_id, grace_ms],
+                           ("ok", "exists"))
+
+    def mark_event(self, *, event_key: str, event_hash: str, pending_key: str, fence_key: str,
+                   ctl_epoch: int, state: str, note: str = "", retry_ms: int = 0) -> Reply:
+        """state: started | failed | retry; ctl_epoch 0 = the sender (not fenced)."""
+        return self._reply("mark_event", [event_hash, pending_key, fence_key],
+                           [event_key, ctl_epoch, state, note, retry_ms],
+                           ("ok", "not_pending", "missing", "fenced"))
+
+    def prune_event(self, *, event_key: str, event_hash: str, listing_key: str,
+                    fence_key: str, ctl_epoch: int, cutoff_ms: int) -> Reply:
+        return self._reply("prune_event", [event_hash, listing_key, fence_key],
+                           [event_key, ctl_epoch, cutoff_ms], ("ok", "kept", "fenced"))
+
+    # -- monitors ----------------------------------------------------------------------
+
+    def arm_monitor(self, *, monitor_key: str, monitor_hash: str, due_key: str,
+                    fence_key: str, ctl_epoch: int, mode: str) -> Reply:
+        """mode: arm | disarm."""
+        return self._reply("arm_monitor", [monitor_hash, due_key, fence_key],
+                           [monitor_key, ctl_epoch, mode], ("ok", "fenced"))
+
+    def observe_monitor(self, *, monitor_key: str, monitor_hash: str, due_key: str,
+                        fence_key: str, ctl_epoch: int, expected_rev: str, obs: bytes,
+                        launch: bytes, launch_run: str, seq: int, interval_ms: int,
+                        error: str) -> Reply:
+        return self._reply("observe_monitor", [monitor_hash, due_key, fence_key],
+                           [monitor_key, ctl_epoch, expected_rev, obs, launch, launch_run, seq,
+                            interval_ms, error], ("ok", "conflict", "fenced"))
+
+    def ack_monitor(self, *, monitor_hash: str, fence_key: str, ctl_epoch: int,
+                    launch_run: str, error: str) -> Reply:
+        return self._reply("ack_monitor", [monitor_hash, fence_key],
+                           [ctl_epoch, launch_run, error], ("ok", "gone", "fenced"))
+
     # -- deployment --------------------------------------------------------------------
 
     def ensure_meta(self, *, meta_key: str, buckets: int, layout: int) -> tuple[bool, str, str]:

@@ -1,0 +1,86 @@
+"""`marbles-rq events`: list recent inbound events; `events send`: send one."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..engine.authoring import InputError
+from ..engine.ops import MAX_PAYLOAD_ENV, PayloadTooLargeError, max_payload
+from ..errors import ConfigError
+from ..terminal import safe
+from ..triggers.events import TRIGGERS, Events
+from . import Settings
+
+
+@click.group(invoke_without_command=True)
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True,
+              help="How many of the newest events.")
+@click.option("--json", "as_json", is_flag=True, help="Print the events as JSON.")
+@click.pass_context
+def events(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """Inbound events: list the newest ones and the runs they started (reads only)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    settings: Settings = ctx.obj
+    views = Events(settings.runs(read_only=True)).recent(limit)
+    if as_json:
+        click.echo(json.dumps([v.to_json() for v in views], indent=2))
+        return
+    for v in views:
+        what = v.source + (f"/{v.type}" if v.type else "")
+        run = f"run {v.run_id} ({v.workflow}, {v.run_status or 'not recorded'})" \
+            if v.run_id else "no trigger"
+        note = f"  [{v.note}]" if v.note else ""
+        click.echo(safe(f"{v.to_json()['received_at']}  {v.key}  {what}  id={v.id}  "
+                        f"{v.state}  {run}{note}"))
+
+
+@events.command()
+@click.argument("source")
+@click.option("--id", "event_id", required=True, help="The provider's event id: the same "
+              "source and id again create nothing.")
+@click.option("--type", "event_type", default="", help="The event's type (triggers may "
+              "select on it).")
+@click.option("--payload", default="null", show_default=True,
+              help="The event's payload as JSON; @FILE reads it from a file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.pass_obj
+def send(settings: Settings, source: str, event_id: str, event_type: str, payload: str,
+         as_json: bool) -> None:
+    """Journal an inbound event of SOURCE, then start the run its trigger names."""
+    settings.load_source()
+    if not TRIGGERS.by_key:  # every event would be journaled as unmatched, for good
+        raise ConfigError("no event triggers are declared: set --source (env MARBLES_SOURCE) "
+                          "to the modules that declare them")
+    limit = max_payload()
+    if payload.startswith("@"):
+        try:
+            with open(payload[1:], "rb") as fh:
+                raw = fh.read(limit + 1)  # one byte past the limit tells "too large"
+        except OSError as exc:
+            raise InputError(f"cannot read the payload file: {exc}") from None
+        if len(raw) > limit:
+            raise PayloadTooLargeError(f"the payload file is larger than the limit of {limit} "
+                                       f"bytes (set {MAX_PAYLOAD_ENV} to change it)")
+    else:
+        raw = payload.encode()
+    # Every input error before touching Redis: validate with a store-less check first.
+    Events.validate(source, event_id, type=event_type, payload=raw)
+    sent = Events(settings.runs(), settings.rq()).send(source, event_id, type=event_type,
+                                                       payload=raw)
+    if as_json:
+        click.echo(json.dumps({"key": sent.key, "created": sent.created, "state": sent.state,
+                               "workflow": sent.workflow or None, "run": sent.run_id or None,
+                               "run_created": sent.run_created}, indent=2))
+    elif not sent.created:
+        run = f", run {sent.run_id}" if sent.run_id else ""
+        click.echo(safe(f"event {sent.key} was received before ({sent.state}{run}); nothing "
+                        f"created"))
+    elif not sent.workflow:
+        click.echo(safe(f"event {sent.key} journaled; no trigger matches {source}"
+                        + (f"/{event_type}" if event_type else "") + ", so no run"))
+    else:
+        click.echo(safe(f"event {sent.key} received; run {sent.run_id} queued "
+                        f"({sent.workflow})"))

@@ -1,0 +1,496 @@
+"""Inbound events: journaled first under a stable key, then turned into one run each.
+
+    @mr.on_event("github", type="push")
+    @mr.workflow
+    def on_push(ctx: mr.RunContext, event: mr.Event) -> None: ...
+
+`send_event` validates everything, then (1) claims the event's hash (insert-if-absent on
+``ev-<sha256(source NUL event id)[:32]>``) as ``pending`` with the run it will start, (2)
+records that run under the same id (``ops.enqueue``: the same id again creates nothing), (3)
+marks the event ``started``. A sender that dies between (1) and (3) leaves a pending event;
+the controller's ``events`` duty records its run (on election: every pending event; on each
+pass: those pending for more than `PENDING_GRACE_MS`). Because the run id is derived from
+the event, the sender and the controller racing, or a controller killed midway, still make
+one run.
+
+An event that no trigger matches is journaled as ``unmatched`` (no run; a later trigger does
+not pick it up: sending it again says it was received). A trigger names one workflow; an
+event of source S and type T goes to the trigger declared for (S, T), else to the one for S
+with no type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import redis
+
+from ..engine import ops
+from ..engine.authoring import (
+    REGISTRY,
+    DefinitionError,
+    InputError,
+    Registry,
+    UnknownWorkflowError,
+    WorkflowDef,
+)
+from ..engine.runs import RunStore
+from ..errors import CorruptRecordError, InvalidIdError, UnsupportedRecordVersionError
+from ..store import RedisStore, new_request_id
+from ..store.records import EventRecord, decode, encode
+from ..store.redis_errors import is_outage, one_line
+
+if TYPE_CHECKING:
+    from ..controller.loop import Controller
+
+log = logging.getLogger("marbles_rq.triggers.events")
+
+SOURCE_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+TYPE_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,128}")
+EVENT_ID_PATTERN = re.compile(r"[\x21-\x7e]{1,256}")  # printable ASCII, no spaces
+PENDING_GRACE_MS = 5_000   # a pending event is the sender's for this long, then the controller's
+RETRY_MS = 60_000          # a pending event whose workflow this controller lacks waits this long
+SCAN_EVERY_S = 1.0         # how often a leader looks for pending events past their grace
+PER_BUCKET = 100           # pending events read per bucket per scan
+RECOVER_BATCH = 500
+RETENTION_S = 7 * 86400.0  # an event is kept (and a resend recognised) this long
+PRUNE_EVERY_S = 5.0
+PRUNE_BUDGET = 200         # events pruned per prune pass
+
+
+class Event(msgspec.Struct, kw_only=True, frozen=True):
+    """The input a triggered workflow receives (declare ``event: mr.Event``, or a Struct of
+    your own with the same field names and a typed `payload`)."""
+
+    key: str               # the stable event key, also the run id
+    source: str
+    type: str = ""
+    id: str                # the provider's event id, as sent
+    payload: Any = None    # the JSON payload, decoded
+    received_at_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Trigger:
+    source: str
+    type: str | None
+    workflow: str
+
+
+@dataclass
+class Triggers:
+    by_key: dict[tuple[str, str | None], Trigger]
+
+    def add(self, trigger: Trigger) -> None:
+        existing = self.by_key.get((trigger.source, trigger.type))
+        if existing is not None and existing.workflow != trigger.workflow:
+            what = trigger.source + (f"/{trigger.type}" if trigger.type else "")
+            raise DefinitionError(f"two triggers for events {what}: workflows "
+                                  f"{existing.workflow!r} and {trigger.workflow!r}")
+        self.by_key[(trigger.source, trigger.type)] = trigger
+
+    def match(self, source: str, type: str) -> Trigger | None:
+        return self.by_key.get((source, type or None)) or self.by_key.get((source, None))
+
+
+TRIGGERS = Triggers({})
+
+
+def on_event(source: str, *, type: str | None = None) -> Callable[[WorkflowDef], WorkflowDef]:
+    """Start the decorated workflow for each inbound event of `source` (and `type`, if
+    given). Put it above ``@mr.workflow``; the workflow's input is an `Event`."""
+    _check_source(source, DefinitionError)
+    if type is not None:
+        _check_type(type, DefinitionError)
+
+    def register(definition: WorkflowDef) -> WorkflowDef:
+        if not isinstance(definition, WorkflowDef):
+            raise DefinitionError("@on_event goes above @workflow (it triggers a workflow)")
+        if definition.input_param is None:
+            raise DefinitionError(f"workflow {definition.name!r} is triggered by events; it "
+                                  f"must take (ctx, event)")
+        TRIGGERS.add(Trigger(source, type, definition.name))
+        return definition
+
+    return register
+
+
+# -- validation and identities ---------------------------------------------------------------
+
+class EventInputError(InputError):
+    code = "invalid_event"
+
+
+def _check_source(source: str, error: type[Exception] = EventInputError) -> str:
+    if not isinstance(source, str) or not SOURCE_PATTERN.fullmatch(source):
+        raise error(f"invalid event source {source!r}: use 1 to 64 of A-Z a-z 0-9 _ . -")
+    return source
+
+
+def _check_type(type: str, error: type[Exception] = EventInputError) -> str:
+    if not isinstance(type, str) or not TYPE_PATTERN.fullmatch(type):
+        raise error(f"invalid event type {type!r}: use 1 to 128 of A-Z a-z 0-9 _ . : / -")
+    return type
+
+
+def _check_event_id(event_id: str) -> str:
+    if not isinstance(event_id, str) or not EVENT_ID_PATTERN.fullmatch(event_id):
+        raise EventInputError(f"invalid event id {event_id!r}: use 1 to 256 printable ASCII "
+                              f"characters, no spaces")
+    return event_id
+
+
+def event_key(source: str, event_id: str) -> str:
+    """The stable key of an event (and the id of its run): the same on every resend."""
+    digest = hashlib.sha256(f"{source}\0{event_id}".encode()).hexdigest()
+    return f"ev-{digest[:32]}"
+
+
+def check_payload(raw: bytes, limit: int | None = None) -> bytes:
+    """JSON, within MARBLES_MAX_PAYLOAD bytes and 64 levels of nesting, or EventInputError."""
+    limit = ops.max_payload() if limit is None else limit
+    if len(raw) > limit:
+        raise ops.PayloadTooLargeError(f"event payload is {len(raw)} bytes; the limit is "
+                                       f"{limit} (set {ops.MAX_PAYLOAD_ENV} to change it)")
+    if ops.json_depth_exceeds(raw):
+        raise ops.InputTooDeepError(f"event payload nests arrays or objects deeper than "
+                                    f"{ops.MAX_DEPTH} levels")
+    try:
+        msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise EventInputError(f"event payload is not valid JSON: {exc}") from None
+    return raw
+
+
+def run_input(record: EventRecord) -> bytes:
+    """The JSON input of the event's run: an `Event`, built from the journaled record only,
+    so the sender and the controller record the same input."""
+    return (b'{"key":' + msgspec.json.encode(record.id) + b',"source":'
+            + msgspec.json.encode(record.source) + b',"type":' + msgspec.json.encode(record.type)
+            + b',"id":' + msgspec.json.encode(record.event_id) + b',"payload":'
+            + bytes(record.payload) + b',"received_at_ms":'
+            + str(record.received_at_ms).encode() + b"}")
+
+
+def prepare_event(source: str, event_id: str, *, type: str = "", payload: bytes = b"null",
+                  registry: Registry = REGISTRY, triggers: Triggers = TRIGGERS
+                  ) -> tuple[EventRecord, Trigger | None]:
+    """Validate an event (source, id, type, payload, and the input of the run its trigger
+    starts) and build its record; raises before anything is written."""
+    _check_source(source)
+    _check_event_id(event_id)
+    if type:
+        _check_type(type)
+    check_payload(payload)
+    key = event_key(source, event_id)
+    record = EventRecord(version=1, id=key, source=source, payload=msgspec.Raw(payload),
+                         received_at_ms=int(time.time() * 1000), event_id=event_id, type=type)
+    trigger = triggers.match(source, type)
+    if trigger is not None:  # the run's input must fit its workflow, or nothing is written
+        ops.prepare(ops.RunRequest(trigger.workflow, run_input(record), key), registry)
+    return record, trigger
+
+
+# -- the event store --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sent:
+    key: str
+    created: bool          # False: received before; nothing was written
+    state: str             # pending | started | unmatched | failed
+    workflow: str          # '' when no trigger matched
+    run_id: str            # '' when no trigger matched
+    run_created: bool = False  # this call recorded the run
+
+
+@dataclass(frozen=True)
+class EventView:
+    key: str
+    source: str
+    type: str
+    id: str
+    state: str
+    workflow: str
+    run_id: str
+    received_ms: int
+    note: str
+    run_status: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "source": self.source, "type": self.type, "id": self.id,
+                "state": self.state, "workflow": self.workflow or None,
+                "run": self.run_id or None, "run_status": self.run_status,
+                "received_at": _iso(self.received_ms), "note": self.note or None}
+
+
+class Events:
+    """Inbound events in the store: journal, start, list. `rq` is needed only to start."""
+
+    def __init__(self, runs: RunStore, rq: redis.Redis | None = None, *,
+                 registry: Registry = REGISTRY, triggers: Triggers = TRIGGERS) -> None:
+        self.runs, self.rq = runs, rq
+        self.store: RedisStore = runs.store
+        self.keys = runs.keys
+        self.registry, self.triggers = registry, triggers
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def prepare(self, source: str, event_id: str, *, type: str = "",
+                payload: bytes = b"null") -> tuple[EventRecord, Trigger | None]:
+        """Validate an event completely before anything is written."""
+        return prepare_event(source, event_id, type=type, payload=payload,
+                             registry=self.registry, triggers=self.triggers)
+
+    @staticmethod
+    def validate(source: str, event_id: str, *, type: str = "", payload: bytes = b"null",
+                 registry: Registry = REGISTRY, triggers: Triggers = TRIGGERS) -> None:
+        """Raise what `send` would raise on bad input, without a store."""
+        prepare_event(source, event_id, type=type, payload=payload, registry=registry,
+                      triggers=triggers)
+
+    def journal(self, record: EventRecord, trigger: Trigger | None) -> Sent:
+        """Step 1 alone: claim the event as pending (or unmatched). The same key again
+        writes nothing and returns what was received first."""
+        key = record.id
+        bucket = self.keys.bucket_of(key)
+        reply = self.store.scripts.claim_event(
+            event_key=key, event_hash=self.keys.event(key),
+            listing_key=self.keys.event_listing(bucket),
+            pending_key=self.keys.event_pending(bucket), doc=encode(record),
+            request_id=new_request_id(), workflow=trigger.workflow if trigger else "",
+            run_id=key if trigger else "", grace_ms=PENDING_GRACE_MS)
+        if reply.status == "ok":
+            return Sent(key, True, "pending" if trigger else "unmatched",
+                        trigger.workflow if trigger else "", key if trigger else "")
+        state, workflow, run_id = (_s(v) for v in reply.values[1:4])
+        return Sent(key, False, state, workflow, run_id)
+
+    def send(self, source: str, event_id: str, *, type: str = "",
+             payload: bytes = b"null") -> Sent:
+        """Journal the event, record its run, mark it started. The same event again (same
+        source and id) creates nothing and returns `created=False`."""
+        record, trigger = self.prepare(source, event_id, type=type, payload=payload)
+        sent = self.journal(record, trigger)
+        if not sent.created or trigger is None:
+            return sent
+        enqueued = self._enqueue(trigger.workflow, record)
+        self._mark(sent.key, 0, "started")
+        return Sent(sent.key, True, "started", trigger.workflow, sent.key, enqueued.created)
+
+    def _enqueue(self, workflow: str, record: EventRecord) -> ops.Enqueued:
+        if self.rq is None:
+            raise ValueError("Events needs an RQ connection to start runs")
+        return ops.enqueue(self.runs, self.rq,
+                           ops.RunRequest(workflow, run_input(record), record.id), self.registry)
+
+    def _mark(self, key: str, ctl_epoch: int, state: str, note: str = "",
+              retry_ms: int = 0) -> str:
+        bucket = self.keys.bucket_of(key)
+        reply = self.store.scripts.mark_event(
+            event_key=key, event_hash=self.keys.event(key),
+            pending_key=self.keys.event_pending(bucket),
+            fence_key=self.keys.controller_fence(bucket), ctl_epoch=ctl_epoch, state=state,
+            note=note, retry_ms=retry_ms)
+        return reply.status
+
+    # -- recovery (the controller) ----------------------------------------------------------
+
+    def start_pending(self, key: str, ctl_epoch: int) -> str:
+        """Record the run of a pending event and mark it started. Returns started | retry |
+        failed | not_pending | missing | fenced."""
+        fields = self.store.client.hmget(self.keys.event(key), ["doc", "state", "workflow"])
+        if fields[0] is None:
+            return self._mark(key, ctl_epoch, "failed", "missing")  # clears the pending entry
+        if _s(fields[1]) != "pending":
+            return self._mark(key, ctl_epoch, "started")  # not_pending: drops a stale entry
+        doc = fields[0]
+        record = decode(EventRecord, doc.encode() if isinstance(doc, str) else doc,
+                        self.keys.event(key))
+        workflow = _s(fields[2])
+        try:
+            self._enqueue(workflow, record)
+        except UnknownWorkflowError as exc:
+            status = self._mark(key, ctl_epoch, "retry", str(exc), RETRY_MS)
+            log.warning("event %s: %s; retrying in %d s", key, exc, RETRY_MS // 1000)
+            return "retry" if status == "ok" else status
+        except (InputError, InvalidIdError) as exc:
+            status = self._mark(key, ctl_epoch, "failed", str(exc))
+            log.warning("event %s: its run cannot be recorded (%s); failed", key, exc)
+            return "failed" if status == "ok" else status
+        status = self._mark(key, ctl_epoch, "started")
+        return "started" if status == "ok" else status
+
+    def pending(self, *, due_ms: int | None, per_bucket: int) -> list[str]:
+        """Pending event keys (all of them when `due_ms` is None, else those due by then)."""
+        pipe = self.store.client.pipeline(transaction=False)
+        for bucket in range(self.keys.buckets):
+            pipe.zrangebyscore(self.keys.event_pending(bucket), "-inf",
+                               "+inf" if due_ms is None else due_ms, start=0, num=per_bucket)
+        out: list[str] = []
+        for found in pipe.execute(raise_on_error=False):
+            if isinstance(found, Exception):
+                if is_outage(found):
+                    raise found
+                log.warning("skipping an unreadable pending-events index: %s", one_line(found))
+                continue
+            out += [_s(k) for k in found]
+        return out
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get(self, key: str) -> EventView | None:
+        views = self._views([key])
+        return views[0] if views else None
+
+    def recent(self, limit: int = 50) -> list[EventView]:
+        """The newest `limit` events, newest first, with the status of their runs."""
+        pipe = self.store.client.pipeline(transaction=False)
+        for bucket in range(self.keys.buckets):
+            pipe.zrevrange(self.keys.event_listing(bucket), 0, limit - 1, withscores=True)
+        rows = sorted(((score, _s(k)) for part in pipe.execute() for k, score in part),
+                      reverse=True)[:limit]
+        return self._views([k for _, k in rows])
+
+    def _views(self, keys: list[str]) -> list[EventView]:
+        pipe = self.store.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hmget(self.keys.event(key), ["doc", "state", "workflow", "run", "received_ms",
+                                              "note"])
+            pipe.hget(self.keys.run(key), "status")
+        replies = pipe.execute(raise_on_error=False)
+        views = []
+        for i, key in enumerate(keys):
+            fields, run_status = replies[2 * i], replies[2 * i + 1]
+            if isinstance(fields, Exception) or fields[0] is None:
+                continue
+            try:
+                record = decode(EventRecord, fields[0], self.keys.event(key))
+            except Exception as exc:  # one unreadable event costs only itself
+                log.warning("skipping event %s: %s", key, exc)
+                continue
+            views.append(EventView(
+                key, record.source, record.type, record.event_id, _s(fields[1]),
+                _s(fields[2] or b""), _s(fields[3] or b""), int(fields[4] or 0),
+                _s(fields[5] or b""),
+                None if isinstance(run_status, Exception) or run_status is None
+                else _s(run_status)))
+        return views
+
+
+def send_event(runs: RunStore, rq: redis.Redis, source: str, event_id: str, *, type: str = "",
+               payload: bytes = b"null") -> Sent:
+    """`marbles-rq events send` in Python: `Events(runs, rq).send(...)` with the triggers
+    declared by the loaded modules."""
+    return Events(runs, rq).send(source, event_id, type=type, payload=payload)
+
+# -- the controller's duty ------------------------------------------------------------------
+
+class EventsDuty:
+    """Turns pending events into runs: every one on election, then each pass (at most every
+    SCAN_EVERY_S) those pending past their grace. Each write is fenced by the leader's epoch."""
+
+    kind = "events"
+
+    def __init__(self, registry: Registry = REGISTRY, triggers: Triggers = TRIGGERS, *,
+                 retention_s: float = RETENTION_S) -> None:
+        self.registry, self.triggers = registry, triggers
+        self.retention_ms = int(retention_s * 1000)
+        self._next_scan = 0.0
+        self._next_prune = 0.0
+
+    def _events(self, ctl: Controller) -> Events:
+        return Events(ctl.runs, ctl.rq, registry=self.registry, triggers=self.triggers)
+
+    def _start(self, ctl: Controller, events: Events, keys: list[str]) -> tuple[int, bool]:
+        done = 0
+        for key in keys:
+            try:
+                status = events.start_pending(key, ctl.epoch)
+            except redis.RedisError as exc:
+                if is_outage(exc):
+                    raise
+                log.warning("event %s: %s; skipped", key, one_line(exc))
+                continue
+            except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
+                log.warning("event %s: %s; failed", key, exc)
+                status = events._mark(key, ctl.epoch, "failed", str(exc)[:500])
+            if status == "fenced":
+                ctl.step_down(f"a newer controller acts on event {key}")
+                return done, False
+            if status == "started":
+                log.info("event %s: run %s recorded", key, key)
+                done += 1
+        return done, True
+
+    def recover(self, ctl: Controller) -> int:
+        events, done = self._events(ctl), 0
+        seen: set[str] = set()
+        while True:
+            keys = [k for k in events.pending(due_ms=None, per_bucket=RECOVER_BATCH)
+                    if k not in seen]
+            if not keys:
+                return done
+            seen.update(keys)
+            count, carry_on = self._start(ctl, events, keys)
+            done += count
+            if not carry_on:
+                return done
+
+    def tick(self, ctl: Controller) -> None:
+        now = time.monotonic()
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_EVERY_S
+            self.prune(ctl)
+        if now < self._next_scan:
+            return
+        self._next_scan = now + SCAN_EVERY_S
+        events = self._events(ctl)
+        keys = events.pending(due_ms=ctl.server_ms(), per_bucket=PER_BUCKET)
+        if keys:
+            self._start(ctl, events, keys)
+
+    def prune(self, ctl: Controller, budget: int = PRUNE_BUDGET) -> int:
+        """Remove events received more than the retention ago (pending ones stay)."""
+        cutoff = ctl.server_ms() - self.retention_ms
+        per_bucket = 2 * -(-budget // ctl.keys.buckets)
+        pipe = ctl.store.client.pipeline(transaction=False)
+        for bucket in range(ctl.keys.buckets):
+            pipe.zrangebyscore(ctl.keys.event_listing(bucket), "-inf", cutoff, start=0,
+                               num=per_bucket)
+        due: list[str] = []
+        for found in pipe.execute(raise_on_error=False):
+            if isinstance(found, Exception):
+                if is_outage(found):
+                    raise found
+                continue
+            due += [_s(k) for k in found]
+        done = 0
+        for key in due[:budget]:
+            bucket = ctl.keys.bucket_of(key)
+            reply = ctl.store.scripts.prune_event(
+                event_key=key, event_hash=ctl.keys.event(key),
+                listing_key=ctl.keys.event_listing(bucket),
+                fence_key=ctl.keys.controller_fence(bucket), ctl_epoch=ctl.epoch,
+                cutoff_ms=cutoff)
+            if reply.status == "fenced":
+                ctl.step_down(f"a newer controller acts on event {key}")
+                break
+            done += reply.status == "ok"
+        if done:
+            log.info("pruned %s events past their retention", done)
+        return done
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,265 @@
+"""Inbound events against a real redis-server and real `marbles-rq` processes: journal first
+under a stable key, one run per event however often and however concurrently it is sent, a
+pending event left by a dying sender becomes a run once a controller leads, and a controller
+killed mid-recovery never makes an event run twice."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import marbles_rq as mr
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store import open_store
+from marbles_rq.triggers.events import Events, event_key
+from tests.procs import CHAIN_SOURCE, KILL_SOURCE, REPO_ROOT, Procs, wait_for
+from tests.redis_procs import RedisServer
+from tests.trigger_workflows import MARKER_KEY
+
+T_SOURCE = REPO_ROOT / "tests" / "trigger_workflows.py"
+
+
+@pytest.fixture
+def procs(redis_server: RedisServer, tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(redis_server.url, tmp_path / "procs", sources=(CHAIN_SOURCE, KILL_SOURCE,
+                                                             T_SOURCE))
+    try:
+        yield p
+    finally:
+        p.stop_all()
+        print(p.report())  # pytest shows it only when the test failed
+
+
+def _client(procs: Procs) -> redis.Redis:
+    return redis.Redis.from_url(procs.url, decode_responses=True)
+
+
+def _markers(procs: Procs) -> list[dict[str, object]]:
+    return [json.loads(m) for m in _client(procs).lrange(MARKER_KEY, 0, -1)]
+
+
+def _events_json(procs: Procs) -> list[dict[str, object]]:
+    done = procs.cli("events", "--json", "--limit", "1000")
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout))
+
+
+def test_the_same_event_sent_twice_and_concurrently_makes_one_run(procs: Procs) -> None:
+    procs.start(workers=1)
+    first = procs.cli("events", "send", "gh", "--id", "delivery-1", "--type", "push",
+                      "--payload", '{"ref": "main"}')
+    assert first.returncode == 0, first.stderr
+    key = event_key("gh", "delivery-1")
+    assert f"event {key} received; run {key} queued (t_on_push)" in first.stdout
+    again = procs.cli("events", "send", "gh", "--id", "delivery-1", "--type", "push",
+                      "--payload", '{"ref": "other"}')
+    assert again.returncode == 0, again.stderr
+    assert f"event {key} was received before (started, run {key}); nothing created" \
+        in again.stdout
+
+    # Six processes send one new event at the same moment: one journals it and records
+    # its run; the others say it was received before.
+    racers = procs.cli_concurrently("events", "send", "gh", "--id", "delivery-2",
+                                    "--type", "push", "--payload", "[1, 2]", "--json", n=6)
+    assert all(r.returncode == 0 for r in racers), [r.stderr for r in racers]
+    outcomes = [json.loads(r.stdout) for r in racers]
+    assert sum(o["created"] for o in outcomes) == 1
+    key2 = event_key("gh", "delivery-2")
+    assert {o["run"] for o in outcomes} == {key2}
+
+    for run_id in (key, key2):
+        view = procs.observer.wait_status(run_id, "succeeded", timeout=60)
+        assert view.record.name == "t_on_push"
+    markers = _markers(procs)
+    assert Counter(m["run"] for m in markers) == {key: 1, key2: 1}
+    assert {m["run"]: m["payload"] for m in markers} == {key: {"ref": "main"}, key2: [1, 2]}
+    assert {m["run"]: m["id"] for m in markers} == {key: "delivery-1", key2: "delivery-2"}
+
+    listed = {e["key"]: e for e in _events_json(procs)}
+    assert set(listed) == {key, key2}
+    assert listed[key]["state"] == "started" and listed[key]["run_status"] == "succeeded"
+    assert listed[key]["source"] == "gh" and listed[key]["type"] == "push"
+    assert listed[key]["workflow"] == "t_on_push"
+    text = procs.cli("events")
+    assert text.returncode == 0 and f"{key}  gh/push  id=delivery-1  started" in text.stdout
+
+
+def test_an_event_of_another_type_goes_to_the_source_trigger(procs: Procs) -> None:
+    procs.start(workers=1)
+    done = procs.cli("events", "send", "gh", "--id", "d-9", "--type", "issue", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["workflow"] == "t_on_any" and out["created"]
+    view = procs.observer.wait_status(out["run"], "succeeded", timeout=60)
+    assert view.record.name == "t_on_any"
+
+
+def test_an_event_without_a_trigger_is_journaled_with_no_run(procs: Procs) -> None:
+    done = procs.cli("events", "send", "stripe", "--id", "evt_1", "--payload", "{}")
+    assert done.returncode == 0, done.stderr
+    key = event_key("stripe", "evt_1")
+    assert f"event {key} journaled; no trigger matches stripe, so no run" in done.stdout
+    again = procs.cli("events", "send", "stripe", "--id", "evt_1")
+    assert again.returncode == 0 and "received before (unmatched); nothing created" \
+        in again.stdout
+    [listed] = _events_json(procs)
+    assert listed["state"] == "unmatched" and listed["run"] is None
+    assert RunStore(open_store(procs.url)).get(key) is None
+
+
+def test_a_pending_event_becomes_a_run_once_a_controller_leads(procs: Procs) -> None:
+    """The sender died between journaling the event and recording its run."""
+    events = Events(RunStore(open_store(procs.url)))
+    record, trigger = events.prepare("gh", "orphan-1", type="push", payload=b'{"n": 1}')
+    sent = events.journal(record, trigger)
+    assert sent.created and sent.state == "pending" and sent.run_id == record.id
+    assert events.runs.get(record.id) is None  # no run yet
+
+    procs.start(workers=1)
+    view = procs.observer.wait_status(record.id, "succeeded", timeout=60)
+    assert view.record.name == "t_on_push"
+    got = events.get(record.id)
+    assert got is not None and got.state == "started" and got.run_status == "succeeded"
+    assert [m["payload"] for m in _markers(procs)] == [{"n": 1}]
+    assert "recovered events: 1" in procs.procs[-1].text()  # on election, not a later pass
+
+
+
+def test_a_pending_event_left_while_a_controller_leads_is_started_after_its_grace(
+        procs: Procs) -> None:
+    """The controller's passes (not only its election) pick up an event whose sender died,
+    once the sender's grace (5 s) has passed."""
+    procs.start(workers=1)
+    events = Events(RunStore(open_store(procs.url)))
+    record, trigger = events.prepare("gh", "late-1", type="push", payload=b"7")
+    assert events.journal(record, trigger).created
+    view = procs.observer.wait_status(record.id, "succeeded", timeout=60)
+    got = events.get(record.id)
+    assert got is not None and got.state == "started"
+    assert view.created_ms - got.received_ms >= 5000  # not before the sender's grace
+    assert [m["payload"] for m in _markers(procs)] == [7]
+
+
+def test_a_corrupt_pending_event_fails_alone(procs: Procs) -> None:
+    events = Events(RunStore(open_store(procs.url)))
+    bad, trigger = events.prepare("gh", "bad-1", type="push")
+    assert events.journal(bad, trigger).created
+    _client(procs).hset(events.keys.event(bad.id), "doc", "{not json")
+    good, trigger = events.prepare("gh", "good-1", type="push")
+    assert events.journal(good, trigger).created
+    procs.start(workers=1)
+    procs.observer.wait_status(good.id, "succeeded", timeout=60)
+    wait_for(lambda: _client(procs).hget(events.keys.event(bad.id), "state") == "failed",
+             timeout=30, what="the corrupt event to be failed", context=procs.report)
+    assert events.recent() == events._views([good.id])  # the listing skips the corrupt one
+    note = _client(procs).hget(events.keys.event(bad.id), "note")
+    assert note is not None and "corrupt record" in note
+    assert events.runs.get(bad.id) is None
+    assert procs.procs[-1].alive()
+
+def test_a_controller_killed_while_recovering_events_runs_none_twice(procs: Procs) -> None:
+    events = Events(RunStore(open_store(procs.url)))
+    keys = []
+    for i in range(300):
+        record, trigger = events.prepare("gh", f"bulk-{i}", type="push", payload=str(i).encode())
+        assert events.journal(record, trigger).created
+        keys.append(record.id)
+    client = _client(procs)
+
+    first = procs.controller(lease_ms=2000, ready=False)
+
+    def some_started() -> bool:
+        return any(v.state == "started" for v in events._views(keys))
+
+    wait_for(some_started, timeout=30, what="the first controller to start some events",
+             interval=0.005, context=procs.report)
+    first.kill9()
+    started_by_first = sum(1 for v in events._views(keys) if v.state == "started")
+
+    procs.controller(lease_ms=2000)
+    procs.worker(pool=4)
+
+    def all_ran() -> bool:
+        return client.llen(MARKER_KEY) >= len(keys) and all(
+            v.run_status == "succeeded" for v in events._views(keys))
+
+    wait_for(all_ran, timeout=120, what="every event's run to succeed", interval=0.2,
+             context=procs.report)
+    assert Counter(m["run"] for m in _markers(procs)) == {k: 1 for k in keys}
+    assert all(v.state == "started" for v in events._views(keys))
+    print(f"the first controller started {started_by_first} of {len(keys)} before its kill")
+
+
+def _exits_2(procs: Procs, *args: str, env: dict[str, str] | None = None) -> str:
+    argv = procs.cli_argv(*args)
+    done = subprocess.run(argv, cwd=REPO_ROOT, env={**procs.env, **(env or {})},
+                          capture_output=True, text=True, timeout=60)
+    procs.log_cli(argv, done.returncode, done.stdout, done.stderr)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "env", "says"), [
+    (["gh", "--id", "1", "--payload", "{not json"], None, "not valid JSON"),
+    (["gh", "--id", "1", "--payload", json.dumps({"x": "y" * 200})],
+     {"MARBLES_MAX_PAYLOAD": "100"}, "the limit is 100"),
+    (["gh", "--id", "1", "--payload", "[" * 65 + "]" * 65], None, "deeper than 64"),
+    (["git hub", "--id", "1"], None, "invalid event source"),
+    (["gh", "--id", ""], None, "invalid event id"),
+    (["gh", "--id", "a b"], None, "invalid event id"),
+    (["gh", "--id", "1", "--type", "pu sh"], None, "invalid event type"),
+    (["gh", "--id", "1", "--payload", "@/nonexistent/file"], None, "cannot read"),
+], ids=["bad-json", "too-large", "too-deep", "bad-source", "empty-id", "bad-id", "bad-type",
+        "missing-file"])
+def test_bad_event_input_is_one_line_exit_2_and_records_nothing(
+        procs: Procs, args: list[str], env: dict[str, str] | None, says: str) -> None:
+    line = _exits_2(procs, "events", "send", *args, env=env)
+    assert says in line
+    assert _client(procs).dbsize() == 0  # nothing recorded, not even the deployment's meta
+
+
+
+def test_sending_without_any_trigger_declared_is_refused(procs: Procs) -> None:
+    argv = [*procs.base_argv()[:-2], "events", "send", "gh", "--id", "1"]
+    assert "--source" not in argv
+    env = {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("error: no event triggers are declared")
+    assert len(done.stderr.splitlines()) == 1
+    assert _client(procs).dbsize() == 0
+
+def test_events_past_their_retention_are_pruned_but_pending_ones_stay(redis_url: str) -> None:
+    from marbles_rq.controller import Controller
+    from marbles_rq.transport.dispatch import rq_connection
+    from marbles_rq.triggers.events import EventsDuty
+
+    rq = rq_connection(redis_url)
+    events = Events(RunStore(open_store(redis_url)), rq)
+    done = mr.send_event(events.runs, rq, "stripe", "evt_1")  # the top-level helper
+    started = events.send("gh", "p-1", type="push")
+    record, trigger = events.prepare("gh", "p-2", type="push")
+    pending = events.journal(record, trigger)
+    assert (done.state, started.state, pending.state) == ("unmatched", "started", "pending")
+
+    duty = EventsDuty(retention_s=0)
+    ctl = Controller(events.runs, rq, duties=[duty])
+    assert ctl.lead()
+    assert duty.prune(ctl) == 2
+    assert [v.key for v in events.recent()] == [pending.key]
+    client = events.store.client
+    assert not client.exists(events.keys.event(done.key), events.keys.event(started.key))
+    # Past the retention a resend is new again; its run id is the same, so a run that is
+    # still kept is not recorded twice.
+    again = events.send("gh", "p-1", type="push")
+    assert again.created and again.run_id == started.run_id and not again.run_created
