@@ -182,3 +182,33 @@ def test_roll_enqueues_a_workflow_now_and_list_shows_what_source_declares(
     workflows = {w["name"]: w for w in json.loads(listed.stdout)["workflows"]}
     assert workflows["chain"]["input_schema"] is not None
     assert "steps" in json.dumps(workflows["chain"]["input_schema"])
+
+
+def test_roll_and_list_a_monitor_from_the_cli(procs: Procs, tmp_path: Path) -> None:
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    (watched / "a.txt").write_text("a")
+    source = tmp_path / "mon_flows.py"
+    source.write_text(f'''
+import marbles_rq as mr
+
+@mr.workflow
+def m_rolled(ctx, inp: dict) -> int:
+    return len(inp["files"])
+
+@mr.monitor("*.txt", root={str(watched)!r}, interval_s=3600, key="txt-files")
+def on_txt(change):
+    return mr.Launch("m_rolled", {{"files": sorted(change.added)}})
+''')
+    args = ("--source", str(source))
+    listed = procs.cli(*args, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (mon,) = json.loads(listed.stdout)["monitors"]
+    assert (mon["key"], mon["kind"], mon["interval_s"]) == ("txt-files", "files", 3600)
+    rolled = procs.cli(*args, "roll", "txt-files")
+    assert rolled.returncode == 0, rolled.stderr
+    assert rolled.stdout.startswith("monitor txt-files: launched (run ")
+    again = procs.cli(*args, "roll", "txt-files")
+    assert again.returncode == 0 and again.stdout.startswith("monitor txt-files: unchanged")
+    bad = procs.cli(*args, "roll", "txt-files", "--input", "{}")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

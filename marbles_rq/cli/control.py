@@ -51,14 +51,28 @@ def leader(settings: Settings, as_json: bool) -> None:
 @click.option("--id", "run_id", default=None, help="Run id (a workflow only; default random).")
 @click.pass_obj
 def roll(settings: Settings, name: str, input_json: str | None, run_id: str | None) -> None:
-    """Run NAME once, now: a workflow name enqueues a run (no lock taken)."""
-    from ..engine.authoring import REGISTRY
+    """Run NAME once, now: a workflow name enqueues a run (no lock taken); a monitor key
+    polls that monitor once."""
+    from ..engine.authoring import REGISTRY, UnknownWorkflowError
     from ..engine.ops import RunRequest, enqueue, prepare
+    from ..triggers.monitors import MONITORS, roll_monitor
 
     settings.load_source()
+    if name not in REGISTRY.workflows and name in MONITORS.by_key:
+        if input_json is not None or run_id is not None:
+            raise click.UsageError("--input and --id apply to a workflow, not a monitor")
+        outcome = roll_monitor(settings.runs(), settings.rq(), name)
+        click.echo(safe(f"monitor {name}: {outcome.status}"
+                        + (f" (run {outcome.run_id})" if outcome.run_id else "")
+                        + (f": {outcome.detail}" if outcome.detail else "")))
+        return
+    if name not in REGISTRY.workflows:
+        known = sorted([*REGISTRY.workflows, *MONITORS.by_key])
+        raise UnknownWorkflowError(f"no workflow or monitor named {name!r} (known: "
+                                   f"{', '.join(known) or 'none; is --source set?'})")
     raw = (input_json or "null").encode()
     request = RunRequest(name, raw, run_id)
-    prepare(request)  # every input error before touching Redis (unknown names included)
+    prepare(request)  # every input error before touching Redis
     result = enqueue(settings.runs(), settings.rq(), request, REGISTRY)
     click.echo(f"run {result.run_id} queued ({result.record.name} on {result.record.queue})"
                if result.created else
@@ -69,7 +83,8 @@ def roll(settings: Settings, name: str, input_json: str | None, run_id: str | No
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_obj
 def list_cmd(settings: Settings, as_json: bool) -> None:
-    """What --source declares: workflows (queue, timeout, retention, input schema)."""
+    """What --source declares: workflows (queue, timeout, retention, input schema) and
+    monitors (kind, interval, next due)."""
     from ..engine.authoring import REGISTRY
 
     settings.load_source()
@@ -81,7 +96,11 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
         workflows.append({"name": name, "queue": wf.queue, "timeout_s": wf.timeout_s,
                           "max_deliveries": wf.max_deliveries, "retention_s": wf.retention_s,
                           "input_schema": schema})
-    data: dict[str, Any] = {"workflows": workflows}
+    from ..triggers.monitors import MONITORS, list_monitors
+
+    monitors = ([m.to_json() for m in list_monitors(settings.reader(), MONITORS)]
+                if MONITORS.by_key else [])
+    data: dict[str, Any] = {"workflows": workflows, "monitors": monitors}
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -90,3 +109,7 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
         takes = "no input" if wf_data["input_schema"] is None else "input " + json.dumps(
             wf_data["input_schema"], separators=(",", ":"))[:120]
         click.echo(safe(f"  {wf_data['name']:24} queue {wf_data['queue']:12} {takes}"))
+    click.echo("monitors:" if monitors else "monitors: none")
+    for mon in monitors:
+        click.echo(safe(f"  {mon['key']:24} {mon['kind']:5} every {mon['interval_s']} s  "
+                        f"next due {mon.get('next_due') or '-'}"))
