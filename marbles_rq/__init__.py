@@ -6,6 +6,7 @@ from .errors import MarblesError
 from .store import RedisStore, Store, open_store
 from .store.keys import Keyspace
 from .store.memory import MemoryStore
+from .triggers.schedules import schedule
 
 __all__ = [
     "Keyspace",
@@ -16,6 +17,7 @@ __all__ = [
     "Store",
     "current",
     "open_store",
+    "schedule",
     "step",
     "workflow",
 ]

@@ -106,10 +106,10 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: s
 
 
 def _register() -> None:
-    from . import doctor, procs, runs
+    from . import doctor, procs, runs, schedules
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
-                    procs.worker, procs.controller, doctor.doctor):
+                    procs.worker, procs.controller, doctor.doctor, schedules.schedules):
         cli.add_command(command)
 
 
@@ -142,8 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     except MarblesError as exc:
         from ..engine.authoring import DefinitionError, InputError, UnknownWorkflowError
         from ..engine.runs import RunNotFoundError
+        from ..triggers.schedules import UnknownScheduleError
 
-        bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError)
+        bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError,
+                     UnknownScheduleError)
         _fail(str(exc), EXIT_INPUT if isinstance(exc, bad_input) else EXIT_PROBLEM)
     except Exception as exc:  # a bug or an unforeseen condition: still one line, not a dump
         if _debug(argv):

@@ -36,4 +36,6 @@ class Duty(Protocol):
 
 def default_duties() -> list[Duty]:
     """The duties a `marbles-rq controller` keeps, built from what --source declared."""
-    return []
+    from ..triggers.schedules import duties as schedule_duties
+
+    return [*schedule_duties()]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,6 +28,8 @@ T = TypeVar("T")
 _RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 # A request marker outlives every resend (they stop after `retry_s`, 3 s by default).
 MARKER_MS = 60_000
+# A started occurrence is kept 8 days (longer than a run's default retention), then expires.
+OCCURRENCE_KEEP_MS = 8 * 86_400_000
 
 
 def lua_dir() -> Path:
@@ -455,12 +457,13 @@ class Scripts:
             out.append(Reply(_s(reply[0]), reply[1:]))
         return out
 
-    def start_occurrences(self, calls: list[tuple[ScheduleKeys, str, str, int | None]]
+    def start_occurrences(self, calls: Sequence[tuple[ScheduleKeys, str, str, int | None]]
                           ) -> list[Reply]:
         """For (keys, occurrence key, occurrence id, ctl epoch or None for a roll):
         start_occurrence, pipelined; idempotent."""
         replies = self.call_many("start_occurrence", [
-            ([occ_key, keys.open, keys.fence], [occ_id, "" if epoch is None else epoch])
+            ([occ_key, keys.open, keys.fence], [occ_id, "" if epoch is None else epoch,
+                                                OCCURRENCE_KEEP_MS])
             for keys, occ_key, occ_id, epoch in calls])
         out = []
         for reply in replies:
