@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
+import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -449,3 +451,44 @@ def test_roll_fires_one_occurrence_under_the_lock_or_reports_the_holder(
     assert int(_state(r, "rollme")["cursor"]) > _now_ms(r) + 3_000_000
     with pytest.raises(mr.MarblesError, match="unknown schedule"):
         roll_schedule(runs, rq, "nosuch", registry=reg)
+
+
+def test_a_cron_schedule_fires_the_slot_a_dst_jump_skips_once_at_the_jump(
+        redis_url: str, procs_for: Any, tmp_path: Path) -> None:
+    """A real controller in a named zone whose clocks jump forward an hour at the next
+    minute boundary (a zone compiled with zic, found through PYTHONTZPATH): the daily slot
+    inside the skipped hour fires once, at the jump, and the next one is tomorrow's."""
+    if shutil.which("zic") is None:
+        pytest.skip("zic (tzdata's zone compiler) is not installed")
+    r = _client(redis_url)
+    now = _now_ms(r)
+    jump = (now // 60_000 + 1) * 60_000
+    if jump - now < 15_000:
+        jump += 60_000
+    until = datetime.fromtimestamp(jump / 1000, UTC).strftime("%Y %b %d %H:%M:%Su")
+    zones = tmp_path / "zones"
+    (tmp_path / "jump.zi").write_text(f"Zone Test/Jump 0:00 - UTC0 {until}\n"
+                                      f"               1:00 - UTC1\n")
+    subprocess.run(["zic", "-d", str(zones), str(tmp_path / "jump.zi")], check=True)
+    with (zones / "Test" / "Jump").open("rb") as fh:
+        tz = ZoneInfo.from_file(fh, key="Test/Jump")
+    skipped = datetime.fromtimestamp(jump / 1000 + 1800, UTC)  # a wall time that never exists
+    cron = f"{skipped.minute} {skipped.hour} * * *"
+    source = tmp_path / "dst.py"
+    source.write_text("import marbles_rq as mr\n\n"
+                      f"mr.schedule(cron={cron!r}, tz='Test/Jump', workflow='sx_note', "
+                      "key='jump')\n")
+    procs = procs_for(source)
+    procs.env["PYTHONTZPATH"] = str(zones)
+    procs.worker()
+    ctl = procs.controller()
+    ctl.wait_log("schedule jump (cron")
+    assert int(_state(r, "jump")["cursor"]) == jump
+    fired = _wait_fired(r, procs, 1, match="sched:jump:", timeout=120)
+    assert [_parse(x)[1] for x in fired if "sched:jump:" in x] == [jump]
+    tomorrow = next(slots_after(cron, tz, jump))
+    assert tomorrow - jump == 23 * 3600_000 + 1800_000  # 30 min into the new offset, a day on
+    wait_for(lambda: _state(r, "jump").get("cursor") == str(tomorrow), timeout=10,
+             what="the cursor on tomorrow's slot", context=procs.report)
+    ctl.wait_log("schedule jump: fired run")
+    assert [x for x in _fired(r) if "sched:jump:" in x] == [f"sched:jump:{jump}"]
