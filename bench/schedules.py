@@ -6,15 +6,20 @@
 Starts its own redis-server from ops/redis.conf (appendfsync always) in a temporary
 directory, then:
 
-1. starts a real `marbles-rq worker --pool N` and a real `marbles-rq controller --interval S`
-   on bench/schedules_flows.py (`--schedules` interval schedules of a no-op workflow, every
-   1 s or 2 s, measured from the previous run's completion) and lets them run `--seconds`.
-   Lateness of an occurrence = when it was started (its run recorded) minus its nominal time
-   (the previous run's finish + the interval), both in the server's clock, read from the
-   occurrence hashes afterwards;
-2. stops that controller and times `--passes-seconds` of passes of an in-process controller
-   (same duties, same interval) with the worker still executing: wall time per pass and
-   schedules due per pass.
+1. controller only: a real `marbles-rq controller --interval S` on bench/schedules_flows.py
+   (`--schedules` interval schedules of a no-op workflow, every 1 s or 2 s) with
+   overlap=allow, so each interval counts from the previous start and the controller fires
+   at the full rate whatever the workers do; no worker, runs stay queued;
+2. end to end: the same schedules measured from the previous run's completion (the default,
+   overlap=skip), with a real `marbles-rq worker --pool N` executing them; the rate is then
+   what the workers finish;
+3. stops that controller and runs an in-process one (same duties, same interval) for
+   `--passes-seconds` with the worker still executing: the wall time of each firing pass and
+   how many occurrences it handled.
+
+Lateness of an occurrence = when its run was recorded (queued) minus its nominal time (the
+previous run's start or finish + the interval), both in the server's clock, read from the
+occurrence and run hashes after each phase.
 
 Nothing asserts; it prints.
 """
@@ -79,43 +84,63 @@ def run(url: str, tmp: Path, args: Any) -> None:
     print(f"redis    : {info['redis_version']}, appendfsync "
           f"{client.config_get('appendfsync')['appendfsync']}, buckets {runs.keys.buckets}; "
           f"{os.cpu_count()} CPUs")
-    procs = Procs(url, tmp / "procs", sources=(FLOWS,))
-    procs.env["BENCH_SCHEDULES"] = str(args.schedules)
-    # The processes run this checkout's marbles_rq, whatever the venv has installed.
-    procs.env["PYTHONPATH"] = os.pathsep.join(
-        [str(FLOWS.parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
+    print("aim      : 1,000 schedules fire with lateness p99 <= 100 ms")
+    phase(runs, url, tmp / "a", args, overlap="allow", pool=0, title=(
+        "1. controller only: interval measured from the previous start (overlap=allow), "
+        "no worker; runs stay queued"))
+    client.flushall()
+    procs = phase(runs, url, tmp / "b", args, overlap="skip", pool=args.pool, title=(
+        f"2. end to end: interval measured from the previous completion (the default), "
+        f"worker --pool {args.pool}"), keep=True)
     try:
-        procs.worker(pool=args.pool)
-        ctl = procs.controller(interval=args.interval)
-        time.sleep(args.seconds)  # the measuring window
-        ctl.stop()
-        lateness, claim_lag = occurrence_lateness(runs)
-        print(f"\n1. {args.schedules} interval schedules (every 1-2 s from completion), real "
-              f"controller --interval {args.interval:g}, worker --pool {args.pool}, "
-              f"{args.seconds:g} s")
-        print(f"   occurrences fired: {len(lateness):,} ({len(lateness) / args.seconds:,.0f}/s)")
-        print(f"   lateness (run recorded - nominal): p50 {pct(lateness, 50):.0f} ms  "
-              f"p99 {pct(lateness, 99):.0f} ms  max {max(lateness):.0f} ms")
-        print(f"   claim lag (claimed - nominal):     p50 {pct(claim_lag, 50):.0f} ms  "
-              f"p99 {pct(claim_lag, 99):.0f} ms")
-        print("   aim: 1,000 schedules fire with lateness p99 <= 100 ms")
         passes(runs, url, args)
     finally:
         procs.stop_all()
 
 
+def phase(runs: RunStore, url: str, dir: Path, args: Any, *, overlap: str, pool: int,
+          title: str, keep: bool = False) -> Procs:
+    procs = Procs(url, dir, sources=(FLOWS,))
+    procs.env.update(BENCH_SCHEDULES=str(args.schedules), BENCH_OVERLAP=overlap)
+    # The processes run this checkout's marbles_rq, whatever the venv has installed.
+    procs.env["PYTHONPATH"] = os.pathsep.join(
+        [str(FLOWS.parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
+    try:
+        if pool:
+            procs.worker(pool=pool)
+        ctl = procs.controller(interval=args.interval)
+        time.sleep(args.seconds)  # the measuring window
+        ctl.stop()
+        lateness, claim_lag = occurrence_lateness(runs)
+        print(f"\n{title}; real controller --interval {args.interval:g}, {args.seconds:g} s")
+        print(f"   occurrences fired: {len(lateness):,} ({len(lateness) / args.seconds:,.0f}/s)")
+        print(f"   lateness (run recorded - nominal):  p50 {pct(lateness, 50):.0f} ms  "
+              f"p99 {pct(lateness, 99):.0f} ms  max {max(lateness):.0f} ms")
+        print(f"   claim lag (claimed - nominal):      p50 {pct(claim_lag, 50):.0f} ms  "
+              f"p99 {pct(claim_lag, 99):.0f} ms")
+    finally:
+        if not keep:
+            procs.stop_all()
+    return procs
+
+
 def occurrence_lateness(runs: RunStore) -> tuple[list[float], list[float]]:
+    """(run recorded - nominal, occurrence claimed - nominal) of every started occurrence."""
     keys: list[str] = []
     for bucket in range(runs.keys.buckets):
         keys += [k.decode() for k in runs.client.scan_iter(
             match=f"{runs.keys.tag(bucket)}:occ:*", count=1000)]
     pipe = runs.client.pipeline(transaction=False)
     for key in keys:
-        pipe.hmget(key, "nominal_ms", "claimed_ms", "started_ms")
+        pipe.hmget(key, "nominal_ms", "claimed_ms", "run_id")
+    occurrences = [o for o in pipe.execute() if o[2] is not None]
+    pipe = runs.client.pipeline(transaction=False)
+    for _, _, run_id in occurrences:
+        pipe.hget(runs.keys.run(run_id.decode()), "created_ms")
     late, lag = [], []
-    for nominal, claimed, started in pipe.execute():
-        if started is not None:
-            late.append(int(started) - int(nominal))
+    for (nominal, claimed, _), created in zip(occurrences, pipe.execute(), strict=True):
+        if created is not None:
+            late.append(int(created) - int(nominal))
             lag.append(int(claimed) - int(nominal))
     return late, lag
 
@@ -133,7 +158,7 @@ def passes(runs: RunStore, url: str, args: Any) -> None:
     thread.join(timeout=10)
     walls, handled = sched.stats.pass_ms, sched.stats.pass_handled
     late = sched.stats.lateness_ms
-    print(f"\n2. in-process controller, {args.schedules} schedules registered, "
+    print(f"\n3. in-process controller, {args.schedules} schedules registered, "
           f"{args.passes_seconds:g} s (interval {args.interval:g} for its other work)")
     print(f"   firing passes: {len(walls)}  wall p50 {statistics.median(walls):.1f} ms  "
           f"p99 {pct(walls, 99):.1f} ms  max {max(walls):.1f} ms")

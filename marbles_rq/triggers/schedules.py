@@ -738,10 +738,10 @@ class ScheduleDuty:
                 fires.append(action)
             elif isinstance(action, _Move):
                 moves.append(action)
-        if moves:
-            self._move(ctl, moves)
-        if fires and ctl.lease is not None:
+        if fires:  # first: a move is never urgent, a firing is
             self._fire(ctl, fires, now_ms)
+        if moves and ctl.lease is not None:
+            self._move(ctl, moves)
 
     def _move(self, ctl: Controller, moves: list[_Move]) -> None:
         keys = ctl.keys
@@ -857,8 +857,9 @@ def decide(definition: ScheduleDef, state: dict[str, str], prev: _Previous,
         elif definition.overlap == "allow":
             real = (_int(state.get("last_start")) or now_ms) + every
         else:  # measured from completion: wait for it
-            return _Move(definition, cursor_s, cursor, min(recheck, max(cursor, now_ms) +
-                                                           every), finish=finish)
+            # Its completion is noticed within a quarter of the interval (at most 1 s).
+            return _Move(definition, cursor_s, cursor, now_ms + min(POLL_MS, every // 4),
+                         finish=finish)
         if real > now_ms:
             return _Move(definition, cursor_s, real, real, finish=finish)
         # Missed ticks never queue: an overdue interval fires once, at its due time.
