@@ -151,7 +151,7 @@ def test_interval_measures_from_completion_and_never_queues_missed_ticks() -> No
     # Long overdue (downtime): one occurrence, at its due time.
     fire = decide(d, st, done, 1_000_000)
     assert isinstance(fire, _Fire) and fire.nominal_ms == 105_000
-    assert fire.cursor == "115000"
+    assert fire.cursor == "1010000"  # the next one counts from now at the earliest
     # Still running: nothing fires, it is looked at again.
     wait = decide(d, st, _running(), 1_000_000)
     assert isinstance(wait, _Move) and wait.cursor == 10_000 and not wait.skipped
@@ -492,3 +492,14 @@ def test_a_cron_schedule_fires_the_slot_a_dst_jump_skips_once_at_the_jump(
              what="the cursor on tomorrow's slot", context=procs.report)
     ctl.wait_log("schedule jump: fired run")
     assert [x for x in _fired(r) if "sched:jump:" in x] == [f"sched:jump:{jump}"]
+
+
+def test_interval_with_allow_counts_from_the_previous_nominal_and_never_queues() -> None:
+    d = _defn(every="10s", overlap="allow")
+    st = {"registered_ms": "0", "cursor": "20000", "last_run": "r1", "last_start": "10500"}
+    on_time = decide(d, st, _running(), 20_010)
+    assert isinstance(on_time, _Fire) and on_time.nominal_ms == 20_000
+    assert on_time.cursor == "30000"  # overlaps the run still going
+    late = decide(d, st, _running(), 1_000_000)  # after downtime: once, then from now
+    assert isinstance(late, _Fire) and late.nominal_ms == 20_000
+    assert late.cursor == "1010000"

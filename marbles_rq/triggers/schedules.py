@@ -848,23 +848,22 @@ def decide(definition: ScheduleDef, state: dict[str, str], prev: _Previous,
 
     if definition.kind == "interval":
         every = definition.every_ms
-        if prev.run_id is None:
-            real = cursor
+        if prev.run_id is None or definition.overlap == "allow":
+            real = cursor  # allow: counted from the previous occurrence's nominal time
         elif not prev.running:
             base = prev.finished_ms or _int(state.get("last_finish")) or \
                 _int(state.get("last_start")) or now_ms
             real = base + every
-        elif definition.overlap == "allow":
-            real = (_int(state.get("last_start")) or now_ms) + every
         else:  # measured from completion: wait for it
             # Its completion is noticed within a quarter of the interval (at most 1 s).
             return _Move(definition, cursor_s, cursor, now_ms + min(POLL_MS, every // 4),
                          finish=finish)
         if real > now_ms:
             return _Move(definition, cursor_s, real, real, finish=finish)
-        # Missed ticks never queue: an overdue interval fires once, at its due time.
-        return _Fire(definition, real, cursor_s, str(real + every), str(real + every),
-                     finish=finish)
+        # Missed ticks never queue: an overdue interval fires once, at its due time, and the
+        # one after it is an interval from now at the earliest.
+        nxt = real + every if real + every > now_ms else now_ms + every
+        return _Fire(definition, real, cursor_s, str(nxt), str(nxt), finish=finish)
 
     assert definition.tz is not None
     buffered = _int(state.get("buffered"))
