@@ -771,6 +771,7 @@ class ScheduleDuty:
                 finish=f.finish))
         replies = ctl.runs.scripts.claim_occurrences(calls)
         claimed: list[_Fire] = []
+        held: list[_Move] = []
         for f, reply in zip(fires, replies, strict=True):
             if self._fenced(ctl, reply):
                 return
@@ -779,9 +780,14 @@ class ScheduleDuty:
             elif reply.status == "locked":
                 log.info("[schedule] %s skipped: held by %s", f.definition.key,
                          _s(reply.values[0]))
+                # Looked at again a poll later, not at every pass while the lock is held.
+                cursor = int(f.expected)
+                held.append(_Move(f.definition, f.expected, cursor, now_ms + POLL_MS))
             elif reply.status == "exists":
                 log.warning("occurrence %s exists for run %s; not fired again",
                             f.definition.occurrence_id(f.nominal_ms), _s(reply.values[0]))
+        if held:
+            self._move(ctl, held)
         if not claimed:
             return
         enqueue_many(ctl.runs, ctl.rq, [
