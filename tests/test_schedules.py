@@ -395,7 +395,7 @@ def test_bad_declarations_fail_at_load_with_exit_2(redis_url: str, procs_for: An
         assert done.returncode == 2, (args, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0] and f"{bad}.py:3" in lines[0], lines
-    assert not _client(redis_url).keys("*sched*")
+    assert _client(redis_url).dbsize() == 0  # nothing recorded
 
 
 def test_unknown_schedule_key_is_one_line_exit_2_and_records_nothing(
@@ -405,7 +405,7 @@ def test_unknown_schedule_key_is_one_line_exit_2_and_records_nothing(
         done = procs.cli("schedules", *args)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and "unknown schedule" in done.stderr
-    assert not _client(redis_url).keys("*sched*")
+    assert _client(redis_url).dbsize() == 0  # nothing recorded at all
     # A declared key no controller registered yet can be paused; the pause is kept.
     assert procs.cli("schedules", "pause", "gap").returncode == 0
     ctl = procs.controller()
@@ -503,3 +503,26 @@ def test_interval_with_allow_counts_from_the_previous_nominal_and_never_queues()
     late = decide(d, st, _running(), 1_000_000)  # after downtime: once, then from now
     assert isinstance(late, _Fire) and late.nominal_ms == 20_000
     assert late.cursor == "1010000"
+
+
+def test_the_controller_skips_a_due_schedule_whose_lock_is_held(redis_url: str) -> None:
+    reg = ScheduleRegistry()
+    mr.schedule(every="1h", workflow="sx_roll_target", key="lockme", registry=reg)
+    runs = RunStore(open_store(redis_url))
+    duty = ScheduleDuty(reg, threaded=False)
+    ctl = Controller(runs, rq_connection(redis_url), duties=[duty])
+    assert ctl.lead()
+    ctl.recover()
+    r = _client(redis_url)
+    due = _now_ms(r) - 10
+    r.hset(KEYS.schedule("lockme"), "cursor", due)  # as if an hour had passed
+    r.zadd(KEYS.schedule_due(KEYS.bucket_of("lockme")), {"lockme": due})
+    runs.scripts.lock_schedule(keys=KEYS.schedule_keys("lockme"), holder="roll:x", ttl_ms=60_000)
+    duty.fire_due(ctl)
+    assert not r.keys("*:run:sched:lockme:*") and duty.stats.fired == 0
+    looked_again = r.zscore(KEYS.schedule_due(KEYS.bucket_of("lockme")), "lockme")
+    assert looked_again is not None and looked_again > _now_ms(r) + 500  # not every pass
+    runs.scripts.lock_schedule(keys=KEYS.schedule_keys("lockme"), holder="roll:x", ttl_ms=0)
+    r.zadd(KEYS.schedule_due(KEYS.bucket_of("lockme")), {"lockme": due})
+    duty.fire_due(ctl)
+    assert duty.stats.fired == 1 and r.exists(KEYS.run(f"sched:lockme:{due}")) == 1

@@ -8,7 +8,13 @@ import time
 import click
 
 from ..terminal import safe
-from ..triggers.schedules import KEY_PATTERN, UnknownScheduleError, list_schedules, set_paused
+from ..triggers.schedules import (
+    KEY_PATTERN,
+    SCHEDULES,
+    UnknownScheduleError,
+    list_schedules,
+    set_paused,
+)
 from . import Settings
 
 
@@ -23,12 +29,13 @@ def _iso(ms: int | None) -> str | None:
 @click.pass_context
 def schedules(ctx: click.Context, as_json: bool) -> None:
     """Show declared and registered schedules with their history; a registered schedule
-    that --source no longer declares is shown as orphaned (it never fires)."""
+    that --source no longer declares is shown as orphaned (it never fires). Without
+    --source, registered schedules show as registered."""
     if ctx.invoked_subcommand is not None:
         return
     settings: Settings = ctx.obj
     settings.load_source()
-    views = list_schedules(settings.runs(read_only=True))
+    views = list_schedules(settings.runs(read_only=True), sources_known=bool(settings.source))
     if as_json:
         click.echo(json.dumps([{"key": v.key, "status": v.status, "workflow": v.workflow,
                                 **v.history(), "lastRun": v.last_run, "skipped": v.skipped}
@@ -52,6 +59,11 @@ def _pause(settings: Settings, key: str, paused: bool) -> None:
     if not KEY_PATTERN.fullmatch(key):
         raise UnknownScheduleError(f"unknown schedule {key!r}")
     settings.load_source()
+    if key not in SCHEDULES.schedules:  # unknown: refused before anything is written
+        reader = settings.runs(read_only=True)
+        if not reader.client.exists(reader.keys.schedule(key)):
+            raise UnknownScheduleError(f"unknown schedule {key!r}: not declared by --source "
+                                       f"and never registered")
     was = set_paused(settings.runs(), key, paused)
     word = "paused" if paused else "resumed"
     same = was == paused

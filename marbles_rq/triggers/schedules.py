@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -273,10 +274,8 @@ def schedule(*, every: str | None = None, cron: str | None = None,
                         input=input, key=key, overlap=overlap, catch_up=catch_up)
 
     if workflow is not None:
-        import inspect
-
-        frame = inspect.stack()[1]
-        declare(workflow, f"{os.path.relpath(frame.filename)}:{frame.lineno}")
+        caller = sys._getframe(1)
+        declare(workflow, f"{os.path.relpath(caller.f_code.co_filename)}:{caller.f_lineno}")
         return None
 
     def decorate(target: Any) -> Any:
@@ -346,7 +345,7 @@ class ScheduleView:
     kind: str
     label: str
     workflow: str
-    status: str  # active | paused | orphaned | unregistered
+    status: str  # active | paused | orphaned | unregistered | registered (no sources given)
     last_start: int | None
     last_finish: int | None
     last_status: str | None
@@ -386,10 +385,11 @@ def registered_keys(runs: RunStore) -> list[str]:
     return sorted(_s(k) for found in pipe.execute() for k in found)
 
 
-def list_schedules(runs: RunStore, registry: ScheduleRegistry | None = None
-                   ) -> list[ScheduleView]:
+def list_schedules(runs: RunStore, registry: ScheduleRegistry | None = None, *,
+                   sources_known: bool = True) -> list[ScheduleView]:
     """Declared and registered schedules, with history; a registered key the registry does
-    not declare is `orphaned` (it never fires)."""
+    not declare is `orphaned` (it never fires) -- or just `registered` when the caller has
+    no sources to tell (`sources_known=False`)."""
     registry = registry if registry is not None else SCHEDULES
     keys = sorted(set(registered_keys(runs)) | set(registry.schedules))
     pipe = runs.client.pipeline(transaction=False)
@@ -400,7 +400,8 @@ def list_schedules(runs: RunStore, registry: ScheduleRegistry | None = None
         state = _decode(raw)
         definition = registry.schedules.get(key)
         if definition is None:
-            status = "orphaned"
+            status = "orphaned" if sources_known else (
+                "paused" if state.get("paused") == "1" else "registered")
         elif state.get("paused") == "1":
             status = "paused"
         elif "registered_ms" not in state:
