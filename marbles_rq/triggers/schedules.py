@@ -538,6 +538,7 @@ class ScheduleDuty:
         self._registered_epoch = 0
         self._thread: threading.Thread | None = None
         self._thread_epoch = 0
+        self._open_checked = 0.0
 
     # -- registration and recovery ---------------------------------------------------------
 
@@ -703,7 +704,8 @@ class ScheduleDuty:
                             one_line(found))
                 continue
             due += [(_s(k), int(score)) for k, score in found]
-        if time_for_open(ctl):
+        if time.monotonic() - self._open_checked >= OPEN_AFTER_MS / 1000:
+            self._open_checked = time.monotonic()  # open claims: every few seconds
             self.start_open(ctl, OPEN_AFTER_MS)
         if not due:
             return
@@ -810,16 +812,6 @@ class ScheduleDuty:
         for f in claimed:
             log.info("schedule %s: fired run %s", f.definition.key,
                      f.definition.run_id(f.nominal_ms))
-
-
-def time_for_open(ctl: Controller) -> bool:
-    """Open occurrences are rechecked every few seconds, not every pass."""
-    last = getattr(ctl, "_sched_open_checked", 0.0)
-    now = time.monotonic()
-    if now - last < OPEN_AFTER_MS / 1000:
-        return False
-    ctl._sched_open_checked = now  # type: ignore[attr-defined]
-    return True
 
 
 @dataclass(frozen=True)
