@@ -8,6 +8,7 @@ from .store.keys import Keyspace
 from .store.memory import MemoryStore
 from .triggers.events import Event, on_event, send_event
 from .triggers.monitors import FileChange, HttpChange, Launch, monitor
+from .triggers.schedules import schedule
 
 __all__ = [
     "Event",
@@ -24,6 +25,7 @@ __all__ = [
     "monitor",
     "on_event",
     "open_store",
+    "schedule",
     "send_event",
     "step",
     "workflow",

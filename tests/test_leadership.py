@@ -212,3 +212,38 @@ def on_txt(change):
     assert again.returncode == 0 and again.stdout.startswith("monitor txt-files: unchanged")
     bad = procs.cli(*args, "roll", "txt-files", "--input", "{}")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_roll_and_list_a_schedule_from_the_cli(procs: Procs, tmp_path: Path) -> None:
+    source = tmp_path / "sched_flows.py"
+    source.write_text('''
+import marbles_rq as mr
+
+@mr.schedule(every="1h", key="hourly")
+@mr.workflow
+def s_rolled(ctx) -> str:
+    return "ok"
+''')
+    args = ("--source", str(source))
+    own = Procs(procs.url, tmp_path / "own", sources=(source,))
+    try:
+        own.controller(lease_ms=TTL_MS)  # registers the schedule
+
+        def active() -> dict[str, object] | None:
+            listed = procs.cli(*args, "list", "--json")
+            assert listed.returncode == 0, listed.stderr
+            (found,) = json.loads(listed.stdout)["schedules"]
+            return found if found["status"] == "active" else None
+
+        sch = wait_for(active, timeout=20, what="the schedule to be registered")
+    finally:
+        own.stop_all()
+    assert (sch["key"], sch["workflow"], sch["paused"]) == ("hourly", "s_rolled", False)
+    rolled = procs.cli(*args, "roll", "hourly")
+    assert rolled.returncode == 0, rolled.stderr
+    assert "hourly fired run " in rolled.stdout
+    store = procs.observer.runs.store
+    store.client.set(store.keys.schedule_lock("hourly"), "someone-else", px=60_000)
+    held = procs.cli(*args, "roll", "hourly")
+    assert held.returncode == 0, held.stderr
+    assert "skipped: held by someone-else" in held.stdout

@@ -106,11 +106,11 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: s
 
 
 def _register() -> None:
-    from . import control, doctor, events, procs, runs
+    from . import control, doctor, events, procs, runs, schedules
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
                     procs.worker, procs.controller, doctor.doctor, control.leader, control.roll,
-                    control.list_cmd, events.events):
+                    control.list_cmd, events.events, schedules.schedules):
         cli.add_command(command)
 
 
@@ -143,8 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     except MarblesError as exc:
         from ..engine.authoring import DefinitionError, InputError, UnknownWorkflowError
         from ..engine.runs import RunNotFoundError
+        from ..triggers.schedules import UnknownScheduleError
 
-        bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError)
+        bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError,
+                     UnknownScheduleError)
         _fail(str(exc), EXIT_INPUT if isinstance(exc, bad_input) else EXIT_PROBLEM)
     except Exception as exc:  # a bug or an unforeseen condition: still one line, not a dump
         if _debug(argv):

@@ -51,24 +51,32 @@ def leader(settings: Settings, as_json: bool) -> None:
 @click.option("--id", "run_id", default=None, help="Run id (a workflow only; default random).")
 @click.pass_obj
 def roll(settings: Settings, name: str, input_json: str | None, run_id: str | None) -> None:
-    """Run NAME once, now: a workflow name enqueues a run (no lock taken); a monitor key
-    polls that monitor once."""
+    """Run NAME once, now: a workflow name enqueues a run (no lock taken); a schedule key
+    runs one tick under that schedule's lock (`skipped: held by <holder>` when another
+    holds it); a monitor key polls that monitor once."""
     from ..engine.authoring import REGISTRY, UnknownWorkflowError
     from ..engine.ops import RunRequest, enqueue, prepare
     from ..triggers.monitors import MONITORS, roll_monitor
+    from ..triggers.schedules import SCHEDULES, roll_schedule
 
     settings.load_source()
-    if name not in REGISTRY.workflows and name in MONITORS.by_key:
-        if input_json is not None or run_id is not None:
-            raise click.UsageError("--input and --id apply to a workflow, not a monitor")
+    trigger = name not in REGISTRY.workflows and (
+        name in SCHEDULES.schedules or name in MONITORS.by_key)
+    if trigger and (input_json is not None or run_id is not None):
+        raise click.UsageError("--input and --id apply to a workflow, not a schedule or a "
+                               "monitor")
+    if trigger and name in SCHEDULES.schedules:
+        click.echo(safe(str(roll_schedule(settings.runs(), settings.rq(), name))))
+        return
+    if trigger:
         outcome = roll_monitor(settings.runs(), settings.rq(), name)
         click.echo(safe(f"monitor {name}: {outcome.status}"
                         + (f" (run {outcome.run_id})" if outcome.run_id else "")
                         + (f": {outcome.detail}" if outcome.detail else "")))
         return
     if name not in REGISTRY.workflows:
-        known = sorted([*REGISTRY.workflows, *MONITORS.by_key])
-        raise UnknownWorkflowError(f"no workflow or monitor named {name!r} (known: "
+        known = sorted([*REGISTRY.workflows, *SCHEDULES.schedules, *MONITORS.by_key])
+        raise UnknownWorkflowError(f"no workflow, schedule or monitor named {name!r} (known: "
                                    f"{', '.join(known) or 'none; is --source set?'})")
     raw = (input_json or "null").encode()
     request = RunRequest(name, raw, run_id)
@@ -83,8 +91,8 @@ def roll(settings: Settings, name: str, input_json: str | None, run_id: str | No
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_obj
 def list_cmd(settings: Settings, as_json: bool) -> None:
-    """What --source declares: workflows (queue, timeout, retention, input schema) and
-    monitors (kind, interval, next due)."""
+    """What --source declares: workflows (queue, timeout, retention, input schema),
+    schedules (cadence, next due, paused) and monitors (kind, interval, next due)."""
     from ..engine.authoring import REGISTRY
 
     settings.load_source()
@@ -97,10 +105,17 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
                           "max_deliveries": wf.max_deliveries, "retention_s": wf.retention_s,
                           "input_schema": schema})
     from ..triggers.monitors import MONITORS, list_monitors
+    from ..triggers.schedules import SCHEDULES, list_schedules
 
     monitors = ([m.to_json() for m in list_monitors(settings.reader(), MONITORS)]
                 if MONITORS.by_key else [])
-    data: dict[str, Any] = {"workflows": workflows, "monitors": monitors}
+    schedules = [{"key": v.key, "workflow": v.workflow, "kind": v.kind, "cadence": v.label,
+                  "status": v.status, "paused": v.status == "paused",
+                  "next_due": _iso(v.next_due)}
+                 for v in (list_schedules(settings.runs(read_only=True), SCHEDULES)
+                           if SCHEDULES.schedules else [])]
+    data: dict[str, Any] = {"workflows": workflows, "schedules": schedules,
+                            "monitors": monitors}
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -109,6 +124,10 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
         takes = "no input" if wf_data["input_schema"] is None else "input " + json.dumps(
             wf_data["input_schema"], separators=(",", ":"))[:120]
         click.echo(safe(f"  {wf_data['name']:24} queue {wf_data['queue']:12} {takes}"))
+    click.echo("schedules:" if schedules else "schedules: none")
+    for sch in schedules:
+        click.echo(safe(f"  {sch['key']:24} {sch['cadence']:24} {sch['status']:8} next due "
+                        f"{sch['next_due'] or '-'}"))
     click.echo("monitors:" if monitors else "monitors: none")
     for mon in monitors:
         click.echo(safe(f"  {mon['key']:24} {mon['kind']:5} every {mon['interval_s']} s  "

@@ -38,5 +38,6 @@ def default_duties() -> list[Duty]:
     """The duties a `marbles-rq controller` keeps, built from what --source declared."""
     from ..triggers.events import EventsDuty
     from ..triggers.monitors import MonitorsDuty
+    from ..triggers.schedules import duties as schedule_duties
 
-    return [EventsDuty(), MonitorsDuty()]
+    return [EventsDuty(), *schedule_duties(), MonitorsDuty()]

@@ -40,6 +40,16 @@ class RunKeys:
 
 
 @dataclass(frozen=True)
+class ScheduleKeys:
+    state: str
+    index: str
+    due: str
+    open: str
+    fence: str
+    lock: str
+
+
+@dataclass(frozen=True)
 class Keyspace:
     prefix: str = DEFAULT_PREFIX
     buckets: int = DEFAULT_BUCKETS
@@ -175,6 +185,38 @@ class Keyspace:
     def monitor_due(self, bucket: int) -> str:
         """Sorted set: monitor keys in the bucket -> when they are polled next (server ms)."""
         return f"{self.tag(bucket)}:mondue"
+
+    # -- schedules: a schedule's state, occurrences and lock share its key's tag ----------
+
+    def schedule(self, key: str) -> str:
+        """Hash: a registered schedule's cursor, history and pause flag."""
+        return f"{self.tag_of(key)}:sched:{key}"
+
+    def schedule_index(self, bucket: int) -> str:
+        """Sorted set: schedule keys registered in the bucket -> registration time (ms)."""
+        return f"{self.tag(bucket)}:sched_idx"
+
+    def schedule_due(self, bucket: int) -> str:
+        """Sorted set: schedule key -> when the controller looks at it next (server ms)."""
+        return f"{self.tag(bucket)}:sched_due"
+
+    def occurrence(self, key: str, occurrence_id: str) -> str:
+        """Hash: one claimed occurrence ``<key>@<nominal ms>`` of schedule `key`."""
+        return f"{self.tag_of(key)}:occ:{occurrence_id}"
+
+    def occurrences_open(self, bucket: int) -> str:
+        """Sorted set: occurrence ids claimed but not yet started -> claim time (ms)."""
+        return f"{self.tag(bucket)}:occ_open"
+
+    def schedule_lock(self, key: str) -> str:
+        """String ``<holder>`` with a TTL: one tick of schedule `key` at a time."""
+        return f"{self.tag_of(key)}:lock:schedule:{key}"
+
+    def schedule_keys(self, key: str) -> ScheduleKeys:
+        bucket = self.bucket_of(key)
+        return ScheduleKeys(state=self.schedule(key), index=self.schedule_index(bucket),
+                            due=self.schedule_due(bucket), open=self.occurrences_open(bucket),
+                            fence=self.controller_fence(bucket), lock=self.schedule_lock(key))
 
     # -- leases ---------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,12 +22,14 @@ from redis.cluster import RedisCluster
 
 from ..errors import ScriptReplyError
 from .connection import Client
-from .keys import RunKeys
+from .keys import RunKeys, ScheduleKeys
 
 T = TypeVar("T")
 _RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 # A request marker outlives every resend (they stop after `retry_s`, 3 s by default).
 MARKER_MS = 60_000
+# A started occurrence is kept 8 days (longer than a run's default retention), then expires.
+OCCURRENCE_KEEP_MS = 8 * 86_400_000
 
 
 def lua_dir() -> Path:
@@ -454,6 +456,90 @@ class Scripts:
                     launch_run: str, error: str) -> Reply:
         return self._reply("ack_monitor", [monitor_hash, fence_key],
                            [ctl_epoch, launch_run, error], ("ok", "gone", "fenced"))
+
+    # -- schedules ---------------------------------------------------------------------
+
+    @staticmethod
+    def _claim_occurrence_call(keys: ScheduleKeys, occurrence_key: str, key: str,
+                               ctl_epoch: int | None, expected: str, nominal_ms: int,
+                               occurrence_id: str, run_id: str, cursor: str, due_ms: str,
+                               holder: str = "", from_buffer: bool = False,
+                               finish: tuple[str, int, str] | None = None
+                               ) -> tuple[list[str], list[str | bytes | int]]:
+        fin_run, fin_ms, fin_status = finish or ("", 0, "")
+        return ([keys.state, keys.due, occurrence_key, keys.open, keys.fence, keys.lock],
+                [key, "" if ctl_epoch is None else ctl_epoch, expected, nominal_ms,
+                 occurrence_id, run_id, cursor, due_ms, holder, "1" if from_buffer else "",
+                 fin_run, fin_ms, fin_status])
+
+    def claim_occurrences(self, calls: list[dict[str, Any]]) -> list[Reply]:
+        """claim_occurrence for many occurrences in one round trip (see call_many); each is
+        safe to resend: a claim of the same occurrence for the same run answers "ok"."""
+        replies = self.call_many("claim_occurrence",
+                                 [self._claim_occurrence_call(**c) for c in calls])
+        statuses = ("ok", "exists", "moved", "paused", "locked", "missing", "fenced")
+        out = []
+        for reply in replies:
+            if _s(reply[0]) not in statuses:
+                raise self._unexpected("claim_occurrence", reply)
+            out.append(Reply(_s(reply[0]), reply[1:]))
+        return out
+
+    def move_schedules(self, calls: list[tuple[ScheduleKeys, str, int, str, int, int, str,
+                                               bool, tuple[str, int, str] | None]]
+                       ) -> list[Reply]:
+        """For (keys, key, ctl epoch, expected cursor, new cursor, due ms, buffered, skipped,
+        finished run (id, ms, status)): move_schedule, pipelined. Safe to resend: a resend
+        after the first send applied answers "moved"."""
+        batch: list[tuple[list[str], list[str | bytes | int]]] = []
+        for keys, key, epoch, expected, cursor, due_ms, buffered, skipped, finish in calls:
+            fin_run, fin_ms, fin_status = finish or ("", 0, "")
+            batch.append(([keys.state, keys.due, keys.fence],
+                          [key, epoch, expected, cursor, due_ms, buffered,
+                           "1" if skipped else "", fin_run, fin_ms, fin_status]))
+        replies = self.call_many("move_schedule", batch)
+        out = []
+        for reply in replies:
+            if _s(reply[0]) not in ("ok", "moved", "paused", "missing", "fenced"):
+                raise self._unexpected("move_schedule", reply)
+            out.append(Reply(_s(reply[0]), reply[1:]))
+        return out
+
+    def start_occurrences(self, calls: Sequence[tuple[ScheduleKeys, str, str, int | None]]
+                          ) -> list[Reply]:
+        """For (keys, occurrence key, occurrence id, ctl epoch or None for a roll):
+        start_occurrence, pipelined; idempotent."""
+        replies = self.call_many("start_occurrence", [
+            ([occ_key, keys.open, keys.fence], [occ_id, "" if epoch is None else epoch,
+                                                OCCURRENCE_KEEP_MS])
+            for keys, occ_key, occ_id, epoch in calls])
+        out = []
+        for reply in replies:
+            if _s(reply[0]) not in ("ok", "gone", "fenced"):
+                raise self._unexpected("start_occurrence", reply)
+            out.append(Reply(_s(reply[0]), reply[1:]))
+        return out
+
+    def register_schedule(self, *, keys: ScheduleKeys, key: str, ctl_epoch: int,
+                          fingerprint: str, kind: str, label: str, workflow: str, cursor: int,
+                          every_ms: int) -> Reply:
+        return self._reply("register_schedule", [keys.state, keys.index, keys.due, keys.fence],
+                           [key, ctl_epoch, fingerprint, kind, label, workflow, cursor,
+                            every_ms], ("created", "updated", "same", "fenced"))
+
+    def retire_schedule(self, *, keys: ScheduleKeys, key: str, ctl_epoch: int) -> Reply:
+        return self._reply("retire_schedule", [keys.due, keys.fence], [key, ctl_epoch],
+                           ("ok", "fenced"))
+
+    def pause_schedule(self, *, keys: ScheduleKeys, key: str, paused: bool,
+                       declared: bool) -> Reply:
+        return self._reply("pause_schedule", [keys.state, keys.index, keys.due],
+                           [key, "1" if paused else "0", "1" if declared else "0"],
+                           ("ok", "unknown"))
+
+    def lock_schedule(self, *, keys: ScheduleKeys, holder: str, ttl_ms: int) -> Reply:
+        """ttl_ms > 0 takes the schedule's lock; 0 releases it if `holder` has it."""
+        return self._reply("lock_schedule", [keys.lock], [holder, ttl_ms], ("ok", "held"))
 
     # -- deployment --------------------------------------------------------------------
 
