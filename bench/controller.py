@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queued", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument("--schedules", type=int, default=1_000)
     parser.add_argument("--recover", type=lambda v: [int(x) for x in v.split(",")],
                         default=[10_000, 100_000], help="pending entries to recover")
     args = parser.parse_args(argv)
@@ -107,7 +108,8 @@ def run(url: str, args: Any) -> None:
     info = client.info("server")
     print("marbles-rq controller benchmark")
     print(f"command  : python bench/controller.py --queued {args.queued} --runs {args.runs} "
-          f"--passes {args.passes} --recover {','.join(map(str, args.recover))}")
+          f"--passes {args.passes} --schedules {args.schedules} "
+          f"--recover {','.join(map(str, args.recover))}")
     print(f"redis    : {info['redis_version']}, {url}; appendfsync "
           f"{client.config_get('appendfsync')['appendfsync']}, buckets {runs.keys.buckets}")
 
@@ -142,6 +144,23 @@ def run(url: str, args: Any) -> None:
     print(f"  aim: a pass costs Redis < 50 ms with 100,000 queued runs: "
           f"{'met' if max(r[1] for r in steady) < 50 else 'NOT MET'}")
 
+    # 2b. the same, with 1,000 schedules registered (hourly: none due in the window)
+    from marbles_rq.triggers.schedules import OccurrenceDuty, ScheduleDuty, ScheduleRegistry
+
+    registry = ScheduleRegistry()
+    for i in range(args.schedules):
+        mr.schedule(every="1h", workflow="bench_noop", key=f"hourly-{i}", registry=registry)
+    sched = ScheduleDuty(registry, threaded=False)
+    assert ctl.lease is not None
+    ctl.store.release_lease(ctl.lease)
+    ctl = Controller(runs, rq, duties=[OccurrenceDuty(sched), sched])
+    assert ctl.lead()
+    ctl.recover()  # registers the schedules
+    with_schedules = [timed_pass(ctl, client) for _ in range(args.passes)]
+    print(f"\nsteady state with {args.schedules:,} schedules registered (none due) and "
+          f"{args.queued:,} runs queued, {args.passes} passes")
+    print(f"  {summary(with_schedules)}")
+
     # 3. startup recovery: recorded runs whose delivery never reached RQ
     for count in args.recover:
         client.flushall()
@@ -156,7 +175,7 @@ def run(url: str, args: Any) -> None:
             if len(pipe) >= 5_000:
                 pipe.execute()
         pipe.execute()
-        ctl = Controller(runs, rq_connection(url))
+        ctl = Controller(runs, rq_connection(url))  # the data was flushed: a fresh lease
         assert ctl.lead()
         start = time.perf_counter()
         ctl.recover()
