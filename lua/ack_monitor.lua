@@ -17,7 +17,7 @@ local ctl_epoch = tonumber(ARGV[1])
 
 local seen = 0
 if ctl_epoch > 0 then
-  seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+  seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
   if seen > ctl_epoch then return {'fenced', seen} end
 end
 if redis.call('HGET', mon, 'pending_run') ~= ARGV[2] then return {'gone'} end

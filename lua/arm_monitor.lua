@@ -15,7 +15,7 @@ Writes: ZADD NX or ZREM KEYS[2]; HSET KEYS[1] next_ms; HSET KEYS[3] epoch
 local mon, due, fence = KEYS[1], KEYS[2], KEYS[3]
 local key, ctl_epoch = ARGV[1], tonumber(ARGV[2])
 
-local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if seen > ctl_epoch then return {'fenced', seen} end
 if seen < ctl_epoch then redis.call('HSET', fence, 'epoch', ctl_epoch) end
 if ARGV[3] == 'disarm' then

@@ -15,6 +15,7 @@ Returns:
   {"requested"}           the run is executing; it will stop and settle itself
   {"settled", status}     already finished; nothing written
   {"missing"}             no such run
+  {"corrupt", reason}     an index key of the bucket holds another type; nothing written
 Writes: HSET/HINCRBY KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]; ZADD KEYS[5]
 ]]
 local run, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -31,6 +32,12 @@ if r[1] == 'running' or r[1] == 'waiting' then
   redis.call('HSET', run, 'cancel', '1', 'cancel_req', req, 'cancel_outcome', 'requested')
   redis.call('XADD', out, '*', 't', 'cancel_requested', 'a', r[2], 'd', ARGV[2])
   return {'requested'}
+end
+-- Settling writes several keys and Redis does not roll back a failed script: check them first.
+for k, want in pairs({[leases] = 'zset', [dispatch] = 'zset', [finished] = 'zset',
+                      [out] = 'stream'}) do
+  local kind = redis.call('TYPE', k).ok
+  if kind ~= 'none' and kind ~= want then return {'corrupt', k .. ' holds a ' .. kind} end
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -35,7 +35,7 @@ local key, epoch_arg, expected = ARGV[1], ARGV[2], ARGV[3]
 local occ_id, run_id = ARGV[5], ARGV[6]
 
 local ctl_epoch = tonumber(epoch_arg)
-local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if ctl_epoch and seen > ctl_epoch then return {'fenced', seen} end
 local existing = redis.call('HGET', occ, 'run_id')
 if existing then

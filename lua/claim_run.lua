@@ -16,6 +16,7 @@ ARGV[9] retention_ms    how long the run is kept after it finishes, then pruned
 Returns:
   {"ok", created_ms}          recorded by this call (or an earlier send of it)
   {"exists", doc, status}     a run with this id exists already; nothing written
+  {"corrupt", reason}         an index key of the bucket holds another type; nothing written
 Writes: HSET KEYS[1]; ZADD KEYS[2]; ZADD KEYS[3]; XADD KEYS[4]
 ]]
 local run, listing, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -25,6 +26,13 @@ local existing = redis.call('HMGET', run, 'doc', 'req', 'status', 'created_ms')
 if existing[1] then
   if existing[2] == req then return {'ok', tonumber(existing[4])} end
   return {'exists', existing[1], existing[3]}
+end
+
+-- Redis does not roll a script back when a command fails: check the key types first, so a
+-- broken index cannot leave a recorded run that nothing will ever dispatch.
+for k, want in pairs({[listing] = 'zset', [dispatch] = 'zset', [out] = 'stream'}) do
+  local kind = redis.call('TYPE', k).ok
+  if kind ~= 'none' and kind ~= want then return {'corrupt', k .. ' holds a ' .. kind} end
 end
 
 local t = redis.call('TIME')

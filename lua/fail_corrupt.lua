@@ -8,6 +8,7 @@ KEYS[2] lease zset      <tag>:leases
 KEYS[3] dispatch zset   <tag>:dispatch
 KEYS[4] output stream   <tag>:out:<run id>
 KEYS[5] finished zset   <tag>:finished
+KEYS[6] run listing     <tag>:idx:run
 ARGV[1] run_id
 ARGV[2] error           ErrorInfo JSON (type CorruptRecord, naming the key)
 ARGV[3] event           JSON data of the final output event
@@ -16,15 +17,19 @@ Returns:
   {"failed"}              settled failed by this call
   {"settled", status}     it had finished already; only the indexes were cleaned
   {"unindexed"}           the run hash is unusable (missing or of another type); only the
-                          indexes were cleaned
-Writes: HSET KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]; ZADD KEYS[5]
+                          indexes were cleaned (the listing too: nothing would ever prune it)
+Writes: HSET KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4]; ZADD KEYS[5]; ZREM KEYS[6]
 ]]
-local run, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local run, leases, dispatch, out, finished, listing = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
+  KEYS[5], KEYS[6]
 local run_id = ARGV[1]
 redis.pcall('ZREM', leases, run_id)
 redis.pcall('ZREM', dispatch, run_id)
 local s = redis.pcall('HGET', run, 'status')
-if type(s) ~= 'string' then return {'unindexed'} end  -- wrong type (error) or no hash (nil)
+if type(s) ~= 'string' then  -- wrong type (error) or no hash (nil)
+  redis.pcall('ZREM', listing, run_id)
+  return {'unindexed'}
+end
 if s == 'succeeded' or s == 'failed' or s == 'cancelled' then return {'settled', s} end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

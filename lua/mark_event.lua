@@ -20,7 +20,7 @@ local key, ctl_epoch, state, note = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 
 local seen = 0
 if ctl_epoch > 0 then
-  seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+  seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
   if seen > ctl_epoch then return {'fenced', seen} end
 end
 local current = redis.call('HGET', evt, 'state')

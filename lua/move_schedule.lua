@@ -26,7 +26,7 @@ Writes: HSET KEYS[1] (+ HINCRBY skipped); ZADD/ZREM KEYS[2]; HSET KEYS[3]
 local state, due, fence = KEYS[1], KEYS[2], KEYS[3]
 local key, ctl_epoch = ARGV[1], tonumber(ARGV[2])
 
-local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if seen > ctl_epoch then return {'fenced', seen} end
 local s = redis.call('HMGET', state, 'registered_ms', 'cursor', 'paused')
 if not s[1] then return {'missing'} end

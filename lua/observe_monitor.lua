@@ -27,7 +27,7 @@ local obs, launch, launch_run = ARGV[4], ARGV[5], ARGV[6]
 
 local seen = 0
 if ctl_epoch > 0 then
-  seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+  seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
   if seen > ctl_epoch then return {'fenced', seen} end
 end
 local cur = redis.call('HMGET', mon, 'rev', 'pending_run')

@@ -15,7 +15,7 @@ Writes: DEL KEYS[1]; ZREM KEYS[2]; HSET KEYS[3] epoch
 local evt, listing, fence = KEYS[1], KEYS[2], KEYS[3]
 local key, ctl_epoch = ARGV[1], tonumber(ARGV[2])
 
-local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if seen > ctl_epoch then return {'fenced', seen} end
 local f = redis.call('HMGET', evt, 'state', 'received_ms')
 if f[1] == 'pending' then return {'kept', 'pending'} end

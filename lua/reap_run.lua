@@ -27,7 +27,7 @@ local run, leases, dispatch, out, fence, finished = KEYS[1], KEYS[2], KEYS[3], K
   KEYS[6]
 local run_id, ctl_epoch = ARGV[1], tonumber(ARGV[2])
 
-local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if seen > ctl_epoch then return {'fenced', seen} end
 local score = redis.call('ZSCORE', leases, run_id)
 if not score then return {'gone'} end
@@ -44,7 +44,10 @@ if r[1] ~= 'running' then
 end
 for i, name in pairs({[2] = 'attempt', [4] = 'max_deliveries', [6] = 'deferred',
                       [7] = 'retention_ms', [8] = 'epoch'}) do
-  if r[i] and not tonumber(r[i]) then return {'corrupt', 'field ' .. name .. ' is not a number'} end
+  -- Whole numbers only: Lua's tonumber also takes 1.5, 1e999, inf, nan and 0x10.
+  if r[i] and not (string.match(r[i], '^%d+$') and #r[i] <= 15) then
+    return {'corrupt', 'field ' .. name .. ' is not a whole number'}
+  end
 end
 if not r[2] then return {'corrupt', 'field attempt is missing'} end
 if seen < ctl_epoch then redis.call('HSET', fence, 'epoch', ctl_epoch) end

@@ -23,14 +23,17 @@ Writes: HSET/HINCRBY KEYS[1]; ZADD/ZREM KEYS[2]; XADD KEYS[3]; HSET KEYS[4]; ZAD
 ]]
 local run, dispatch, out, fence, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local run_id, attempt, ctl_epoch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if seen > ctl_epoch then return {'fenced', seen} end
 local r = redis.pcall('HMGET', run, 'status', 'attempt', 'queue', 'max_deliveries', 'deferred',
   'retention_ms')
 if r.err then return {'corrupt', 'the run key is not a hash'} end
 if r[1] ~= 'queued' or tonumber(r[2]) ~= attempt then return {'moved'} end
 for i, name in pairs({[4] = 'max_deliveries', [5] = 'deferred', [6] = 'retention_ms'}) do
-  if r[i] and not tonumber(r[i]) then return {'corrupt', 'field ' .. name .. ' is not a number'} end
+  -- Whole numbers only: Lua's tonumber also takes 1.5, 1e999, inf, nan and 0x10.
+  if r[i] and not (string.match(r[i], '^%d+$') and #r[i] <= 15) then
+    return {'corrupt', 'field ' .. name .. ' is not a whole number'}
+  end
 end
 if seen < ctl_epoch then redis.call('HSET', fence, 'epoch', ctl_epoch) end
 local t = redis.call('TIME')

@@ -23,7 +23,7 @@ Writes: HSET KEYS[1]; ZADD KEYS[2]; ZADD KEYS[3]; HSET KEYS[4]
 local state, index, due, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local key, ctl_epoch = ARGV[1], tonumber(ARGV[2])
 
-local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if seen > ctl_epoch then return {'fenced', seen} end
 local s = redis.call('HMGET', state, 'registered_ms', 'fp', 'paused', 'cursor')
 local t = redis.call('TIME')

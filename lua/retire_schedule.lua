@@ -12,7 +12,7 @@ Writes: ZREM KEYS[1]; HSET KEYS[2]
 ]]
 local due, fence = KEYS[1], KEYS[2]
 local ctl_epoch = tonumber(ARGV[2])
-local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if seen > ctl_epoch then return {'fenced', seen} end
 if seen < ctl_epoch then redis.call('HSET', fence, 'epoch', ctl_epoch) end
 redis.call('ZREM', due, ARGV[1])

@@ -41,9 +41,15 @@ if status == 'succeeded' or status == 'failed' or status == 'cancelled' then
 end
 for i, name in pairs({[3] = 'attempt', [4] = 'epoch', [6] = 'deadline_ms', [7] = 'timeout_ms',
                       [9] = 'retention_ms'}) do
-  if r[i] and not tonumber(r[i]) then return {'corrupt', 'field ' .. name .. ' is not a number'} end
+  -- Whole numbers only: Lua's tonumber also takes 1.5, 1e999, inf, nan and 0x10.
+  if r[i] and not (string.match(r[i], '^%d+$') and #r[i] <= 15) then
+    return {'corrupt', 'field ' .. name .. ' is not a whole number'}
+  end
 end
-if not r[3] then return {'corrupt', 'field attempt is missing'} end
+if not r[3] or r[3] == '0' then return {'corrupt', 'field attempt is missing or 0'} end
+if status ~= 'queued' and status ~= 'running' then
+  return {'corrupt', 'field status is ' .. tostring(status)}
+end
 if attempt ~= tonumber(r[3]) then return {'stale_attempt', tonumber(r[3])} end
 
 local t = redis.call('TIME')

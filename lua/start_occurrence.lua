@@ -14,7 +14,7 @@ Writes: HSET KEYS[1] (+ PEXPIRE); ZREM KEYS[2]
 ]]
 local occ, open, fence = KEYS[1], KEYS[2], KEYS[3]
 local ctl_epoch = tonumber(ARGV[2])
-local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0')
+local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if ctl_epoch and seen > ctl_epoch then return {'fenced', seen} end
 local status = redis.call('HGET', occ, 'status')
 if not status then

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]  # embeddings, overrides, isolates
+# Invisible or line-breaking: zero-width space/joiners, LRM/RLM, the Arabic letter mark,
+# the Unicode line and paragraph separators (some terminals break lines on them), BOM.
+_INVISIBLE = [*range(0x200B, 0x2010), 0x061C, 0x2028, 0x2029, 0xFEFF]
 
 
 def _escape(code: int) -> str:
@@ -22,11 +25,12 @@ def _escape(code: int) -> str:
 
 _TABLE: dict[int, str] = {
     code: _escape(code)
-    for code in [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0), *_BIDI]
+    for code in [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0), *_BIDI, *_INVISIBLE]
 }
 
 
 def safe(text: str) -> str:
-    """`text` with C0 and C1 controls (ESC, CR, LF, ...), DEL and bidi embedding, override
-    and isolate characters replaced by visible escapes such as ``\\x1b`` or ``\\n``."""
+    """`text` with C0 and C1 controls (ESC, CR, LF, ...), DEL, bidi embedding, override,
+    isolate and mark characters, zero-width characters, line and paragraph separators and
+    the BOM replaced by visible escapes such as ``\\x1b`` or ``\\n``."""
     return text.translate(_TABLE)

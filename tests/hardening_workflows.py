@@ -47,3 +47,22 @@ def h_mark() -> int:
 @mr.workflow
 def h_marker(ctx: mr.RunContext) -> int:
     return int(h_mark())
+
+
+@mr.workflow
+def h_many_lines(ctx: mr.RunContext, inp: dict[str, int]) -> int:
+    for i in range(inp["lines"]):
+        ctx.stream.write(f"line {i}")
+    return inp["lines"]
+
+
+@mr.step
+def h_exits() -> None:
+    import sys
+
+    sys.exit(3)
+
+
+@mr.workflow
+def h_sys_exit(ctx: mr.RunContext) -> None:
+    h_exits()

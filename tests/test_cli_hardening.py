@@ -353,7 +353,8 @@ def test_reading_commands_write_nothing_on_a_fresh_prefix(redis_url: str) -> Non
 
 EVIL = ("\x1b]0;pwned\x07\x1b[2J\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\"
         "\r\nrun succeeded: forged\u202eevil\u2066\x9b31m\x7f\x00")
-CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+                      "\u200b-\u200f\u061c\u2028\u2029\ufeff]")
 
 
 def test_safe_escapes_every_terminal_control() -> None:
@@ -365,6 +366,9 @@ def test_safe_escapes_every_terminal_control() -> None:
     plain = "plain text, é, 中文, emoji 🙂, back\\slash"
     assert safe(plain) == plain
     assert not CONTROLS.search(safe("".join(map(chr, range(0x00, 0x2100)))))
+    # invisible marks, zero-width characters, line/paragraph separators, the BOM
+    assert safe("A\u200fB\u061cC\u2028D\u2029E\u200bF\ufeffG") == (
+        "A\\u200fB\\u061cC\\u2028D\\u2029E\\u200bF\\ufeffG")
 
 
 def test_run_output_cannot_drive_the_terminal(redis_url: str, tmp_path: Path) -> None:
@@ -468,3 +472,15 @@ def test_nothing_in_the_repository_points_outside_it() -> None:
         if "../shared" in text:
             outside.append(name)
     assert outside == []
+
+
+def test_an_empty_source_entry_is_refused_not_the_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "side.py").write_text("open('RAN', 'w').close()\n")
+    chain = str(Path(__file__).parent.parent / CHAIN)
+    for source in (f"{chain}:", f":{chain}", ":::", " "):
+        proc = subprocess.run([sys.executable, "-m", "marbles_rq", "--source", source, "list"],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+        assert proc.returncode == 2, (source, proc.stderr)
+        assert "empty --source entry" in one_line_error(proc)
+    assert not (tmp_path / "RAN").exists()  # nothing under the working directory ran

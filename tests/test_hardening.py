@@ -5,6 +5,7 @@ controller processes). Numbers refer to the items of the hardening issue."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections import Counter
@@ -557,3 +558,98 @@ def test_the_chain_example_applies_its_effect_once_across_a_kill_at_the_effect(
     assert _run(runs, "fx-1", 2) == "succeeded"
     receipts = [k.decode() for k in real.lrange(chain.RECEIPTS_KEY, 0, -1)]
     assert sorted(receipts) == ["fx-1:chain.link#0", "fx-1:chain.link#1"]
+
+
+# -- found by trying it as a hostile user ----------------------------------------------------
+
+def test_a_start_refused_by_the_store_is_redelivered_with_rq_on_its_own_redis(
+        procs: Procs, tmp_path: Path) -> None:
+    """The store refuses the worker's start (OOM) while RQ's Redis is fine: RQ records the
+    delivery as failed, once; the controller must still deliver the run again."""
+    rq_server = RedisServer.start(dir=tmp_path / "rq-redis")
+    try:
+        procs.env["MARBLES_RQ_URL"] = rq_server.url
+        (worker,) = procs.start(workers=1)
+        worker.signal(signal.SIGSTOP)
+        procs.enqueue("chain", {"steps": 1}, "oom-start")
+        store = redis.Redis.from_url(procs.url)
+        store.config_set("maxmemory", 1)
+        try:
+            worker.signal(signal.SIGCONT)
+            worker.wait_log("stopped on a Redis error", timeout=30)
+        finally:
+            store.config_set("maxmemory", 0)
+        done = procs.observer.wait_status("oom-start", "succeeded", timeout=40)
+        assert done.attempt == 2
+    finally:
+        rq_server.stop()
+
+
+def test_watch_no_follow_prints_the_whole_output(procs: Procs) -> None:
+    procs.worker()
+    procs.enqueue("h_many_lines", {"lines": 1_500}, "many-lines")
+    procs.observer.wait_status("many-lines", "succeeded", timeout=60)
+    shown = procs.cli("watch", "many-lines", "--no-follow")
+    assert shown.returncode == 0
+    lines = shown.stdout.splitlines()
+    assert sum(1 for ln in lines if " line " in ln) == 1_500
+    assert "run succeeded: 1500" in lines[-1]
+
+
+def test_sys_exit_in_a_step_fails_the_run_once(procs: Procs) -> None:
+    procs.start(workers=1, pool=1)
+    procs.enqueue("h_sys_exit", None, "exits")
+    view = procs.observer.wait_status("exits", "failed", timeout=30)
+    assert view.attempt == 1 and view.error is not None and view.error.type == "SystemExit"
+
+
+@pytest.mark.parametrize("field,value", [("epoch", "inf"), ("epoch", "1.5"), ("attempt", "-1"),
+                                         ("attempt", "99999999999999999999"),
+                                         ("status", "bogus")])
+def test_a_run_field_that_is_not_a_whole_number_fails_the_run_once(
+        redis_url: str, field: str, value: str) -> None:
+    runs = _runs(redis_url)
+    _record(runs, "hx_noop", b"null", "odd-1")
+    runs.client.hset(runs.keys.run("odd-1"), field, value)
+    attempt = 1
+    assert _run(runs, "odd-1", attempt) == "failed"
+    view = runs.client.hgetall(runs.keys.run("odd-1"))
+    assert view[b"status"] == b"failed"
+    assert b"CorruptRecord" in view[b"error"] and runs.keys.run("odd-1").encode() in view[b"error"]
+
+
+def test_a_broken_index_key_records_nothing_and_costs_only_its_bucket(redis_url: str) -> None:
+    runs = _runs(redis_url)
+    rq = rq_connection(redis_url)
+    keys = runs.keys
+    broken = keys.bucket_of("victim-1")
+    runs.client.set(keys.run_dispatch(broken), "not a sorted set")
+    from marbles_rq.errors import CorruptRecordError
+
+    with pytest.raises(CorruptRecordError, match="dispatch holds a string"):
+        ops.enqueue(runs, rq, RunRequest("hx_noop", b"null", "victim-1"))
+    assert not runs.client.exists(keys.run("victim-1"))  # nothing recorded, nothing stranded
+    # A garbage controller fence in another bucket does not make a healthy run "corrupt".
+    healthy = next(f"h-{i}" for i in range(1000) if keys.bucket_of(f"h-{i}") != broken)
+    runs.client.hset(keys.controller_fence(keys.bucket_of(healthy)), "epoch", "not a number")
+    _record(runs, "hx_noop", b"null", healthy)
+    assert runs.start(healthy, 1, ttl_ms=60_000, worker="gone").status == "ok"
+    assert runs.abandon(healthy, 1, "gone") == "ok"
+    ctl = Controller(runs, rq)
+    assert ctl.lead()
+    assert ctl.reap() == 1
+    view = runs.get(healthy)
+    assert view is not None and view.status == "queued" and view.attempt == 2
+
+
+def test_a_stray_entry_of_another_bucket_is_removed_not_retried_forever(redis_url: str) -> None:
+    runs = _runs(redis_url)
+    keys = runs.keys
+    stray = next(f"g-{i}" for i in range(1000) if keys.bucket_of(f"g-{i}") != 1)
+    runs.client.zadd(keys.run_leases(1), {stray: 1})
+    runs.client.zadd(keys.run_dispatch(1), {stray: 1})
+    ctl = Controller(runs, rq_connection(redis_url))
+    assert ctl.lead()
+    ctl.pass_once()
+    assert runs.client.zcard(keys.run_leases(1)) == 0
+    assert runs.client.zcard(keys.run_dispatch(1)) == 0

@@ -123,7 +123,10 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
     for wf_data in workflows:
         takes = "no input" if wf_data["input_schema"] is None else "input " + json.dumps(
             wf_data["input_schema"], separators=(",", ":"))[:120]
-        click.echo(safe(f"  {wf_data['name']:24} queue {wf_data['queue']:12} {takes}"))
+        limits = (f"timeout {wf_data['timeout_s'] or '-'} s, kept {wf_data['retention_s']:g} s"
+                  f" after it finishes")
+        click.echo(safe(f"  {wf_data['name']:24} queue {wf_data['queue']:12} {limits}; "
+                        f"{takes}"))
     click.echo("schedules:" if schedules else "schedules: none")
     for sch in schedules:
         click.echo(safe(f"  {sch['key']:24} {sch['cadence']:24} {sch['status']:8} next due "

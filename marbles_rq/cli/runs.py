@@ -158,17 +158,22 @@ def _view_json(view: RunView | None) -> dict[str, Any]:
     return {} if view is None else view.to_json()
 
 
+OUTPUT_PAGE = 1000  # output entries read per call
+
+
 def _follow(runs: RunStore, run_id: str, *, follow: bool = True) -> int:
     """Print the output journal; return the exit code of the run's final status."""
     after = "0-0"
     while True:
-        events = runs.output(run_id, after=after, block_ms=2000 if follow and after != "0-0"
-                             else None)
+        events = runs.output(run_id, after=after, count=OUTPUT_PAGE,
+                             block_ms=2000 if follow and after != "0-0" else None)
         for ev in events:
             _echo(format_event(ev))
             after = ev.id
             if ev.type == "final":
                 return 0 if ev.data.get("status") == "succeeded" else 1
+        if not follow and len(events) >= OUTPUT_PAGE:
+            continue  # a full page: there may be more already written
         if not follow:
             view = runs.get(run_id)
             return 0 if view is not None and view.status == "succeeded" else 1

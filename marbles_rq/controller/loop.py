@@ -79,6 +79,7 @@ class Controller:
         self.stop_event = threading.Event()
         self.in_flight = dispatch.InFlight(rq, self.keys.prefix)
         self._lost: dict[tuple[str, int], float] = {}  # popped, unstarted -> first seen
+        self._failed: set[tuple[str, int]] = set()  # failed in RQ; kept until resolved
         self._next_prune = 0.0
         self._warned: dict[str, float] = {}
         self._last_checks = 0  # dispatch checks the last dispatch pass made
@@ -131,17 +132,27 @@ class Controller:
                 self._warn_once(key_of(bucket), "skipping unreadable index %s: %s",
                                 key_of(bucket), one_line(ids))
                 continue
-            due += [(bucket, _s(rid)) for rid in ids]
+            for rid in map(_s, ids):
+                if self.keys.bucket_of(rid) == bucket:
+                    due.append((bucket, rid))
+                else:  # planted or left by a bug: its scripts would never touch this entry
+                    self.store.client.zrem(key_of(bucket), rid)
+                    self._warn_once(f"stray:{key_of(bucket)}", "removed %r from %s: that id "
+                                    "belongs to another bucket", rid, key_of(bucket))
         return due if budget is None else due[:budget]
 
     def _run_script(self, run_id: str, call: Callable[[], Any]) -> Any:
-        """One run's script call; a run whose keys are unreadable is failed once, alone."""
+        """One run's script call. A script error costs only this run's turn: one warning
+        (at most every 10 min per run), then the pass goes on. (It is not the run's fault
+        for sure -- a shared index key of its bucket may be what is broken -- so the run is
+        not failed; a script that finds the run itself corrupt answers "corrupt".)"""
         try:
             return call()
         except redis.ResponseError as exc:
             if is_outage(exc):
                 raise
-            self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {one_line(exc)}")
+            self._warn_once(f"script:{run_id}", "run %s: a script failed on its keys (%s); "
+                            "skipped", run_id, one_line(exc))
             return None
 
     def step_down(self, why: str) -> None:
@@ -267,37 +278,44 @@ class Controller:
     # -- deliveries lost inside RQ ------------------------------------------------------------
 
     def find_lost(self) -> int:
-        """A delivery a worker popped (intermediate list, started registry) or that failed in
-        RQ, whose run is still queued under that attempt after LOST_AFTER_S, was lost before
-        it started (the worker died between its pop and its bookkeeping, or Redis restarted
-        there): deliver it again as attempt + 1."""
+        """Deliver again, as attempt + 1, a delivery lost before its run started:
+        - one a worker popped (intermediate list, started registry) whose run is still
+          queued under that attempt after LOST_AFTER_S (the worker died between its pop and
+          its bookkeeping, or Redis restarted there);
+        - one that failed in RQ while its run is still queued under that attempt (the horse
+          died before starting, or the store refused the start): at once. A failed job is
+          read once from RQ's registry, so it is kept here until its run moves on."""
         assert self.lease is not None
-        popped: list[tuple[str, int]] = []
-        for job_id in self.in_flight.job_ids():
-            parsed = dispatch.parse_delivery_id(self.keys.prefix, job_id)
-            if parsed is not None:
-                popped.append(parsed)
+        popped_ids, failed_ids = self.in_flight.job_ids()
+        popped = {p for p in map(self._parse, popped_ids) if p is not None}
+        self._failed.update(p for p in map(self._parse, failed_ids) if p is not None)
+        candidates = sorted(popped | self._failed)
         now = time.monotonic()
-        if not popped:
+        if not candidates:
             self._lost.clear()
             return 0
         pipe = self.store.client.pipeline(transaction=False)
-        for run_id, _ in popped:
+        for run_id, _ in candidates:
             pipe.hmget(self.keys.run(run_id), "status", "attempt")
         states = pipe.execute(raise_on_error=False)
         still: dict[tuple[str, int], float] = {}
         done = 0
-        for (run_id, attempt), st in zip(popped, states, strict=True):
+        for (run_id, attempt), st in zip(candidates, states, strict=True):
             if isinstance(st, Exception) or st[0] != b"queued" or st[1] != str(attempt).encode():
+                self._failed.discard((run_id, attempt))
                 continue  # started, settled, moved on, or not ours to judge here
-            first = self._lost.get((run_id, attempt), now)
-            if now - first < self.lost_after_s:
-                still[(run_id, attempt)] = first
-                continue
+            if (run_id, attempt) not in self._failed:
+                first = self._lost.get((run_id, attempt), now)
+                if now - first < self.lost_after_s:
+                    still[(run_id, attempt)] = first
+                    continue
             if self._redispatch(run_id, attempt):
                 done += 1
         self._lost = still
         return done
+
+    def _parse(self, job_id: str) -> tuple[str, int] | None:
+        return dispatch.parse_delivery_id(self.keys.prefix, job_id)
 
     def _redispatch(self, run_id: str, attempt: int) -> bool:
         assert self.lease is not None
@@ -436,11 +454,8 @@ class Controller:
 
 
 def _is_int(value: Any) -> bool:
-    try:
-        int(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+    """A delivery number as the scripts write it: digits only (no sign, no 1.5, no inf)."""
+    return isinstance(value, bytes) and value.isdigit() and 0 < len(value) <= 15
 
 
 def _s(value: Any) -> str:

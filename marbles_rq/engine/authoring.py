@@ -224,6 +224,11 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
 def load_source(source: str) -> list[str]:
     """Import a module path (``pkg.mod``), a file, or every module in a folder (sorted,
     skipping names that start with ``_`` or ``.``). Returns the modules imported."""
+    if not source.strip():
+        # Path("") is the working directory: an empty entry (a stray ":" in --source) would
+        # import, and so run, every module below wherever the process was started.
+        raise DefinitionError("empty --source entry (a stray ':'?): name a module, a file or "
+                              "a folder")
     path = Path(source)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.py") if not any(

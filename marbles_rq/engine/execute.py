@@ -235,7 +235,7 @@ class RunContext:
                 result = msgspec.json.encode(value)
                 self.limits.check(f"the result of step {key}", len(result),
                                   self.limits.step_result_bytes, "step_result_bytes")
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # sys.exit() in a step is its failure
                 failure = exc
             else:
                 record = StepRecord(version=1, key=key, name=definition.name,
@@ -480,7 +480,7 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
             return stop.reason
         except redis.RedisError:
             raise  # no settle possible; the lease expires and the run is redelivered
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # so is sys.exit() in the body
             status, error = "failed", _error(exc)
         watchdog.finish()
         if status == "succeeded":

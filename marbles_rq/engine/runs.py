@@ -130,8 +130,11 @@ class RunView:
             "error": None if self.error is None else msgspec.structs.asdict(self.error),
             "worker": self.worker, "cancel_requested": self.cancel_requested,
             "note": self.note,
+            # A step still "running" in a finished run was interrupted (timeout, cancel).
             "steps": [{"path": _step_path(s.key), "position": _step_position(s.key),
-                       "name": s.name, "status": s.status, "attempts": s.attempts}
+                       "name": s.name, "attempts": s.attempts,
+                       "status": "interrupted" if s.status == "running"
+                       and self.status in TERMINAL else s.status}
                       for s in self.steps],
         }
 
@@ -164,6 +167,8 @@ class RunStore:
                     retention_ms=int(record.retention_s * 1000))
 
     def _recorded(self, record: RunRecord, reply: Any) -> Recorded:
+        if reply.status == "corrupt":
+            raise CorruptRecordError(self.keys.run(record.id), _s(reply.values[0]))
         if reply.status == "ok":
             return Recorded(True, record, "queued")
         existing = decode(RunRecord, reply.values[0], self.keys.run(record.id))
@@ -289,9 +294,12 @@ class RunStore:
 
     def cancel(self, run_id: str, reason: str = "cancelled by request") -> str:
         keys = self.keys.run_keys(check_id(run_id, "run id"))
-        return self.scripts.cancel_run(keys=keys, run_id=run_id,
-                                       event=event(status="cancelled", reason=reason),
-                                       request_id=new_request_id()).status
+        reply = self.scripts.cancel_run(keys=keys, run_id=run_id,
+                                        event=event(status="cancelled", reason=reason),
+                                        request_id=new_request_id())
+        if reply.status == "corrupt":
+            raise CorruptRecordError(keys.run, _s(reply.values[0]))
+        return reply.status
 
     def abandon(self, run_id: str, attempt: int, worker: str) -> str:
         return self.scripts.abandon_attempt(keys=self.keys.run_keys(run_id), run_id=run_id,

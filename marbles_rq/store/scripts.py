@@ -307,7 +307,7 @@ class Scripts:
                   retention_ms: int) -> Reply:
         return self._reply("claim_run", *self._claim_run_call(
             keys, run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event,
-            retention_ms), ("ok", "exists"))
+            retention_ms), ("ok", "exists", "corrupt"))
 
     def claim_runs(self, calls: list[dict[str, Any]]) -> list[Reply]:
         """claim_run for many runs in one round trip (see call_many)."""
@@ -315,7 +315,7 @@ class Scripts:
         out = []
         for reply in replies:
             status = _s(reply[0])
-            if status not in ("ok", "exists"):
+            if status not in ("ok", "exists", "corrupt"):
                 raise self._unexpected("claim_run", reply)
             out.append(Reply(status, reply[1:]))
         return out
@@ -364,7 +364,7 @@ class Scripts:
         return self._reply("cancel_run",
                            [keys.run, keys.leases, keys.dispatch, keys.output, keys.finished],
                            [run_id, event, request_id],
-                           ("cancelled", "requested", "settled", "missing"))
+                           ("cancelled", "requested", "settled", "missing", "corrupt"))
 
     def reap_run(self, *, keys: RunKeys, run_id: str, ctl_epoch: int, grace_ms: int,
                  final_cancel: bytes, final_gave_up: bytes) -> Reply:
@@ -389,7 +389,8 @@ class Scripts:
     def fail_corrupt(self, *, keys: RunKeys, run_id: str, error: bytes, event: bytes,
                      retention_ms: int) -> Reply:
         return self._reply("fail_corrupt",
-                           [keys.run, keys.leases, keys.dispatch, keys.output, keys.finished],
+                           [keys.run, keys.leases, keys.dispatch, keys.output, keys.finished,
+                            keys.listing],
                            [run_id, error, event, retention_ms],
                            ("failed", "settled", "unindexed"))
 

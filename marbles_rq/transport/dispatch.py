@@ -305,14 +305,14 @@ class InFlight:
     prefix: str
     failed_seen: dict[str, float] = field(default_factory=dict)  # failed key -> last score
 
-    def job_ids(self, lookback_s: float = 3600.0) -> set[str]:
-        """Job ids (of this deployment's queues) popped but maybe not started, or newly
-        failed."""
+    def job_ids(self, lookback_s: float = 3600.0) -> tuple[set[str], set[str]]:
+        """Job ids of this deployment's queues: (popped and maybe not started, failed since
+        the last call). A failed job is reported once; the caller keeps what it must."""
         mine = Queue.redis_queue_namespace_prefix + rq_queue_name(self.prefix, "")
         queues = sorted(k for k in map(_s, self.conn.smembers(Queue.redis_queues_keys))
                         if k.startswith(mine))
         if not queues:
-            return set()
+            return set(), set()
         now = time.time()
         pipe = self.conn.pipeline(transaction=False)
         for key in queues:
@@ -325,6 +325,7 @@ class InFlight:
             pipe.zrangebyscore(failed, f"({since}", "+inf", withscores=True)
         replies = pipe.execute(raise_on_error=False)
         found: set[str] = set()
+        newly_failed: set[str] = set()
         for i, key in enumerate(queues):
             intermediate, started, failed = replies[3 * i: 3 * i + 3]
             name = key.removeprefix(Queue.redis_queue_namespace_prefix)
@@ -333,10 +334,10 @@ class InFlight:
             if not isinstance(started, Exception):
                 found.update(_s(m).rsplit(":", 1)[0] for m in started)
             if not isinstance(failed, Exception) and failed:
-                found.update(_s(j) for j, _ in failed)
+                newly_failed.update(_s(j) for j, _ in failed)
                 self.failed_seen[FailedJobRegistry.key_template.format(name)] = max(
                     score for _, score in failed)
-        return found
+        return found, newly_failed
 
 
 def _s(value: Any) -> str:
