@@ -247,3 +247,21 @@ def s_rolled(ctx) -> str:
     held = procs.cli(*args, "roll", "hourly")
     assert held.returncode == 0, held.stderr
     assert "skipped: held by someone-else" in held.stdout
+
+
+def test_two_controllers_started_at_once_elect_one(procs: Procs) -> None:
+    procs.worker()
+    both = [procs.controller(lease_ms=TTL_MS, ready=False) for _ in range(2)]
+    for proc in both:
+        proc.wait_log("controller ")
+    info = wait_for(lambda: _holder(procs), timeout=10, what="a leader")
+    assert info.epoch == 1  # one election, not two
+    leaders = [p for p in both if info.token.startswith(f"{HOSTNAME}:{p.pid}:")]
+    assert len(leaders) == 1
+    runs = [f"pair-{i}" for i in range(5)]
+    for run_id in runs:
+        procs.enqueue("chain", {"steps": 1}, run_id)
+    for run_id in runs:
+        assert procs.observer.wait_status(run_id, "succeeded", timeout=30).attempt == 1
+    (other,) = [p for p in both if p is not leaders[0]]
+    assert "elected controller" not in other.text()
