@@ -120,8 +120,9 @@ def run(url: str, args: Any) -> None:
         ops.enqueue_many(runs, rq, [RunRequest("bench_noop", b"null", f"q{j}")
                                     for j in range(i, min(args.queued, i + batch))])
     took = time.perf_counter() - start
+    queue_key = f"rq:queue:{runs.keys.prefix}.default"
     print(f"\nrecorded and enqueued {args.queued:,} runs in {took:.1f} s "
-          f"({args.queued / took:,.0f}/s); RQ queue length {rq.llen('rq:queue:default'):,}")
+          f"({args.queued / took:,.0f}/s); RQ queue length {rq.llen(queue_key):,}")
     pipe = client.pipeline(transaction=False)
     for j in range(args.queued):
         pipe.zadd(runs.keys.run_dispatch(runs.keys.bucket_of(f"q{j}")), {f"q{j}": 0})
