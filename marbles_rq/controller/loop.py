@@ -388,7 +388,15 @@ class Controller:
             if self.lease is None:
                 return
             started = time.monotonic()
-            count = step()
+            try:
+                count = step()
+            except Exception as exc:
+                if _outage(exc):
+                    raise
+                # A bug or bad data in one kind must not keep the others from recovering,
+                # nor end the controller: one line, and the next kind.
+                log.error("recovering %s failed (%s); carrying on", kind, one_line(exc))
+                continue
             log.info("recovered %s: %s in %.3f s", kind, count, time.monotonic() - started)
 
     def _recover_dispatch(self) -> int:
@@ -416,7 +424,13 @@ class Controller:
         for duty in self.duties:
             if self.lease is None:
                 return
-            duty.tick(self)
+            try:
+                duty.tick(self)
+            except Exception as exc:
+                if _outage(exc):
+                    raise
+                self._warn_once(f"duty:{duty.kind}", "%s failed (%s); carrying on", duty.kind,
+                                one_line(exc))
 
     def run(self) -> None:
         log.info("controller %s started (lease %s ms)", self.token, self.lease_ms)
@@ -436,12 +450,14 @@ class Controller:
                 if backoff:
                     log.info("Redis answers again; carrying on")
                 backoff = 0.0
-            except (redis.RedisError, RedisUnavailableError, OSError) as exc:
-                # Unreachable, refusing writes (OOM, MISCONF, READONLY, LOADING, NOPERM) or a
-                # script error: one line, back off, carry on. The lease may lapse meanwhile;
-                # the fence keeps a successor and this process from acting twice.
+            except Exception as exc:
+                # Unreachable, refusing writes (OOM, MISCONF, READONLY, LOADING, NOPERM), a
+                # script error -- or a bug: one line, back off, carry on. The lease may lapse
+                # meanwhile; the fence keeps a successor and this process from acting twice.
                 backoff = min(MAX_BACKOFF_S, backoff * 2 or 1.0)
-                log.error("Redis error (%s); retrying in %.0f s", one_line(exc), backoff)
+                what = "Redis error" if _outage(exc) or isinstance(
+                    exc, redis.RedisError) else "error"
+                log.error("%s (%s); retrying in %.0f s", what, one_line(exc), backoff)
                 self.stop_event.wait(backoff)
             self.stop_event.wait(self.interval_s)
         if self.lease is not None:
@@ -451,6 +467,10 @@ class Controller:
             except (redis.RedisError, RedisUnavailableError) as exc:
                 log.warning("could not release the controller lease (%s); it lapses",
                             one_line(exc))
+
+
+def _outage(exc: BaseException) -> bool:
+    return isinstance(exc, RedisUnavailableError | OSError) or is_outage(exc)
 
 
 def _is_int(value: Any) -> bool:

@@ -353,13 +353,27 @@ class Poller:
     def _hand_out(self, d: MonitorDef, pending: bytes, run_id: str, epoch: int) -> Outcome:
         """Start a pending launch (the same run id each time), then acknowledge it."""
         mon, _, fence = self._fence(d.key)
-        workflow, error = "", ""
+        workflow, error, run_id_started = "", "", run_id
         try:
             launch = _Observation.decode(pending)
             workflow = str(launch.get("workflow", ""))
             raw = msgspec.json.encode(launch.get("input"))
-            ops.enqueue(self.runs, self.rq, ops.RunRequest(workflow, raw, run_id),
-                        self.registry)
+            started = ops.enqueue(self.runs, self.rq, ops.RunRequest(workflow, raw, run_id),
+                                  self.registry)
+            if not started.created and (started.record.name != workflow or bytes(
+                    started.record.input) != bytes(ops.prepare(
+                        ops.RunRequest(workflow, raw, run_id), self.registry).input)):
+                # The id belongs to another launch: this monitor's numbering started again
+                # (its state was lost or deleted). Start it under an id derived from this
+                # launch, the same on every retry, so it still starts exactly once.
+                other = f"{run_id}.{hashlib.sha256(pending).hexdigest()[:8]}"
+                log.warning("monitor %s: run %s is another launch's (was the monitor's state "
+                            "reset?); starting this one as %s", d.key, run_id, other)
+                ops.enqueue(self.runs, self.rq, ops.RunRequest(workflow, raw, other),
+                            self.registry)
+                run_id_started = other
+            else:
+                run_id_started = run_id
         except msgspec.DecodeError as exc:
             error = f"pending launch unreadable: {exc}"
         except (UnknownWorkflowError, InputError, InvalidIdError) as exc:  # for good
@@ -377,8 +391,8 @@ class Poller:
         if error:
             log.error("monitor %s: %s; dropped", d.key, error)
             return Outcome(d.key, "dropped", run_id, error)
-        log.info("monitor %s: run %s started (%s)", d.key, run_id, workflow)
-        return Outcome(d.key, "started", run_id)
+        log.info("monitor %s: run %s started (%s)", d.key, run_id_started, workflow)
+        return Outcome(d.key, "started", run_id_started)
 
     def poll(self, key: str, *, epoch: int = 0) -> Outcome:
         """One poll of monitor `key` now: hand out a pending launch first; then poll the
@@ -423,7 +437,7 @@ class Poller:
         if not launch:
             return Outcome(key, "changed")
         handed = self._hand_out(d, launch, run_id, epoch)
-        return Outcome(key, "launched", run_id) if handed.status == "started" else handed
+        return Outcome(key, "launched", handed.run_id) if handed.status == "started" else handed
 
     @staticmethod
     def _settled(status: str, outcome: str) -> str:
@@ -506,14 +520,25 @@ def list_monitors(store: RedisStore, monitors: Monitors = MONITORS) -> list[Moni
         pipe.hmget(store.keys.monitor(d.key), ["next_ms", "last_poll_ms", "last_change_ms",
                                                "last_error", "pending_run"])
         pipe.zscore(store.keys.monitor_due(store.keys.bucket_of(d.key)), d.key)
-    replies = pipe.execute()
+    replies = pipe.execute(raise_on_error=False)
     views = []
+
+    def num(v: Any) -> int | None:
+        try:
+            return None if v is None else int(v)
+        except (TypeError, ValueError):
+            return None
+
     for i, d in enumerate(defs):
         f, due = replies[2 * i], replies[2 * i + 1]
-
-        def num(v: Any) -> int | None:
-            return None if v is None else int(v)
-
+        if isinstance(f, Exception) or isinstance(due, Exception):
+            bad = f if isinstance(f, Exception) else due
+            if is_outage(bad):
+                raise bad
+            # One broken monitor costs only itself: shown with the reason, not an exit.
+            views.append(MonitorView(d.key, d.kind, d.source, d.interval_s, None, None, None,
+                                     f"unreadable state: {one_line(bad)}", ""))
+            continue
         views.append(MonitorView(d.key, d.kind, d.source, d.interval_s,
                                  num(due) if due is not None else num(f[0]), num(f[1]),
                                  num(f[2]), _s(f[3] or b""), _s(f[4] or b"")))

@@ -345,7 +345,8 @@ class ScheduleView:
     kind: str
     label: str
     workflow: str
-    status: str  # active | paused | orphaned | unregistered | registered (no sources given)
+    # active | paused | orphaned | unregistered | registered (no sources given) | unreadable
+    status: str
     last_start: int | None
     last_finish: int | None
     last_status: str | None
@@ -396,10 +397,18 @@ def list_schedules(runs: RunStore, registry: ScheduleRegistry | None = None, *,
     for key in keys:
         pipe.hgetall(runs.keys.schedule(key))
     out = []
-    for key, raw in zip(keys, pipe.execute(), strict=True):
-        state = _decode(raw)
+    for key, raw in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+        unreadable = isinstance(raw, Exception)
+        if unreadable:
+            if is_outage(raw):
+                raise raw
+            log.warning("schedule %s: unreadable state at %s (%s)", key,
+                        runs.keys.schedule(key), one_line(raw))
+        state = {} if unreadable else _decode(raw)
         definition = registry.schedules.get(key)
-        if definition is None:
+        if unreadable:
+            status = "unreadable"
+        elif definition is None:
             status = "orphaned" if sources_known else (
                 "paused" if state.get("paused") == "1" else "registered")
         elif state.get("paused") == "1":
@@ -539,6 +548,7 @@ class ScheduleDuty:
         self._thread: threading.Thread | None = None
         self._thread_epoch = 0
         self._open_checked = 0.0
+        self._left_claimed: set[str] = set()  # warned about once
 
     # -- registration and recovery ---------------------------------------------------------
 
@@ -554,17 +564,23 @@ class ScheduleDuty:
         epoch = ctl.epoch
         declared = {}
         for key, definition in sorted(self.registry.schedules.items()):
-            if definition.workflow not in self.workflows.workflows:
-                log.error("schedule %s: workflow %r is not declared by --source; it does not "
-                          "fire", key, definition.workflow)
+            problem = self._problem(definition)
+            if problem is not None:
+                log.error("schedule %s: %s; it does not fire", key, problem)
                 continue
             declared[key] = definition
         pipe = ctl.store.client.pipeline(transaction=False)
         for key in declared:
             pipe.hgetall(keys.schedule(key))
-        states = pipe.execute()
+        states = pipe.execute(raise_on_error=False)
         now_ms = ctl.server_ms()
         for (key, definition), raw in zip(declared.items(), states, strict=True):
+            if isinstance(raw, Exception):  # one broken schedule costs only itself
+                if is_outage(raw):
+                    raise raw
+                log.warning("schedule %s: unreadable state at %s (%s); it does not fire",
+                            key, keys.schedule(key), one_line(raw))
+                continue
             state = _decode(raw)
             cursor = definition.first_cursor(now_ms, state)
             reply = ctl.runs.scripts.register_schedule(
@@ -585,6 +601,18 @@ class ScheduleDuty:
                     return
                 log.info("schedule %s is no longer declared: orphaned, it never fires", key)
         self._registered_epoch = epoch
+
+    def _problem(self, definition: ScheduleDef) -> str | None:
+        """Why a declared schedule cannot fire here (its workflow is not loaded, or its
+        input does not fit it: a `workflow="name"` declaration is only checked here, where
+        every module is loaded), or None."""
+        if definition.workflow not in self.workflows.workflows:
+            return f"workflow {definition.workflow!r} is not declared by --source"
+        try:
+            self.workflows.workflow(definition.workflow).parse_input(definition.input)
+        except MarblesError as exc:
+            return str(exc)
+        return None
 
     def start_open(self, ctl: Controller, older_than_ms: int) -> int:
         """Start the occurrences claimed (their cursor moved on) but never started."""
@@ -610,16 +638,23 @@ class ScheduleDuty:
                                 ctl.epoch))
                 continue
             definition = self.registry.schedules.get(key_s)
-            if definition is None or definition.workflow not in self.workflows.workflows:
-                log.warning("occurrence %s: its schedule is not declared here; left claimed",
-                            occ_id)
+            if definition is None or self._problem(definition) is not None:
+                if occ_id not in self._left_claimed:
+                    self._left_claimed.add(occ_id)
+                    log.warning("occurrence %s: its schedule cannot fire here; left claimed",
+                                occ_id)
                 continue
             requests.append(RunRequest(definition.workflow, definition.input, _s(run_id)))
             started.append((schedule_keys, keys.occurrence(key_s, occ_id), occ_id, ctl.epoch))
             log.info("occurrence %s was claimed but not started; starting run %s", occ_id,
                      _s(run_id))
         if requests:
-            enqueue_many(ctl.runs, ctl.rq, requests, self.workflows)
+            try:
+                enqueue_many(ctl.runs, ctl.rq, requests, self.workflows)
+            except MarblesError as exc:  # validated above; left claimed, retried later
+                log.error("starting claimed occurrences failed (%s); they stay claimed",
+                          one_line(exc))
+                return 0
         replies = ctl.runs.scripts.start_occurrences(started) if started else []
         for reply in replies:
             if self._fenced(ctl, reply):
@@ -676,7 +711,7 @@ class ScheduleDuty:
                 wait = POLL_MS if soonest is None else soonest - ctl.server_ms()
                 ctl.stop_event.wait(min(POLL_MS, max(MIN_WAIT_MS, wait)) / 1000)
         except (redis.RedisError, MarblesError, OSError) as exc:
-            log.error("schedules: Redis error (%s); the next pass starts again", one_line(exc))
+            log.error("schedules: %s; the next pass starts again", one_line(exc))
 
     def _soonest(self, ctl: Controller) -> int | None:
         pipe = ctl.store.client.pipeline(transaction=False)
@@ -723,7 +758,20 @@ class ScheduleDuty:
         pipe = ctl.store.client.pipeline(transaction=False)
         for key, _ in declared:
             pipe.hgetall(keys.schedule(key))
-        states = [_decode(raw) for raw in pipe.execute()]
+        raw_states = pipe.execute(raise_on_error=False)
+        readable = []
+        for (key, score), raw in zip(declared, raw_states, strict=True):
+            if isinstance(raw, Exception):  # one broken schedule costs only itself
+                if is_outage(raw):
+                    raise raw
+                if key not in self._left_claimed:
+                    self._left_claimed.add(key)
+                    log.warning("schedule %s: unreadable state at %s (%s); skipped", key,
+                                keys.schedule(key), one_line(raw))
+                continue
+            readable.append(((key, score), _decode(raw)))
+        declared = [d for d, _ in readable]
+        states = [state for _, state in readable]
         pipe = ctl.store.client.pipeline(transaction=False)
         for state in states:
             last_run = state.get("last_run")
