@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import Procs
 from tests.redis_procs import RedisCluster, RedisServer
 
 
@@ -91,3 +92,19 @@ def default_config_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def procs(request: pytest.FixtureRequest, redis_server: RedisServer,
+          tmp_path: Path) -> Iterator[Procs]:
+    """Real marbles-rq processes against a fresh durable server, stopped after the test.
+    A test module may set PROCS_SOURCES (the workflow sources every process loads; default:
+    examples/chain.py and tests/kill_workflows.py) and PROCS_REPORT_LINES."""
+    sources = getattr(request.module, "PROCS_SOURCES", None)
+    p = (Procs(redis_server.url, tmp_path / "procs") if sources is None
+         else Procs(redis_server.url, tmp_path / "procs", sources=sources))
+    try:
+        yield p
+    finally:
+        p.stop_all()
+        print(p.report(lines=getattr(request.module, "PROCS_REPORT_LINES", 40)))  # shown on failure

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -19,21 +17,12 @@ from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
 from marbles_rq.triggers.events import Events, event_key
 from tests.procs import CHAIN_SOURCE, KILL_SOURCE, REPO_ROOT, Procs, wait_for
-from tests.redis_procs import RedisServer
 from tests.trigger_workflows import MARKER_KEY
 
 T_SOURCE = REPO_ROOT / "tests" / "trigger_workflows.py"
 
 
-@pytest.fixture
-def procs(redis_server: RedisServer, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(redis_server.url, tmp_path / "procs", sources=(CHAIN_SOURCE, KILL_SOURCE,
-                                                             T_SOURCE))
-    try:
-        yield p
-    finally:
-        p.stop_all()
-        print(p.report())  # pytest shows it only when the test failed
+PROCS_SOURCES = (CHAIN_SOURCE, KILL_SOURCE, T_SOURCE)
 
 
 def _client(procs: Procs) -> redis.Redis:

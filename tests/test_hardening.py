@@ -9,7 +9,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +115,7 @@ def _run(runs: RunStore, run_id: str, attempt: int, *, lease_ms: int = 60_000,
                    hard_exit=False, limits=limits)
 
 
-@pytest.fixture
-def procs(redis_server: RedisServer, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(redis_server.url, tmp_path / "procs", sources=(CHAIN_SOURCE, KILL_SOURCE,
-                                                             H_SOURCE))
-    try:
-        yield p
-    finally:
-        p.stop_all()
-        print(p.report())  # pytest shows it only when the test failed
+PROCS_SOURCES = (CHAIN_SOURCE, KILL_SOURCE, H_SOURCE)
 
 
 # -- 1. a pool executor is never ended for a run that already finished ------------------------

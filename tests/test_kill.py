@@ -19,8 +19,6 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -50,14 +48,6 @@ STEPS = 6
 SLEEP_S = 0.7
 
 
-@pytest.fixture
-def procs(redis_server: RedisServer, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(redis_server.url, tmp_path / "procs")
-    try:
-        yield p
-    finally:
-        p.stop_all()
-        print(p.report())  # pytest shows it only when the test failed
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,10 +8,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from marbles_rq.controller import Controller
 from marbles_rq.controller.loop import LEASE_NAME
@@ -25,14 +22,6 @@ from tests.redis_procs import RedisServer
 TTL_MS = 2000
 
 
-@pytest.fixture
-def procs(redis_server: RedisServer, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(redis_server.url, tmp_path / "procs")
-    try:
-        yield p
-    finally:
-        p.stop_all()
-        print(p.report())  # pytest shows it only when the test failed
 
 
 def _holder(procs: Procs) -> LeaseInfo | None:

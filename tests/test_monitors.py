@@ -30,22 +30,13 @@ from marbles_rq.triggers.monitors import (
     roll_monitor,
 )
 from tests.procs import CHAIN_SOURCE, KILL_SOURCE, REPO_ROOT, Procs, wait_for
-from tests.redis_procs import RedisServer
 from tests.trigger_workflows import HANDLER_KEY, LAUNCHED_KEY
 
 T_SOURCE = REPO_ROOT / "tests" / "trigger_workflows.py"
 KEYS = Keyspace()
 
 
-@pytest.fixture
-def procs(redis_server: RedisServer, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(redis_server.url, tmp_path / "procs", sources=(CHAIN_SOURCE, KILL_SOURCE,
-                                                             T_SOURCE))
-    try:
-        yield p
-    finally:
-        p.stop_all()
-        print(p.report())  # pytest shows it only when the test failed
+PROCS_SOURCES = (CHAIN_SOURCE, KILL_SOURCE, T_SOURCE)
 
 
 def _client(procs: Procs) -> redis.Redis:

@@ -17,9 +17,7 @@ import re
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 import redis
@@ -34,14 +32,7 @@ RESPAWN_LINE = re.compile(r"^(\S+ \S+) WARNING marbles_rq\.transport\.worker: po
                           re.M)
 
 
-@pytest.fixture
-def procs(redis_server: RedisServer, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(redis_server.url, tmp_path / "procs")
-    try:
-        yield p
-    finally:
-        p.stop_all()
-        print(p.report(lines=80))
+PROCS_REPORT_LINES = 80
 
 
 def _at(stamp: str) -> float:

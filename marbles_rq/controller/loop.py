@@ -82,7 +82,6 @@ class Controller:
         self._failed: set[tuple[str, int]] = set()  # failed in RQ; kept until resolved
         self._next_prune = 0.0
         self._warned: dict[str, float] = {}
-        self._last_checks = 0  # dispatch checks the last dispatch pass made
         self.duties = sorted(duties, key=lambda d: RECOVERY_ORDER.index(d.kind))
 
     # -- election -----------------------------------------------------------------------------
@@ -117,9 +116,12 @@ class Controller:
             self._warned[key] = now
             log.warning(message, *args)
 
-    def _due(self, key_of: Callable[[int], str], now_ms: int, per_bucket: int,
-             budget: int | None = None) -> list[tuple[int, str]]:
-        """(bucket, run id) of entries scored <= now, oldest buckets' entries first."""
+    def due(self, key_of: Callable[[int], str], now_ms: int, per_bucket: int,
+            budget: int | None = None) -> list[tuple[int, str]]:
+        """(bucket, member) of the per-bucket index `key_of(bucket)` scored <= now_ms, at
+        most `per_bucket` from each, one pipelined read: what every pass and duty reads to
+        cost what is due. An unreadable index is skipped (one warning); a member that
+        belongs to another bucket is removed, since no script would ever touch it."""
         pipe = self.store.client.pipeline(transaction=False)
         buckets = range(self.keys.buckets)
         for bucket in buckets:
@@ -195,7 +197,7 @@ class Controller:
         """Redeliver every run whose lease expired (attempt + 1, same run id)."""
         assert self.lease is not None
         epoch, done = self.lease.epoch, 0
-        for _, run_id in self._due(self.keys.run_leases, self.server_ms(), REAP_BATCH):
+        for _, run_id in self.due(self.keys.run_leases, self.server_ms(), REAP_BATCH):
             reply = self._run_script(run_id, functools.partial(
                 self.runs.scripts.reap_run, keys=self.keys.run_keys(run_id), run_id=run_id,
                 ctl_epoch=epoch, grace_ms=DISPATCH_GRACE_MS, final_cancel=REAP_CANCELLED,
@@ -219,16 +221,21 @@ class Controller:
     # -- dispatching --------------------------------------------------------------------------
 
     def dispatch(self, budget: int | None = None) -> int:
+        """One round of dispatch checks (see `_dispatch_round`); returns how many
+        deliveries it enqueued."""
+        return self._dispatch_round(budget)[1]
+
+    def _dispatch_round(self, budget: int | None = None) -> tuple[int, int]:
         """Each recorded delivery is checked once, after the enqueuer's grace: enqueue it if
         RQ has no job for it (a crash between recording and enqueueing, a failed enqueue, a
         deferral), then drop the check. At most `dispatch_budget` checks per pass; the
-        missing deliveries are enqueued in one pipeline per queue."""
+        missing deliveries are enqueued in one pipeline per queue. Returns (checks made,
+        deliveries enqueued)."""
         budget = budget or self.dispatch_budget
         per_bucket = 2 * -(-budget // self.keys.buckets)
-        due = self._due(self.keys.run_dispatch, self.server_ms(), per_bucket, budget)
-        self._last_checks = len(due)
+        due = self.due(self.keys.run_dispatch, self.server_ms(), per_bucket, budget)
         if not due:
-            return 0
+            return 0, 0
         pipe = self.store.client.pipeline(transaction=False)
         for _, run_id in due:
             pipe.hmget(self.keys.run(run_id), "status", "attempt", "queue")
@@ -273,7 +280,7 @@ class Controller:
         if checked:
             self.runs.scripts.dispatch_done(
                 [(self.keys.run_keys(rid), rid, attempt) for rid, attempt in checked])
-        return done
+        return len(due), done
 
     # -- deliveries lost inside RQ ------------------------------------------------------------
 
@@ -343,7 +350,7 @@ class Controller:
 
     def prune(self, budget: int = PRUNE_BUDGET) -> int:
         """Remove finished runs whose retention ended, with everything they stored."""
-        due = self._due(self.keys.run_finished, self.server_ms(),
+        due = self.due(self.keys.run_finished, self.server_ms(),
                         2 * -(-budget // self.keys.buckets), budget)
         if not due:
             return 0
@@ -406,8 +413,9 @@ class Controller:
         for _ in range(RECOVERY_ROUNDS):
             if self.lease is None:
                 break
-            done += self.dispatch(RECOVERY_BATCH)
-            if not self._last_checks:  # nothing due is left (rounds read per bucket)
+            checked, dispatched = self._dispatch_round(RECOVERY_BATCH)
+            done += dispatched
+            if not checked:  # nothing due is left (a round reads a bounded number per bucket)
                 break
         return done
 

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 import msgspec
 import redis
 
-from ..errors import ConfigError, MarblesError, RedisUnavailableError
+from ..envvars import env_int
+from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import ErrorInfo, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
@@ -84,19 +85,10 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> Limits:
-        values: dict[str, int] = {}
-        for name, var in cls.ENV.items():
-            text = os.environ.get(var)
-            if not text:
-                continue
-            try:
-                values[name] = int(text)
-            except ValueError:
-                raise ConfigError(f"{var}={text!r} is not a whole number of "
-                                  f"{'lines' if name == 'output_lines' else 'bytes'}") from None
-            if values[name] < 1:
-                raise ConfigError(f"{var} must be at least 1, not {values[name]}")
-        return cls(**values)
+        defaults = cls()
+        return cls(**{name: env_int(var, getattr(defaults, name),
+                                    unit="lines" if name == "output_lines" else "bytes")
+                      for name, var in cls.ENV.items()})
 
     def check(self, what: str, size: int, limit: int, field_name: str) -> None:
         if size > limit:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import uuid
@@ -12,7 +11,8 @@ from dataclasses import dataclass
 import msgspec
 import redis
 
-from ..errors import ConfigError, InvalidIdError
+from ..envvars import env_int
+from ..errors import InvalidIdError
 from ..store.ids import check_id
 from ..store.records import RunRecord
 from ..transport import dispatch
@@ -37,16 +37,7 @@ class InputTooDeepError(InputError):
 
 
 def max_payload() -> int:
-    raw = os.environ.get(MAX_PAYLOAD_ENV)
-    if not raw:
-        return DEFAULT_MAX_PAYLOAD
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigError(f"{MAX_PAYLOAD_ENV} must be a whole number of bytes > 0, not {raw!r}")
-    return value
+    return env_int(MAX_PAYLOAD_ENV, DEFAULT_MAX_PAYLOAD, unit="bytes")
 
 
 def json_depth_exceeds(raw: bytes, limit: int = MAX_DEPTH) -> bool:

@@ -209,9 +209,7 @@ class RunStore:
                 ledger[key] = decode(StepRecord, flat[i + 1], f"{keys.steps}#{key}")
             record = decode(RunRecord, doc, keys.run)
         except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
-            return Started("corrupt", Execution(run_id, attempt, int(epoch), keys, ttl_ms,
-                                                _placeholder(run_id), int(deadline_ms)),
-                           detail=str(exc))
+            return Started("corrupt", detail=str(exc))
         return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
                                        int(deadline_ms), ledger))
 
@@ -420,12 +418,6 @@ class RunStore:
 
 
 TIMEOUT_ERROR = ErrorInfo(type="RunTimeout", message="the run passed its timeout")
-
-
-def _placeholder(run_id: str) -> RunRecord:
-    """Stands in for a run document that could not be decoded (the run is failed at once)."""
-    return RunRecord(version=1, id=run_id, name="", queue="", input=msgspec.Raw(b"null"),
-                     requested_at_ms=0)
 
 
 T = TypeVar("T")

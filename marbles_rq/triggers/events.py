@@ -459,20 +459,10 @@ class EventsDuty:
     def prune(self, ctl: Controller, budget: int = PRUNE_BUDGET) -> int:
         """Remove events received more than the retention ago (pending ones stay)."""
         cutoff = ctl.server_ms() - self.retention_ms
-        per_bucket = 2 * -(-budget // ctl.keys.buckets)
-        pipe = ctl.store.client.pipeline(transaction=False)
-        for bucket in range(ctl.keys.buckets):
-            pipe.zrangebyscore(ctl.keys.event_listing(bucket), "-inf", cutoff, start=0,
-                               num=per_bucket)
-        due: list[str] = []
-        for found in pipe.execute(raise_on_error=False):
-            if isinstance(found, Exception):
-                if is_outage(found):
-                    raise found
-                continue
-            due += [_s(k) for k in found]
+        due = ctl.due(ctl.keys.event_listing, cutoff, 2 * -(-budget // ctl.keys.buckets),
+                      budget)
         done = 0
-        for key in due[:budget]:
+        for _, key in due:
             bucket = ctl.keys.bucket_of(key)
             reply = ctl.store.scripts.prune_event(
                 event_key=key, event_hash=ctl.keys.event(key),

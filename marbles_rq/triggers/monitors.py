@@ -596,19 +596,7 @@ class MonitorsDuty:
             return
         with self._lock:
             self._running = {k: f for k, f in self._running.items() if not f.done()}
-        pipe = ctl.store.client.pipeline(transaction=False)
-        now = ctl.server_ms()
-        for bucket in range(ctl.keys.buckets):
-            pipe.zrangebyscore(ctl.keys.monitor_due(bucket), "-inf", now, start=0,
-                               num=PER_BUCKET)
-        due: list[str] = []
-        for found in pipe.execute(raise_on_error=False):
-            if isinstance(found, Exception):
-                if is_outage(found):
-                    raise found
-                continue
-            due += [_s(k) for k in found]
-        for key in due:
+        for _, key in ctl.due(ctl.keys.monitor_due, ctl.server_ms(), PER_BUCKET):
             if key in self._running:
                 continue
             if key not in self.monitors.by_key:

@@ -664,9 +664,8 @@ class ScheduleDuty:
 
     def _fenced(self, ctl: Controller, reply: Reply) -> bool:
         if reply.status == "fenced":
-            log.warning("a newer controller (epoch %s) acts on schedules; stepping down",
-                        _s(reply.values[0]))
-            ctl.lease = None
+            ctl.step_down(f"a newer controller (epoch {_s(reply.values[0])}) acts on "
+                          f"schedules")
             return True
         return False
 
