@@ -15,18 +15,21 @@ ARGV[8] seq             this execution's write number; one already applied is no
 Returns:
   {"ok"}
   {"cancelled"}           written, but cancel was requested: the body must stop
+  {"paused"}              written, but a pause was asked: the body must park
   {"timed_out"}           the run's deadline passed: nothing written, the body must stop
   {"stale", epoch}        a newer execution owns the run; nothing written
   {"settled", status}     the run is finished; nothing written
 Writes (a fresh ok/cancelled): HSET KEYS[2]; HSET KEYS[1] wseq; ZADD XX KEYS[3]; XADD KEYS[4]
 ]]
 local run, steps, leases, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq', 'deadline_ms')
+local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq', 'deadline_ms',
+  'pause')
 if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then return {'settled', r[2] or ''} end
 local resend = tonumber(ARGV[8]) <= tonumber(r[5] or '0')
 if resend then
   if r[3] == '1' then return {'cancelled'} end
+  if r[7] == '1' then return {'paused'} end
   return {'ok'}
 end
 local t = redis.call('TIME')
@@ -40,4 +43,5 @@ redis.call('HSET', steps, ARGV[2], ARGV[3])
 redis.call('ZADD', leases, 'XX', now_ms + tonumber(ARGV[7]), ARGV[6])
 redis.call('XADD', out, '*', 't', ARGV[4], 'a', r[4], 'd', ARGV[5])
 if r[3] == '1' then return {'cancelled'} end
+if r[7] == '1' then return {'paused'} end
 return {'ok'}

@@ -16,23 +16,27 @@ ARGV[5] final_cancel    JSON data of the final event if the run turns out cancel
 ARGV[6] final_timeout   JSON data of the final event if the run's deadline has passed
 ARGV[7] token           unique per start call; a resend that finds its own start answers "ok"
 Returns:
-  {"ok", epoch, doc, deadline_ms, ledger}   ledger = flat {key, record, key, record, ...}
+  {"ok", epoch, doc, deadline_ms, ledger, now_ms}   ledger = flat {key, record, ...};
+                              now_ms: the server clock at the start (timers are on it)
   {"missing"}                 no such run
   {"settled", status}         the run is finished; this delivery is a no-op
   {"stale_attempt", attempt}  a newer delivery exists; this one is a no-op
   {"busy", epoch}             another execution of this delivery holds a live lease
   {"cancelled"}               cancel was requested before it started: settled cancelled now
   {"timed_out"}               its deadline passed: settled failed now
+  {"waiting"}                 the run is parked; this delivery is a no-op (a wake makes a
+                              new one)
+  {"paused"}                  a pause was asked: parked now (reason paused), nothing started
   {"corrupt", reason}         the run's hash is unreadable; nothing written
-Writes: only for a fresh ok, cancelled or timed_out (HSET/HINCRBY KEYS[1], ZADD/ZREM KEYS[3],
-  ZREM KEYS[4], XADD KEYS[5], ZADD KEYS[6] when settled)
+Writes: only for a fresh ok, cancelled, timed_out or paused (HSET/HINCRBY KEYS[1], ZADD/ZREM
+  KEYS[3], ZREM KEYS[4], XADD KEYS[5], ZADD KEYS[6] when settled)
 ]]
 local run, steps, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
 local run_id, attempt, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local r = redis.pcall('HMGET', run, 'doc', 'status', 'attempt', 'epoch', 'cancel',
-  'deadline_ms', 'timeout_ms', 'start_token', 'retention_ms')
+  'deadline_ms', 'timeout_ms', 'start_token', 'retention_ms', 'pause')
 if r.err then return {'corrupt', 'the run key is not a hash'} end
 if not r[1] then return {'missing'} end
 local status = r[2]
@@ -47,6 +51,7 @@ for i, name in pairs({[3] = 'attempt', [4] = 'epoch', [6] = 'deadline_ms', [7] =
   end
 end
 if not r[3] or r[3] == '0' then return {'corrupt', 'field attempt is missing or 0'} end
+if status == 'waiting' then return {'waiting'} end
 if status ~= 'queued' and status ~= 'running' then
   return {'corrupt', 'field status is ' .. tostring(status)}
 end
@@ -56,7 +61,8 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = tonumber(redis.call('ZSCORE', leases, run_id) or '0')
 if status == 'running' and r[8] == ARGV[7] then  -- our own start, resent
-  return {'ok', tonumber(r[4]), r[1], tonumber(r[6] or '0'), redis.call('HGETALL', steps)}
+  return {'ok', tonumber(r[4]), r[1], tonumber(r[6] or '0'), redis.call('HGETALL', steps),
+    now_ms}
 end
 if status == 'running' and lease_until > now_ms then return {'busy', tonumber(r[4])} end
 
@@ -81,6 +87,17 @@ if deadline > 0 and now_ms > deadline then
   return {'timed_out'}
 end
 
+if r[10] == '1' then
+  redis.call('HSET', run, 'status', 'waiting', 'wait_reason', 'paused', 'wait_for', '{}',
+    'wait_since', now_ms, 'wake_at', 0)
+  redis.call('HINCRBY', run, 'epoch', 1)
+  redis.call('HDEL', run, 'note', 'worker')
+  redis.call('ZREM', leases, run_id)
+  redis.call('ZREM', dispatch, run_id)
+  redis.call('XADD', out, '*', 't', 'parked', 'a', attempt, 'd', '{"reason":"paused"}')
+  return {'paused'}
+end
+
 local epoch = redis.call('HINCRBY', run, 'epoch', 1)
 redis.call('HSET', run, 'status', 'running', 'worker', ARGV[4], 'start_token', ARGV[7],
   'wseq', 0)
@@ -94,4 +111,4 @@ redis.call('ZADD', leases, now_ms + ttl_ms, run_id)
 redis.call('ZREM', dispatch, run_id)
 redis.call('XADD', out, '*', 't', 'attempt_started', 'a', attempt,
   'd', cjson.encode({epoch = epoch, worker = ARGV[4]}))
-return {'ok', epoch, r[1], deadline, redis.call('HGETALL', steps)}
+return {'ok', epoch, r[1], deadline, redis.call('HGETALL', steps), now_ms}

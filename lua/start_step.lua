@@ -14,14 +14,17 @@ Returns:
   {"settled", status}     the run is finished; nothing written
   {"cancelled"}           cancel was requested; nothing written, the body must stop
   {"timed_out"}           the run's deadline passed; nothing written, the body must stop
+  {"paused"}              a pause was asked; nothing written, the body must park
 Writes (only for a fresh "ok"): HSET KEYS[2]; XADD KEYS[3]; HSET KEYS[1] wseq
 ]]
 local run, steps, out = KEYS[1], KEYS[2], KEYS[3]
-local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq', 'deadline_ms')
+local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq', 'deadline_ms',
+  'pause')
 if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then return {'settled', r[2] or ''} end
 if tonumber(ARGV[5]) <= tonumber(r[5] or '0') then return {'ok'} end  -- a resend
 if r[3] == '1' then return {'cancelled'} end
+if r[7] == '1' then return {'paused'} end
 local deadline = tonumber(r[6] or '0')
 if deadline > 0 then
   local t = redis.call('TIME')

@@ -1,5 +1,6 @@
 """marbles-rq: durable workflows on Redis with RQ workers."""
 
+from .engine.api import ask, gather, parallel, report, sleep, sleep_until, start_child
 from .engine.authoring import step, workflow
 from .engine.execute import RunContext, current
 from .errors import MarblesError
@@ -21,12 +22,19 @@ __all__ = [
     "RedisStore",
     "RunContext",
     "Store",
+    "ask",
     "current",
+    "gather",
     "monitor",
     "on_event",
     "open_store",
+    "parallel",
+    "report",
     "schedule",
     "send_event",
+    "sleep",
+    "sleep_until",
+    "start_child",
     "step",
     "workflow",
 ]

@@ -77,11 +77,15 @@ def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
 @click.pass_obj
 def status(settings: Settings, run_id: str, as_json: bool) -> None:
     """Show one run: status, attempt, timings, result or error, steps."""
+    from .waits import questions_json, reports_json
+
     view = _get(settings.runs(read_only=True), run_id)
-    if as_json:
-        click.echo(json.dumps(_view_json(view), indent=2))
-        return
     data = view.to_json()
+    data["questions"] = questions_json(settings, run_id)
+    data["reports"] = reports_json(settings, run_id)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
     _echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}")
     _echo(f"  queue {data['queue']}  created {data['created_at']}  started "
                f"{data['started_at'] or '-'}  finished {data['finished_at'] or '-'}")
@@ -91,12 +95,41 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         _echo("  cancel requested")
     if data["note"] and data["status"] not in TERMINAL:
         _echo(f"  {data['note']}")
+    if data["waiting"]:
+        _echo(f"  waiting: {_waiting(data['waiting'])}")
+    if data["pause_requested"]:
+        _echo("  pause requested: it parks at its next step boundary")
+    if data["parent"]:
+        _echo(f"  parent {data['parent']}")
+    for child in data["children"]:
+        _echo(f"  child {child['id']} ({child['workflow']})")
+    for q in data["questions"]:
+        answer = "" if q["answer"] is None else f" -> {json.dumps(q['answer'])}"
+        _echo(f"  question {q['key']}  {q['state']}{answer}  {q['title']}")
+    for timer in data["timers"]:
+        _echo(f"  timer {timer['path']}#{timer['position']}  due {timer['due_at']}")
     for s in data["steps"]:
         _echo(f"  step {s['path']}#{s['position']}  {s['status']}  attempts {s['attempts']}")
     if data["result"] is not None:
         _echo(f"  result {json.dumps(data['result'])}")
     if data["error"] is not None:
         _echo(f"  error {data['error']['type']}: {data['error']['message']}")
+    for r in data["reports"]:
+        _echo(f"  {r['kind']} {r['key']}  {json.dumps(r['entry'])[:200]}")
+
+
+def _waiting(waiting: dict[str, Any]) -> str:
+    what = waiting.get("for") or {}
+    parts = [waiting.get("reason") or "?"]
+    if what.get("questions"):
+        parts.append("questions " + ", ".join(what["questions"]))
+    if what.get("children"):
+        parts.append("children " + ", ".join(what["children"]))
+    if what.get("until_ms"):
+        at = what["until_ms"]
+        parts.append("until " + time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))
+                     + f".{at % 1000:03d}Z")
+    return "; ".join(parts) + f" (since {waiting.get('since')})"
 
 
 @click.command("runs")
@@ -199,12 +232,32 @@ def format_event(ev: OutputEvent) -> str:
                                f"redelivered as attempt {d.get('attempt')}",
         "cancel_requested": lambda: "cancel requested",
         "deferred": lambda: f"handed back: {d.get('reason')}",
+        "parked": lambda: f"parked: waiting for {_parked(d)}",
+        "woken": lambda: f"woken ({d.get('cause')}); delivered as attempt {ev.attempt}",
+        "answered": lambda: f"question {d.get('key')} answered: {json.dumps(d.get('answer'))}",
+        "report": lambda: f"{d.get('kind')} {d.get('key')}: {json.dumps(d.get('entry'))}",
+        "child_started": lambda: f"child {d.get('child')} started ({d.get('workflow')})",
+        "pause_requested": lambda: "pause requested",
+        "resumed": lambda: "resumed",
         "truncated": lambda: f"output truncated: the run's cap of {d.get('max_lines')} lines / "
                              f"{d.get('max_bytes')} bytes is reached; later lines are dropped",
         "final": lambda: _final(d),
     }
     text = handlers.get(ev.type, lambda: f"{ev.type}: {json.dumps(d)}")()
     return f"{stamp} a{ev.attempt} {text}"
+
+
+def _parked(d: dict[str, Any]) -> str:
+    reason = d.get("reason")
+    if reason == "question":
+        return "an answer to " + ", ".join(d.get("questions") or [])
+    if reason == "child":
+        return "child " + ", ".join(d.get("children") or [])
+    if reason == "timer" and d.get("until_ms"):
+        at = int(d["until_ms"])
+        return "a timer due " + time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + (
+            f".{at % 1000:03d}")
+    return "resume" if reason == "paused" else str(reason)
 
 
 def _final(d: dict[str, Any]) -> str:

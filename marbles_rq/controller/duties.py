@@ -39,5 +39,6 @@ def default_duties() -> list[Duty]:
     from ..triggers.events import EventsDuty
     from ..triggers.monitors import MonitorsDuty
     from ..triggers.schedules import duties as schedule_duties
+    from .waiting import WaitingDuty
 
-    return [EventsDuty(), *schedule_duties(), MonitorsDuty()]
+    return [EventsDuty(), WaitingDuty(), *schedule_duties(), MonitorsDuty()]

@@ -85,10 +85,11 @@ class StepDef:
     result_type: Any = Any
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from .execute import current_run
+        from .execute import check_not_in_foreign_thread, current_run
 
         run = current_run()
         if run is None:
+            check_not_in_foreign_thread(f"step {self.name!r}")
             return self.fn(*args, **kwargs)
         return run.step(self, *args, **kwargs)
 
@@ -183,6 +184,9 @@ def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
 
     def register(fn: Callable[..., Any]) -> StepDef:
         step_name = name if isinstance(name, str) else fn.__name__
+        if not step_name or "|" in step_name or "#" in step_name:
+            raise DefinitionError(f"invalid step name {step_name!r}: it must be non-empty, "
+                                  f"without '|' or '#' (they mark ledger positions)")
         definition = StepDef(step_name, fn, retries, backoff, delay_s, max_delay_s, jitter,
                              _return_type(fn))
         REGISTRY._add(REGISTRY.steps, "step", step_name, definition)

@@ -3,12 +3,14 @@ settle. This is what an RQ job runs, in a work-horse or in a pool executor."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -21,7 +23,9 @@ from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import ErrorInfo, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
-from .authoring import Registry, StepDef
+from . import flow
+from .authoring import REGISTRY, Registry, StepDef
+from .flow import BranchCancelled, NonDeterminismError, ParkRun, Wait
 from .runs import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_OUTPUT_LINES,
@@ -97,11 +101,33 @@ class Limits:
 
 
 _current: ContextVar[RunContext | None] = ContextVar("marbles_run", default=None)
+# The frames of the thread executing (a parallel branch has its own), and the event that
+# tells a branch its sibling failed.
+_frames: ContextVar[list[Frame] | None] = ContextVar("marbles_frames", default=None)
+_branch_cancel: ContextVar[threading.Event | None] = ContextVar("marbles_branch", default=None)
+_ACTIVE: list[RunContext] = []  # the run executing in this process, if any
 
 
 def current_run() -> RunContext | None:
     """The run whose body is executing in this thread, if any."""
     return _current.get()
+
+
+def check_not_in_foreign_thread(what: str) -> None:
+    """A recorded call from a thread the body started would go unrecorded: refuse it."""
+    if _ACTIVE and _current.get() is None:
+        raise MarblesError(f"{what} was called from a thread that run {_ACTIVE[0].run_id} "
+                           f"started; it would not be recorded. Run concurrent steps with "
+                           f"mr.parallel(...)")
+
+
+@dataclass
+class Frame:
+    """One (re)entry of a step body, or the workflow body: its path and call counters."""
+
+    path: str
+    counters: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    seq: int = 0  # recorded calls made in this frame so far (steps, timers, children)
 
 
 def current() -> RunContext:
@@ -155,7 +181,9 @@ class RunContext:
     """What a workflow body receives: its input, steps, live output, effect keys, a logger."""
 
     def __init__(self, runs: RunStore, ex: Execution, input: Any, watchdog: Watchdog,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None,
+                 deliver: Callable[[str, str, int], bool] | None = None,
+                 registry: Registry | None = None) -> None:
         self.runs = runs
         self.ex = ex
         self.input = input
@@ -163,10 +191,65 @@ class RunContext:
         self.log = RunLogger(self)
         self.limits = limits or Limits()
         self._watchdog = watchdog
-        # One (path, call counters) per frame entered. A frame gets fresh counters on every
-        # (re)entry, so a retried step replays its children at the positions it used before.
-        self._frames: list[tuple[str, defaultdict[str, int]]] = [
-            (ex.record.name, defaultdict(int))]
+        self.deliver = deliver
+        self.registry = registry or REGISTRY
+        self.ask = flow.Ask(self)
+        self.report = flow.Reporter(self)
+        # One frame per step body entered. A frame gets fresh counters on every (re)entry,
+        # so a retried step replays its children at the positions it used before.
+        self.root_frames: list[Frame] = [Frame(ex.record.name)]
+        # What was recorded where: (frame path, position) -> record, to catch a replay
+        # that calls something else at a recorded position.
+        self.recorded_at: dict[tuple[str, int], StepRecord] = {}
+        for record in ex.ledger.values():
+            cut = record.key.rfind(f".{record.name}#")
+            if record.seq >= 0 and cut > 0:
+                self.recorded_at[(record.key[:cut], record.seq)] = record
+        self._asks: dict[str, Any] | None = None
+
+    @property
+    def _frames(self) -> list[Frame]:
+        return _frames.get() or self.root_frames
+
+    @property
+    def frame(self) -> Frame:
+        return self._frames[-1]
+
+    def position(self, name: str) -> tuple[str, int]:
+        """The ledger key and frame position of the next recorded call of `name` here.
+        Raises NonDeterminismError when the ledger recorded another call at that position."""
+        frame = self.frame
+        base = f"{frame.path}.{name}"
+        key = f"{base}#{frame.counters[base]}"
+        frame.counters[base] += 1
+        seq = frame.seq
+        frame.seq += 1
+        recorded = self.recorded_at.get((frame.path, seq))
+        if recorded is not None and recorded.name != name:
+            raise NonDeterminismError(frame.path, seq, recorded.name, name)
+        return key, seq
+
+    def sleep(self, seconds: float) -> None:
+        """Park the run for `seconds` (durable: the controller wakes it, on the server's
+        clock, after any restart). Holds no worker while it waits."""
+        flow.sleep(self, seconds)
+
+    def sleep_until(self, when: Any) -> None:
+        """Park the run until `when` (a timezone-aware datetime)."""
+        flow.sleep_until(self, when)
+
+    def start_child(self, workflow: str, input: Any = None, key: str | None = None
+                    ) -> flow.ChildRun:
+        """Start a child run (recorded before it is enqueued, under a stable id)."""
+        return flow.start_child(self, workflow, input, key)
+
+    def gather(self, *children: flow.ChildRun) -> list[Any]:
+        """The results of these children, parking until every one has settled."""
+        return flow.gather(self, list(children))
+
+    def parallel(self, *calls: Callable[[], Any]) -> list[Any]:
+        """Run zero-argument callables (steps, usually) together; their results in order."""
+        return flow.parallel(self, list(calls))
 
     @property
     def run_id(self) -> str:
@@ -179,7 +262,7 @@ class RunContext:
     @property
     def step_path(self) -> str:
         """The path of the step executing now (the workflow name outside steps)."""
-        return self._frames[-1][0]
+        return self.frame.path
 
     @property
     def idempotency_key(self) -> str:
@@ -205,51 +288,57 @@ class RunContext:
     def step(self, fn: StepDef | Any, *args: Any, **kwargs: Any) -> Any:
         """Run `fn` as a recorded step: once per run, its result replayed afterwards."""
         definition = fn if isinstance(fn, StepDef) else StepDef(fn.__name__, fn)
-        path, counters = self._frames[-1]
-        base = f"{path}.{definition.name}"
-        key = f"{base}#{counters[base]}"
-        counters[base] += 1
+        self._check_branch()
+        key, seq = self.position(definition.name)
+        digest = _digest(args, kwargs)
         recorded = self.ex.ledger.get(key)
         if recorded is not None and recorded.status == "succeeded":
+            if recorded.args and digest and recorded.args != digest:
+                self.log.warning("step %s is replayed with other arguments than it was "
+                                 "recorded with; returning its recorded result", key)
             return _decode_result(recorded.result, definition.result_type)
         if recorded is not None and recorded.status == "failed":
             assert recorded.error is not None
             raise StepFailedError(recorded.error)
         attempts = recorded.attempts if recorded is not None else 0
+
+        def record(status: str, **extra: Any) -> StepRecord:
+            return StepRecord(version=1, key=key, name=definition.name, status=status,
+                              attempts=extra.pop("attempts", attempts), at_ms=_now_ms(),
+                              seq=seq, args=digest, **extra)
+
         while True:
             attempts += 1
-            self._check(self._store(self.runs.start_step, self.ex, StepRecord(
-                version=1, key=key, name=definition.name, status="running", attempts=attempts,
-                at_ms=_now_ms())))
-            self._frames.append((key, defaultdict(int)))
+            self._check(self._store(self.runs.start_step, self.ex, record("running")))
+            self._frames.append(Frame(key))
             try:
                 value = definition.fn(*args, **kwargs)
                 result = msgspec.json.encode(value)
                 self.limits.check(f"the result of step {key}", len(result),
                                   self.limits.step_result_bytes, "step_result_bytes")
+            except ParkRun as park:
+                # A parked step is not finished: it replays from the top when the run is
+                # woken, under the same attempt number.
+                park.ledger.append(record("parked", attempts=attempts - 1))
+                raise
             except (Exception, SystemExit) as exc:  # sys.exit() in a step is its failure
                 failure = exc
             else:
-                record = StepRecord(version=1, key=key, name=definition.name,
-                                    status="succeeded", attempts=attempts,
-                                    result=msgspec.Raw(result), at_ms=_now_ms())
-                self._commit(record, "step_succeeded", {"step": key, "attempt": attempts})
-                return _decode_result(record.result, definition.result_type)
+                done = record("succeeded", result=msgspec.Raw(result))
+                self._commit(done, "step_succeeded", {"step": key, "attempt": attempts})
+                return _decode_result(done.result, definition.result_type)
             finally:
                 self._frames.pop()
             error = _error(failure, key)
             if attempts <= definition.retries:
                 delay = definition.delay_for(attempts)
-                self._commit(StepRecord(version=1, key=key, name=definition.name,
-                                        status="running", attempts=attempts, error=error,
-                                        at_ms=_now_ms()),
+                self._commit(record("running", error=error),
                              "step_retry", {"step": key, "attempt": attempts,
                                             "error": f"{error.type}: {error.message}",
                                             "retry_in_s": round(delay, 3)})
                 self._watchdog.sleep(delay)
                 continue
-            self._commit(StepRecord(version=1, key=key, name=definition.name, status="failed",
-                                    attempts=attempts, error=error, at_ms=_now_ms()),
+            self._commit(record("failed", error=error),
                          "step_failed", {"step": key, "attempt": attempts,
                                          "error": f"{error.type}: {error.message}"})
             raise StepFailedError(error)
@@ -269,7 +358,7 @@ class RunContext:
     def _commit(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
         status = self._store(self.runs.commit_step, self.ex, record, event_type,
                              msgspec.json.encode(data))
-        if status in ("ok", "cancelled"):
+        if status in ("ok", "cancelled", "paused"):
             self.ex.ledger[record.key] = record
         self._check(status)
 
@@ -286,8 +375,26 @@ class RunContext:
     def _check(self, status: str) -> None:
         if status == "ok":
             self._watchdog.raise_if_stopped()
+            self._check_branch()
             return
+        if status == "paused":
+            raise ParkRun([Wait("paused")])
         raise StopExecution({"stale": "stale", "settled": "stale"}.get(status, status))
+
+    def _check_branch(self) -> None:
+        """A parallel branch whose sibling failed stops at its next boundary."""
+        cancel = _branch_cancel.get()
+        if cancel is not None and cancel.is_set():
+            raise BranchCancelled()
+
+
+def _digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A digest of a step's arguments ('' when they are not JSON: they are not compared)."""
+    try:
+        encoded = msgspec.json.encode([args, kwargs], order="sorted")
+    except (TypeError, ValueError, OverflowError):
+        return ""
+    return hashlib.sha1(encoded).hexdigest()[:16]
 
 
 def _decode_result(raw: msgspec.Raw, result_type: Any) -> Any:
@@ -396,6 +503,9 @@ class Engine:
     lease_ms: int
     hard_exit: bool = True  # forked horses exit when fenced; set False in tests
     limits: Limits = field(default_factory=Limits)
+    # Enqueue a delivery (queue, run id, attempt) on the transport: a woken run, a child.
+    # Without it the controller dispatches them after its grace.
+    deliver: Callable[[str, str, int], bool] | None = None
 
 
 _ENGINE: Engine | None = None
@@ -418,21 +528,41 @@ def execute_delivery(run_id: str, attempt: int) -> str:
     eng = engine()
     worker = os.environ.get("RQ_WORKER_ID") or eng.worker_name
     return execute(eng.runs, eng.registry, run_id, int(attempt), worker=worker,
-                   lease_ms=eng.lease_ms, hard_exit=eng.hard_exit, limits=eng.limits)
+                   lease_ms=eng.lease_ms, hard_exit=eng.hard_exit, limits=eng.limits,
+                   deliver=eng.deliver)
 
 
 def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, worker: str,
-            lease_ms: int, hard_exit: bool, limits: Limits | None = None) -> str:
+            lease_ms: int, hard_exit: bool, limits: Limits | None = None,
+            deliver: Callable[[str, str, int], bool] | None = None) -> str:
+    outcome = _execute(runs, registry, run_id, attempt, worker=worker, lease_ms=lease_ms,
+                       hard_exit=hard_exit, limits=limits, deliver=deliver)
+    if outcome.parent and outcome.status in ("succeeded", "failed", "cancelled", "timed_out"):
+        # A parent waiting for this child goes on now, not at the controller's next check.
+        flow.wake_parent(runs, outcome.parent, run_id, deliver)
+    return outcome.status
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    status: str
+    parent: str = ""
+
+
+def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, worker: str,
+             lease_ms: int, hard_exit: bool, limits: Limits | None,
+             deliver: Callable[[str, str, int], bool] | None) -> _Outcome:
     limits = limits or Limits()
     started = runs.start(run_id, attempt, ttl_ms=lease_ms, worker=worker)
     if started.status == "corrupt":
         log.warning("run %s delivery %s: %s; failing the run", run_id, attempt, started.detail)
         runs.fail_corrupt(run_id, started.detail)
-        return "failed"
+        return _Outcome("failed")
     if started.status != "ok" or started.execution is None:
         log.info("run %s delivery %s: %s %s", run_id, attempt, started.status, started.detail)
-        return started.status
+        return _Outcome(started.status)
     ex = started.execution
+    parent = ex.record.parent
     definition = registry.workflows.get(ex.record.name)
     if definition is None:
         # Not this worker's to fail: a rolling deploy, or a worker with other sources.
@@ -441,16 +571,19 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
         status = runs.defer(ex, note)
         log.warning("run %s: workflow %r is not loaded here; handed back (%s)", run_id,
                     ex.record.name, status)
-        return "deferred"
+        return _Outcome("deferred")
     watchdog = Watchdog(runs, ex, hard_exit=hard_exit)
-    token = None
+    token = frames_token = None
     try:
         try:
             value = definition.decode_input(bytes(ex.record.input))
         except msgspec.DecodeError as exc:
-            return _settled(runs.settle(ex, "failed", error=_error(exc)), "failed")
-        ctx = RunContext(runs, ex, value, watchdog, limits)
+            return _Outcome(_settled(runs.settle(ex, "failed", error=_error(exc)), "failed"),
+                            parent)
+        ctx = RunContext(runs, ex, value, watchdog, limits, deliver, registry)
         token = _current.set(ctx)
+        frames_token = _frames.set(ctx.root_frames)
+        _ACTIVE.append(ctx)
         watchdog.start()
         status, result, error = "succeeded", b"", None
         try:
@@ -460,6 +593,15 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
             limits.check("the run's result", len(result), limits.result_bytes, "result_bytes")
         except StepFailedError as exc:
             status, error = "failed", exc.error
+        except ParkRun as park:
+            watchdog.finish()
+            return _Outcome(flow.park(runs, ex, park, deliver), parent)
+        except NonDeterminismError as exc:
+            status, error = "failed", ErrorInfo(type="NonDeterminism", message=str(exc),
+                                                step=exc.frame)
+        except BranchCancelled:  # cannot escape parallel(); a bug if it does
+            status, error = "failed", ErrorInfo(type="BranchCancelled",
+                                                message="a parallel branch escaped")
         except StoreUnavailable as lost:
             log.error("run %s attempt %s: the store is unavailable (%s); stopping unsettled, "
                       "it is redelivered once its lease expires", run_id, attempt,
@@ -469,16 +611,21 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
             watchdog.finish()
             if stop.reason in ("cancelled", "timed_out"):
                 settle_stopped(runs, ex, stop.reason)
-            return stop.reason
+                return _Outcome(stop.reason, parent)
+            return _Outcome(stop.reason)
         except redis.RedisError:
             raise  # no settle possible; the lease expires and the run is redelivered
         except (Exception, SystemExit) as exc:  # so is sys.exit() in the body
             status, error = "failed", _error(exc)
         watchdog.finish()
         if status == "succeeded":
-            return _settled(runs.settle(ex, "succeeded", result=result), "succeeded")
-        return _settled(runs.settle(ex, "failed", error=error), "failed")
+            return _Outcome(_settled(runs.settle(ex, "succeeded", result=result), "succeeded"),
+                            parent)
+        return _Outcome(_settled(runs.settle(ex, "failed", error=error), "failed"), parent)
     finally:
         watchdog.finish()
         if token is not None:
             _current.reset(token)
+        if frames_token is not None:
+            _frames.reset(frames_token)
+            _ACTIVE.clear()

@@ -73,11 +73,21 @@ class Execution:
     seq: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     output_capped: bool = False  # the run's output cap was reached: later lines are dropped
+    # The server clock when this execution started, and the local monotonic clock then:
+    # timers are due on the server clock, and a replayed timer is fired iff its due time is
+    # at or before the start (the controller wakes it only once the server clock passed it).
+    server_ms: int = 0
+    mono_at_start: float = field(default_factory=time.monotonic)
+
+    def server_now_ms(self) -> int:
+        """The server clock now, as far as this process can tell without asking."""
+        return self.server_ms + int((time.monotonic() - self.mono_at_start) * 1000)
 
 
 @dataclass(frozen=True)
 class Started:
-    # ok | missing | settled | stale_attempt | busy | cancelled | timed_out | corrupt
+    # ok | missing | settled | stale_attempt | busy | cancelled | timed_out | corrupt |
+    # waiting (parked: a wake makes a new delivery) | paused (parked now: a pause was asked)
     status: str
     execution: Execution | None = None
     detail: str = ""
@@ -112,6 +122,10 @@ class RunView:
     cancel_requested: bool
     steps: list[StepRecord]
     note: str | None = None  # why a queued run waits (e.g. no worker knows its workflow)
+    wait_reason: str | None = None  # question | timer | child | paused, while waiting
+    wait_for: dict[str, Any] | None = None
+    wait_since_ms: int | None = None
+    pause_requested: bool = False
 
     def to_json(self) -> dict[str, Any]:
         def iso(ms: int | None) -> str | None:
@@ -130,13 +144,33 @@ class RunView:
             "error": None if self.error is None else msgspec.structs.asdict(self.error),
             "worker": self.worker, "cancel_requested": self.cancel_requested,
             "note": self.note,
-            # A step still "running" in a finished run was interrupted (timeout, cancel).
+            "waiting": None if self.status != "waiting" else {
+                "reason": self.wait_reason, "for": self.wait_for or {},
+                "since": iso(self.wait_since_ms)},
+            "pause_requested": self.pause_requested and self.status != "waiting",
+            "parent": self.record.parent or None,
+            "children": [msgspec.json.decode(s.result) for s in self.steps
+                         if s.name == "|child"],
+            "timers": [{"path": _step_path(s.key), "position": _step_position(s.key),
+                        "due_at": iso(msgspec.json.decode(s.result).get("due_ms"))}
+                       for s in self.steps if s.name == "|sleep"],
+            # A step still "running" (or parked) in a finished run was interrupted.
             "steps": [{"path": _step_path(s.key), "position": _step_position(s.key),
                        "name": s.name, "attempts": s.attempts,
-                       "status": "interrupted" if s.status == "running"
+                       "status": "interrupted" if s.status in ("running", "parked")
                        and self.status in TERMINAL else s.status}
-                      for s in self.steps],
+                      for s in self.steps if not s.name.startswith("|")],
         }
+
+
+def _json_or_none(raw: bytes | None) -> dict[str, Any] | None:
+    if not raw:
+        return None
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _step_path(key: str) -> str:
@@ -201,7 +235,7 @@ class RunStore:
         if reply.status != "ok":
             detail = _s(reply.values[0]) if reply.values else ""
             return Started(reply.status, detail=detail)
-        epoch, doc, deadline_ms, flat = reply.values
+        epoch, doc, deadline_ms, flat, server_ms = reply.values
         ledger = {}
         try:
             for i in range(0, len(flat), 2):
@@ -211,7 +245,7 @@ class RunStore:
         except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
             return Started("corrupt", detail=str(exc))
         return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
-                                       int(deadline_ms), ledger))
+                                       int(deadline_ms), ledger, server_ms=int(server_ms)))
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
         with ex.lock:
@@ -350,7 +384,10 @@ class RunStore:
             result=msgspec.Raw(result) if result else None, error=error_info,
             worker=_s(f[b"worker"]) if f.get(b"worker") else None,
             cancel_requested=f.get(b"cancel") == b"1", steps=ledger,
-            note=_s(f[b"note"]) if f.get(b"note") else None)
+            note=_s(f[b"note"]) if f.get(b"note") else None,
+            wait_reason=_s(f[b"wait_reason"]) if f.get(b"wait_reason") else None,
+            wait_for=_json_or_none(f.get(b"wait_for")), wait_since_ms=num("wait_since"),
+            pause_requested=f.get(b"pause") == b"1")
 
     def list_runs(self, *, limit: int = 50, status: str | None = None,
              name: str | None = None) -> list[RunView]:

@@ -37,6 +37,11 @@ class RunKeys:
     fence: str
     finished: str
     effects: str
+    waits: str
+    asks: str
+    feed: str
+    reports: str
+    report_index: str
 
 
 @dataclass(frozen=True)
@@ -152,13 +157,40 @@ class Keyspace:
         """Hash {epoch}: the newest controller epoch that wrote to this bucket."""
         return f"{self.tag(bucket)}:ctl"
 
+    def run_waits(self, bucket: int) -> str:
+        """Sorted set: waiting run id -> when the controller looks at it (a timer's due time,
+        a question's timeout, the next check of the children it waits for; server ms)."""
+        return f"{self.tag(bucket)}:waits"
+
+    def asks(self, run_id: str) -> str:
+        """Hash: the run's questions. ``<key>`` -> AskRecord JSON (never rewritten), and
+        ``<key>|state`` (open | answered | timed_out | cancelled), ``<key>|rev``,
+        ``<key>|answer`` (JSON), ``<key>|answered_ms``, ``<key>|timeout_at``, ``<key>|req``."""
+        return f"{self.tag_of(run_id)}:asks:{run_id}"
+
+    def feed(self, bucket: int) -> str:
+        """Sorted set: open questions ``<run id>|<key>`` in the bucket -> when asked (ms)."""
+        return f"{self.tag(bucket)}:feed"
+
+    def reports(self, run_id: str) -> str:
+        """Hash: the run's reports, key (``milestone:<n>``, ``result:<n>`` or given) ->
+        ReportRecord JSON."""
+        return f"{self.tag_of(run_id)}:reports:{run_id}"
+
+    def report_index(self, bucket: int) -> str:
+        """Sorted set: reports ``<run id>|<key>`` in the bucket -> when reported (ms)."""
+        return f"{self.tag(bucket)}:reportidx"
+
     def run_keys(self, run_id: str) -> RunKeys:
         bucket = self.bucket_of(run_id)
         return RunKeys(run=self.run(run_id), steps=self.steps(run_id),
                        output=self.output(run_id), listing=self.listing("run", bucket),
                        leases=self.run_leases(bucket), dispatch=self.run_dispatch(bucket),
                        fence=self.controller_fence(bucket),
-                       finished=self.run_finished(bucket), effects=self.effect_index(run_id))
+                       finished=self.run_finished(bucket), effects=self.effect_index(run_id),
+                       waits=self.run_waits(bucket), asks=self.asks(run_id),
+                       feed=self.feed(bucket), reports=self.reports(run_id),
+                       report_index=self.report_index(bucket))
 
     # -- events: an inbound event's hash and its bucket's indexes share the event's tag --------
 

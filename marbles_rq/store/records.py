@@ -96,6 +96,7 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     timeout_s: float = 0.0
     max_deliveries: int = 20
     retention_s: float = 7 * 86400.0
+    parent: str = ""  # the run that started this one as its child ("" for none)
 
 
 class StepRecord(Record, tag="step", kw_only=True, frozen=True):
@@ -107,6 +108,34 @@ class StepRecord(Record, tag="step", kw_only=True, frozen=True):
     attempts: int
     result: msgspec.Raw = msgspec.Raw(b"null")  # msgspec cannot decode `Raw | None`
     error: ErrorInfo | None = None
+    at_ms: int = 0
+    # The call's place among the recorded calls of its frame (steps, timers, children), so a
+    # replay that calls something else there is caught; -1 in ledgers written before it.
+    seq: int = -1
+    args: str = ""  # a digest of the step's arguments; a replay with others gets a warning
+
+
+class AskRecord(Record, tag="ask", kw_only=True, frozen=True):
+    """A question a run asked (written once; its state lives in the asks hash's fields)."""
+
+    key: str
+    ask: str  # approval | question
+    title: str
+    body: str | None = None
+    choices: list[str] | None = None
+    step: str = ""  # the frame (step path) that asked
+    timeout_s: float = 0.0
+    default: msgspec.Raw = msgspec.Raw(b"null")  # the answer on timeout when has_default
+    has_default: bool = False
+
+
+class ReportRecord(Record, tag="report", kw_only=True, frozen=True):
+    """A milestone or result a run reported."""
+
+    key: str
+    report: str  # milestone | result
+    entry: msgspec.Raw
+    step: str = ""
     at_ms: int = 0
 
 

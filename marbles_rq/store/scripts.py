@@ -328,20 +328,20 @@ class Scripts:
             [keys.run, keys.steps, keys.leases, keys.dispatch, keys.output, keys.finished],
             [run_id, attempt, ttl_ms, worker, final_cancel, final_timeout, token],
             ("ok", "missing", "settled", "stale_attempt", "busy", "cancelled", "timed_out",
-             "corrupt"))
+             "corrupt", "waiting", "paused"))
 
     def start_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
                    event: bytes, seq: int) -> Reply:
         return self._reply("start_step", [keys.run, keys.steps, keys.output],
                            [epoch, step_key, record, event, seq],
-                           ("ok", "stale", "settled", "cancelled", "timed_out"))
+                           ("ok", "stale", "settled", "cancelled", "timed_out", "paused"))
 
     def commit_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
                     event_type: str, event: bytes, run_id: str, ttl_ms: int,
                     seq: int) -> Reply:
         return self._reply("commit_step", [keys.run, keys.steps, keys.leases, keys.output],
                            [epoch, step_key, record, event_type, event, run_id, ttl_ms, seq],
-                           ("ok", "cancelled", "timed_out", "stale", "settled"))
+                           ("ok", "cancelled", "timed_out", "stale", "settled", "paused"))
 
     def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes, seq: int,
                       max_entries: int, max_bytes: int) -> Reply:
@@ -362,7 +362,8 @@ class Scripts:
 
     def cancel_run(self, *, keys: RunKeys, run_id: str, event: bytes, request_id: str) -> Reply:
         return self._reply("cancel_run",
-                           [keys.run, keys.leases, keys.dispatch, keys.output, keys.finished],
+                           [keys.run, keys.leases, keys.dispatch, keys.output, keys.finished,
+                            keys.waits, keys.asks, keys.feed],
                            [run_id, event, request_id],
                            ("cancelled", "requested", "settled", "missing", "corrupt"))
 
@@ -407,8 +408,69 @@ class Scripts:
 
     def purge_run(self, *, keys: RunKeys, run_id: str, receipts: list[str]) -> Reply:
         return self._reply("purge_run", [keys.run, keys.steps, keys.output, keys.listing,
-                                         keys.finished, keys.effects, *receipts],
+                                         keys.finished, keys.effects, keys.asks, keys.reports,
+                                         keys.feed, keys.report_index, keys.waits, *receipts],
                            [run_id], ("ok", "not_due", "retry"))
+
+    # -- runs that wait ----------------------------------------------------------------
+
+    def park_run(self, *, keys: RunKeys, epoch: int, run_id: str, reason: str, wake_at_ms: int,
+                 wait_for: bytes, grace_ms: int, event: bytes,
+                 ledger: list[tuple[str, bytes]], asks: list[tuple[str, bytes, int]]) -> Reply:
+        flat: list[str | bytes | int] = []
+        for key, record in ledger:
+            flat += [key, record]
+        for key, doc, timeout_ms in asks:
+            flat += [key, doc, timeout_ms]
+        return self._reply("park_run", [keys.run, keys.leases, keys.dispatch, keys.output,
+                                        keys.waits, keys.steps, keys.asks, keys.feed],
+                           [epoch, run_id, reason, wake_at_ms, wait_for, grace_ms, event,
+                            len(ledger), len(asks), *flat],
+                           ("ok", "requeued", "cancelled", "stale", "settled"))
+
+    def wake_run(self, *, keys: RunKeys, run_id: str, ctl_epoch: int | None, cause: str,
+                 grace_ms: int, event: bytes) -> Reply:
+        return self._reply("wake_run", [keys.run, keys.waits, keys.dispatch, keys.output,
+                                        keys.fence, keys.asks, keys.feed],
+                           [run_id, "" if ctl_epoch is None else ctl_epoch, cause, grace_ms,
+                            event],
+                           ("woken", "not_due", "pending", "paused", "idle", "fenced"))
+
+    def wake_runs(self, calls: list[tuple[RunKeys, str, int, str, int, bytes]]) -> list[Reply]:
+        """wake_run for many (keys, run id, ctl epoch, cause, grace ms, event), pipelined."""
+        replies = self.call_many("wake_run", [
+            ([k.run, k.waits, k.dispatch, k.output, k.fence, k.asks, k.feed],
+             [rid, epoch, cause, grace, ev]) for k, rid, epoch, cause, grace, ev in calls])
+        out = []
+        for reply in replies:
+            status = _s(reply[0])
+            if status not in ("woken", "not_due", "pending", "paused", "idle", "fenced"):
+                raise self._unexpected("wake_run", reply)
+            out.append(Reply(status, reply[1:]))
+        return out
+
+    def answer_ask(self, *, keys: RunKeys, run_id: str, key: str, rev: str, answer: bytes,
+                   event: bytes, grace_ms: int, request_id: str) -> Reply:
+        return self._reply("answer_ask", [keys.run, keys.asks, keys.feed, keys.waits,
+                                          keys.dispatch, keys.output],
+                           [run_id, key, rev, answer, event, grace_ms, request_id],
+                           ("ok", "missing", "unknown_key", "closed", "conflict", "settled"))
+
+    def pause_run(self, *, keys: RunKeys, event: bytes) -> Reply:
+        return self._reply("pause_run", [keys.run, keys.output], [event],
+                           ("paused", "requested", "already", "settled", "missing"))
+
+    def resume_run(self, *, keys: RunKeys, run_id: str, event: bytes, grace_ms: int) -> Reply:
+        return self._reply("resume_run", [keys.run, keys.output, keys.waits, keys.dispatch],
+                           [run_id, event, grace_ms],
+                           ("woken", "resumed", "not_paused", "settled", "missing"))
+
+    def add_report(self, *, keys: RunKeys, epoch: int, run_id: str, key: str, doc: bytes,
+                   event: bytes) -> Reply:
+        return self._reply("add_report", [keys.run, keys.reports, keys.report_index,
+                                          keys.output],
+                           [epoch, run_id, key, doc, event],
+                           ("ok", "exists", "stale", "settled"))
 
     def abandon_attempt(self, *, keys: RunKeys, run_id: str, attempt: int,
                         worker: str) -> Reply:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import select
@@ -42,6 +43,7 @@ from .dispatch import (
     MarblesQueue,
     RefusedJobError,
     clean_registries,
+    enqueue_delivery,
     rq_queue_name,
 )
 from .serializer import JSONSerializer
@@ -253,6 +255,7 @@ def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *
             engine.runs.client.ping()  # the store may be another Redis than RQ's
             worker = build_worker(cls, queues, conn, prefix, name)
             engine.worker_name = name
+            engine.deliver = functools.partial(enqueue_delivery, conn, prefix)
             configure(engine)
             worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
         except _StopAsked:

@@ -1,0 +1,184 @@
+"""The controller's duty for waiting runs: wake a run when its timer or a question's
+timeout comes due, or when a child it waits for has settled (a finished child's worker
+wakes its parent at once; this check is the safety net, for a worker killed in between and
+for children settled elsewhere: cancelled, reaped, timed out).
+
+Like the schedules duty it serves from a thread of its own while this process leads, so a
+timer's lateness is not bounded by the controller's pass interval. Every wake is fenced by
+the controller's epoch in the run's bucket (wake_run).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import redis
+
+from ..engine.runs import DISPATCH_GRACE_MS, TERMINAL
+from ..errors import MarblesError
+from ..store.redis_errors import one_line
+from ..transport import dispatch
+
+if TYPE_CHECKING:
+    from .loop import Controller
+
+log = logging.getLogger("marbles_rq.controller.waiting")
+
+DUE_BATCH = 500       # due waits read per bucket per pass
+POLL_MS = 1_000       # the thread looks at least this often
+MIN_WAIT_MS = 5       # and takes due waits in batches at least this far apart
+RECOVERY_ROUNDS = 10_000
+CHILD_RECHECK_MIN_MS = 2_000
+CHILD_RECHECK_MAX_MS = 30_000
+
+
+@dataclass
+class WaitingStats:
+    woken: int = 0
+    lateness_ms: list[int] = field(default_factory=list)  # kept when measuring (bench)
+
+
+class WaitingDuty:
+    kind = "waiting"
+
+    def __init__(self, *, threaded: bool = True, measure: bool = False) -> None:
+        self.threaded = threaded
+        self.measure = measure
+        self.stats = WaitingStats()
+        self._thread: threading.Thread | None = None
+        self._thread_epoch = 0
+
+    def recover(self, ctl: Controller) -> int:
+        """Wake everything that came due while no controller led (timers included)."""
+        done = 0
+        for _ in range(RECOVERY_ROUNDS):
+            if ctl.lease is None:
+                break
+            handled, woken = self.wake_due(ctl)
+            done += woken
+            if not handled:
+                break
+        return done
+
+    def tick(self, ctl: Controller) -> None:
+        if not self.threaded:
+            self.wake_due(ctl)
+            return
+        thread = self._thread
+        if thread is None or not thread.is_alive() or self._thread_epoch != ctl.epoch:
+            self._thread_epoch = ctl.epoch
+            self._thread = threading.Thread(target=self._serve, args=(ctl, ctl.epoch),
+                                            name="marbles-waiting", daemon=True)
+            self._thread.start()
+
+    def _leading(self, ctl: Controller, epoch: int) -> bool:
+        lease = ctl.lease
+        return (lease is not None and lease.epoch == epoch and not ctl.stop_event.is_set()
+                and time.monotonic() < lease.valid_until)
+
+    def _serve(self, ctl: Controller, epoch: int) -> None:
+        try:
+            while self._leading(ctl, epoch):
+                self.wake_due(ctl)
+                soonest = self._soonest(ctl)
+                wait = POLL_MS if soonest is None else soonest - ctl.server_ms()
+                ctl.stop_event.wait(min(POLL_MS, max(MIN_WAIT_MS, wait)) / 1000)
+        except (redis.RedisError, MarblesError, OSError) as exc:
+            log.error("waiting runs: %s; the next pass starts again", one_line(exc))
+
+    def _soonest(self, ctl: Controller) -> int | None:
+        pipe = ctl.store.client.pipeline(transaction=False)
+        for bucket in range(ctl.keys.buckets):
+            pipe.zrange(ctl.keys.run_waits(bucket), 0, 0, withscores=True)
+        scores = [int(found[0][1]) for found in pipe.execute(raise_on_error=False)
+                  if isinstance(found, list) and found]
+        return min(scores) if scores else None
+
+    def wake_due(self, ctl: Controller) -> tuple[int, int]:
+        """Wake the waiting runs that are due: (entries handled, runs woken)."""
+        keys, client = ctl.keys, ctl.store.client
+        now_ms = ctl.server_ms()
+        due = ctl.due(keys.run_waits, now_ms, DUE_BATCH)
+        if not due or ctl.lease is None:
+            return 0, 0
+        epoch = ctl.epoch
+        pipe = client.pipeline(transaction=False)
+        for _, run_id in due:
+            pipe.hmget(keys.run(run_id), "status", "wait_reason", "wait_for", "wait_since",
+                       "wake_at")
+        states = pipe.execute(raise_on_error=False)
+        wakes: list[tuple[str, str]] = []  # (run id, cause)
+        child_waits: list[tuple[str, list[str], int]] = []
+        for (_, run_id), st in zip(due, states, strict=True):
+            if isinstance(st, Exception) or st[0] != b"waiting" or st[1] != b"child":
+                wakes.append((run_id, "timer"))  # the script sorts out what it is now
+                continue
+            try:
+                children = list(msgspec.json.decode(st[2] or b"{}").get("children", []))
+            except (msgspec.DecodeError, AttributeError):
+                children = []
+            if not children:
+                wakes.append((run_id, "child"))
+                continue
+            child_waits.append((run_id, [str(c) for c in children], int(st[3] or now_ms)))
+        recheck: list[tuple[str, int]] = []
+        if child_waits:
+            pipe = client.pipeline(transaction=False)
+            for _, children, _ in child_waits:
+                for cid in children:
+                    pipe.hget(keys.run(cid), "status")
+            statuses = iter(pipe.execute(raise_on_error=False))
+            for run_id, children, since in child_waits:
+                found = [next(statuses) for _ in children]
+                if any(not isinstance(s, bytes) or s.decode() in TERMINAL for s in found):
+                    wakes.append((run_id, "child"))
+                else:
+                    waited = now_ms - since
+                    recheck.append((run_id, now_ms + min(CHILD_RECHECK_MAX_MS, max(
+                        CHILD_RECHECK_MIN_MS, waited // 4))))
+        if recheck:
+            pipe = client.pipeline(transaction=False)
+            for run_id, at in recheck:
+                pipe.zadd(keys.run_waits(keys.bucket_of(run_id)), {run_id: at}, xx=True)
+            pipe.execute(raise_on_error=False)
+        woken = self._wake(ctl, wakes, epoch, now_ms)
+        return len(due), woken
+
+    def _wake(self, ctl: Controller, wakes: list[tuple[str, str]], epoch: int,
+              now_ms: int) -> int:
+        if not wakes:
+            return 0
+        keys = ctl.keys
+        replies = ctl.runs.scripts.wake_runs([
+            (keys.run_keys(rid), rid, epoch, cause, DISPATCH_GRACE_MS,
+             msgspec.json.encode({"cause": cause})) for rid, cause in wakes])
+        deliveries: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for (run_id, _), reply in zip(wakes, replies, strict=True):
+            if reply.status == "fenced":
+                ctl.step_down(f"a newer controller (epoch {_s(reply.values[0])}) acts on run "
+                              f"{run_id}")
+                return 0
+            if reply.status == "woken":
+                deliveries[_s(reply.values[1])].append((run_id, int(reply.values[0])))
+        count = 0
+        for queue_name, batch in deliveries.items():
+            try:
+                dispatch.enqueue_deliveries(ctl.rq, keys.prefix, queue_name, batch)
+            except redis.RedisError as exc:  # their dispatch checks stay due: retried
+                log.warning("enqueueing %s woken runs on %s failed (%s); the dispatch check "
+                            "retries", len(batch), queue_name, one_line(exc))
+            count += len(batch)
+        if count:
+            self.stats.woken += count
+            log.info("woke %s waiting runs", count) if count > 20 else None
+        return count
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

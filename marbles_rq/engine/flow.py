@@ -1,0 +1,495 @@
+"""What a run body uses to wait, fan out and report: questions and approvals, reports,
+durable timers, child runs, parallel steps.
+
+Waiting never blocks a worker. A call that must wait raises ParkRun; the execution ends,
+parks the run (engine/waits.py) and frees its worker; when what it waits for happens, the
+run is delivered again and the body replays from the top against the ledger, where the call
+now returns (the recorded answer, the fired timer, the child's result).
+
+    approved = ctx.ask.approval("Ship it?")            # -> {"approved": bool, "note": ...}
+    colour = ctx.ask.question("Colour?", choices=["red", "blue"])
+    ctx.report.milestone({"built": 3})
+    mr.sleep(3600)
+    child = mr.start_child("resize", {"id": 7}); child.result()
+    a, b = mr.parallel(lambda: fetch("a"), lambda: fetch("b"))
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import redis
+
+from ..errors import InvalidIdError, MarblesError, RedisUnavailableError
+from ..store.ids import ID_PATTERN
+from ..store.records import AskRecord, ErrorInfo, ReportRecord, StepRecord
+from ..store.redis_errors import one_line
+from .authoring import InputError
+
+if TYPE_CHECKING:
+    from .execute import RunContext
+    from .runs import Execution, RunStore
+
+log = logging.getLogger("marbles_rq.engine.flow")
+
+CHILD_CHECK_MS = 2_000  # the controller first checks a waited-for child after this long
+MAX_CHOICES = 9
+TERMINAL = ("succeeded", "failed", "cancelled")
+KIND_NAMES = {"|sleep": "mr.sleep", "|child": "mr.start_child"}
+
+
+# -- parking -----------------------------------------------------------------------------
+
+@dataclass
+class Wait:
+    """One thing a run waits for."""
+
+    reason: str  # question | timer | child | paused
+    wake_at_ms: int = 0  # when the controller wakes it (0: only from outside)
+    questions: list[str] = field(default_factory=list)
+    children: list[str] = field(default_factory=list)
+    until_ms: int = 0
+    asks: list[AskRecord] = field(default_factory=list)
+    ledger: list[StepRecord] = field(default_factory=list)
+
+
+class ParkRun(BaseException):
+    """The run must wait: the execution ends and the run parks. A BaseException, so a
+    body's `except Exception` cannot swallow it."""
+
+    def __init__(self, waits: list[Wait]) -> None:
+        super().__init__(", ".join(w.reason for w in waits))
+        self.waits = waits
+        self.ledger: list[StepRecord] = [r for w in waits for r in w.ledger]
+
+
+class BranchCancelled(BaseException):
+    """A parallel branch stops at a boundary because a sibling failed."""
+
+
+class NonDeterminismError(BaseException):
+    """The replayed body called something else at a recorded position: the run fails. A
+    BaseException, so a step's retries and a body's `except Exception` do not hide it."""
+
+    def __init__(self, frame: str, position: int, recorded: str, called: str) -> None:
+        super().__init__(
+            f"non-deterministic replay in {frame} at position {position}: the ledger "
+            f"recorded {_name(recorded)!r} there, the body now calls {_name(called)!r} "
+            f"(a workflow must make its recorded calls in the same order on every replay)")
+        self.frame = frame
+
+
+def _name(name: str) -> str:
+    return KIND_NAMES.get(name, name)
+
+
+class AskTimeoutError(MarblesError):
+    code = "ask_timeout"
+
+
+class ChildFailedError(MarblesError):
+    """A child run the parent waited for failed or was cancelled."""
+
+    code = "child_failed"
+
+    def __init__(self, child_id: str, status: str, error: ErrorInfo | None) -> None:
+        what = f"{error.type}: {error.message}" if error is not None else status
+        super().__init__(f"child run {child_id} {status}: {what}")
+        self.child_id, self.status, self.error = child_id, status, error
+
+
+def park(runs: RunStore, ex: Execution, parked: ParkRun,
+         deliver: Callable[[str, str, int], bool] | None) -> str:
+    """Park the run for what `parked` waits for; returns the delivery's outcome."""
+    from .execute import settle_stopped
+    from .waits import WaitStore
+
+    waits = parked.waits
+    reasons = {w.reason for w in waits}
+    reason = next(r for r in ("paused", "question", "child", "timer") if r in reasons)
+    wake_at = min((w.wake_at_ms for w in waits if w.wake_at_ms), default=0)
+    wait_for: dict[str, Any] = {}
+    questions = [q for w in waits for q in w.questions]
+    children = [c for w in waits for c in w.children]
+    until = min((w.until_ms for w in waits if w.until_ms), default=0)
+    if questions:
+        wait_for["questions"] = questions
+    if children:
+        wait_for["children"] = children
+    if until:
+        wait_for["until_ms"] = until
+    status, attempt, queue = WaitStore(runs).park(
+        ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
+        asks=[a for w in waits for a in w.asks])
+    if status == "cancelled":
+        settle_stopped(runs, ex, "cancelled")
+        return "cancelled"
+    if status == "requeued":
+        _deliver(deliver, queue, ex.run_id, attempt)
+        return "requeued"
+    if status == "ok":
+        log.info("run %s attempt %s parked: %s", ex.run_id, ex.attempt, reason)
+        return "parked"
+    return status
+
+
+def _deliver(deliver: Callable[[str, str, int], bool] | None, queue: str, run_id: str,
+             attempt: int) -> None:
+    """Enqueue a delivery now; a failure leaves it to the controller (after its grace)."""
+    if deliver is None:
+        return
+    try:
+        deliver(queue, run_id, attempt)
+    except (redis.RedisError, OSError) as exc:
+        log.warning("run %s attempt %s: enqueue failed (%s); the controller dispatches it",
+                    run_id, attempt, one_line(exc))
+
+
+def wake_parent(runs: RunStore, parent: str, child: str,
+                deliver: Callable[[str, str, int], bool] | None) -> None:
+    """A child settled: wake its parent if it waits (the controller's check would, later)."""
+    from .waits import WaitStore
+
+    try:
+        status, attempt, queue = WaitStore(runs).wake(parent, "child", detail={"child": child})
+    except (redis.RedisError, RedisUnavailableError, MarblesError, OSError) as exc:
+        log.warning("run %s: cannot wake parent %s now (%s); the controller will", child,
+                    parent, one_line(exc))
+        return
+    if status == "woken":
+        _deliver(deliver, queue, parent, attempt)
+
+
+# -- questions ---------------------------------------------------------------------------
+
+class Ask:
+    """`ctx.ask`: questions and approvals that park the run until someone answers."""
+
+    def __init__(self, run: RunContext) -> None:
+        self._run = run
+
+    def approval(self, title: str, body: str | None = None, key: str | None = None, *,
+                 timeout_s: float | None = None, default: Any = ...) -> dict[str, Any]:
+        """{"approved": bool, "note": str | None}, once someone approves or rejects."""
+        answer = self._ask("approval", title, body, None, key, timeout_s, default)
+        return answer if isinstance(answer, dict) else {"approved": bool(answer), "note": None}
+
+    def question(self, title: str, body: str | None = None, choices: list[str] | None = None,
+                 key: str | None = None, *, timeout_s: float | None = None,
+                 default: Any = ...) -> str:
+        """The answer text (one of `choices` when given, at most 9)."""
+        if choices is not None:
+            if not 1 <= len(choices) <= MAX_CHOICES or not all(
+                    isinstance(c, str) and c for c in choices):
+                raise InputError(f"choices: 1 to {MAX_CHOICES} non-empty strings")
+            if len(set(choices)) != len(choices):
+                raise InputError("choices must differ from each other")
+        if default is not ... and choices and default not in choices:
+            raise InputError(f"the default {default!r} is not one of the choices")
+        return str(self._ask("question", title, body, choices, key, timeout_s, default))
+
+    def _ask(self, kind: str, title: str, body: str | None, choices: list[str] | None,
+             key: str | None, timeout_s: float | None, default: Any) -> Any:
+        from .execute import check_not_in_foreign_thread
+        from .waits import check_key
+
+        check_not_in_foreign_thread(f"ask.{kind}")
+        run = self._run
+        run._check_branch()
+        if not isinstance(title, str) or not title.strip():
+            raise InputError("a question needs a title")
+        if timeout_s is not None and not 0 < timeout_s <= 366 * 86400:
+            raise InputError("timeout_s must be between 0 and a year")
+        frame = run.frame
+        n = frame.counters["|ask"]
+        frame.counters["|ask"] += 1
+        qkey = check_key(key, "question key") if key is not None else _local(run, f"ask:{n}")
+        state = run_asks(run).get(qkey)
+        if state is not None and state["state"] == "answered":
+            return state["answer"]
+        if state is not None and state["state"] == "timed_out":
+            if default is not ...:
+                return default
+            raise AskTimeoutError(f"question {qkey!r} was not answered within its timeout")
+        if state is not None and state["state"] == "cancelled":
+            from .execute import StopExecution
+
+            raise StopExecution("cancelled")
+        record = AskRecord(version=1, key=qkey, ask=kind, title=title, body=body,
+                           choices=choices, step=frame.path, timeout_s=timeout_s or 0.0,
+                           default=msgspec.Raw(msgspec.json.encode(
+                               None if default is ... else default)),
+                           has_default=default is not ...)
+        raise ParkRun([Wait("question", questions=[qkey], asks=[record])])
+
+
+def run_asks(run: RunContext) -> dict[str, dict[str, Any]]:
+    """The run's questions as this execution found them (read once, at its first ask)."""
+    if run._asks is None:
+        from .waits import WaitStore
+
+        questions = run._store(WaitStore(run.runs).questions, run.run_id)
+        run._asks = {q.key: {"state": q.state, "answer": q.answer} for q in questions}
+    return run._asks
+
+
+def _local(run: RunContext, name: str) -> str:
+    """A default key: `name` in the workflow's own frame, `<step>/<name>` inside a step."""
+    root = run.ex.record.name
+    path = run.frame.path
+    return name if path == root else f"{path[len(root) + 1:]}/{name}"
+
+
+# -- reports -----------------------------------------------------------------------------
+
+class Reporter:
+    """`ctx.report`: milestones and results, kept with the run and listed in the feed."""
+
+    def __init__(self, run: RunContext) -> None:
+        self._run = run
+
+    def milestone(self, entry: Any, key: str | None = None) -> None:
+        self._add("milestone", entry, key)
+
+    def result(self, entry: Any, key: str | None = None) -> None:
+        self._add("result", entry, key)
+
+    def _add(self, kind: str, entry: Any, key: str | None) -> None:
+        from .execute import _now_ms, check_not_in_foreign_thread
+        from .waits import WaitStore, check_key
+
+        check_not_in_foreign_thread(f"report.{kind}")
+        run = self._run
+        frame = run.frame
+        n = frame.counters[f"|{kind}"]
+        frame.counters[f"|{kind}"] += 1
+        rkey = check_key(key, "report key") if key is not None else _local(run, f"{kind}:{n}")
+        encoded = msgspec.json.encode(entry)
+        run.limits.check(f"report {rkey}", len(encoded), run.limits.write_bytes, "write_bytes")
+        record = ReportRecord(version=1, key=rkey, report=kind, entry=msgspec.Raw(encoded),
+                              step=frame.path, at_ms=_now_ms())
+        status = run._store(WaitStore(run.runs).add_report, run.ex, record)
+        run._check("ok" if status == "exists" else status)
+
+
+# -- timers ------------------------------------------------------------------------------
+
+def sleep(run: RunContext, seconds: float) -> None:
+    if not isinstance(seconds, int | float) or seconds != seconds or seconds < 0:
+        raise InputError(f"sleep takes a number of seconds >= 0, not {seconds!r}")
+    _timer(run, lambda: run.ex.server_now_ms() + int(seconds * 1000))
+
+
+def sleep_until(run: RunContext, when: dt.datetime) -> None:
+    if not isinstance(when, dt.datetime) or when.tzinfo is None:
+        raise InputError("sleep_until takes a timezone-aware datetime")
+    _timer(run, lambda: int(when.timestamp() * 1000))
+
+
+def _timer(run: RunContext, due_of: Callable[[], int]) -> None:
+    from .execute import _now_ms, check_not_in_foreign_thread
+
+    check_not_in_foreign_thread("sleep")
+    run._check_branch()
+    key, seq = run.position("|sleep")
+    recorded = run.ex.ledger.get(key)
+    if recorded is not None:
+        due = int(msgspec.json.decode(recorded.result)["due_ms"])
+        new: list[StepRecord] = []
+    else:
+        due = due_of()
+        record = StepRecord(version=1, key=key, name="|sleep", status="waiting", attempts=0,
+                            result=msgspec.Raw(msgspec.json.encode({"due_ms": due})),
+                            at_ms=_now_ms(), seq=seq)
+        new = [record]
+    # The controller wakes a timer only once the server's clock has passed its due time,
+    # and this execution started after that wake: fired, and never early.
+    if due <= run.ex.server_ms:
+        return
+    raise ParkRun([Wait("timer", wake_at_ms=due, until_ms=due, ledger=new)])
+
+
+# -- child runs --------------------------------------------------------------------------
+
+class ChildRun:
+    """A child run started by `start_child`: its id, and `result()`."""
+
+    def __init__(self, run: RunContext, child_id: str, workflow: str) -> None:
+        self._run = run
+        self.id = child_id
+        self.workflow = workflow
+
+    def __repr__(self) -> str:
+        return f"ChildRun({self.id!r}, {self.workflow!r})"
+
+    def result(self) -> Any:
+        """The child's result; parks the parent until the child settles. Raises
+        ChildFailedError when it failed or was cancelled."""
+        return gather(self._run, [self])[0]
+
+
+def child_id(parent: str, key: str) -> str:
+    candidate = f"{parent}.{key}"
+    if len(candidate) <= 128:
+        return candidate
+    import hashlib
+
+    return f"{parent[:100]}.{hashlib.sha1(candidate.encode()).hexdigest()[:20]}"
+
+
+def start_child(run: RunContext, workflow: str, input: Any = None,
+                key: str | None = None) -> ChildRun:
+    from .execute import _now_ms, check_not_in_foreign_thread
+    from .ops import RunRequest, prepare
+
+    check_not_in_foreign_thread("start_child")
+    run._check_branch()
+    lkey, seq = run.position("|child")
+    recorded = run.ex.ledger.get(lkey)
+    if recorded is not None:
+        data = msgspec.json.decode(recorded.result)
+        return ChildRun(run, data["id"], data["workflow"])
+    if key is not None and not ID_PATTERN.fullmatch(key):
+        raise InvalidIdError(f"invalid child key {key!r}: expected [A-Za-z0-9_.:-]{{1,128}}")
+    rel = lkey[len(run.ex.record.name) + 1:] if lkey.startswith(run.ex.record.name + ".") \
+        else lkey
+    suffix = key if key is not None else _position_id(rel)
+    cid = child_id(run.run_id, suffix)
+    record = prepare(RunRequest(workflow, msgspec.json.encode(input), cid), run.registry)
+    record = msgspec.structs.replace(record, parent=run.run_id)
+    recorded_run = run._store(run.runs.record, record)
+    if not recorded_run.created and recorded_run.record.parent != run.run_id:
+        raise MarblesError(f"child id {cid} is taken by another run (started by "
+                           f"{recorded_run.record.parent or 'no parent'})")
+    if recorded_run.created:
+        _deliver(run.deliver, record.queue, cid, 1)
+    entry = StepRecord(version=1, key=lkey, name="|child", status="succeeded", attempts=1,
+                       result=msgspec.Raw(msgspec.json.encode({"id": cid,
+                                                               "workflow": record.name})),
+                       at_ms=_now_ms(), seq=seq)
+    run._commit(entry, "child_started", {"child": cid, "workflow": record.name})
+    return ChildRun(run, cid, record.name)
+
+
+def _position_id(rel: str) -> str:
+    """An id-safe rendering of a ledger position (step names may hold any character)."""
+    safe = "".join(c if c.isalnum() or c in "_-" else "-" for c in rel.replace("|child#", "c"))
+    if ID_PATTERN.fullmatch(safe) and len(safe) <= 60:
+        return safe
+    import hashlib
+
+    return "c-" + hashlib.sha1(rel.encode()).hexdigest()[:16]
+
+
+def gather(run: RunContext, children: list[ChildRun]) -> list[Any]:
+    """Every child's result (in order); parks until all have settled."""
+    from .authoring import REGISTRY
+    from .execute import StepFailedError, _decode_result, check_not_in_foreign_thread
+
+    check_not_in_foreign_thread("a child's result")
+    run._check_branch()
+    if not children:
+        return []
+    states = run._store(_child_states, run.runs, [c.id for c in children])
+    pending = [c.id for c, st in zip(children, states, strict=True) if st[0] not in TERMINAL]
+    if pending:
+        raise ParkRun([Wait("child", children=pending,
+                            wake_at_ms=run.ex.server_now_ms() + CHILD_CHECK_MS)])
+    results = []
+    for child, (status, result, error) in zip(children, states, strict=True):
+        if status != "succeeded":
+            info = None if not error else msgspec.json.decode(error, type=ErrorInfo)
+            raise ChildFailedError(child.id, status, info)
+        definition = (run.registry or REGISTRY).workflows.get(child.workflow)
+        result_type = Any
+        if definition is not None:
+            from typing import get_type_hints
+
+            try:
+                result_type = get_type_hints(definition.fn).get("return", Any)
+            except Exception:
+                result_type = Any
+        try:
+            results.append(_decode_result(msgspec.Raw(result or b"null"), result_type))
+        except msgspec.DecodeError as exc:
+            raise StepFailedError(ErrorInfo(type="ChildResultUnreadable",
+                                            message=str(exc))) from None
+    return results
+
+
+def _child_states(runs: RunStore, ids: list[str]) -> list[tuple[str, bytes | None, bytes | None]]:
+    pipe = runs.client.pipeline(transaction=False)
+    for cid in ids:
+        pipe.hmget(runs.keys.run(cid), "status", "result", "error")
+    out = []
+    for cid, row in zip(ids, pipe.execute(), strict=True):
+        if row[0] is None:
+            raise MarblesError(f"child run {cid} does not exist (pruned, or never recorded)")
+        out.append((row[0].decode(), row[1], row[2]))
+    return out
+
+
+# -- parallel steps ----------------------------------------------------------------------
+
+def parallel(run: RunContext, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run `calls` in threads, each in a frame of its own (stable ledger positions whatever
+    order they finish in). The first failure stops the siblings at their next boundary and
+    is raised once they have stopped; a branch that parks parks the run once the others are
+    done."""
+    from .execute import Frame, StopExecution, _branch_cancel, _frames, check_not_in_foreign_thread
+
+    check_not_in_foreign_thread("parallel")
+    run._check_branch()
+    if not all(callable(c) for c in calls):
+        raise InputError("parallel takes zero-argument callables, e.g. lambda: fetch(url)")
+    frame = run.frame
+    n = frame.counters["|parallel"]
+    frame.counters["|parallel"] += 1
+    base = f"{frame.path}.|parallel#{n}"
+    cancel = threading.Event()
+    failed_at: list[tuple[float, int]] = []
+    lock = threading.Lock()
+
+    def branch(i: int, call: Callable[[], Any]) -> tuple[str, Any]:
+        _frames.set([Frame(f"{base}[{i}]")])
+        _branch_cancel.set(cancel)
+        try:
+            return "ok", call()
+        except ParkRun as parked:
+            return "park", parked
+        except BranchCancelled:
+            return "cancelled", None
+        except BaseException as exc:
+            with lock:
+                failed_at.append((time.monotonic(), i))
+            cancel.set()
+            return "error", exc
+
+    if not calls:
+        return []
+    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="marbles-par") as pool:
+        futures = [pool.submit(contextvars.copy_context().run, branch, i, call)
+                   for i, call in enumerate(calls)]
+        outcomes = [f.result() for f in futures]
+    stops = [v for kind, v in outcomes if kind == "error" and isinstance(v, StopExecution)]
+    if stops:
+        raise stops[0]
+    if failed_at:
+        raise outcomes[min(failed_at)[1]][1]
+    parks = [v for kind, v in outcomes if kind == "park"]
+    if parks:
+        merged = ParkRun([w for p in parks for w in p.waits])
+        merged.ledger = [r for p in parks for r in p.ledger]
+        raise merged
+    run._check_branch()
+    return [v for _, v in outcomes]
+
