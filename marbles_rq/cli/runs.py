@@ -167,15 +167,24 @@ def watch(settings: Settings, run_id: str, no_follow: bool) -> None:
 @click.argument("run_id")
 @click.pass_obj
 def cancel(settings: Settings, run_id: str) -> None:
-    """Cancel a run: a queued run never starts; a running one stops at its next step
-    boundary (its horse is stopped) and never resumes."""
-    outcome = settings.runs().cancel(run_id)
+    """Cancel a run: a queued or waiting run never starts again; a running one stops at its
+    next step boundary (its horse is stopped) and never resumes. Its child runs are
+    cancelled with it."""
+    from ..engine.waits import WaitStore
+
+    runs = settings.runs()
+    outcome = runs.cancel(run_id)
     if outcome == "missing":
         raise RunNotFoundError(f"no run with id {run_id!r}")
     click.echo({"cancelled": f"run {run_id} cancelled",
                 "requested": f"run {run_id} is running; cancel requested, it stops at its "
                              f"next step boundary",
                 "settled": f"run {run_id} has already finished; nothing to cancel"}[outcome])
+    if outcome != "settled":
+        children = WaitStore(runs).cancel_children(run_id)
+        if children:
+            _echo(f"cancelled {len(children)} child runs: {', '.join(children[:10])}"
+                  + (" ..." if len(children) > 10 else ""))
 
 
 def _get(runs: RunStore, run_id: str) -> RunView:

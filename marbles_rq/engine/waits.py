@@ -258,6 +258,27 @@ class WaitStore:
             return "woken", int(reply.values[0]), _s(reply.values[1])
         return reply.status, 0, ""
 
+    def cancel_children(self, run_id: str, *, depth: int = 0) -> list[str]:
+        """Cancel the children (and theirs) of a cancelled run; returns their ids. A child
+        outlives its parent only by being finished already."""
+        cancelled: list[str] = []
+        if depth > 16:
+            return cancelled
+        values: list[bytes] = self.client.hvals(self.keys.steps(run_id))  # type: ignore[assignment]
+        for raw in values:
+            try:
+                record = decode(StepRecord, raw, self.keys.steps(run_id))
+                if record.name != "|child":
+                    continue
+                child = str(msgspec.json.decode(record.result)["id"])
+            except (CorruptRecordError, MarblesError, KeyError, TypeError, msgspec.DecodeError):
+                continue
+            outcome = self.runs.cancel(child, f"its parent {run_id} was cancelled")
+            if outcome in ("cancelled", "requested"):
+                cancelled.append(child)
+                cancelled += self.cancel_children(child, depth=depth + 1)
+        return cancelled
+
     # -- reading across runs -----------------------------------------------------------
 
     def _members(self, key_of: Any, *, newest: bool, limit: int) -> list[tuple[float, str, str]]:
