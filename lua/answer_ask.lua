@@ -20,7 +20,8 @@ Returns:
                            when it replays)
   {"missing"}              no such run
   {"unknown_key"}          the run never asked a question with this key
-  {"closed", state}        answered, timed out or cancelled already; nothing written
+  {"closed", state}        answered, timed out or cancelled already, or past its timeout (on
+                           the server clock) though not closed yet; nothing written
   {"conflict", rev}        answered meanwhile (the revision moved); nothing written
   {"settled", status}      the run is finished; nothing written
 Writes (only for "ok"): HSET KEYS[2]; ZREM KEYS[3]; XADD KEYS[6]; when woken HSET/HINCRBY/HDEL
@@ -32,7 +33,7 @@ local run_id, key = ARGV[1], ARGV[2]
 local r = redis.pcall('HMGET', run, 'status', 'attempt', 'pause', 'queue')
 if r.err or not r[1] then return {'missing'} end
 local a = redis.pcall('HMGET', asks, key, key .. '|state', key .. '|rev', key .. '|req',
-  key .. '|outcome')
+  key .. '|outcome', key .. '|timeout_at')
 if a.err or not a[1] then return {'unknown_key'} end
 if a[4] == ARGV[7] and a[5] then  -- a resend: the first send's answer
   local attempt, queue = string.match(a[5], '^(%d+)|(.*)$')
@@ -45,6 +46,11 @@ if r[1] == 'succeeded' or r[1] == 'failed' or r[1] == 'cancelled' then
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The timeout is a deadline on the server clock, as wake_run closes it (timeout_at <= now):
+-- past it no answer is taken, even before the controller has closed the question and woken
+-- the run. Otherwise a late answer would win or lose depending on how late the controller is.
+local timeout_at = tonumber(a[6] or '0') or 0
+if timeout_at > 0 and timeout_at <= now_ms then return {'closed', 'timed_out'} end
 redis.call('HSET', asks, key .. '|state', 'answered', key .. '|answer', ARGV[4],
   key .. '|answered_ms', now_ms, key .. '|req', ARGV[7])
 redis.call('HINCRBY', asks, key .. '|rev', 1)

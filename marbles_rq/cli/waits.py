@@ -11,6 +11,7 @@ import redis
 
 from ..engine.runs import RunStore
 from ..engine.waits import Answered, Question, WaitStore
+from ..errors import MarblesError
 from ..store.ids import check_id
 from ..store.redis_errors import one_line
 from ..terminal import safe
@@ -138,12 +139,12 @@ def pause(settings: Settings, run_id: str) -> None:
     """Pause a run: a running run parks at its next step boundary, a queued one when it
     starts, a waiting one at once. Only `resume` wakes it."""
     outcome = _waits(settings).pause(run_id)
+    if outcome == "settled":
+        # Exit 1 is a failure, and every failure is one line on stderr (cli/__init__.py).
+        raise MarblesError(f"run {run_id} has already finished; nothing to pause")
     click.echo({"paused": f"run {run_id} paused",
                 "requested": f"run {run_id} will park at its next step boundary (paused)",
-                "already": f"run {run_id} is already paused",
-                "settled": f"run {run_id} has already finished; nothing to pause"}[outcome])
-    if outcome == "settled":
-        raise SystemExit(1)
+                "already": f"run {run_id} is already paused"}[outcome])
 
 
 @click.command()
@@ -158,9 +159,8 @@ def resume(settings: Settings, run_id: str) -> None:
         click.echo(f"run {run_id} resumed (attempt {attempt}){tail}")
     elif outcome == "resumed":
         click.echo(f"run {run_id} resumed before it parked; it carries on")
-    else:
-        click.echo(f"run {run_id} has already finished; nothing to resume")
-        raise SystemExit(1)
+    else:  # exit 1, one line on stderr, like every failure (and like "not paused")
+        raise MarblesError(f"run {run_id} has already finished; nothing to resume")
 
 
 def questions_json(settings: Settings, run_id: str) -> list[dict[str, Any]]:

@@ -198,8 +198,8 @@ class WaitStore:
         question = self.question(run_id, key)
         if question.record.ask != kind:
             verb = "answer" if question.record.ask == "question" else "approve or reject"
-            raise AnswerRefusedError(f"{key!r} of run {run_id} is a {question.record.ask}; "
-                                     f"{verb} it")
+            what = "an approval" if question.record.ask == "approval" else "a question"
+            raise AnswerRefusedError(f"{key!r} of run {run_id} is {what}; {verb} it")
         if kind == "question":
             value = self._choice(question, value)
         if question.state != "open":
@@ -211,7 +211,10 @@ class WaitStore:
             grace_ms=DISPATCH_GRACE_MS, request_id=new_request_id())
         if reply.status == "ok":
             return Answered(question, int(reply.values[0]), _s(reply.values[1]))
-        if reply.status in ("closed", "conflict"):
+        if reply.status == "closed":  # e.g. timed_out: past its timeout, though still open
+            raise AlreadyAnsweredError(f"{key!r} of run {run_id} is already "
+                                       f"{_closed_state(_s(reply.values[0]))}")
+        if reply.status == "conflict":
             raise AlreadyAnsweredError(f"{key!r} of run {run_id} is already answered")
         if reply.status == "settled":
             raise AlreadyAnsweredError(f"run {run_id} has already finished "
@@ -348,5 +351,9 @@ class WaitStore:
 
 
 def _closed(question: Question) -> str:
+    return _closed_state(question.state)
+
+
+def _closed_state(state: str) -> str:
     return {"answered": "answered", "timed_out": "closed (it timed out)",
-            "cancelled": "closed (its run was cancelled)"}.get(question.state, question.state)
+            "cancelled": "closed (its run was cancelled)"}.get(state, state)
