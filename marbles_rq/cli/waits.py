@@ -138,6 +138,7 @@ def _age(ms: int) -> str:
 def pause(settings: Settings, run_id: str) -> None:
     """Pause a run: a running run parks at its next step boundary, a queued one when it
     starts, a waiting one at once. Only `resume` wakes it."""
+    check_id(run_id, "run id")  # bad input is exit 2 whether Redis answers or not
     outcome = _waits(settings).pause(run_id)
     if outcome == "settled":
         # Exit 1 is a failure, and every failure is one line on stderr (cli/__init__.py).
@@ -152,6 +153,7 @@ def pause(settings: Settings, run_id: str) -> None:
 @click.pass_obj
 def resume(settings: Settings, run_id: str) -> None:
     """Resume a paused run."""
+    check_id(run_id, "run id")
     waits = _waits(settings)
     outcome, attempt, queue = waits.resume(run_id)
     if outcome == "woken":
