@@ -236,6 +236,12 @@ def test_dev_reuses_its_redis_started_by_redis_local(tmp_path: Path,
         status = subprocess.run([*local, "status", str(home / "redis")], env=env,
                                 capture_output=True, text=True, timeout=30)
         assert status.returncode == 0 and status.stdout.startswith("running"), status
+
+        # The same data dir on another port would be a second server on one AOF: refused.
+        elsewhere = DevProc(home, free_port(), "--workers", "1")
+        assert elsewhere.popen.wait(timeout=60) == 3, elsewhere.text()
+        (line,) = elsewhere.text().strip().splitlines()
+        assert f"already serves {home / 'redis'} on another port ({port})" in line, line
     finally:
         subprocess.run([*local, "stop", str(home / "redis")], env=env, capture_output=True,
                        timeout=90)

@@ -400,6 +400,12 @@ class Dev:
             raise DevError(f"port {self.port} on {HOST} is taken by something that is not "
                            f"marbles-rq dev's redis-server ({found.detail}); stop it or pick "
                            f"another with --port")
+        elsewhere = self._server_of_data_dir()
+        if found.kind == "free" and elsewhere:
+            # Two servers on one append-only file would corrupt it.
+            raise DevError(f"a redis-server (pid {elsewhere}) already serves {self.data} on "
+                           f"another port ({self._saved_port()}); use that --port, or stop it "
+                           f"(ops/redis-local stop {self.data})")
         if found.kind == "ours":
             self.adopted_pid = found.pid
             self.console.event(f"reusing redis-server pid {found.pid} on {self.url} (its data "
@@ -410,6 +416,21 @@ class Dev:
             (self.data / "redis.port").write_text(f"{self.port}\n")  # for ops/redis-local
             self._spawn(self.redis)
         self._wait_redis()
+
+    def _server_of_data_dir(self) -> int:
+        """The pid of a live redis-server named by our data dir's pidfile, else 0."""
+        try:
+            pid = int((self.data / "redis.pid").read_text().strip())
+            comm = Path(f"/proc/{pid}/comm").read_text()
+        except (OSError, ValueError):
+            return 0
+        return pid if comm.startswith("redis-server") and _alive(pid) else 0
+
+    def _saved_port(self) -> str:
+        try:
+            return (self.data / "redis.port").read_text().strip() or "?"
+        except OSError:
+            return "?"
 
     def _wait_redis(self) -> None:
         deadline = time.monotonic() + REDIS_READY_S
