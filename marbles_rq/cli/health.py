@@ -1,0 +1,160 @@
+"""`marbles-rq health controller|worker`: liveness for container healthchecks and
+supervisors, from what is cheap to read and hard to fake.
+
+A controller is healthy when Redis answers and a `marbles-rq controller` process runs on this
+host (found in /proc) that either holds the controller lease (the lease token names this
+host and that pid, and a lease only stays held while its loop renews it) or waits for it
+while another controller holds it. A standby's loop leaves no trace in Redis, so for a
+standby this proves the process and Redis, not that its loop is not wedged.
+
+A worker is healthy when a worker of this deployment registered in RQ's worker registry
+under this host's name (`<host>.<8 hex>.<pid>`) still has its registration (RQ lets it
+expire when heartbeats stop) and its pid is a live `marbles-rq worker` process here.
+
+Exit 0 healthy, 1 not (one line saying why), 3 Redis unreachable.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..terminal import safe
+from . import EXIT_PROBLEM, Settings
+
+# Global options of `marbles-rq` that take a value: skipped when finding a subcommand.
+_VALUED = {"--redis-url", "--prefix", "--buckets", "--source", "--rq-url"}
+RQ_WORKERS_KEY = "rq:workers"  # RQ's registry of worker keys (rq.worker_registration)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def subcommand(argv: list[str]) -> str | None:
+    """The marbles-rq subcommand of a command line (`marbles-rq worker ...`, `python -m
+    marbles_rq controller ...`, `python .../bin/marbles-rq ...`), or None if it is not one."""
+    start = None
+    for i, arg in enumerate(argv):
+        if Path(arg).name == "marbles-rq":
+            start = i + 1
+            break
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] == "marbles_rq":
+            start = i + 2
+            break
+    if start is None:
+        return None
+    i = start
+    while i < len(argv):
+        arg = argv[i]
+        if arg in _VALUED:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return arg
+    return None
+
+
+def local_processes(role: str) -> list[int]:
+    """Pids of live `marbles-rq <role>` processes visible here (a forked work-horse or pool
+    executor shows its parent's command line, and counts too)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if state[state.rindex(")") + 2:].split()[0] in ("Z", "X"):
+            continue
+        argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        if subcommand(argv) == role:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _unhealthy(message: str) -> None:
+    click.echo(safe(f"unhealthy: {message}"), err=True)
+    sys.exit(EXIT_PROBLEM)
+
+
+@click.group()
+def health() -> None:
+    """Is this host's controller or worker alive? Exit 0 yes, 1 no, 3 Redis unreachable."""
+
+
+@health.command("controller")
+@click.pass_obj
+def controller_health(settings: Settings) -> None:
+    """A controller process runs here and leads, or waits while another one leads."""
+    from ..controller.loop import LEASE_NAME
+
+    store = settings.reader()
+    store.client.ping()
+    here = socket.gethostname()
+    mine = local_processes("controller")
+    info = store.lease_holder(LEASE_NAME)
+    if not mine:
+        _unhealthy(f"no marbles-rq controller process runs on this host ({here})")
+    if info is None:
+        _unhealthy(f"controller pid {', '.join(map(str, mine))} runs but nobody holds the "
+                   f"lease (it should take it within one lease)")
+    assert info is not None
+    host, _, rest = info.token.partition(":")
+    pid = rest.partition(":")[0]
+    if host == here and pid.isdigit() and int(pid) in mine:
+        click.echo(safe(f"ok: controller pid {pid} leads (epoch {info.epoch}, lease left "
+                        f"{info.ttl_ms} ms)"))
+        return
+    click.echo(safe(f"ok: controller pid {', '.join(map(str, mine))} waits; {host}:{pid} "
+                    f"leads (epoch {info.epoch})"))
+
+
+@health.command("worker")
+@click.pass_obj
+def worker_health(settings: Settings) -> None:
+    """A worker registered from this host is alive: RQ still holds its registration and its
+    pid is a live marbles-rq worker process here."""
+    from ..transport.dispatch import rq_queue_name
+
+    rq = settings.rq()
+    here = socket.gethostname()
+    queue_prefix = rq_queue_name(settings.prefix, "")
+    keys = sorted(_s(k) for k in rq.smembers(RQ_WORKERS_KEY))
+    keys = [k for k in keys if k.startswith(f"rq:worker:{here}.")]
+    local = set(local_processes("worker"))
+    pipe = rq.pipeline(transaction=False)
+    for key in keys:
+        pipe.hmget(key, "pid", "queues", "state", "last_heartbeat")
+    alive = []
+    for key, (pid, queues, state, beat) in zip(keys, pipe.execute(), strict=True):
+        if pid is None or queues is None:
+            continue  # registration expired: no heartbeat for RQ's worker TTL
+        if not all(q.startswith(queue_prefix) for q in _s(queues).split(",")):
+            continue  # another deployment's worker on this host
+        if not _s(pid).isdigit() or int(_s(pid)) not in local:
+            continue  # killed hard: RQ keeps its registration for minutes
+        age = ""
+        if beat is not None:
+            try:
+                seen = datetime.strptime(_s(beat), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+                age = f", heartbeat {time.time() - seen.timestamp():.0f} s ago"
+            except ValueError:
+                pass
+        alive.append(f"{key.removeprefix('rq:worker:')} ({_s(state or b'?')}{age})")
+    if not alive:
+        _unhealthy(f"no live worker of prefix {settings.prefix!r} from this host ({here}) is "
+                   f"registered with RQ (local worker processes: "
+                   f"{', '.join(map(str, sorted(local))) or 'none'})")
+    click.echo(safe(f"ok: {len(alive)} worker(s) alive: {'; '.join(alive)}"))
