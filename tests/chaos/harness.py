@@ -60,6 +60,12 @@ TARGET_WAIT_S = 3.0  # a fault waits this long for a busy target before taking a
 STARTUP_EXCUSE_S = 15.0  # an exit 3 (Redis unreachable at start) this soon after a Redis kill
 
 
+class ChaosRedis(RedisServer):
+    """The chaos's redis-server: in a process group of its own, like every other process."""
+
+    new_session = True
+
+
 def wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -193,7 +199,7 @@ class Harness:
         self._connect()
 
     def _connect(self) -> None:
-        self.redis = RedisServer.start(dir=self.dir / "redis")
+        self.redis = ChaosRedis.start(dir=self.dir / "redis")
         self.runs = RunStore(open_store(self.url))
         self.rq = dispatch.rq_connection(self.url)
         self.waits = WaitStore(self.runs)
@@ -228,6 +234,12 @@ class Harness:
     def supervise(self) -> None:
         """Restart every process that died (as a supervisor would); SIGCONT what is due."""
         now = NOW()
+        if self.redis is not None and not self.redis.is_running():  # not killed by a fault
+            code = self.redis._proc.poll() if self.redis._proc is not None else None
+            self.log.add(self.log.crashes, h.Crash("redis-server", code or 0, "",
+                                                   _tail(self.redis.logfile)))
+            self.redis.restart()
+            self.redis_killed_at = NOW()
         for slot in self.slots:
             if slot.stopped and now >= slot.cont_at:
                 for pid, ticks in slot.stopped:
@@ -423,7 +435,7 @@ class Harness:
             delay = self.t0 + action.at_s - NOW()
             if delay > 0 and self.stop.wait(delay):
                 return
-            if action.via in ("cli", "thread"):
+            if action.via in ("cli", "cli-kill", "thread"):
                 self.cli_pool.submit(self._guard, action)
             else:
                 self._guard(action)
@@ -474,11 +486,17 @@ class Harness:
             return ops.enqueue(self.runs, self.rq, ops.RunRequest(
                 workflow, json.dumps(input).encode(), run_id)).created
 
-        def cli() -> bool:
-            done = self.cli("enqueue", workflow, "--input", json.dumps(input), "--id", run_id,
-                            "--json")
-            return bool(json.loads(done.stdout)["created"])
+        args = ("enqueue", workflow, "--input", json.dumps(input), "--id", run_id, "--json")
 
+        def cli() -> bool:
+            return bool(json.loads(self.cli(*args).stdout)["created"])
+
+        if via == "cli-kill":
+            done = self.killed_cli(args, run_id)
+            created = None if done is None else bool(json.loads(done.stdout)["created"])
+            self.log.add(self.log.submitted, h.Submitted(run_id, workflow, via, created,
+                                                         wall_ms()))
+            return
         created = self._retry(f"enqueue {run_id}", cli if via == "cli" else api, failed)
         if created is not None:
             self.log.add(self.log.submitted, h.Submitted(run_id, workflow, via, created,
@@ -511,11 +529,18 @@ class Harness:
             return self.events.send(EVENT_SOURCE, action.event_id, type=EVENT_TYPE,
                                     payload=payload.encode()).created
 
-        def cli() -> bool:
-            done = self.cli("events", "send", EVENT_SOURCE, "--id", action.event_id, "--type",
-                            EVENT_TYPE, "--payload", payload, "--json")
-            return bool(json.loads(done.stdout)["created"])
+        args = ("events", "send", EVENT_SOURCE, "--id", action.event_id, "--type", EVENT_TYPE,
+                "--payload", payload, "--json")
 
+        def cli() -> bool:
+            return bool(json.loads(self.cli(*args).stdout)["created"])
+
+        if action.via == "cli-kill":
+            done = self.killed_cli(args, action.event_id)
+            created = None if done is None else bool(json.loads(done.stdout)["created"])
+            self.log.add(self.log.sent, h.Sent(action.event_id, spec.run_id, action.via,
+                                               created, wall_ms()))
+            return
         created = self._retry(f"send {action.event_id}", cli if action.via == "cli" else api,
                               failed)
         if created is not None:
@@ -548,6 +573,29 @@ class Harness:
         if done.returncode not in ok:
             raise CliFailed(done.returncode, done.stderr.strip())
         return done
+
+    def killed_cli(self, args: tuple[str, ...], ident: str
+                   ) -> subprocess.CompletedProcess[str] | None:
+        """Start one ``marbles-rq`` command and SIGKILL it at a seeded moment while it works
+        (it takes about as long to start): None if it was killed, else what it printed."""
+        delay = 0.3 + (_hash(ident, "kill") % 900) / 1000
+        argv = [*self.base_argv(), *args]
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=self.env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        try:
+            out, err = proc.communicate(timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            with (self.dir / "cli.log").open("a") as fh:
+                fh.write(f"$ {' '.join(args)} -> SIGKILLed after {delay:.3f} s\n")
+            return None
+        with (self.dir / "cli.log").open("a") as fh:
+            fh.write(f"$ {' '.join(args)} -> exit {proc.returncode} (before its kill)\n"
+                     f"{out}{err}")
+        if proc.returncode != 0:
+            return None  # e.g. Redis was down: the second send or enqueue settles it
+        return subprocess.CompletedProcess(argv, 0, out, err)
 
     # -- answering questions ------------------------------------------------------------------
 
@@ -705,6 +753,13 @@ def _outage(exc: BaseException) -> bool:
     from marbles_rq.errors import RedisUnavailableError
 
     return isinstance(exc, RedisUnavailableError)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def _hash(run_id: str, salt: str) -> int:

@@ -53,7 +53,8 @@ class Action:
     at_s: float
     op: str  # submit | resend | batch | send | cancel
     runs: tuple[RunSpec, ...]
-    via: str = "api"  # api | cli | thread (a resend at once from another thread)
+    via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
+    #                   once, from another thread)
     event_id: str = ""
 
 
@@ -169,7 +170,10 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
             submitted += fresh
         elif kind == "dup":
             spec = chain(kind)
-            actions.append(Action(at, "submit", (spec,), "api"))
+            # A quarter of the first enqueues are a CLI killed while it works (SIGKILL at a
+            # seeded moment): the run may be recorded or not; the second enqueue settles it.
+            first = "cli-kill" if rng.random() < 0.25 else "api"
+            actions.append(Action(at, "submit", (spec,), first))
             how = rng.choice(["api", "cli", "thread"])
             actions.append(Action(at if how == "thread" else round(at + rng.uniform(0.1, 3), 3),
                                   "resend", (spec,), how))
@@ -199,7 +203,10 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
             event_id = rid(kind)  # the provider's id; the run's id is derived from it
             spec = RunSpec(event_key(EVENT_SOURCE, event_id), kind, "cx_event",
                            {"n": n}, "event")
-            actions.append(Action(at, "send", (spec,), "api", event_id))
+            # The same for events: a sender killed midway may leave a pending event, which
+            # the controller must turn into its one run.
+            first = "cli-kill" if rng.random() < 0.25 else "api"
+            actions.append(Action(at, "send", (spec,), first, event_id))
             how = rng.choice(["api", "cli", "thread"])
             actions.append(Action(at if how == "thread" else round(at + rng.uniform(0.1, 3), 3),
                                   "send", (spec,), how, event_id))
