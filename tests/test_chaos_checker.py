@@ -73,6 +73,7 @@ class Builder:
             self.h.claims.append(Claim(f"x{next(_ids)}", rid, key, ikey, self.epoch, "won"))
             self.h.applied.append(ikey)
             self.run.effects[ikey] = rid
+            self.ev("output", value={"epoch": self.epoch, "step": key})
         self.ev("step_succeeded", step=key, attempt=1)
         self.run.steps[key] = Step(key, name, "succeeded", 1, ikey,
                                    self._seq(key.rsplit(".", 1)[0]))
@@ -324,6 +325,25 @@ def _unexpected(h: History) -> None:
     stray.finish({"steps": [stray.step("cx_chain.cx_link#0")]})
 
 
+def _write_while_parked(h: History) -> None:
+    run = h.runs["r-timer"]
+    parked = next(e for e in run.events if e.type == "parked")
+    run.events.insert(run.events.index(parked) + 1,
+                      Ev(parked.ms + 1, 0, "output", 1, {"value": {"epoch": 1}}))
+
+
+def _output_of_old_epoch(h: History) -> None:
+    run = h.runs["r-ask"]
+    second = [e for e in run.events if e.type == "attempt_started"][1]
+    run.events.insert(run.events.index(second) + 1,
+                      Ev(second.ms + 1, 0, "output", 2, {"value": {"epoch": 1}}))
+
+
+def _commit_without_execution(h: History) -> None:
+    h.executions = [ex for ex in h.executions
+                    if (ex.run, ex.step) != ("r-chain", "cx_chain.cx_link#1")]
+
+
 def _crash(h: History) -> None:
     h.crashes.append(Crash("c0 (controller, pid 42)", 1, tail="Traceback ..."))
 
@@ -355,6 +375,9 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "child_twice": ("child_twice", _child_twice),
     "child_result": ("child_result", _child_result),
     "crash": ("crash", _crash),
+    "zombie_write_parked": ("zombie_write", _write_while_parked),
+    "zombie_write_epoch": ("zombie_write", _output_of_old_epoch),
+    "zombie_write_commit": ("zombie_write", _commit_without_execution),
 }
 
 

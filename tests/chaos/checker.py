@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.chaos.history import Ev, Execution, History, Run
+from tests.chaos.history import AnswerTry, Ev, Execution, History, Run
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 KINDS: dict[str, str] = {
@@ -59,8 +59,15 @@ KINDS: dict[str, str] = {
     "timer_once": "a timer did not fire exactly once",
     "child_twice": "a child was started twice, or an extra child run exists",
     "child_result": "a parent did not get its children's results",
+    "zombie_write": "an execution's write (a step, an output line) was accepted while it did "
+                    "not own its run (fencing failed)",
     "crash": "a chaos process exited without being killed",
 }
+# Journal entries only the execution that owns the run may write.
+EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry", "output",
+                    "log", "report", "child_started")
+# Entries after which no execution owns the run until the next attempt_started.
+OWNERSHIP_ENDS = ("redelivered", "parked", "final", "deferred", "woken")
 # Steps with an effect (claim + apply), by step name.
 EFFECT_STEPS = ("cx_link",)
 
@@ -111,12 +118,20 @@ def check(history: History) -> Report:
     executions: dict[str, list[Execution]] = defaultdict(list)
     for ex in history.executions:
         executions[ex.run].append(ex)
+    answers: dict[str, list[AnswerTry]] = defaultdict(list)
+    for attempt in history.answers:
+        answers[attempt.run].append(attempt)
+    children: dict[str, list[str]] = defaultdict(list)
+    for rid, r in history.runs.items():
+        if r.parent:
+            children[r.parent].append(rid)
     for run in history.runs.values():
         _check_terminal(run, history, cancelled, report)
         _check_steps(run, executions[run.id], report)
-        _check_questions(run, history, report)
+        _check_fencing(run, executions[run.id], report)
+        _check_questions(run, answers[run.id], report)
         _check_timers(run, executions[run.id], report)
-        _check_children(run, history, report)
+        _check_children(run, sorted(children[run.id]), history, report)
     _check_effects(history, report)
     _check_schedules(history, report)
     _check_events(history, report)
@@ -290,6 +305,36 @@ def _check_steps(run: Run, executions: list[Execution], report: Report) -> None:
         report.add("step_lost", run.id, f"committed steps the result does not name: {extra}")
 
 
+def _check_fencing(run: Run, executions: list[Execution], report: Report) -> None:
+    """Every execution write lands while its execution owns the run: after its
+    attempt_started and before the run moves on (redelivered, parked, final ...). An output
+    line names its writer's epoch; a commit must come from an execution of the epoch that
+    owned the run then (its body left a receipt under that epoch)."""
+    ran = {(ex.step, ex.epoch) for ex in executions}
+    owner: int | None = None
+    for ev in run.events:
+        if ev.type == "attempt_started":
+            owner = int(ev.data.get("epoch", 0))
+        elif ev.type in OWNERSHIP_ENDS:
+            owner = None
+        elif ev.type in EXECUTION_WRITES:
+            if owner is None:
+                report.add("zombie_write", run.id, f"{ev.type} {ev.data} while no execution "
+                           f"owned the run")
+                continue
+            value = ev.data.get("value")
+            if ev.type == "output" and isinstance(value, dict) and "epoch" in value \
+                    and value["epoch"] != owner:
+                report.add("zombie_write", run.id, f"output of epoch {value['epoch']} "
+                           f"accepted while epoch {owner} owned the run")
+            step = ev.data.get("step")
+            if ev.type == "step_succeeded" and isinstance(step, str) and run.steps.get(
+                    step, None) is not None and not run.steps[step].name.startswith("|") \
+                    and (step, owner) not in ran:
+                report.add("zombie_write", run.id, f"step {step} committed while epoch "
+                           f"{owner} owned the run, which never executed it")
+
+
 def _path_of(run_id: str, idempotency_key: Any) -> str | None:
     if not isinstance(idempotency_key, str) or not idempotency_key.startswith(run_id + ":"):
         return None
@@ -390,8 +435,7 @@ def _check_events(history: History, report: Report) -> None:
 
 # -- questions -----------------------------------------------------------------------------------
 
-def _check_questions(run: Run, history: History, report: Report) -> None:
-    tries = [t for t in history.answers if t.run == run.id]
+def _check_questions(run: Run, tries: list[AnswerTry], report: Report) -> None:
     answered = Counter(e.data.get("key") for e in run.events if e.type == "answered")
     for key, n in answered.items():
         if n > 1:
@@ -455,14 +499,13 @@ def _check_timers(run: Run, executions: list[Execution], report: Report) -> None
 
 # -- children ------------------------------------------------------------------------------------
 
-def _check_children(run: Run, history: History, report: Report) -> None:
+def _check_children(run: Run, mine: list[str], history: History, report: Report) -> None:
     started = Counter(str(e.data.get("child")) for e in run.events if e.type == "child_started")
     for cid, n in started.items():
         if n > 1:
             report.add("child_twice", run.id, f"child {cid} started {n} times")
     ids = _child_ids(run)
     report.checked["children"] += len(ids)
-    mine = sorted(rid for rid, r in history.runs.items() if r.parent == run.id)
     if sorted(set(ids)) != mine or len(ids) != len(set(ids)):
         report.add("child_twice", run.id, f"ledger children {ids}, runs with this parent "
                    f"{mine}")
@@ -495,7 +538,7 @@ def _latencies(history: History, report: Report) -> None:
     """For each fault that hit a worker: every execution it interrupted (run by one of its
     processes, started before and still going at the fault) -> the time until the run's next
     execution started."""
-    spans: list[tuple[int | None, int, float, Run, int]] = []  # pid, start, end, run, index
+    spans: dict[int | None, list[tuple[int, float, Run, int]]] = defaultdict(list)
     for run in history.runs.values():
         events = run.events
         for i, ev in enumerate(events):
@@ -507,15 +550,14 @@ def _latencies(history: History, report: Report) -> None:
                                   "deferred"):
                     end = later.ms
                     break
-            spans.append((_pid_of(ev.data.get("worker")), ev.ms, end, run, i))
+            spans[_pid_of(ev.data.get("worker"))].append((ev.ms, end, run, i))
     for fault in history.faults:
         if not fault.pids:
             continue
         group = "horse" if fault.kind == "horse" else (
             "stop" if fault.kind.startswith("stop") else "worker")
-        pids = set(fault.pids)
-        for pid, start, end, run, i in spans:
-            if pid not in pids or not start <= fault.at_ms < end:
+        for start, end, run, i in (s for pid in set(fault.pids) for s in spans.get(pid, [])):
+            if not start <= fault.at_ms < end:
                 continue
             later = [e for e in run.events[i + 1:] if e.ms >= fault.at_ms]
             requeued = next((e for e in later if e.type == "redelivered"), None)

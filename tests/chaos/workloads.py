@@ -14,6 +14,8 @@ the runs themselves), so the checker can tell what executed, not only what was r
 
 A step claims its effect with ``claim_effect(idempotency_key)`` (the store's at-most-once
 receipt) and then applies it to the target under the same key (exactly once end to end).
+It also writes an output line ``{"epoch", "step"}``: the checker sees in the journal whether
+a line was accepted from an execution that no longer owned the run.
 
 Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
 
@@ -140,10 +142,12 @@ def _nap(ms: int) -> None:
 
 @mr.step
 def cx_link(index: int, sleep_ms: int) -> str:
-    """A step with an effect: executes, naps, claims and applies its effect."""
+    """A step with an effect: executes, naps, claims and applies its effect, and writes an
+    output line naming the execution (its epoch) that wrote it."""
     run = _executing()
     _nap(sleep_ms)
     _effect(run)
+    run.stream.write({"epoch": run.ex.epoch, "step": run.step_path})
     return run.idempotency_key
 
 
