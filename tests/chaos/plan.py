@@ -86,7 +86,7 @@ def make_plan(seed: int, runs: int = 500, kills: int = 30, *, lease_ms: int = 20
     faults = _faults(random.Random(rng.getrandbits(64)), kills, duration, lease_ms)
     actions = _actions(random.Random(rng.getrandbits(64)), seed, runs, duration)
     minimums = {"worker": kills, "leader": _leader_kills(kills), "redis": _redis_kills(kills),
-                "stop": 2 * _stops(kills)}
+                "stop": _stops(kills, "stop_worker") + _stops(kills, "stop_leader")}
     return Plan(seed, runs, kills, duration, tuple(faults), tuple(actions), minimums)
 
 
@@ -98,8 +98,8 @@ def _redis_kills(kills: int) -> int:
     return max(2, kills // 15)
 
 
-def _stops(kills: int) -> int:
-    return max(1, kills // 15)
+def _stops(kills: int, kind: str) -> int:
+    return max(2, kills // 10) if kind == "stop_worker" else max(1, kills // 15)
 
 
 def _spread(rng: random.Random, n: int, start: float, end: float) -> list[float]:
@@ -123,7 +123,7 @@ def _faults(rng: random.Random, kills: int, duration: float, lease_ms: int) -> l
             for t in _spread(rng, _redis_kills(kills), start + 2, end - 2)]
     for kind in ("stop_worker", "stop_leader"):
         out += [Fault(t, kind, rng.getrandbits(16), round(lease_s + rng.uniform(0.5, 2.0), 3))
-                for t in _spread(rng, _stops(kills), start, end)]
+                for t in _spread(rng, _stops(kills, kind), start, end)]
     return sorted(out, key=lambda f: (f.at_s, f.kind))
 
 

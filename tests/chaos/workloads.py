@@ -142,12 +142,15 @@ def _nap(ms: int) -> None:
 
 @mr.step
 def cx_link(index: int, sleep_ms: int) -> str:
-    """A step with an effect: executes, naps, claims and applies its effect, and writes an
-    output line naming the execution (its epoch) that wrote it."""
+    """A step with an effect: executes, naps, claims and applies its effect, writes an
+    output line naming the execution (its epoch) that wrote it, and naps again before it
+    returns: a kill or a stop in that nap lands after the effect and before the commit (the
+    step must run again with the same key; a stopped one's late commit must be refused)."""
     run = _executing()
-    _nap(sleep_ms)
+    _nap(sleep_ms // 2)
     _effect(run)
     run.stream.write({"epoch": run.ex.epoch, "step": run.step_path})
+    _nap(sleep_ms - sleep_ms // 2)
     return run.idempotency_key
 
 
