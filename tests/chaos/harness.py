@@ -1,16 +1,17 @@
 """Runs a chaos plan against real processes and collects its history.
 
 Processes: a durable redis-server (ops/redis.conf: appendonly yes, appendfsync always) in a
-temporary directory on a free port; two controllers; two forking workers and one ``--pool``
-worker. Each marbles-rq process runs in its own session, so in its own process group (a
+temporary directory on a free port; two controllers; two forking workers and one ``--pool 3``
+worker. Each process runs in its own session, so in its own process group (a
 forking worker's horse puts itself in a group of its own and dies with its worker through
 PR_SET_PDEATHSIG). A supervisor loop in the main thread restarts whatever died, as systemd
 would, and SIGCONTs what a fault stopped once its time is up.
 
 Threads: the main thread fires the plan's faults and supervises; a submitter thread
-enqueues, sends events and cancels at the plan's times (CLI calls on a small pool); an
-answerer thread answers the questions it finds in the feed (and tries a second answer,
-which must be refused). Every call that meets a Redis outage is retried with the same ids.
+enqueues, sends events and cancels at the plan's times (CLI calls on a small pool; some CLI
+calls are SIGKILLed while they work, as a client that dies midway); an answerer thread
+answers the questions it finds in the feed (and tries a second answer, which must be
+refused). Every call that meets a Redis outage is retried with the same ids.
 """
 
 from __future__ import annotations
