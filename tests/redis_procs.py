@@ -194,7 +194,11 @@ class RedisServer:
 
     Create and start with :meth:`RedisServer.start`. ``url`` never contains the password;
     use :attr:`auth_url` or :meth:`client` for servers started with ``--requirepass``.
+    A subclass may set ``new_session = True`` to start the server in a session (and process
+    group) of its own, as the chaos test does.
     """
+
+    new_session = False
 
     def __init__(
         self,
@@ -315,6 +319,7 @@ class RedisServer:
                 stdout=stderr,
                 stderr=stderr,
                 preexec_fn=_preexec_fn(),
+                start_new_session=self.new_session,
             )
         with _children_lock:
             _children.add(proc)

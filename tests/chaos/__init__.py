@@ -1,0 +1,20 @@
+"""The chaos test of the whole system (issue 9): ``ops/chaos`` runs it.
+
+Layout:
+
+* ``workloads.py`` -- the workflows the chaos runs (chains with effects, questions, durable
+  timers, child runs, parallel steps, schedules, an event trigger). Loaded by every worker
+  and controller with ``--source tests.chaos.workloads``. Every step body leaves receipts
+  in Redis (see its docstring), so the checker can count executions and effects.
+* ``plan.py`` -- the seeded plan: what is submitted when, and which fault strikes when.
+  Pure and deterministic: the same seed gives the same plan.
+* ``harness.py`` -- runs the plan against real processes: a durable redis-server, two
+  controllers, forking and ``--pool`` workers, each in its own process group; SIGKILLs,
+  SIGSTOPs and restarts them; answers questions; waits for quiescence.
+* ``history.py`` -- the history: what the system recorded (runs, ledgers, output
+  journals, questions, effect receipts, schedules, events) plus the workloads' receipts and
+  the harness's own log (submissions, answers, faults). Read from Redis after the run.
+* ``checker.py`` -- ``check(history)``: the assertions over a history, and the summary. Pure:
+  ``tests/test_chaos_checker.py`` feeds it hand-made histories.
+* ``__main__.py`` -- the command line (``python -m tests.chaos``; ``ops/chaos`` wraps it).
+"""

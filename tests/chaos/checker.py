@@ -1,0 +1,629 @@
+"""The chaos history checker: `check(history)` returns every violation it finds and the
+numbers for the summary. It reads only the History (what the system recorded, what the
+workloads and the harness wrote), never Redis, so tests can feed it hand-made histories.
+
+What it asserts (each a violation kind, see KINDS):
+
+* every accepted run is in the store (none lost) and reached exactly one terminal state
+  (one ``final`` event, agreeing with the run's status, nothing after it), the one its
+  workload must reach; nothing was recorded twice; no run exists that nobody asked for;
+* no step result was committed twice, and no step body executed again once its result was
+  committed (a body's executions are told apart by their epoch: a run's executions are
+  ordered by it, and a step may run again only in an execution no newer than the one that
+  committed it, i.e. one that was interrupted); a result names only committed steps;
+* every effect was claimed under ``run:step`` (each repeat under the same key), won at most
+  once, has its receipt in the store and reached the target exactly once;
+* no schedule slot produced two runs (occurrences of one schedule are at least its interval
+  apart); no inbound event produced two runs, and each one sent produced its run;
+* every question was answered once (one ``answered`` event, one accepted answer, the
+  recorded one is the harness's) and its run saw that answer;
+* every timer fired exactly once and never early (woken at or after its due time, and the
+  steps after it executed only in executions that started at or after it);
+* every child ran once (one ``child_started`` each, no extra child runs) and its parent got
+  exactly its result;
+* no chaos process exited without being killed (unless excused).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.chaos.history import AnswerTry, Ev, Execution, History, Run
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+KINDS: dict[str, str] = {
+    "lost": "an accepted run, event, child or schedule run is missing from the store",
+    "stuck": "a run (or an event) did not reach a terminal state before the deadline",
+    "terminal": "a run has not exactly one final event, or its status disagrees with it",
+    "outcome": "a run ended otherwise than its workload must",
+    "after_final": "a run's journal goes on after its final event",
+    "unexpected_run": "a run nobody asked for",
+    "enqueued_twice": "a run was recorded twice (two queued events, or two creating enqueues)",
+    "step_committed_twice": "a step's result was committed twice",
+    "step_rerun": "a step body executed again after its result was committed",
+    "step_lost": "a step the result names is not committed, or the ledger and journal differ",
+    "effect_twice": "an effect key was won twice, or applied to its target twice",
+    "effect_key": "an effect was claimed under another key than run:step, or two keys",
+    "effect_missing": "a committed step's effect has no receipt, or never reached its target",
+    "schedule_twice": "a schedule slot produced two runs",
+    "event_twice": "an inbound event produced two runs (or was created twice)",
+    "answer_twice": "a question was answered twice, or another answer than the accepted one "
+                    "was recorded",
+    "answer_unseen": "a run did not see its recorded answer",
+    "timer_early": "a timer fired before it was due",
+    "timer_once": "a timer did not fire exactly once",
+    "child_twice": "a child was started twice, or an extra child run exists",
+    "child_result": "a parent did not get its children's results",
+    "zombie_write": "an execution's write (a step, an output line) was accepted while it did "
+                    "not own its run (fencing failed)",
+    "crash": "a chaos process exited without being killed",
+}
+# Journal entries only the execution that owns the run may write.
+EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry", "output",
+                    "log", "report", "child_started")
+# Entries after which no execution owns the run until the next attempt_started.
+OWNERSHIP_ENDS = ("redelivered", "parked", "final", "deferred", "woken")
+# Steps with an effect (claim + apply), by step name.
+EFFECT_STEPS = ("cx_link",)
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    run: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] {self.run}: {self.detail}"
+
+
+@dataclass
+class Report:
+    violations: list[Violation] = field(default_factory=list)
+    by_status: Counter[str] = field(default_factory=Counter)
+    by_workflow: Counter[str] = field(default_factory=Counter)
+    redeliveries: Counter[str] = field(default_factory=Counter)
+    wakes: Counter[str] = field(default_factory=Counter)
+    latencies_ms: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    requeue_ms: list[int] = field(default_factory=list)  # kill -> the run queued again
+    unredelivered: int = 0  # interrupted executions whose run went on without a new attempt
+    slowest: tuple[int, str, str] = (0, "", "")  # (ms, run, fault) of the slowest redelivery
+    checked: Counter[str] = field(default_factory=Counter)
+
+    def add(self, kind: str, run: str, detail: str) -> None:
+        assert kind in KINDS, kind
+        self.violations.append(Violation(kind, run, detail))
+
+    def kinds(self) -> set[str]:
+        return {v.kind for v in self.violations}
+
+
+def check(history: History) -> Report:
+    report = Report()
+    for run in history.runs.values():
+        report.by_status[run.status] += 1
+        report.by_workflow[run.name] += 1
+        for ev in run.events:
+            if ev.type == "redelivered":
+                report.redeliveries[str(ev.data.get("reason", "?"))] += 1
+            elif ev.type == "woken":
+                report.wakes[str(ev.data.get("cause", "?"))] += 1
+    _check_membership(history, report)
+    cancelled = _cancel_targets(history)
+    executions: dict[str, list[Execution]] = defaultdict(list)
+    for ex in history.executions:
+        executions[ex.run].append(ex)
+    answers: dict[str, list[AnswerTry]] = defaultdict(list)
+    for attempt in history.answers:
+        answers[attempt.run].append(attempt)
+    children: dict[str, list[str]] = defaultdict(list)
+    for rid, r in history.runs.items():
+        if r.parent:
+            children[r.parent].append(rid)
+    for run in history.runs.values():
+        _check_terminal(run, history, cancelled, report)
+        _check_steps(run, executions[run.id], report)
+        _check_fencing(run, executions[run.id], report)
+        _check_questions(run, answers[run.id], report)
+        _check_timers(run, executions[run.id], report)
+        _check_children(run, sorted(children[run.id]), history, report)
+    _check_effects(history, report)
+    _check_schedules(history, report)
+    _check_events(history, report)
+    _check_crashes(history, report)
+    _latencies(history, report)
+    return report
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def _count(events: Iterable[Ev], type: str, **match: Any) -> int:
+    return sum(1 for e in events if e.type == type
+               and all(e.data.get(k) == v for k, v in match.items()))
+
+
+def _frame(key: str) -> str:
+    """The frame a ledger key is in: ``wf.|parallel#0[1].cx_link#0`` -> ``wf.|parallel#0[1]``."""
+    return key.rsplit(".", 1)[0] if "." in key else ""
+
+
+def _epochs(run: Run) -> dict[int, int]:
+    """Each execution's epoch -> the server time it started."""
+    return {int(e.data["epoch"]): e.ms for e in run.events
+            if e.type == "attempt_started" and "epoch" in e.data}
+
+
+def _cancel_targets(history: History) -> set[str]:
+    """Runs the harness asked to cancel, with their descendants."""
+    targets = {c.run for c in history.cancels}
+    changed = True
+    while changed:
+        changed = False
+        for run in history.runs.values():
+            if run.parent in targets and run.id not in targets:
+                targets.add(run.id)
+                changed = True
+    return targets
+
+
+# -- runs: membership and terminal states -----------------------------------------------------
+
+def _child_ids(run: Run) -> list[str]:
+    """The children a run recorded, in the order it started them."""
+    children = [s for s in run.steps.values() if s.name == "|child"]
+    children.sort(key=lambda s: (_frame(s.key), s.seq, s.key))
+    return [str(s.result["id"]) for s in children if isinstance(s.result, dict)]
+
+
+def _check_membership(history: History, report: Report) -> None:
+    runs = history.runs
+    accepted = {s.run for s in history.submitted if s.created is not None}
+    asked = {s.run for s in history.submitted}
+    events_accepted = {s.key for s in history.sent if s.created is not None}
+    events_asked = {s.key for s in history.sent}
+    for rid in sorted(accepted | events_accepted):
+        if rid not in runs:
+            report.add("lost", rid, "accepted, but not in the store")
+    children: dict[str, str] = {}
+    for run in runs.values():
+        for cid in _child_ids(run):
+            children[cid] = run.id
+            if cid not in runs:
+                report.add("lost", cid, f"child of {run.id}, recorded in its ledger, missing")
+    scheduled = {rid for rid, run in runs.items() if run.name in history.schedule_workflows
+                 and rid.startswith(f"sched:{history.schedule_workflows[run.name]}:")}
+    for rid, run in sorted(runs.items()):
+        if rid in asked or rid in events_asked or rid in scheduled:
+            continue
+        if rid in children:
+            continue
+        report.add("unexpected_run", rid, f"{run.name} (parent {run.parent}) was never "
+                   f"submitted, sent, started as a child or scheduled")
+    created = Counter(s.run for s in history.submitted if s.created)
+    for rid, n in created.items():
+        if n > 1:
+            report.add("enqueued_twice", rid, f"{n} enqueues answered created")
+
+
+def _check_terminal(run: Run, history: History, cancelled: set[str], report: Report) -> None:
+    report.checked["runs"] += 1
+    finals = [i for i, e in enumerate(run.events) if e.type == "final"]
+    if run.status not in TERMINAL:
+        last = run.events[-1] if run.events else None
+        report.add("stuck", run.id, f"{run.name} is {run.status} (attempt {run.attempt}); "
+                   f"last event {last.type if last else None} "
+                   f"{last.data if last else ''}")
+        return
+    if len(finals) != 1:
+        report.add("terminal", run.id, f"{len(finals)} final events")
+    else:
+        final = run.events[finals[0]]
+        if final.data.get("status") != run.status:
+            report.add("terminal", run.id, f"final event says {final.data.get('status')}, "
+                       f"the run says {run.status}")
+        after = run.events[finals[0] + 1:]
+        if after:
+            report.add("after_final", run.id, f"{[e.type for e in after]} after the final event")
+    queued = _count(run.events, "queued")
+    if queued != 1:
+        report.add("enqueued_twice" if queued > 1 else "terminal", run.id,
+                   f"{queued} queued events")
+    expected = _expected_outcome(run, cancelled)
+    if run.status not in expected:
+        error = run.error or {}
+        report.add("outcome", run.id, f"{run.name} ended {run.status}, expected "
+                   f"{'/'.join(expected)} ({error.get('type')}: {error.get('message')})")
+
+
+def _expected_outcome(run: Run, cancelled: set[str]) -> tuple[str, ...]:
+    if run.id in cancelled:
+        return ("cancelled", "succeeded")
+    if run.name == "cx_chain" and isinstance(run.input, dict) and run.input.get("doomed"):
+        return ("failed",)
+    return ("succeeded",)
+
+
+# -- steps ---------------------------------------------------------------------------------------
+
+def _check_steps(run: Run, executions: list[Execution], report: Report) -> None:
+    succeeded = Counter(e.data.get("step") for e in run.events if e.type == "step_succeeded")
+    failed = Counter(e.data.get("step") for e in run.events if e.type == "step_failed")
+    for counts, what in ((succeeded, "succeeded"), (failed, "failed")):
+        for key, n in counts.items():
+            if n > 1:
+                report.add("step_committed_twice", run.id, f"step {key} {what} {n} times")
+    # The epoch of the execution that committed each step, and the retries per execution.
+    epoch = 0
+    committed: dict[str, int] = {}
+    retries: Counter[tuple[str, int]] = Counter()
+    for ev in run.events:
+        if ev.type == "attempt_started":
+            epoch = int(ev.data.get("epoch", epoch))
+        elif ev.type in ("step_succeeded", "step_failed"):
+            committed.setdefault(str(ev.data.get("step")), epoch)
+        elif ev.type == "step_retry":
+            retries[(str(ev.data.get("step")), epoch)] += 1
+    runs_of: Counter[tuple[str, int]] = Counter()
+    for ex in executions:
+        runs_of[(ex.step, ex.epoch)] += 1
+        done = committed.get(ex.step)
+        if done is not None and ex.epoch > done:
+            report.add("step_rerun", run.id, f"step {ex.step} executed in epoch {ex.epoch} "
+                       f"(attempt {ex.attempt}) after epoch {done} committed it")
+    for (step, ep), n in runs_of.items():
+        if n > 1 + retries[(step, ep)]:
+            report.add("step_rerun", run.id, f"step {step} executed {n} times in epoch {ep} "
+                       f"with {retries[(step, ep)]} retries")
+    for key, step in run.steps.items():
+        if step.name.startswith("|"):
+            continue
+        report.checked["steps"] += 1
+        if step.status == "succeeded" and succeeded[key] != 1:
+            report.add("step_lost", run.id, f"ledger says {key} succeeded; the journal has "
+                       f"{succeeded[key]} step_succeeded events")
+    if run.status != "succeeded" or not isinstance(run.result, dict):
+        return
+    named: set[str] = set()
+    for key in run.result.get("steps", []):
+        path = _path_of(run.id, key)
+        if path is None:
+            report.add("step_lost", run.id, f"the result names {key!r}, not a step of the run")
+            continue
+        named.add(path)
+        step = run.steps.get(path)
+        if step is None or step.status != "succeeded" or succeeded[path] != 1:
+            report.add("step_lost", run.id, f"the result names step {path}, which is "
+                       f"{'missing' if step is None else step.status} in the ledger")
+    extra = [k for k, s in run.steps.items() if not s.name.startswith("|")
+             and s.status == "succeeded" and k not in named]
+    if extra:
+        report.add("step_lost", run.id, f"committed steps the result does not name: {extra}")
+
+
+def _check_fencing(run: Run, executions: list[Execution], report: Report) -> None:
+    """Every execution write lands while its execution owns the run: after its
+    attempt_started and before the run moves on (redelivered, parked, final ...). An output
+    line names its writer's epoch; a commit must come from an execution of the epoch that
+    owned the run then (its body left a receipt under that epoch)."""
+    ran = {(ex.step, ex.epoch) for ex in executions}
+    owner: int | None = None
+    for ev in run.events:
+        if ev.type == "attempt_started":
+            owner = int(ev.data.get("epoch", 0))
+        elif ev.type in OWNERSHIP_ENDS:
+            owner = None
+        elif ev.type in EXECUTION_WRITES:
+            if owner is None:
+                report.add("zombie_write", run.id, f"{ev.type} {ev.data} while no execution "
+                           f"owned the run")
+                continue
+            value = ev.data.get("value")
+            if ev.type == "output" and isinstance(value, dict) and "epoch" in value \
+                    and value["epoch"] != owner:
+                report.add("zombie_write", run.id, f"output of epoch {value['epoch']} "
+                           f"accepted while epoch {owner} owned the run")
+            step = ev.data.get("step")
+            if ev.type == "step_succeeded" and isinstance(step, str) and run.steps.get(
+                    step, None) is not None and not run.steps[step].name.startswith("|") \
+                    and (step, owner) not in ran:
+                report.add("zombie_write", run.id, f"step {step} committed while epoch "
+                           f"{owner} owned the run, which never executed it")
+
+
+def _path_of(run_id: str, idempotency_key: Any) -> str | None:
+    if not isinstance(idempotency_key, str) or not idempotency_key.startswith(run_id + ":"):
+        return None
+    return idempotency_key[len(run_id) + 1:]
+
+
+# -- effects -------------------------------------------------------------------------------------
+
+def _check_effects(history: History, report: Report) -> None:
+    applied = Counter(history.applied)
+    for key, n in applied.items():
+        if n > 1:
+            report.add("effect_twice", key.split(":", 1)[0], f"effect {key} applied {n} times")
+    keys_of: dict[tuple[str, str], set[str]] = defaultdict(set)
+    won: Counter[str] = Counter()
+    for claim in history.claims:
+        keys_of[(claim.run, claim.step)].add(claim.key)
+        if claim.outcome == "won":
+            won[claim.key] += 1
+    for (rid, step), keys in keys_of.items():
+        if keys != {f"{rid}:{step}"}:
+            report.add("effect_key", rid, f"step {step} claimed under {sorted(keys)}")
+    for key, n in won.items():
+        if n > 1:
+            report.add("effect_twice", key.split(":", 1)[0], f"effect {key} won {n} times")
+    for run in history.runs.values():
+        for key, scope in run.effects.items():
+            if scope != run.id or _path_of(run.id, key) not in run.steps:
+                report.add("effect_key", run.id, f"receipt {key} (scope {scope}) names no "
+                           f"step of the run")
+        for path, step in run.steps.items():
+            if step.name not in EFFECT_STEPS or step.status != "succeeded":
+                continue
+            report.checked["effects"] += 1
+            key = f"{run.id}:{path}"
+            if key not in run.effects:
+                report.add("effect_missing", run.id, f"step {path} committed without its "
+                           f"effect receipt {key}")
+            if applied[key] == 0:
+                report.add("effect_missing", run.id, f"effect {key} never reached the target")
+
+
+# -- schedules -----------------------------------------------------------------------------------
+
+def _check_schedules(history: History, report: Report) -> None:
+    for key, every in sorted(history.schedule_every_ms.items()):
+        prefix = f"sched:{key}:"
+        nominal = sorted(int(rid[len(prefix):]) for rid in history.runs
+                         if rid.startswith(prefix) and rid[len(prefix):].isdigit())
+        report.checked[f"schedule {key}"] += len(nominal)
+        for before, after in itertools.pairwise(nominal):
+            if after - before < every:
+                report.add("schedule_twice", f"{prefix}{after}", f"fired {after - before} ms "
+                           f"after the occurrence at {before}; the interval is {every} ms")
+    by_key = {str(s.get("key")): s for s in history.schedules}
+    for key in history.schedule_every_ms:
+        view = by_key.get(key)
+        if view is None:
+            report.add("lost", key, "the schedule is not in `schedules --json`")
+            continue
+        last = view.get("lastRun")
+        if last and last not in history.runs:
+            report.add("lost", str(last), f"schedule {key}'s last run is not in the store")
+
+
+# -- events --------------------------------------------------------------------------------------
+
+def _check_events(history: History, report: Report) -> None:
+    created = Counter(s.key for s in history.sent if s.created)
+    for key, n in created.items():
+        if n > 1:
+            report.add("event_twice", key, f"{n} sends answered created")
+    journal = {str(e.get("key")): e for e in history.event_journal}
+    for key in sorted({s.key for s in history.sent if s.created is not None}):
+        report.checked["events"] += 1
+        entry = journal.get(key)
+        if entry is None:
+            report.add("lost", key, "a sent event is not in the event journal")
+            continue
+        if entry.get("state") != "started" or entry.get("run") != key:
+            report.add("stuck" if entry.get("state") == "pending" else "lost", key,
+                       f"event is {entry.get('state')} with run {entry.get('run')}")
+    by_event: dict[str, list[str]] = defaultdict(list)
+    for run in history.runs.values():
+        if run.name != "cx_event" or not isinstance(run.input, dict):
+            continue
+        by_event[str(run.input.get("id"))].append(run.id)
+        if run.input.get("key") != run.id:
+            report.add("event_twice", run.id, f"an event run under another id than its "
+                       f"event's key {run.input.get('key')}")
+        if run.status == "succeeded" and isinstance(run.result, dict) \
+                and run.result.get("event") != run.input.get("id"):
+            report.add("outcome", run.id, f"event run saw event {run.result.get('event')}")
+    for event_id, ids in by_event.items():
+        if len(ids) > 1:
+            report.add("event_twice", ids[0], f"event {event_id} produced runs {ids}")
+
+
+# -- questions -----------------------------------------------------------------------------------
+
+def _check_questions(run: Run, tries: list[AnswerTry], report: Report) -> None:
+    answered = Counter(e.data.get("key") for e in run.events if e.type == "answered")
+    for key, n in answered.items():
+        if n > 1:
+            report.add("answer_twice", run.id, f"question {key}: {n} answered events")
+    for key, q in run.questions.items():
+        report.checked["questions"] += 1
+        mine = [t for t in tries if t.key == key]
+        accepted = [t for t in mine if t.outcome == "accepted"]
+        if len(accepted) > 1:
+            report.add("answer_twice", run.id, f"question {key}: {len(accepted)} answers "
+                       f"accepted ({[t.value for t in accepted]})")
+        if q["state"] != "answered":
+            if run.status == "succeeded" or run.status not in TERMINAL:
+                report.add("answer_unseen", run.id, f"question {key} is {q['state']}")
+            continue
+        if accepted and q["answer"] != accepted[0].value:
+            report.add("answer_twice", run.id, f"question {key}: recorded {q['answer']!r}, "
+                       f"accepted {accepted[0].value!r}")
+        elif not accepted and q["answer"] not in [t.value for t in mine
+                                                  if t.outcome == "error"]:
+            report.add("answer_twice", run.id, f"question {key}: recorded {q['answer']!r}, "
+                       f"which the harness never sent (or only had refused)")
+        if answered[key] != 1:
+            report.add("answer_twice" if answered[key] else "answer_unseen", run.id,
+                       f"question {key}: {answered[key]} answered events")
+        if run.status == "succeeded" and isinstance(run.result, dict) \
+                and run.result.get("answer") != q["answer"]:
+            report.add("answer_unseen", run.id, f"question {key}: the run saw "
+                       f"{run.result.get('answer')!r}, the recorded answer is {q['answer']!r}")
+    if run.name == "cx_ask" and run.status == "succeeded" and not run.questions:
+        report.add("answer_unseen", run.id, "succeeded without its question recorded")
+
+
+# -- timers --------------------------------------------------------------------------------------
+
+def _check_timers(run: Run, executions: list[Execution], report: Report) -> None:
+    timers = [s for s in run.steps.values() if s.name == "|sleep"]
+    if not timers:
+        return
+    woken = [e for e in run.events if e.type == "woken" and e.data.get("cause") == "timer"]
+    if run.status == "succeeded" and len(woken) != len(timers):
+        report.add("timer_once", run.id, f"{len(timers)} timers, {len(woken)} timer wakes")
+    starts = _epochs(run)
+    for timer in timers:
+        report.checked["timers"] += 1
+        due = int(timer.result["due_ms"]) if isinstance(timer.result, dict) else 0
+        for ev in woken:
+            if ev.ms < due:
+                report.add("timer_early", run.id, f"timer {timer.key} due {due} woken at "
+                           f"{ev.ms}")
+        frame = _frame(timer.key)
+        after = {k for k, s in run.steps.items() if _frame(k) == frame and s.seq > timer.seq}
+        for ex in executions:
+            if ex.step not in after:
+                continue
+            started = starts.get(ex.epoch)
+            if started is None or started < due:
+                report.add("timer_early", run.id, f"step {ex.step} after timer {timer.key} "
+                           f"(due {due}) executed in epoch {ex.epoch} started at {started}")
+
+
+# -- children ------------------------------------------------------------------------------------
+
+def _check_children(run: Run, mine: list[str], history: History, report: Report) -> None:
+    started = Counter(str(e.data.get("child")) for e in run.events if e.type == "child_started")
+    for cid, n in started.items():
+        if n > 1:
+            report.add("child_twice", run.id, f"child {cid} started {n} times")
+    ids = _child_ids(run)
+    report.checked["children"] += len(ids)
+    if sorted(set(ids)) != mine or len(ids) != len(set(ids)):
+        report.add("child_twice", run.id, f"ledger children {ids}, runs with this parent "
+                   f"{mine}")
+    if run.status != "succeeded" or not isinstance(run.result, dict) \
+            or "children" not in run.result:
+        return
+    results = [history.runs[c].result if c in history.runs else None for c in ids]
+    if run.result["children"] != results:
+        report.add("child_result", run.id, f"got {run.result['children']}, its children "
+                   f"returned {results}")
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+def _check_crashes(history: History, report: Report) -> None:
+    for crash in history.crashes:
+        if not crash.excused:
+            report.add("crash", crash.name, f"exited with {crash.code} without being killed"
+                       + (f"; log tail:\n{crash.tail}" if crash.tail else ""))
+
+
+# -- kill -> redelivery latency ------------------------------------------------------------------
+
+def _pid_of(worker: Any) -> int | None:
+    tail = str(worker).rsplit(".", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _latencies(history: History, report: Report) -> None:
+    """For each fault that hit a worker: every execution it interrupted (run by one of its
+    processes, started before and still going at the fault) -> the time until the run's next
+    execution started."""
+    spans: dict[int | None, list[tuple[int, float, Run, int]]] = defaultdict(list)
+    for run in history.runs.values():
+        events = run.events
+        for i, ev in enumerate(events):
+            if ev.type != "attempt_started":
+                continue
+            end = math.inf
+            for later in events[i + 1:]:
+                if later.type in ("attempt_started", "parked", "final", "redelivered",
+                                  "deferred"):
+                    end = later.ms
+                    break
+            spans[_pid_of(ev.data.get("worker"))].append((ev.ms, end, run, i))
+    for fault in history.faults:
+        if not fault.pids:
+            continue
+        group = "horse" if fault.kind == "horse" else (
+            "stop" if fault.kind.startswith("stop") else "worker")
+        for start, end, run, i in (s for pid in set(fault.pids) for s in spans.get(pid, [])):
+            if not start <= fault.at_ms < end:
+                continue
+            later = [e for e in run.events[i + 1:] if e.ms >= fault.at_ms]
+            requeued = next((e for e in later if e.type == "redelivered"), None)
+            if requeued is not None:
+                report.requeue_ms.append(requeued.ms - fault.at_ms)
+            nxt = next((e for e in run.events[i + 1:] if e.type == "attempt_started"), None)
+            if nxt is None:
+                report.unredelivered += 1
+                continue
+            took = max(0, nxt.ms - fault.at_ms)
+            report.latencies_ms[group].append(took)
+            if took > report.slowest[0]:
+                report.slowest = (took, run.id, f"{fault.kind} {fault.target}")
+
+
+# -- the summary ---------------------------------------------------------------------------------
+
+def percentile(values: list[int], q: float) -> int:
+    ordered = sorted(values)
+    if not ordered:
+        return 0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def latency_line(values: list[int]) -> str:
+    if not values:
+        return "n=0"
+    return (f"n={len(values)} p50 {percentile(values, 0.5) / 1000:.2f} s, p99 "
+            f"{percentile(values, 0.99) / 1000:.2f} s, max {max(values) / 1000:.2f} s")
+
+
+def summary(history: History, report: Report, *, header: Iterable[str] = ()) -> str:
+    lines = list(header)
+    kills = Counter(f.kind for f in history.faults)
+    lines.append("faults: " + ", ".join(f"{k} {n}" for k, n in sorted(kills.items()))
+                 + f" (total {sum(kills.values())})")
+    lines.append(f"runs: {len(history.runs)} in the store; by status: "
+                 + ", ".join(f"{k} {n}" for k, n in sorted(report.by_status.items())))
+    lines.append("runs by workflow: " + ", ".join(f"{k} {n}" for k, n in
+                                                  sorted(report.by_workflow.items())))
+    lines.append(f"redeliveries: {sum(report.redeliveries.values())} ("
+                 + ", ".join(f"{k}: {n}" for k, n in sorted(report.redeliveries.items()))
+                 + "); wakes: " + ", ".join(f"{k} {n}" for k, n in sorted(report.wakes.items())))
+    every = [ms for values in report.latencies_ms.values() for ms in values]
+    lines.append(f"kill -> run queued again (redelivered event): "
+                 f"{latency_line(report.requeue_ms)}")
+    lines.append(f"kill -> redelivered attempt started: {latency_line(every)}")
+    for group in sorted(report.latencies_ms):
+        lines.append(f"  {group}: {latency_line(report.latencies_ms[group])}")
+    if report.slowest[1]:
+        took, run_id, fault = report.slowest
+        lines.append(f"  slowest: run {run_id} after {fault}: {took / 1000:.2f} s")
+    if report.unredelivered:
+        lines.append(f"  interrupted executions whose run went on without a new attempt: "
+                     f"{report.unredelivered}")
+    lines.append("checked: " + ", ".join(f"{k} {n}" for k, n in sorted(report.checked.items())))
+    lines.append(f"receipts: {len(history.executions)} step executions, {len(history.claims)} "
+                 f"effect claims, {len(history.applied)} effects applied; answers tried "
+                 f"{len(history.answers)}, events sent {len(history.sent)}, enqueues "
+                 f"{len(history.submitted)}")
+    by_kind = Counter(v.kind for v in report.violations)
+    lines.append(f"violations: {len(report.violations)}"
+                 + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items())) + ")"
+                    if by_kind else ""))
+    for v in report.violations[:50]:
+        lines.append(f"  {v}")
+    if len(report.violations) > 50:
+        lines.append(f"  ... and {len(report.violations) - 50} more")
+    return "\n".join(lines)

@@ -1,0 +1,285 @@
+"""The history of a chaos run, as plain data the checker reads.
+
+Two sources only:
+
+* what the system recorded -- every run's hash, ledger, output journal, questions and
+  effect receipts (through RunStore and the store's keys), the schedules' history
+  (``marbles-rq schedules --json``) and the event journal (``marbles-rq events --json``);
+* what the workloads and the harness wrote -- the receipts of step executions and effect
+  claims (Redis lists, see workloads.py), and the harness's own log of what it submitted,
+  sent, answered, cancelled and killed.
+
+`collect` reads them from a live Redis after the run; the checker's tests build a History by
+hand.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import redis
+
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store.records import EffectReceipt, decode
+from tests.chaos.names import CLAIMS_KEY, EFFECTS_KEY, EXEC_KEY
+
+
+@dataclass(frozen=True)
+class Ev:
+    """One entry of a run's output journal. `ms` is the server's clock when written."""
+
+    ms: int
+    seq: int
+    type: str
+    attempt: int
+    data: dict[str, Any]
+
+
+@dataclass
+class Step:
+    key: str
+    name: str
+    status: str
+    attempts: int
+    result: Any = None
+    seq: int = -1  # its position in its frame
+
+
+@dataclass
+class Run:
+    id: str
+    name: str
+    status: str
+    input: Any = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+    parent: str | None = None
+    attempt: int = 1
+    events: list[Ev] = field(default_factory=list)
+    steps: dict[str, Step] = field(default_factory=dict)
+    questions: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> state, answer
+    effects: dict[str, str] = field(default_factory=dict)  # receipt's key -> its scope
+
+
+@dataclass(frozen=True)
+class Execution:
+    """A step body started (a workload receipt)."""
+
+    x: str
+    run: str
+    step: str
+    epoch: int
+    attempt: int
+    pid: int = 0
+    t: int = 0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An effect claim answered inside a step (a workload receipt)."""
+
+    x: str
+    run: str
+    step: str
+    key: str
+    epoch: int
+    outcome: str
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """One enqueue the harness made: created True/False, or None when it failed (Redis was
+    down) and was tried again."""
+
+    run: str
+    workflow: str
+    via: str
+    created: bool | None
+    t: int = 0
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One send of an inbound event by the harness (created None: the send failed)."""
+
+    event_id: str
+    key: str
+    via: str
+    created: bool | None
+    t: int = 0
+
+
+@dataclass(frozen=True)
+class AnswerTry:
+    """One answer the harness gave: accepted, refused (already answered), or error
+    (unknown outcome: Redis went away)."""
+
+    run: str
+    key: str
+    value: Any
+    via: str
+    outcome: str
+    t: int = 0
+
+
+@dataclass(frozen=True)
+class Cancel:
+    run: str
+    via: str
+    outcome: str
+    t: int = 0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault the harness caused. `pids`: the processes whose executions it interrupted
+    (a run's worker name ends in the pid of the process that executes it)."""
+
+    kind: str
+    at_ms: int
+    pids: tuple[int, ...] = ()
+    target: str = ""
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A chaos process that exited without being killed."""
+
+    name: str
+    code: int
+    excused: str = ""  # why it is not a finding (e.g. refused to start while Redis was down)
+    tail: str = ""
+
+
+@dataclass
+class History:
+    runs: dict[str, Run] = field(default_factory=dict)
+    executions: list[Execution] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)  # the effect target, in order
+    submitted: list[Submitted] = field(default_factory=list)
+    sent: list[Sent] = field(default_factory=list)
+    answers: list[AnswerTry] = field(default_factory=list)
+    cancels: list[Cancel] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    crashes: list[Crash] = field(default_factory=list)
+    event_journal: list[dict[str, Any]] = field(default_factory=list)  # events --json
+    schedules: list[dict[str, Any]] = field(default_factory=list)  # schedules --json
+    schedule_every_ms: dict[str, int] = field(default_factory=dict)  # key -> interval
+    schedule_workflows: dict[str, str] = field(default_factory=dict)  # workflow -> key
+    stuck_after_s: float = 0.0  # how long the harness waited for quiescence
+
+
+# -- reading it from Redis --------------------------------------------------------------------
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _events(rows: list[Any]) -> list[Ev]:
+    out = []
+    for eid, f in rows:
+        ms, seq = _s(eid).split("-")
+        try:
+            data = msgspec.json.decode(f[b"d"])
+        except msgspec.DecodeError:
+            data = {"unreadable": _s(f.get(b"d", b""))}
+        out.append(Ev(int(ms), int(seq), _s(f.get(b"t", b"?")), int(f.get(b"a", 0) or 0),
+                      data if isinstance(data, dict) else {"value": data}))
+    return out
+
+
+def _questions(fields: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
+    f = {_s(k): v for k, v in fields.items()}
+    out: dict[str, dict[str, Any]] = {}
+    for name in f:
+        if "|" in name:
+            continue
+        answer = f.get(f"{name}|answer")
+        out[name] = {"state": _s(f.get(f"{name}|state", b"open")),
+                     "answer": None if answer is None else msgspec.json.decode(answer),
+                     "rev": int(f.get(f"{name}|rev", b"1"))}
+    return out
+
+
+def all_run_ids(runs: RunStore) -> list[str]:
+    pipe = runs.client.pipeline(transaction=False)
+    for bucket in range(runs.keys.buckets):
+        pipe.zrange(runs.keys.listing("run", bucket), 0, -1)
+    return sorted({_s(rid) for part in pipe.execute() for rid in part})
+
+
+def read_runs(runs: RunStore, ids: list[str]) -> dict[str, Run]:
+    """Every run's record, ledger, output journal, questions and effect receipts."""
+    out: dict[str, Run] = {}
+    for start in range(0, len(ids), 200):
+        chunk = ids[start:start + 200]
+        pipe = runs.client.pipeline(transaction=False)
+        for rid in chunk:
+            keys = runs.keys.run_keys(rid)
+            pipe.xrange(keys.output, "-", "+")
+            pipe.hgetall(keys.asks)
+            pipe.smembers(keys.effects)
+        replies = pipe.execute()
+        for i, rid in enumerate(chunk):
+            view = runs.get(rid)
+            if view is None:
+                continue
+            rows, asks, effect_keys = replies[3 * i:3 * i + 3]
+            run = Run(
+                id=rid, name=view.record.name, status=view.status,
+                input=msgspec.json.decode(view.record.input),
+                result=None if view.result is None else msgspec.json.decode(view.result),
+                error=None if view.error is None else msgspec.structs.asdict(view.error),
+                parent=view.record.parent or None, attempt=view.attempt,
+                events=_events(rows), questions=_questions(asks),
+                steps={s.key: Step(s.key, s.name, s.status, s.attempts,
+                                   None if s.result is None else msgspec.json.decode(s.result),
+                                   s.seq)
+                       for s in view.steps})
+            run.effects = _effects(runs, rid, [_s(k) for k in effect_keys])
+            out[rid] = run
+    return out
+
+
+def _effects(runs: RunStore, rid: str, receipt_keys: list[str]) -> dict[str, str]:
+    """The run's effect receipts in the store: the key each was claimed under -> scope."""
+    if not receipt_keys:
+        return {}
+    pipe = runs.client.pipeline(transaction=False)
+    for key in receipt_keys:
+        pipe.hget(key, "doc")
+    found = {}
+    for rkey, doc in zip(receipt_keys, pipe.execute(), strict=True):
+        if doc is None:
+            continue
+        receipt = decode(EffectReceipt, doc, rkey)
+        found[receipt.key] = receipt.scope
+    return found
+
+
+def _json_list(client: redis.Redis, key: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in client.lrange(key, 0, -1)]  # type: ignore[union-attr]
+
+
+def read_receipts(client: redis.Redis) -> tuple[list[Execution], list[Claim], list[str]]:
+    seen: set[str] = set()
+    executions = []
+    for e in _json_list(client, EXEC_KEY):
+        if e["x"] not in seen:  # a receipt resent after a Redis restart counts once
+            seen.add(e["x"])
+            executions.append(Execution(e["x"], e["run"], e["step"], int(e["epoch"]),
+                                        int(e["attempt"]), int(e.get("pid", 0)),
+                                        int(e.get("t", 0))))
+    claims = []
+    for c in _json_list(client, CLAIMS_KEY):
+        if c["x"] not in seen:
+            seen.add(c["x"])
+            claims.append(Claim(c["x"], c["run"], c["step"], c["key"], int(c["epoch"]),
+                                c["outcome"]))
+    applied = [_s(k) for k in client.lrange(EFFECTS_KEY, 0, -1)]  # type: ignore[union-attr]
+    return executions, claims, applied
+

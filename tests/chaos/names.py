@@ -1,0 +1,19 @@
+"""Names shared by the workloads, the harness and the checker (importing this module
+registers no workflow)."""
+
+SOURCE = "tests.chaos.workloads"  # --source of every chaos process
+
+# Receipts the workloads write (see workloads.py).
+EXEC_KEY = "cx:exec"
+CLAIMS_KEY = "cx:claims"
+APPLIED_KEY = "cx:applied"
+EFFECTS_KEY = "cx:effects"
+FLAKY_KEY = "cx:flaky"
+
+COLOURS = ["red", "green", "blue"]
+QUESTION_KEY = "q"
+TICK_KEY, TICK_EVERY_MS = "cx-tick", 1000
+TOCK_KEY, TOCK_EVERY_MS = "cx-tock", 2000
+SCHEDULES = {TICK_KEY: ("cx_tick", TICK_EVERY_MS), TOCK_KEY: ("cx_tock", TOCK_EVERY_MS)}
+EVENT_SOURCE = "chaos"
+EVENT_TYPE = "tick"

@@ -1,0 +1,219 @@
+"""The seeded plan of a chaos run: what is submitted when, and which fault strikes when.
+
+Everything here is a pure function of (seed, runs, kills, lease): the same arguments give
+the same plan, so ``ops/chaos --seed N`` replays the same schedule of faults. Times are
+seconds from the start of the chaos phase. Which process a fault hits is chosen at that
+moment from what runs then (a horse exists only while a run executes), using the fault's
+own seeded draw (`pick`); only that choice depends on timing.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from marbles_rq.triggers.events import event_key
+from tests.chaos.names import EVENT_SOURCE
+
+# Worker kills are spread evenly over these kinds (then shuffled).
+WORKER_KILLS = ("worker_parent", "horse", "worker_group", "pool_executor")
+FAULT_KINDS = (*WORKER_KILLS, "leader", "redis", "stop_worker", "stop_leader")
+
+# Run kinds and their weights (per hundred submitted runs).
+RUN_WEIGHTS: dict[str, int] = {
+    "chain": 38, "batch": 10, "dup": 6, "ask": 10, "timer": 10, "parent": 7, "fan": 9,
+    "event": 8, "cancel": 2,
+}
+BATCH_SIZE = 25
+BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float
+    kind: str
+    pick: int  # the seeded draw that chooses the target among the candidates of the moment
+    hold_s: float = 0.0  # stop_*: how long the process stays stopped; redis: down time
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    kind: str  # a RUN_WEIGHTS key
+    workflow: str
+    input: dict[str, Any]
+    via: str = "api"  # api | cli | batch | event
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing the submitter does at `at_s`."""
+
+    at_s: float
+    op: str  # submit | resend | batch | send | cancel
+    runs: tuple[RunSpec, ...]
+    via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
+    #                   once, from another thread)
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    seed: int
+    runs: int
+    kills: int
+    duration_s: float
+    faults: tuple[Fault, ...]
+    actions: tuple[Action, ...]
+    minimums: dict[str, int] = field(default_factory=dict)
+
+    def fault_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(FAULT_KINDS, 0)
+        for fault in self.faults:
+            counts[fault.kind] += 1
+        return counts
+
+
+def duration_for(runs: int, kills: int) -> float:
+    """The chaos phase: long enough to submit the runs and to space the faults."""
+    return max(60.0, runs * 0.2, kills * 2.0)
+
+
+def make_plan(seed: int, runs: int = 500, kills: int = 30, *, lease_ms: int = 2000) -> Plan:
+    rng = random.Random(seed)
+    duration = duration_for(runs, kills)
+    faults = _faults(random.Random(rng.getrandbits(64)), kills, duration, lease_ms)
+    actions = _actions(random.Random(rng.getrandbits(64)), seed, runs, duration)
+    minimums = {"worker": kills, "leader": _leader_kills(kills), "redis": _redis_kills(kills),
+                "stop": _stops(kills, "stop_worker") + _stops(kills, "stop_leader")}
+    return Plan(seed, runs, kills, duration, tuple(faults), tuple(actions), minimums)
+
+
+def _leader_kills(kills: int) -> int:
+    return max(5, kills // 6)
+
+
+def _redis_kills(kills: int) -> int:
+    return max(2, kills // 15)
+
+
+def _stops(kills: int, kind: str) -> int:
+    return max(2, kills // 10) if kind == "stop_worker" else max(1, kills // 15)
+
+
+def _spread(rng: random.Random, n: int, start: float, end: float) -> list[float]:
+    """n times in [start, end], one uniformly inside each of n equal slots (well spread)."""
+    if n <= 0:
+        return []
+    width = (end - start) / n
+    return [round(start + width * i + rng.uniform(0.1, 0.9) * width, 3) for i in range(n)]
+
+
+def _faults(rng: random.Random, kills: int, duration: float, lease_ms: int) -> list[Fault]:
+    start, end = 3.0, duration - 2.0
+    lease_s = lease_ms / 1000
+    kinds = [WORKER_KILLS[i % len(WORKER_KILLS)] for i in range(kills)]
+    rng.shuffle(kinds)
+    out = [Fault(t, kind, rng.getrandbits(16))
+           for t, kind in zip(_spread(rng, kills, start, end), kinds, strict=True)]
+    out += [Fault(t, "leader", rng.getrandbits(16))
+            for t in _spread(rng, _leader_kills(kills), start, end)]
+    out += [Fault(t, "redis", rng.getrandbits(16), round(rng.uniform(0.0, 1.0), 3))
+            for t in _spread(rng, _redis_kills(kills), start + 2, end - 2)]
+    for kind in ("stop_worker", "stop_leader"):
+        out += [Fault(t, kind, rng.getrandbits(16), round(lease_s + rng.uniform(0.5, 2.0), 3))
+                for t in _spread(rng, _stops(kills, kind), start, end)]
+    return sorted(out, key=lambda f: (f.at_s, f.kind))
+
+
+def _kinds(rng: random.Random, runs: int) -> list[str]:
+    """`runs` run kinds in the plan's proportions; batches come in whole batches."""
+    total = sum(RUN_WEIGHTS.values())
+    counts = {k: runs * w // total for k, w in RUN_WEIGHTS.items()}
+    counts["batch"] = counts["batch"] // BATCH_SIZE * BATCH_SIZE
+    counts["chain"] += runs - sum(counts.values())
+    kinds = [k for k, n in counts.items() for _ in range(n) if k != "batch"]
+    kinds += ["batch"] * (counts["batch"] // BATCH_SIZE)  # one entry per batch
+    rng.shuffle(kinds)
+    return kinds
+
+
+def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    kinds = _kinds(rng, runs)
+    times = sorted(round(rng.uniform(0.2, duration * 0.85), 3) for _ in kinds)
+    actions: list[Action] = []
+    submitted: list[RunSpec] = []
+    n = 0
+
+    def rid(kind: str) -> str:
+        nonlocal n
+        n += 1
+        return f"cx-{seed}-{n:05d}-{kind}"
+
+    def chain(kind: str, via: str = "api") -> RunSpec:
+        flaky = rng.random() < 0.12
+        doomed = rng.random() < 0.04
+        return RunSpec(rid(kind), kind, "cx_chain",
+                       {"n": rng.randint(2, 5), "sleep_ms": rng.choice([2, 10, 30, 80]),
+                        "flaky": flaky, "doomed": doomed}, via)
+
+    for at, kind in zip(times, kinds, strict=True):
+        if kind == "chain":
+            spec = chain(kind, "cli" if rng.random() < 0.04 else "api")
+            actions.append(Action(at, "submit", (spec,), spec.via))
+            submitted.append(spec)
+        elif kind == "batch":
+            fresh = [chain("batch", "batch") for _ in range(BATCH_SIZE)]
+            again = rng.sample(submitted, min(BATCH_DUPLICATES, len(submitted)))
+            actions.append(Action(at, "batch", (*fresh, *again), "api"))
+            submitted += fresh
+        elif kind == "dup":
+            spec = chain(kind)
+            # A quarter of the first enqueues are a CLI killed while it works (SIGKILL at a
+            # seeded moment): the run may be recorded or not; the second enqueue settles it.
+            first = "cli-kill" if rng.random() < 0.25 else "api"
+            actions.append(Action(at, "submit", (spec,), first))
+            how = rng.choice(["api", "cli", "thread"])
+            actions.append(Action(at if how == "thread" else round(at + rng.uniform(0.1, 3), 3),
+                                  "resend", (spec,), how))
+            submitted.append(spec)
+        elif kind == "ask":
+            spec = RunSpec(rid(kind), kind, "cx_ask",
+                           {"kind": rng.choice(["question", "question", "approval"]),
+                            "sleep_ms": 10})
+            actions.append(Action(at, "submit", (spec,)))
+            submitted.append(spec)
+        elif kind == "timer":
+            spec = RunSpec(rid(kind), kind, "cx_timer",
+                           {"sleep_s": round(rng.uniform(0.3, 3.0), 2), "sleep_ms": 10})
+            actions.append(Action(at, "submit", (spec,)))
+            submitted.append(spec)
+        elif kind == "parent":
+            spec = RunSpec(rid(kind), kind, "cx_parent",
+                           {"children": rng.randint(1, 3), "sleep_ms": 10})
+            actions.append(Action(at, "submit", (spec,)))
+            submitted.append(spec)
+        elif kind == "fan":
+            spec = RunSpec(rid(kind), kind, "cx_fan",
+                           {"width": rng.randint(2, 4), "sleep_ms": rng.choice([5, 20, 50])})
+            actions.append(Action(at, "submit", (spec,)))
+            submitted.append(spec)
+        elif kind == "event":
+            event_id = rid(kind)  # the provider's id; the run's id is derived from it
+            spec = RunSpec(event_key(EVENT_SOURCE, event_id), kind, "cx_event",
+                           {"n": n}, "event")
+            # The same for events: a sender killed midway may leave a pending event, which
+            # the controller must turn into its one run.
+            first = "cli-kill" if rng.random() < 0.25 else "api"
+            actions.append(Action(at, "send", (spec,), first, event_id))
+            how = rng.choice(["api", "cli", "thread"])
+            actions.append(Action(at if how == "thread" else round(at + rng.uniform(0.1, 3), 3),
+                                  "send", (spec,), how, event_id))
+        elif kind == "cancel":
+            spec = RunSpec(rid(kind), kind, "cx_chain",
+                           {"n": 8, "sleep_ms": 250, "flaky": False, "doomed": False})
+            actions.append(Action(at, "submit", (spec,)))
+            actions.append(Action(round(at + rng.uniform(0.3, 3.0), 3), "cancel", (spec,),
+                                  rng.choice(["api", "cli"])))
+    return sorted(actions, key=lambda a: a.at_s)

@@ -1,0 +1,283 @@
+"""The workflows of the chaos test (loaded with ``--source tests.chaos.workloads``).
+
+Every step body leaves receipts in the same Redis (append-only, fsync always: as durable as
+the runs themselves), so the checker can tell what executed, not only what was recorded:
+
+* ``cx:exec`` -- one JSON entry per start of a step body: ``{x, run, step, epoch, attempt,
+  pid, t}`` (``x`` is unique per execution: a resend after a Redis restart is told apart;
+  ``epoch`` is the execution's fence, which orders executions of one run).
+* ``cx:claims`` -- one entry per effect claim answered: ``{x, run, step, key, epoch,
+  outcome}`` with outcome ``won``, ``exists`` or ``refused:<why>``.
+* ``cx:applied`` (set) and ``cx:effects`` (list) -- the effect's target: a script applies a
+  key at most once (the idempotent-target pattern of examples/chain.py), so ``cx:effects``
+  holds each applied key exactly once if the engine kept its key stable.
+
+A step claims its effect with ``claim_effect(idempotency_key)`` (the store's at-most-once
+receipt) and then applies it to the target under the same key (exactly once end to end).
+It also writes an output line ``{"epoch", "step"}``: the checker sees in the journal whether
+a line was accepted from an execution that no longer owned the run.
+
+Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
+
+* ``cx_chain`` -- N linked steps; optionally a flaky step (fails its first try, retried) and
+  a doomed step (always fails: the run must end ``failed``).
+* ``cx_ask`` -- a step, a question or an approval (key ``q``) the harness answers, a step.
+* ``cx_timer`` -- a step, ``mr.sleep``, a step.
+* ``cx_parent`` / ``cx_child`` -- children started with stable keys, gathered.
+* ``cx_fan`` -- ``mr.parallel`` over N steps, then one more.
+* ``cx_tick`` (every 1 s, overlap allow) and ``cx_tock`` (every 2 s, from completion) --
+  schedules.
+* ``cx_event`` -- triggered by inbound events of source ``chaos``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgspec
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import marbles_rq as mr
+from tests.chaos.names import (
+    APPLIED_KEY,
+    CLAIMS_KEY,
+    COLOURS,
+    EFFECTS_KEY,
+    EVENT_SOURCE,
+    EXEC_KEY,
+    FLAKY_KEY,
+    QUESTION_KEY,
+    SOURCE,
+    TICK_KEY,
+    TOCK_KEY,
+)
+
+# The target's own idempotency: remember the key and do the effect in one atomic step.
+_APPLY_ONCE = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+T = TypeVar("T")
+__all__ = ["SOURCE"]
+_clients: dict[int, redis.Redis] = {}
+
+
+def _target() -> redis.Redis:
+    """A client per process (a forked horse must not share its parent's sockets)."""
+    pid = os.getpid()
+    client = _clients.get(pid)
+    if client is None:
+        _clients.clear()
+        client = redis.Redis.from_url(
+            os.environ.get("MARBLES_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            socket_timeout=3, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0))
+        _clients[pid] = client
+    return client
+
+
+def _call(fn: Callable[[redis.Redis], T], deadline_s: float = 30.0) -> T:
+    """The target is the chaos's own Redis, which it kills and restarts: retry a write
+    until it is back (each receipt carries a unique id, so a resend is told apart)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return fn(_target())
+        except (redis.ConnectionError, redis.TimeoutError):  # LOADING is a ConnectionError
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _executing() -> mr.RunContext:
+    """Record that a step body starts executing (before it does anything else)."""
+    run = mr.current()
+    entry = json.dumps({"x": uuid.uuid4().hex, "run": run.run_id, "step": run.step_path,
+                        "epoch": run.ex.epoch, "attempt": run.attempt, "pid": os.getpid(),
+                        "t": _now_ms()})
+    _call(lambda c: c.rpush(EXEC_KEY, entry))
+    return run
+
+
+def _effect(run: mr.RunContext) -> None:
+    """Claim the step's effect under its idempotency key, then apply it once."""
+    key = run.idempotency_key
+    outcome = "error"
+    try:
+        outcome = "won" if run.claim_effect(key) else "exists"
+    except BaseException as exc:  # StopExecution (fenced, store unavailable) included
+        outcome = f"refused:{getattr(exc, 'reason', type(exc).__name__)}"
+        raise
+    finally:
+        entry = json.dumps({"x": uuid.uuid4().hex, "run": run.run_id, "step": run.step_path,
+                            "key": key, "epoch": run.ex.epoch, "outcome": outcome})
+        # A lost log line only weakens the check; it must not change the outcome.
+        with contextlib.suppress(redis.RedisError):
+            _call(lambda c: c.rpush(CLAIMS_KEY, entry), deadline_s=5.0)
+    _call(lambda c: c.eval(_APPLY_ONCE, 2, APPLIED_KEY, EFFECTS_KEY, key))
+
+
+def _nap(ms: int) -> None:
+    if ms > 0:
+        time.sleep(ms / 1000)
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+@mr.step
+def cx_link(index: int, sleep_ms: int) -> str:
+    """A step with an effect: executes, naps, claims and applies its effect, writes an
+    output line naming the execution (its epoch) that wrote it, and naps again before it
+    returns: a kill or a stop in that nap lands after the effect and before the commit (the
+    step must run again with the same key; a stopped one's late commit must be refused)."""
+    run = _executing()
+    _nap(sleep_ms // 2)
+    _effect(run)
+    run.stream.write({"epoch": run.ex.epoch, "step": run.step_path})
+    _nap(sleep_ms - sleep_ms // 2)
+    return run.idempotency_key
+
+
+@mr.step(retries=2, delay_s=0.05)
+def cx_flaky(sleep_ms: int) -> str:
+    """Fails its first try (counted in the target), succeeds when retried."""
+    run = _executing()
+    _nap(sleep_ms)
+    tries = _call(lambda c: c.hincrby(FLAKY_KEY, run.idempotency_key, 1))
+    if tries == 1:
+        raise RuntimeError("flaky: the first try fails")
+    return run.idempotency_key
+
+
+@mr.step(retries=1, delay_s=0.05)
+def cx_doomed() -> str:
+    """Always fails: its run must end failed, once."""
+    _executing()
+    raise RuntimeError("doomed: this step always fails")
+
+
+@mr.step
+def cx_echo(answer: Any) -> str:
+    """Records the answer its run got (the checker compares it with the recorded one)."""
+    run = _executing()
+    return run.idempotency_key
+
+
+# -- workflows ---------------------------------------------------------------------------------
+
+class ChainIn(msgspec.Struct):
+    n: int = 3
+    sleep_ms: int = 20
+    flaky: bool = False
+    doomed: bool = False
+
+
+@mr.workflow
+def cx_chain(ctx: mr.RunContext, inp: ChainIn) -> dict[str, Any]:
+    steps = [cx_link(i, inp.sleep_ms) for i in range(inp.n)]
+    if inp.flaky:
+        steps.append(cx_flaky(inp.sleep_ms))
+    if inp.doomed:
+        cx_doomed()
+    return {"steps": steps}
+
+
+class AskIn(msgspec.Struct):
+    kind: str = "question"  # question | approval
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_ask(ctx: mr.RunContext, inp: AskIn) -> dict[str, Any]:
+    before = cx_link(0, inp.sleep_ms)
+    answer: Any
+    if inp.kind == "approval":
+        answer = ctx.ask.approval("Ship it?", key=QUESTION_KEY)
+    else:
+        answer = ctx.ask.question("Which colour?", choices=COLOURS, key=QUESTION_KEY)
+    after = cx_echo(answer)
+    return {"answer": answer, "steps": [before, after]}
+
+
+class TimerIn(msgspec.Struct):
+    sleep_s: float = 1.0
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_timer(ctx: mr.RunContext, inp: TimerIn) -> dict[str, Any]:
+    before = cx_link(0, inp.sleep_ms)
+    mr.sleep(inp.sleep_s)
+    after = cx_link(1, inp.sleep_ms)
+    return {"steps": [before, after]}
+
+
+class ChildIn(msgspec.Struct):
+    i: int
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_child(ctx: mr.RunContext, inp: ChildIn) -> dict[str, Any]:
+    return {"i": inp.i, "steps": [cx_link(0, inp.sleep_ms)]}
+
+
+class ParentIn(msgspec.Struct):
+    children: int = 2
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_parent(ctx: mr.RunContext, inp: ParentIn) -> dict[str, Any]:
+    handles = [mr.start_child("cx_child", {"i": i, "sleep_ms": inp.sleep_ms}, key=f"k{i}")
+               for i in range(inp.children)]
+    results = mr.gather(*handles)
+    after = cx_link(0, inp.sleep_ms)
+    return {"children": results, "steps": [after]}
+
+
+class FanIn(msgspec.Struct):
+    width: int = 3
+    sleep_ms: int = 20
+
+
+@mr.workflow
+def cx_fan(ctx: mr.RunContext, inp: FanIn) -> dict[str, Any]:
+    leaves = mr.parallel(*[functools.partial(cx_link, i, inp.sleep_ms)
+                           for i in range(inp.width)])
+    after = cx_link(inp.width, inp.sleep_ms)
+    return {"steps": [*leaves, after]}
+
+
+@mr.schedule(every="1s", overlap="allow", key=TICK_KEY)
+@mr.workflow
+def cx_tick(ctx: mr.RunContext) -> dict[str, Any]:
+    return {"steps": [cx_link(0, 5)]}
+
+
+@mr.schedule(every="2s", key=TOCK_KEY)
+@mr.workflow
+def cx_tock(ctx: mr.RunContext) -> dict[str, Any]:
+    return {"steps": [cx_link(0, 30)]}
+
+
+@mr.on_event(EVENT_SOURCE)
+@mr.workflow
+def cx_event(ctx: mr.RunContext, event: mr.Event) -> dict[str, Any]:
+    return {"event": event.id, "steps": [cx_link(0, 10)]}
