@@ -737,7 +737,7 @@ def section_timers(env: Env) -> None:
         f"p99 {pct(by_half[1], 99):.0f} ms")
     say(f"     due -> next attempt_started:   {stats(start)}")
     say(f"     due -> final event:            {stats(fin)}")
-    say(f"     due rate {n / args.timer_window:,.0f}/s; RQ queue length while they came due: "
+    say(f"     due rate {n / args.timer_window:,.1f}/s; RQ queue length while they came due: "
         f"p50 {pct(backlog, 50):.0f}, max {max(backlog) if backlog else 0}; CPU over the window: "
         f"workers {(cpu1 - cpu0) / span * 100:.0f}%, controller {(ccpu1 - ccpu0) / span * 100:.0f}"
         f"%, redis-server {(rcpu1 - rcpu0) / span * 100:.0f}% of a core")
