@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import datetime as dt
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ CHILD_CHECK_MS = 2_000  # the controller first checks a waited-for child after t
 MAX_CHOICES = 9
 TERMINAL = ("succeeded", "failed", "cancelled")
 KIND_NAMES = {"|sleep": "mr.sleep", "|child": "mr.start_child"}
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 # -- parking -----------------------------------------------------------------------------
@@ -286,13 +288,16 @@ class Reporter:
 def sleep(run: RunContext, seconds: float) -> None:
     if not isinstance(seconds, int | float) or seconds != seconds or seconds < 0:
         raise InputError(f"sleep takes a number of seconds >= 0, not {seconds!r}")
-    _timer(run, lambda: run.ex.server_now_ms() + int(seconds * 1000))
+    # Rounded up: a sleep is never shorter than asked.
+    _timer(run, lambda: run.ex.server_now_ms() + math.ceil(seconds * 1000))
 
 
 def sleep_until(run: RunContext, when: dt.datetime) -> None:
     if not isinstance(when, dt.datetime) or when.tzinfo is None:
         raise InputError("sleep_until takes a timezone-aware datetime")
-    _timer(run, lambda: int(when.timestamp() * 1000))
+    # Exact, rounded up to the next millisecond: a float timestamp can land a fraction of a
+    # millisecond before `when`, and a timer must never fire before it.
+    _timer(run, lambda: -((_EPOCH - when) // dt.timedelta(milliseconds=1)))
 
 
 def _timer(run: RunContext, due_of: Callable[[], int]) -> None:
