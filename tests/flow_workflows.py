@@ -6,7 +6,9 @@ What they write, so a test can count effects and wait on events instead of sleep
 * ``fl:effects``  RPUSH ``<run id>:<what>`` once per execution of an effect step;
 * ``fl:holding``  RPUSH ``<run id>`` when a body or step reaches a hold point on its first
                   delivery, where it blocks until the test kills its process;
-* ``fl:now``      steps that read the server clock (Redis TIME) return it.
+* ``fl:started``  SADD ``<run id>`` when fl_par_fail's second branch starts its first step.
+
+Steps that read the server clock (Redis TIME) return it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from marbles_rq.engine.flow import ChildFailedError
 
 EFFECTS_KEY = "fl:effects"
 HOLDING_KEY = "fl:holding"
+STARTED_KEY = "fl:started"  # runs of fl_par_fail whose branch b has started its first step
 HOLD_S = 60.0  # a hold point blocks this long at most (the test kills it long before)
 
 
@@ -194,7 +197,7 @@ def fl_boom() -> None:
     run_id = mr.current().run_id
     # Fail only once the sibling's first step is running.
     deadline = time.monotonic() + 30
-    while not client.sismember("fl:started", run_id) and time.monotonic() < deadline:
+    while not client.sismember(STARTED_KEY, run_id) and time.monotonic() < deadline:
         time.sleep(0.01)
     raise ValueError("branch a broke")
 
@@ -204,12 +207,15 @@ def fl_b1() -> str:
     from marbles_rq.engine.execute import _branch_cancel
 
     effect("b1")
-    _client().sadd("fl:started", mr.current().run_id)
+    _client().sadd(STARTED_KEY, mr.current().run_id)
     # Finish only once the engine has told this branch its sibling failed (the engine's
     # own signal; without it this step returns after 30 s and the test sees fl_b2 start).
     cancel = _branch_cancel.get()
     assert cancel is not None, "fl_b1 runs in a parallel branch"
     cancel.wait(30)
+    # Take a moment more: a run that settled its failure without waiting for this branch
+    # would do it now, and this step's commit would be refused (the test looks for it).
+    time.sleep(0.2)
     return "b1"
 
 
@@ -253,3 +259,20 @@ def fl_par_park(ctx: mr.RunContext, inp: ParkInput) -> list[Any]:
         return mr.ask.question("Go on?", choices=["yes", "no"], key="go")
 
     return mr.parallel(waits, fl_sibling)
+
+
+@mr.workflow
+def fl_child_then_sleep(ctx: mr.RunContext) -> dict[str, Any]:
+    """Waits for a child that has already finished (it woke this run while it executed),
+    then sleeps."""
+    child = mr.start_child("fl_child", ChildInput(v=2))
+    if ctx.attempt == 1:
+        # Go on only once the finished child has tried to wake this run (a pool worker runs
+        # it beside this one): its wake lands while this run executes.
+        client, key = _client(), ctx.runs.keys.run(ctx.run_id)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not client.hget(key, "wake_pending"):
+            time.sleep(0.02)
+    result = child.result()
+    mr.sleep(0.5)
+    return {"child": result, "after": fl_now("after")}

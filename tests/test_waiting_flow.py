@@ -39,7 +39,7 @@ from tests.procs import REPO_ROOT, Observer, Proc, Procs, descendants, pid_alive
 FLOW_SOURCE = REPO_ROOT / "tests" / "flow_workflows.py"
 PROCS_SOURCES = (FLOW_SOURCE,)
 PROCS_REPORT_LINES = 60
-CTL_LEASE_MS = 1000  # a restarted controller takes over a killed one's lease this soon
+CTL_LEASE_MS = 2000  # a restarted controller takes over a killed one's lease this soon
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_a_sleeping_run_holds_no_worker_and_fires_once_never_early(procs: Procs)
     wait_for(lambda: not worker.children(), timeout=10, what="the work-horse to exit")
     procs.enqueue("fl_quick", None, "quick-1")
     _succeeded(obs, "quick-1")
-    view = obs.wait_status(run_id, "waiting")
+    assert obs.status(run_id) == "waiting"
     wait_for(lambda: _server_ms(url) > due, timeout=10, what="the server clock to pass due")
     assert obs.status(run_id) == "waiting"  # due, but nothing wakes it without a controller
     assert not _of(obs.events(run_id), "woken")
@@ -184,6 +184,20 @@ def test_a_timer_due_while_controller_and_worker_are_down_fires_once(procs: Proc
     assert _result(view)["after"] >= due
     assert _effects(url, run_id) == {"before": 1, "after": 1}
     assert view.attempt == 2
+
+
+def test_a_timer_after_a_child_that_woke_its_running_parent_fires_once(procs: Procs) -> None:
+    """A child that finishes while its parent still executes leaves a wake for the parent;
+    once the parent has its result, that wake is spent: a later timer is not cut short."""
+    procs.start(workers=1, pool=2)
+    obs, run_id = procs.observer, "child-then-sleep"
+    procs.enqueue("fl_child_then_sleep", None, run_id)
+    view, events = _succeeded(obs, run_id)
+    due = _due_ms(view, "fl_child_then_sleep.|sleep#0")
+    assert _result(view)["after"] >= due
+    assert [e.data["reason"] for e in _of(events, "parked")] == ["timer"], obs.dump(run_id)
+    assert [e.data["cause"] for e in _of(events, "woken")] == ["timer"], obs.dump(run_id)
+    assert view.attempt == 2, obs.dump(run_id)
 
 
 def test_sleep_until_takes_an_aware_datetime_and_refuses_a_naive_one(procs: Procs) -> None:
@@ -667,3 +681,39 @@ def test_a_retried_step_replays_its_sleep_and_child_at_the_same_positions(
     assert [r.record.id for r in runs.list_runs(limit=10) if r.record.parent == run_id] == [
         child]
     assert _effects(runs.store.url, child) == {"child-effect": 1}
+
+
+@mr.workflow("fl_wake_during")
+def fl_wake_during(ctx: mr.RunContext, inp: dict[str, str]) -> Any:
+    child = mr.start_child("fl_child", fw.ChildInput(v=3))
+    if ctx.attempt == 1:
+        # What a settling child's worker does while its parent still executes.
+        assert WaitStore(ctx.runs).wake(ctx.run_id, "child", detail={"child": child.id})[
+            0] == "pending"
+    if inp["then"] == "sleep":
+        mr.sleep(3600)
+    return child.result()
+
+
+@pytest.mark.parametrize("then", ["wait for the child", "sleep"])
+def test_a_childs_wake_during_its_parents_execution_requeues_only_a_wait_for_children(
+        runs: RunStore, then: str) -> None:
+    run_id = "wake-during-" + then.split()[-1]
+    _record(runs, "fl_wake_during", {"then": then}, run_id)
+    if then == "sleep":
+        # The child's wake is spent: the run waits for its timer, nothing requeues it.
+        assert _run(runs, run_id, 1) == "parked"
+        view = _view(runs, run_id)
+        assert view.status == "waiting" and view.wait_reason == "timer"
+        assert not _of(list(runs.output(run_id, count=1000)), "woken")
+        return
+    # It parks waiting for the child, and goes again at once (the wake could have come
+    # after it read the child's state), not at the controller's next check.
+    assert _run(runs, run_id, 1) == "requeued"
+    view = _view(runs, run_id)
+    assert view.status == "queued" and view.attempt == 2
+    assert [e.data for e in _of(list(runs.output(run_id, count=1000)), "woken")] == [
+        {"cause": "wake_pending"}]
+    assert _run(runs, f"{run_id}.c0", 1) == "succeeded"
+    assert _run(runs, run_id, 2) == "succeeded"
+    assert _result(_view(runs, run_id)) == _child_result(f"{run_id}.c0", 3)
