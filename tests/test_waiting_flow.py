@@ -486,6 +486,63 @@ def test_a_branch_that_waits_parks_the_run_once_its_sibling_is_done(runs: RunSto
     assert _effects(runs.store.url, run_id) == {"sibling": 1}
 
 
+@mr.workflow("fl_mixed")
+def fl_mixed(ctx: mr.RunContext, inp: dict[str, str]) -> list[Any]:
+    def waits() -> Any:
+        if inp["how"] == "question":
+            return mr.ask.question("Go on?", choices=["yes", "no"], key="go")
+        mr.sleep(2.5)  # due after the controller's first check of the child (at 2 s)
+        return "slept"
+
+    return mr.parallel(
+        waits, lambda: mr.start_child("fl_child", fw.ChildInput(v=4), key="slow").result())
+
+
+@pytest.mark.parametrize("how", ["question", "sleep"])
+def test_a_run_waiting_for_a_child_and_more_wakes_for_whichever_is_done_first(
+        runs: RunStore, how: str) -> None:
+    """One branch asks or sleeps, the other waits for a child. The controller's checks of
+    the unfinished child wake nothing (no replay at every check while the question is
+    open), and the timer wakes the run when it is due, not once the child has finished."""
+    run_id, waits = f"mixed-{how}", runs.keys.run_keys(f"mixed-{how}").waits
+    child = f"{run_id}.slow"
+    _record(runs, "fl_mixed", {"how": how}, run_id)
+    assert _run(runs, run_id, 1) == "parked"
+    view = _view(runs, run_id)
+    assert view.wait_reason == ("question" if how == "question" else "child")
+    assert (view.wait_for or {})["children"] == [child]
+    ctl = Controller(runs, rq_connection(runs.store.url))
+    assert ctl.lead()
+    duty = WaitingDuty(threaded=False)
+
+    def next_check() -> float:
+        at = runs.client.zscore(waits, run_id)
+        assert at is not None
+        wait_for(lambda: fw.server_ms(runs.client) >= at, timeout=10,
+                 what="the controller's next look at the run to come due")
+        return at
+
+    check = next_check()
+    assert duty.wake_due(ctl) == (1, 0)  # the child's check: not done, nothing to wake
+    view = _view(runs, run_id)
+    assert (view.status, view.attempt) == ("waiting", 1)
+    assert (runs.client.zscore(waits, run_id) or 0) > check  # it looks again later
+    if how == "question":
+        assert WaitStore(runs).answer(run_id, "go", "1", kind="question").woken_attempt == 2
+    else:
+        until = int((view.wait_for or {})["until_ms"])
+        assert next_check() <= until  # looked at again no later than the timer's due time
+        assert duty.wake_due(ctl) == (1, 1)
+        assert [e.data for e in _of(list(runs.output(run_id, count=1000)), "woken")] == [
+            {"cause": "timer"}]
+    assert _run(runs, run_id, 2) == "parked"  # its other branch done; on the child alone
+    assert _view(runs, run_id).wait_for == {"children": [child]}
+    assert _run(runs, child, 1) == "succeeded"  # and wakes its parent
+    assert _run(runs, run_id, 3) == "succeeded"
+    assert _result(_view(runs, run_id)) == ["yes" if how == "question" else "slept",
+                                            _child_result(child, 4)]
+
+
 # -- 4. threads
 
 
