@@ -721,8 +721,8 @@ def test_a_retried_step_replays_its_sleep_and_child_at_the_same_positions(
     assert _run(runs, run_id, 1) == "parked"  # on the sleep inside the step
     assert _wake_timer(runs, run_id) == 2
     assert _run(runs, run_id, 2) == "parked"  # on the child, started under a stable id
-    child = f"{run_id}.fl_frame_outer-0-c0"
-    assert _view(runs, run_id).wait_for == {"children": [child]}
+    (child,) = (_view(runs, run_id).wait_for or {})["children"]
+    assert child.startswith(f"{run_id}.fl_frame_outer-0-c0")  # derived from the position
     assert _run(runs, child, 1) == "succeeded"  # and wakes its parent
     assert _view(runs, run_id).status == "queued"
     # The step fails once after its sleep and child, and is retried: the retry finds both
@@ -738,6 +738,41 @@ def test_a_retried_step_replays_its_sleep_and_child_at_the_same_positions(
     assert [r.record.id for r in runs.list_runs(limit=10) if r.record.parent == run_id] == [
         child]
     assert _effects(runs.store.url, child) == {"child-effect": 1}
+
+
+# Two steps whose names differ only in a character a run id cannot hold; each starts a
+# child at its own position, so each must get a child of its own.
+@mr.step("fl.send")
+def fl_send_dot() -> Any:
+    return mr.start_child("fl_child", fw.ChildInput(v=1)).result()
+
+
+@mr.step("fl-send")
+def fl_send_dash() -> Any:
+    return mr.start_child("fl_child", fw.ChildInput(v=2)).result()
+
+
+@mr.workflow("fl_two_steps_two_children")
+def fl_two_steps_two_children(ctx: mr.RunContext) -> list[Any]:
+    return [fl_send_dot(), fl_send_dash()]
+
+
+def test_children_started_at_different_positions_are_different_runs(runs: RunStore) -> None:
+    run_id = "two-children"
+    _record(runs, "fl_two_steps_two_children", None, run_id)
+    attempt = 1
+    for _ in range(4):
+        outcome = _run(runs, run_id, attempt)
+        if outcome != "parked":
+            break
+        (child,) = (_view(runs, run_id).wait_for or {})["children"]
+        assert _run(runs, child, 1) == "succeeded"  # and wakes the parent
+        attempt = _view(runs, run_id).attempt
+    assert outcome == "succeeded"
+    children = sorted(r.record.id for r in runs.list_runs(limit=10)
+                      if r.record.parent == run_id)
+    assert len(children) == 2, children
+    assert [r["v"] for r in _result(_view(runs, run_id))] == [10, 20]
 
 
 @mr.workflow("fl_wake_during")

@@ -387,11 +387,16 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
 
 def _position_id(rel: str) -> str:
     """An id-safe rendering of a ledger position (step names may hold any character)."""
-    safe = "".join(c if c.isalnum() or c in "_-" else "-" for c in rel.replace("|child#", "c"))
-    if ID_PATTERN.fullmatch(safe) and len(safe) <= 60:
-        return safe
     import hashlib
 
+    readable = rel.replace("|child#", "c")
+    safe = "".join(c if c.isalnum() or c in "_-" else "-" for c in readable)
+    if safe != readable:
+        # Lossy: two positions could render alike (steps "a.b" and "a-b"), and the second
+        # would silently get the first one's child. A digest of the position tells them apart.
+        safe = f"{safe[:50]}-{hashlib.sha1(rel.encode()).hexdigest()[:8]}"
+    if ID_PATTERN.fullmatch(safe) and len(safe) <= 60:
+        return safe
     return "c-" + hashlib.sha1(rel.encode()).hexdigest()[:16]
 
 
