@@ -165,7 +165,7 @@ def test_a_timer_due_while_controller_and_worker_are_down_fires_once(procs: Proc
     (worker,) = procs.start(workers=1, controller=False)
     controller = procs.controller(lease_ms=CTL_LEASE_MS)
     obs, url, run_id = procs.observer, procs.url, "timer-down"
-    procs.enqueue("fl_timer", {"seconds": 1.0}, run_id)
+    procs.enqueue("fl_timer", {"seconds": 2.0}, run_id)
     view = obs.wait_status(run_id, "waiting")
     due = _due_ms(view, "fl_timer.|sleep#0")
     controller.kill9()
@@ -312,7 +312,7 @@ KILL_POINTS = {
     # where the kill lands: (the parent's input, the run whose hold point the test waits for)
     "parent-after-child-recorded": ({"child": {"v": 5}, "gate": True}, "{parent}"),
     "child-mid-run": ({"child": {"v": 5, "hold": True}}, "{parent}.c0"),
-    "parent-while-waiting": ({"child": {"v": 5, "nap_s": 0.5}}, None),
+    "parent-while-waiting": ({"child": {"v": 5, "nap_s": 1.5}}, None),
 }
 
 
@@ -387,7 +387,7 @@ class Crash(BaseException):
 
 
 CRASH: set[str] = set()   # workflows that crash after their first recorded call
-FLIP: set[str] = set()    # workflows whose replay calls something else (or with other args)
+FLIP: set[str] = set()    # workflows whose replay calls something else
 CALLS: Counter[str] = Counter()
 TRIES: Counter[str] = Counter()
 
@@ -491,7 +491,7 @@ def fl_mixed(ctx: mr.RunContext, inp: dict[str, str]) -> list[Any]:
     def waits() -> Any:
         if inp["how"] == "question":
             return mr.ask.question("Go on?", choices=["yes", "no"], key="go")
-        mr.sleep(2.5)  # due after the controller's first check of the child (at 2 s)
+        mr.sleep(3.5)  # due well after the controller's first check of the child (at 2 s)
         return "slept"
 
     return mr.parallel(
