@@ -77,20 +77,27 @@ def fl_timer(ctx: mr.RunContext, inp: TimerInput) -> dict[str, int]:
 
 
 class UntilInput(msgspec.Struct):
-    at_us: int  # microseconds since the epoch
-    tz_hours: int = 0
-    naive: bool = False
+    in_ms: int           # the deadline: this far past the server clock when the run starts
+    frac_us: int = 500   # and this many microseconds into its millisecond
+    tz_hours: int = 0    # expressed in this zone
+    naive: bool = False  # without its zone
+
+
+@mr.step
+def fl_deadline_us(in_ms: int, frac_us: int) -> int:
+    return (server_ms() + in_ms) * 1000 + frac_us
 
 
 @mr.workflow
 def fl_until(ctx: mr.RunContext, inp: UntilInput) -> dict[str, int]:
+    at_us = fl_deadline_us(inp.in_ms, inp.frac_us)  # recorded: the same on every replay
     zone = dt.timezone(dt.timedelta(hours=inp.tz_hours))
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    when = (epoch + dt.timedelta(microseconds=inp.at_us)).astimezone(zone)
+    when = (epoch + dt.timedelta(microseconds=at_us)).astimezone(zone)
     if inp.naive:
         when = when.replace(tzinfo=None)
     mr.sleep_until(when)
-    return {"after": fl_now("after")}
+    return {"at_us": at_us, "after": fl_now("after")}
 
 
 @mr.workflow
