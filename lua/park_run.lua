@@ -16,7 +16,8 @@ ARGV[1] epoch           the execution's fence
 ARGV[2] run_id
 ARGV[3] reason          question | timer | child (paused wins when a pause was asked)
 ARGV[4] wake_at_ms      when the controller wakes it (server ms); 0 = only from outside
-ARGV[5] wait_for        JSON shown by status: what the run waits for
+ARGV[5] wait_for        JSON shown by status: what the run waits for ({"children": [...]}
+                        makes a child's wake_pending requeue it)
 ARGV[6] grace_ms        a requeued run's dispatch check comes due after this long
 ARGV[7] event           JSON data of the "parked" output event
 ARGV[8] n_ledger        how many (key, record) pairs follow, written to the ledger
@@ -25,8 +26,9 @@ ARGV[9] n_asks          how many (key, doc, timeout_ms) triples follow them: que
 ARGV[10..]              the pairs, then the triples
 Returns:
   {"ok", wake_at_ms}             parked: status waiting
-  {"requeued", attempt, queue}   woken while it executed: queued again as <attempt>; the
-                                 caller enqueues that delivery
+  {"requeued", attempt, queue}   woken while it executed by what it parks on (wake_pending:
+                                 '1' anything, 'child' a child): queued again as <attempt>;
+                                 the caller enqueues that delivery
   {"cancelled"}                  cancel was requested: nothing written, settle it cancelled
   {"stale", epoch}               a newer execution owns the run; nothing written
   {"settled", status}            the run is finished; nothing written
@@ -71,7 +73,13 @@ redis.call('HINCRBY', run, 'epoch', 1)  -- this execution is over; its writes ar
 redis.call('HDEL', run, 'worker', 'note')
 redis.call('ZREM', leases, run_id)
 redis.call('XADD', out, '*', 't', 'parked', 'a', r[3], 'd', ARGV[7])
-if r[6] == '1' and reason ~= 'paused' then
+-- A wake that came while it executed: '1' (an answer) goes again whatever it parks on;
+-- 'child' (a settled child) only when it parks waiting for children. A child's wake that
+-- landed before the execution read that child's result is spent: parking on a timer
+-- after it must not requeue the run at once (an extra delivery, the timer seen "woken").
+local pending = r[6] == '1' or (r[6] == 'child' and cjson.decode(ARGV[5]).children ~= nil)
+if r[6] and not pending and reason ~= 'paused' then redis.call('HDEL', run, 'wake_pending') end
+if pending and reason ~= 'paused' then
   -- Something it waits for happened while it executed: go again now. A wake is a delivery
   -- that does not count against max deliveries (counted with deferrals).
   local attempt = tonumber(r[3]) + 1

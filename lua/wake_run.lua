@@ -17,7 +17,8 @@ ARGV[5] event           JSON data of the "woken" output event
 Returns:
   {"woken", attempt, queue}   queued as delivery <attempt>; the caller enqueues it
   {"not_due", wake_at}        a timer that is not due yet (re-indexed at its time)
-  {"pending"}                 the run is executing: it requeues itself when it parks
+  {"pending"}                 the run is executing: it requeues itself when it parks (for
+                              a child: if it parks waiting for children)
   {"paused"}                  paused: only resume wakes it
   {"idle", status}            queued, finished or missing: nothing to wake
   {"fenced", epoch}           a newer controller acts on this bucket; nothing written
@@ -38,7 +39,8 @@ if r.err then
   return {'idle', 'corrupt'}
 end
 if r[1] == 'running' then
-  if ARGV[3] == 'child' then redis.call('HSET', run, 'wake_pending', 1) end
+  -- Marked as a child's: it requeues the run only if it parks waiting for children.
+  if ARGV[3] == 'child' then redis.call('HSET', run, 'wake_pending', 'child') end
   return {'pending'}
 end
 if r[1] ~= 'waiting' then

@@ -122,34 +122,56 @@ class WaitingDuty:
                        "wake_at")
         states = pipe.execute(raise_on_error=False)
         wakes: list[tuple[str, str]] = []  # (run id, cause)
-        child_waits: list[tuple[str, list[str], int]] = []
+        # (run id, children, waiting since, its questions, its timer's due ms or 0)
+        child_waits: list[tuple[str, list[str], int, list[str], int]] = []
         for (_, run_id), st in zip(due, states, strict=True):
-            if isinstance(st, Exception) or st[0] != b"waiting" or st[1] != b"child":
+            if isinstance(st, Exception) or st[0] != b"waiting" or st[1] == b"paused":
                 wakes.append((run_id, "timer"))  # the script sorts out what it is now
                 continue
             try:
-                children = list(msgspec.json.decode(st[2] or b"{}").get("children", []))
-            except (msgspec.DecodeError, AttributeError):
-                children = []
+                wait_for = msgspec.json.decode(st[2] or b"{}")
+                children = [str(c) for c in wait_for.get("children", [])]
+                questions = [str(q) for q in wait_for.get("questions", [])]
+                until = int(wait_for.get("until_ms") or 0)
+            except (msgspec.DecodeError, AttributeError, TypeError, ValueError):
+                children, questions, until = [], [], 0
             if not children:
-                wakes.append((run_id, "child"))
+                wakes.append((run_id, "child" if st[1] == b"child" else "timer"))
                 continue
-            child_waits.append((run_id, [str(c) for c in children], int(st[3] or now_ms)))
+            # Whatever its reason: parallel branches may wait for a child and for a question
+            # or a timer at once. (Keyed on the reason alone, a run that also asked was woken
+            # at every check of its child, and one that also slept not before its child
+            # finished.)
+            child_waits.append((run_id, children, int(st[3] or now_ms), questions, until))
         recheck: list[tuple[str, int]] = []
         if child_waits:
             pipe = client.pipeline(transaction=False)
-            for _, children, _ in child_waits:
+            for run_id, children, _, questions, _ in child_waits:
                 for cid in children:
                     pipe.hget(keys.run(cid), "status")
-            statuses = iter(pipe.execute(raise_on_error=False))
-            for run_id, children, since in child_waits:
-                found = [next(statuses) for _ in children]
+                if questions:
+                    pipe.hmget(keys.asks(run_id), [f"{q}|timeout_at" for q in questions])
+            replies = iter(pipe.execute(raise_on_error=False))
+            for run_id, children, since, questions, until in child_waits:
+                found = [next(replies) for _ in children]
+                timeouts = next(replies) if questions else []
                 if any(not isinstance(s, bytes) or s.decode() in TERMINAL for s in found):
                     wakes.append((run_id, "child"))
-                else:
-                    waited = now_ms - since
-                    recheck.append((run_id, now_ms + min(CHILD_RECHECK_MAX_MS, max(
-                        CHILD_RECHECK_MIN_MS, waited // 4))))
+                    continue
+                # What else it waits for comes due at its own time: its timer, the
+                # timeouts of its questions (wake_run closes those that passed).
+                try:
+                    deadlines = [until] if until else []
+                    deadlines += [int(t) for t in timeouts if t]
+                except (TypeError, ValueError):  # unreadable: the script sorts it out
+                    wakes.append((run_id, "timer"))
+                    continue
+                if deadlines and min(deadlines) <= now_ms:
+                    wakes.append((run_id, "timer"))
+                    continue
+                waited = now_ms - since
+                recheck.append((run_id, min([now_ms + min(CHILD_RECHECK_MAX_MS, max(
+                    CHILD_RECHECK_MIN_MS, waited // 4)), *deadlines])))
         if recheck:
             pipe = client.pipeline(transaction=False)
             for run_id, at in recheck:

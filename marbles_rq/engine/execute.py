@@ -130,9 +130,11 @@ class Frame:
     seq: int = 0  # recorded calls made in this frame so far (steps, timers, children)
 
 
-def current() -> RunContext:
+def current(what: str = "mr.current()") -> RunContext:
     run = _current.get()
     if run is None:
+        # In a thread the body started, say so (and what to use instead), not "not inside".
+        check_not_in_foreign_thread(what)
         raise MarblesError("not inside a marbles-rq run")
     return run
 
@@ -288,6 +290,9 @@ class RunContext:
     def step(self, fn: StepDef | Any, *args: Any, **kwargs: Any) -> Any:
         """Run `fn` as a recorded step: once per run, its result replayed afterwards."""
         definition = fn if isinstance(fn, StepDef) else StepDef(fn.__name__, fn)
+        # `ctx.step` from a thread the body started would take the workflow's own frame and
+        # race the body for its positions: refused like every other recorded call.
+        check_not_in_foreign_thread(f"step {definition.name!r}")
         self._check_branch()
         key, seq = self.position(definition.name)
         digest = _digest(args, kwargs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import datetime as dt
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ CHILD_CHECK_MS = 2_000  # the controller first checks a waited-for child after t
 MAX_CHOICES = 9
 TERMINAL = ("succeeded", "failed", "cancelled")
 KIND_NAMES = {"|sleep": "mr.sleep", "|child": "mr.start_child"}
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 # -- parking -----------------------------------------------------------------------------
@@ -286,13 +288,16 @@ class Reporter:
 def sleep(run: RunContext, seconds: float) -> None:
     if not isinstance(seconds, int | float) or seconds != seconds or seconds < 0:
         raise InputError(f"sleep takes a number of seconds >= 0, not {seconds!r}")
-    _timer(run, lambda: run.ex.server_now_ms() + int(seconds * 1000))
+    # Rounded up: a sleep is never shorter than asked.
+    _timer(run, lambda: run.ex.server_now_ms() + math.ceil(seconds * 1000))
 
 
 def sleep_until(run: RunContext, when: dt.datetime) -> None:
     if not isinstance(when, dt.datetime) or when.tzinfo is None:
         raise InputError("sleep_until takes a timezone-aware datetime")
-    _timer(run, lambda: int(when.timestamp() * 1000))
+    # Exact, rounded up to the next millisecond: a float timestamp can land a fraction of a
+    # millisecond before `when`, and a timer must never fire before it.
+    _timer(run, lambda: -((_EPOCH - when) // dt.timedelta(milliseconds=1)))
 
 
 def _timer(run: RunContext, due_of: Callable[[], int]) -> None:
@@ -382,11 +387,16 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
 
 def _position_id(rel: str) -> str:
     """An id-safe rendering of a ledger position (step names may hold any character)."""
-    safe = "".join(c if c.isalnum() or c in "_-" else "-" for c in rel.replace("|child#", "c"))
-    if ID_PATTERN.fullmatch(safe) and len(safe) <= 60:
-        return safe
     import hashlib
 
+    readable = rel.replace("|child#", "c")
+    safe = "".join(c if c.isalnum() or c in "_-" else "-" for c in readable)
+    if safe != readable:
+        # Lossy: two positions could render alike (steps "a.b" and "a-b"), and the second
+        # would silently get the first one's child. A digest of the position tells them apart.
+        safe = f"{safe[:50]}-{hashlib.sha1(rel.encode()).hexdigest()[:8]}"
+    if ID_PATTERN.fullmatch(safe) and len(safe) <= 60:
+        return safe
     return "c-" + hashlib.sha1(rel.encode()).hexdigest()[:16]
 
 

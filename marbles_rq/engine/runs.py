@@ -8,6 +8,7 @@ pipelined commands.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -80,8 +81,10 @@ class Execution:
     mono_at_start: float = field(default_factory=time.monotonic)
 
     def server_now_ms(self) -> int:
-        """The server clock now, as far as this process can tell without asking."""
-        return self.server_ms + int((time.monotonic() - self.mono_at_start) * 1000)
+        """The server clock now, as far as this process can tell without asking: never
+        behind it (a timer due this far ahead must not end early), so the local clock runs
+        from before the start request was sent, and partial milliseconds round up."""
+        return self.server_ms + math.ceil((time.monotonic() - self.mono_at_start) * 1000)
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,9 @@ class RunStore:
 
     def start(self, run_id: str, attempt: int, *, ttl_ms: int, worker: str) -> Started:
         keys = self.keys.run_keys(run_id)
+        # Taken before the request: the server's clock in the reply is read later than this,
+        # so server_now_ms() errs late, never early (a sleep is at least as long as asked).
+        sent = time.monotonic()
         reply = self.scripts.start_attempt(
             keys=keys, run_id=run_id, attempt=attempt, ttl_ms=ttl_ms, worker=worker,
             final_cancel=event(status="cancelled", reason="cancelled before it started"),
@@ -245,7 +251,8 @@ class RunStore:
         except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
             return Started("corrupt", detail=str(exc))
         return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
-                                       int(deadline_ms), ledger, server_ms=int(server_ms)))
+                                       int(deadline_ms), ledger, server_ms=int(server_ms),
+                                       mono_at_start=sent))
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
         with ex.lock:
