@@ -118,9 +118,15 @@ def _question_line(q: Question, now_ms: int) -> str:
     kind = "approve/reject" if q.record.ask == "approval" else "answer"
     choices = "" if not q.record.choices else "  choices: " + ", ".join(
         f"{i}={c}" for i, c in enumerate(q.record.choices, 1))
-    body = f"  ({q.record.body})" if q.record.body else ""
+    body = f"  ({_cut(q.record.body)})" if q.record.body else ""
     return (f"{q.run_id}  {q.key}  {kind}  {age} ago  step {q.record.step}: "
-            f"{q.record.title}{body}{choices}")
+            f"{_cut(q.record.title)}{body}{choices}")
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """One feed line per question: long text is cut (--json has it whole)."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
 
 
 def _age(ms: int) -> str:

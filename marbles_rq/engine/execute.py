@@ -326,7 +326,7 @@ class RunContext:
                 # woken, under the same attempt number.
                 park.ledger.append(record("parked", attempts=attempts - 1))
                 raise
-            except (Exception, SystemExit) as exc:  # sys.exit() in a step is its failure
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the step's failure
                 failure = exc
             else:
                 done = record("succeeded", result=msgspec.Raw(result))
@@ -623,7 +623,9 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
             return _Outcome(stop.reason)
         except redis.RedisError:
             raise  # no settle possible; the lease expires and the run is redelivered
-        except (Exception, SystemExit) as exc:  # so is sys.exit() in the body
+        # sys.exit() and a KeyboardInterrupt raised by the body are its failure (a real
+        # SIGINT never lands here: RQ's handlers turn it into a warm shutdown).
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
             status, error = "failed", _error(exc)
         watchdog.finish()
         if status == "succeeded":

@@ -44,6 +44,10 @@ log = logging.getLogger("marbles_rq.engine.flow")
 
 CHILD_CHECK_MS = 2_000  # the controller first checks a waited-for child after this long
 MAX_CHOICES = 9
+MAX_TITLE = 500
+MAX_BODY = 20_000
+MAX_CHOICE = 200
+MAX_SLEEP_MS = 10 * 366 * 86_400_000  # timers are for up to ten years
 TERMINAL = ("succeeded", "failed", "cancelled")
 KIND_NAMES = {"|sleep": "mr.sleep", "|child": "mr.start_child"}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -197,7 +201,9 @@ class Ask:
                 raise InputError("choices must differ from each other")
         if default is not ... and choices and default not in choices:
             raise InputError(f"the default {default!r} is not one of the choices")
-        return str(self._ask("question", title, body, choices, key, timeout_s, default))
+        answer = self._ask("question", title, body, choices, key, timeout_s, default)
+        # An answer is text; a timed-out question returns its default as given (None too).
+        return answer if isinstance(answer, str) or answer is default else str(answer)
 
     def _ask(self, kind: str, title: str, body: str | None, choices: list[str] | None,
              key: str | None, timeout_s: float | None, default: Any) -> Any:
@@ -209,6 +215,13 @@ class Ask:
         run._check_branch()
         if not isinstance(title, str) or not title.strip():
             raise InputError("a question needs a title")
+        # The feed lists every open question of every run: one run must not swamp it.
+        if len(title) > MAX_TITLE:
+            raise InputError(f"a question's title is at most {MAX_TITLE} characters")
+        if body is not None and (not isinstance(body, str) or len(body) > MAX_BODY):
+            raise InputError(f"a question's body is text of at most {MAX_BODY} characters")
+        if choices is not None and any(len(c) > MAX_CHOICE for c in choices):
+            raise InputError(f"a choice is at most {MAX_CHOICE} characters")
         if timeout_s is not None and not 0 < timeout_s <= 366 * 86400:
             raise InputError("timeout_s must be between 0 and a year")
         frame = run.frame
@@ -216,6 +229,10 @@ class Ask:
         frame.counters["|ask"] += 1
         qkey = check_key(key, "question key") if key is not None else _local(run, f"ask:{n}")
         state = run_asks(run).get(qkey)
+        if state is not None and state["kind"] != kind:
+            # An answer recorded for another kind of ask (the code changed under a waiting
+            # run) must not be read as this one: "no" is not an approval.
+            raise NonDeterminismError(frame.path, n, f"ask.{state['kind']}", f"ask.{kind}")
         if state is not None and state["state"] == "answered":
             return state["answer"]
         if state is not None and state["state"] == "timed_out":
@@ -240,7 +257,8 @@ def run_asks(run: RunContext) -> dict[str, dict[str, Any]]:
         from .waits import WaitStore
 
         questions = run._store(WaitStore(run.runs).questions, run.run_id)
-        run._asks = {q.key: {"state": q.state, "answer": q.answer} for q in questions}
+        run._asks = {q.key: {"state": q.state, "answer": q.answer, "kind": q.record.ask}
+                     for q in questions}
     return run._asks
 
 
@@ -248,7 +266,16 @@ def _local(run: RunContext, name: str) -> str:
     """A default key: `name` in the workflow's own frame, `<step>/<name>` inside a step."""
     root = run.ex.record.name
     path = run.frame.path
-    return name if path == root else f"{path[len(root) + 1:]}/{name}"
+    if path == root:
+        return name
+    # Never a '|' (the feed's separator), and at most 128 characters.
+    frame = path[len(root) + 1:].replace("|parallel#", "parallel").replace("|", "")
+    key = f"{frame}/{name}"
+    if len(key) > 128 or not key.isprintable():
+        import hashlib
+
+        key = f"{hashlib.sha1(path.encode()).hexdigest()[:16]}/{name}"
+    return key
 
 
 # -- reports -----------------------------------------------------------------------------
@@ -286,8 +313,9 @@ class Reporter:
 # -- timers ------------------------------------------------------------------------------
 
 def sleep(run: RunContext, seconds: float) -> None:
-    if not isinstance(seconds, int | float) or seconds != seconds or seconds < 0:
-        raise InputError(f"sleep takes a number of seconds >= 0, not {seconds!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
+            0 <= seconds <= MAX_SLEEP_MS / 1000):
+        raise InputError(f"sleep takes seconds from 0 to ten years, not {seconds!r}")
     # Rounded up: a sleep is never shorter than asked.
     _timer(run, lambda: run.ex.server_now_ms() + math.ceil(seconds * 1000))
 
@@ -312,6 +340,8 @@ def _timer(run: RunContext, due_of: Callable[[], int]) -> None:
         new: list[StepRecord] = []
     else:
         due = due_of()
+        if due - run.ex.server_ms > MAX_SLEEP_MS:
+            raise InputError("a timer is due at most ten years ahead")
         record = StepRecord(version=1, key=key, name="|sleep", status="waiting", attempts=0,
                             result=msgspec.Raw(msgspec.json.encode({"due_ms": due})),
                             at_ms=_now_ms(), seq=seq)
@@ -369,6 +399,12 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
         else lkey
     suffix = key if key is not None else _position_id(rel)
     cid = child_id(run.run_id, suffix)
+    for other in list(run.ex.ledger.values()):
+        if other.name == "|child" and other.key != lkey and (
+                msgspec.json.decode(other.result).get("id") == cid):
+            # A second child under one id would silently be the first one.
+            raise MarblesError(f"child id {cid} is already used by this run's child started "
+                               f"at {other.key}: give each child its own key")
     record = prepare(RunRequest(workflow, msgspec.json.encode(input), cid), run.registry)
     record = msgspec.structs.replace(record, parent=run.run_id)
     recorded_run = run._store(run.runs.record, record)

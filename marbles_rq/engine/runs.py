@@ -134,8 +134,11 @@ class RunView:
         def iso(ms: int | None) -> str | None:
             if ms is None:
                 return None
-            return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + (
-                f".{ms % 1000:03d}Z")
+            try:
+                return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + (
+                    f".{ms % 1000:03d}Z")
+            except (OverflowError, ValueError, OSError):  # past any calendar
+                return f"{ms} ms since 1970"
 
         return {
             "id": self.record.id, "name": self.record.name, "queue": self.record.queue,

@@ -202,6 +202,10 @@ class WaitStore:
             raise AnswerRefusedError(f"{key!r} of run {run_id} is {what}; {verb} it")
         if kind == "question":
             value = self._choice(question, value)
+        try:
+            msgspec.json.encode(value)
+        except (UnicodeEncodeError, msgspec.EncodeError):
+            raise AnswerRefusedError("the answer is not valid text (UTF-8)") from None
         if question.state != "open":
             raise AlreadyAnsweredError(f"{key!r} of run {run_id} is already {_closed(question)}")
         reply = self.scripts.answer_ask(
@@ -261,25 +265,31 @@ class WaitStore:
             return "woken", int(reply.values[0]), _s(reply.values[1])
         return reply.status, 0, ""
 
-    def cancel_children(self, run_id: str, *, depth: int = 0) -> list[str]:
-        """Cancel the children (and theirs) of a cancelled run; returns their ids. A child
-        outlives its parent only by being finished already."""
+    def cancel_children(self, run_id: str) -> list[str]:
+        """Cancel the descendants of a cancelled run, at any depth; returns their ids. A
+        child outlives its parent only by being finished already."""
         cancelled: list[str] = []
-        if depth > 16:
-            return cancelled
-        values: list[bytes] = self.client.hvals(self.keys.steps(run_id))  # type: ignore[assignment]
-        for raw in values:
-            try:
-                record = decode(StepRecord, raw, self.keys.steps(run_id))
-                if record.name != "|child":
+        todo, seen = [run_id], {run_id}
+        while todo:
+            parent = todo.pop()
+            values: list[bytes] = self.client.hvals(  # type: ignore[assignment]
+                self.keys.steps(parent))
+            for raw in values:
+                try:
+                    record = decode(StepRecord, raw, self.keys.steps(parent))
+                    if record.name != "|child":
+                        continue
+                    child = str(msgspec.json.decode(record.result)["id"])
+                except (CorruptRecordError, MarblesError, KeyError, TypeError,
+                        msgspec.DecodeError):
                     continue
-                child = str(msgspec.json.decode(record.result)["id"])
-            except (CorruptRecordError, MarblesError, KeyError, TypeError, msgspec.DecodeError):
-                continue
-            outcome = self.runs.cancel(child, f"its parent {run_id} was cancelled")
-            if outcome in ("cancelled", "requested"):
-                cancelled.append(child)
-                cancelled += self.cancel_children(child, depth=depth + 1)
+                if child in seen:
+                    continue
+                seen.add(child)
+                outcome = self.runs.cancel(child, f"its parent {parent} was cancelled")
+                if outcome in ("cancelled", "requested"):
+                    cancelled.append(child)
+                todo.append(child)  # a finished child may still have live children
         return cancelled
 
     # -- reading across runs -----------------------------------------------------------
