@@ -330,17 +330,23 @@ class Scripts:
             ("ok", "missing", "settled", "stale_attempt", "busy", "cancelled", "timed_out",
              "corrupt", "waiting", "paused"))
 
-    def start_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
-                   event: bytes, seq: int) -> Reply:
+    def start_step(self, *, keys: RunKeys, epoch: int, seq: int, late: bool,
+                   starts: Sequence[tuple[str, bytes, bytes]]) -> Reply:
+        """`starts`: (step key, running StepRecord JSON, step_started event) triples; one
+        checked step (late=False), or any number already running (late=True)."""
+        flat: list[str | bytes | int] = [x for start in starts for x in start]
         return self._reply("start_step", [keys.run, keys.steps, keys.output],
-                           [epoch, step_key, record, event, seq],
+                           [epoch, seq, "late" if late else "check", *flat],
                            ("ok", "stale", "settled", "cancelled", "timed_out", "paused"))
 
     def commit_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
                     event_type: str, event: bytes, run_id: str, ttl_ms: int,
-                    seq: int) -> Reply:
+                    seq: int, starts: Sequence[tuple[str, bytes, bytes]] = ()) -> Reply:
+        """`starts`: deferred starts written before the outcome, as in start_step."""
+        flat: list[str | bytes | int] = [x for start in starts for x in start]
         return self._reply("commit_step", [keys.run, keys.steps, keys.leases, keys.output],
-                           [epoch, step_key, record, event_type, event, run_id, ttl_ms, seq],
+                           [epoch, step_key, record, event_type, event, run_id, ttl_ms, seq,
+                            *flat],
                            ("ok", "cancelled", "timed_out", "stale", "settled", "paused"))
 
     def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes, seq: int,
