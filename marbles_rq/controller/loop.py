@@ -41,6 +41,7 @@ log = logging.getLogger("marbles_rq.controller")
 
 LEASE_NAME = "controller"
 REAP_BATCH = 200          # expired leases read per bucket per pass
+LOST_WORKERS_BATCH = 100  # lost workers handled per pass
 DISPATCH_BUDGET = 1_000   # dispatch checks per pass, over all buckets
 PRUNE_BUDGET = 200        # finished runs pruned per prune pass
 PRUNE_EVERY_S = 5.0
@@ -195,28 +196,72 @@ class Controller:
 
     def reap(self) -> int:
         """Redeliver every run whose lease expired (attempt + 1, same run id)."""
-        assert self.lease is not None
-        epoch, done = self.lease.epoch, 0
+        done = 0
         for _, run_id in self.due(self.keys.run_leases, self.server_ms(), REAP_BATCH):
-            reply = self._run_script(run_id, functools.partial(
-                self.runs.scripts.reap_run, keys=self.keys.run_keys(run_id), run_id=run_id,
-                ctl_epoch=epoch, grace_ms=DISPATCH_GRACE_MS, final_cancel=REAP_CANCELLED,
-                final_gave_up=REAP_GAVE_UP))
-            if self._handled(run_id, reply):
+            done += self._reap_one(run_id)
+            if self.lease is None:
+                break
+        return done
+
+    def reap_lost_workers(self) -> int:
+        """Redeliver the runs of workers that stopped beating (killed, frozen, cut off: see
+        transport/liveness.py), without waiting for their leases. One read per pass; a lost
+        worker costs one look at the worker of every executing run (rare: a crash)."""
+        now = self.server_ms()
+        lost = {_s(w) for w in self.store.client.zrangebyscore(
+            self.keys.workers, "-inf", now, start=0, num=LOST_WORKERS_BATCH)}
+        if not lost:
+            return 0
+        done = 0
+        for run_id, worker in self._executing():
+            if worker in lost:
+                log.warning("run %s: its worker %s is lost (no liveness beat)", run_id, worker)
+                done += self._reap_one(run_id, worker)
                 if self.lease is None:
                     return done
-                continue
-            if reply.status == "redelivered":
-                attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
-                log.info("run %s: execution vanished; redelivering as attempt %s", run_id,
-                         attempt)
-                self._enqueue(queue_name, run_id, attempt)
-                self.stats.redelivered += 1
-                done += 1
-            elif reply.status in ("cancelled", "gave_up"):
-                log.info("run %s: %s", run_id, reply.status)
-                self.stats.settled += 1
+        self.runs.scripts.forget_workers(workers_key=self.keys.workers, workers=sorted(lost),
+                                         cutoff_ms=now)
         return done
+
+    def _executing(self) -> list[tuple[str, str]]:
+        """(run id, worker) of every run holding a lease, read in pipelines."""
+        pipe = self.store.client.pipeline(transaction=False)
+        for bucket in range(self.keys.buckets):
+            pipe.zrange(self.keys.run_leases(bucket), 0, -1)
+        ids = [_s(rid) for part in pipe.execute(raise_on_error=False)
+               if not isinstance(part, Exception) for rid in part]
+        out: list[tuple[str, str]] = []
+        for i in range(0, len(ids), 1000):
+            chunk = ids[i:i + 1000]
+            pipe = self.store.client.pipeline(transaction=False)
+            for rid in chunk:
+                pipe.hget(self.keys.run(rid), "worker")
+            out += [(rid, _s(w)) for rid, w in zip(chunk, pipe.execute(raise_on_error=False),
+                                                   strict=True)
+                    if isinstance(w, bytes)]
+        return out
+
+    def _reap_one(self, run_id: str, worker: str = "") -> int:
+        """reap_run for one run (worker: a lost worker's name, or "" for an expired lease);
+        1 if it was redelivered."""
+        assert self.lease is not None
+        reply = self._run_script(run_id, functools.partial(
+            self.runs.scripts.reap_run, keys=self.keys.run_keys(run_id), run_id=run_id,
+            ctl_epoch=self.lease.epoch, grace_ms=DISPATCH_GRACE_MS, final_cancel=REAP_CANCELLED,
+            final_gave_up=REAP_GAVE_UP, worker=worker))
+        if self._handled(run_id, reply):
+            return 0
+        if reply.status == "redelivered":
+            attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
+            log.info("run %s: execution vanished (%s); redelivering as attempt %s", run_id,
+                     f"worker {worker} lost" if worker else "lease expired", attempt)
+            self._enqueue(queue_name, run_id, attempt)
+            self.stats.redelivered += 1
+            return 1
+        if reply.status in ("cancelled", "gave_up"):
+            log.info("run %s: %s", run_id, reply.status)
+            self.stats.settled += 1
+        return 0
 
     # -- dispatching --------------------------------------------------------------------------
 
@@ -422,6 +467,9 @@ class Controller:
     def pass_once(self) -> None:
         """One pass as the leader: reaping first, so nothing waits behind dispatch checks."""
         self.reap()
+        if self.lease is None:
+            return
+        self.reap_lost_workers()
         if self.lease is None:
             return
         self.dispatch()
