@@ -151,8 +151,9 @@ def test_a_step_with_retries_is_started_up_front(redis_url: str) -> None:
     calls = _counting(runs)
     assert _run(runs, "cost-retries") == "succeeded"
     assert calls == Counter(start_attempt=1, start_step=1, commit_step=1, settle_run=1)
-    assert _steps(runs.output("cost-retries")) == [
-        ("step_started", "sc_retries.sc_retrying#0"), ("step_succeeded", "sc_retries.sc_retrying#0")]
+    key = "sc_retries.sc_retrying#0"
+    assert _steps(runs.output("cost-retries")) == [("step_started", key),
+                                                   ("step_succeeded", key)]
 
 
 def test_a_long_step_shows_as_running_while_it_runs(redis_url: str) -> None:
