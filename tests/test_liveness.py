@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import Counter
 
 import pytest
 
 import marbles_rq as mr
 from marbles_rq.controller import Controller
+from marbles_rq.controller.loop import LIVENESS_GRACE_S
 from marbles_rq.engine.authoring import REGISTRY
 from marbles_rq.engine.execute import execute
 from marbles_rq.engine.ops import RunRequest, prepare
@@ -177,3 +179,22 @@ def test_a_worker_that_beats_again_before_the_cutoff_is_kept(runs: RunStore) -> 
     assert runs.client.zrange(workers, 0, -1) == [b"w-b"]
     assert runs.scripts.forget_workers(workers_key=workers, workers=["w-b"],
                                        cutoff_ms=None) == ["ok"]
+
+
+def test_lapsed_beats_are_believed_only_after_steady_contact(runs: RunStore,
+                                                            redis_url: str) -> None:
+    """A controller that has just started, won the lease or come through an outage (which
+    kept every worker's beats from landing too) waits LIVENESS_GRACE_S before it takes a
+    worker whose beats lapsed for lost."""
+    runs.record(prepare(RunRequest("lv_noop", b"null", "on-quiet")))
+    assert runs.start("on-quiet", 1, ttl_ms=60_000, worker="w-quiet").status == "ok"
+    runs.client.zadd(runs.keys.workers, {"w-quiet": 1})
+    ctl = Controller(runs, rq_connection(redis_url))
+    assert ctl.lead()
+    ctl.pass_once()  # no contact yet: not believed
+    view = runs.get("on-quiet")
+    assert view is not None and (view.status, view.attempt) == ("running", 1)
+    ctl._in_contact_since = time.monotonic() - LIVENESS_GRACE_S  # steady for long enough
+    ctl.pass_once()
+    view = runs.get("on-quiet")
+    assert view is not None and (view.status, view.attempt) == ("queued", 2)
