@@ -480,10 +480,13 @@ def section_latency(b: Bench) -> dict[str, float]:
     data = msgspec.json.decode(bytes(view.result))
     rows = []
     out = {}
-    for key, label in (("step_us", "step call (start_step + body + commit_step)"),
-                       ("start_us", "start_step script call"),
+    for key, label in (("step_us", "step call (body + commit_step; start_step if any)"),
+                       ("start_us", "start_step script call (steps with retries only)"),
                        ("commit_us", "commit_step script call")):
         v = [x / 1e6 for x in data[key]]
+        if not v:
+            rows.append([label, 0, "-", "-", "-", "-", "-"])
+            continue
         rows.append([label, len(v), ms(pct(v, 50)), ms(pct(v, 90)), ms(pct(v, 99)),
                      ms(max(v)), ms(sum(v) / len(v))])
         out[key] = pct(v, 50)

@@ -1,5 +1,7 @@
 #!lua
---[[ commit_step: record a step attempt's outcome in the ledger, and extend the lease.
+--[[ commit_step: record a step attempt's outcome in the ledger, and extend the lease. Steps
+whose start was deferred (a step with no retries starts without a round trip of its own)
+have their start written here too, before the outcome: a step costs this one script.
 KEYS[1] run hash        <tag>:run:<run id>
 KEYS[2] ledger hash     <tag>:steps:<run id>
 KEYS[3] lease zset      <tag>:leases
@@ -12,33 +14,43 @@ ARGV[5] event           JSON data of the output event
 ARGV[6] run_id
 ARGV[7] ttl_ms          the lease is extended to now + ttl_ms
 ARGV[8] seq             this execution's write number; one already applied is not rewritten
+  then any number of (step_key, record, event) triples: deferred starts (StepRecord JSON
+  with status running, "step_started" event data), written first, in order
 Returns:
   {"ok"}
   {"cancelled"}           written, but cancel was requested: the body must stop
   {"paused"}              written, but a pause was asked: the body must park
-  {"timed_out"}           the run's deadline passed: nothing written, the body must stop
+  {"timed_out"}           the run's deadline passed: the outcome is not written (the
+                          deferred starts are, so the step shows as interrupted); the body
+                          must stop. A resend after the deadline answers this too.
   {"stale", epoch}        a newer execution owns the run; nothing written
   {"settled", status}     the run is finished; nothing written
-Writes (a fresh ok/cancelled): HSET KEYS[2]; HSET KEYS[1] wseq; ZADD XX KEYS[3]; XADD KEYS[4]
+Writes (a fresh ok/cancelled/paused): HSET KEYS[2]; HSET KEYS[1] wseq; ZADD XX KEYS[3];
+  XADD KEYS[4]; (a fresh timed_out: the deferred starts and wseq only)
 ]]
 local run, steps, leases, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq', 'deadline_ms',
   'pause')
 if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then return {'settled', r[2] or ''} end
-local resend = tonumber(ARGV[8]) <= tonumber(r[5] or '0')
-if resend then
-  if r[3] == '1' then return {'cancelled'} end
-  if r[7] == '1' then return {'paused'} end
-  return {'ok'}
-end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- A step that ends after the run's deadline is not recorded: the run fails RunTimeout, even
 -- when the lease watchdog that would have said so is gone.
 local deadline = tonumber(r[6] or '0')
-if deadline > 0 and now_ms > deadline then return {'timed_out'} end
+local late = deadline > 0 and now_ms > deadline
+if tonumber(ARGV[8]) <= tonumber(r[5] or '0') then  -- a resend
+  if late then return {'timed_out'} end
+  if r[3] == '1' then return {'cancelled'} end
+  if r[7] == '1' then return {'paused'} end
+  return {'ok'}
+end
 redis.call('HSET', run, 'wseq', ARGV[8])
+for i = 9, #ARGV - 2, 3 do
+  redis.call('HSET', steps, ARGV[i], ARGV[i + 1])
+  redis.call('XADD', out, '*', 't', 'step_started', 'a', r[4], 'd', ARGV[i + 2])
+end
+if late then return {'timed_out'} end
 redis.call('HSET', steps, ARGV[2], ARGV[3])
 redis.call('ZADD', leases, 'XX', now_ms + tonumber(ARGV[7]), ARGV[6])
 redis.call('XADD', out, '*', 't', ARGV[4], 'a', r[4], 'd', ARGV[5])

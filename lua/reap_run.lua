@@ -1,6 +1,7 @@
 #!lua
---[[ reap_run: the controller redelivers a run whose execution's lease expired: attempt + 1
-under the same run id (or settles it, if it was cancelled or has used up its deliveries).
+--[[ reap_run: the controller redelivers a run whose execution's lease expired, or whose
+worker was lost (it stopped beating: see beat_worker): attempt + 1 under the same run id
+(or settles it, if it was cancelled or has used up its deliveries).
 KEYS[1] run hash        <tag>:run:<run id>
 KEYS[2] lease zset      <tag>:leases
 KEYS[3] dispatch zset   <tag>:dispatch
@@ -12,11 +13,14 @@ ARGV[2] ctl_epoch       the calling controller's lease epoch
 ARGV[3] grace_ms        the dispatch check comes due after this long
 ARGV[4] final_cancel    JSON data of the final event when settled cancelled
 ARGV[5] final_gave_up   JSON data of the final event when deliveries are used up
+ARGV[6] worker          "" : reap if the lease expired; a lost worker's name: reap if the
+                        run is executing on that worker, whatever its lease says
 Returns:
   {"redelivered", attempt, queue}   the caller now enqueues delivery <attempt> on <queue>
   {"cancelled"}                     cancel had been requested: settled cancelled
   {"gave_up", attempt}              max deliveries reached: settled failed
-  {"not_expired"}                   renewed meanwhile; nothing written
+  {"not_expired"}                   renewed meanwhile, or (worker given) executed by another
+                                    worker now; nothing written
   {"gone"}                          no lease (settled or reaped already); nothing written
   {"fenced", epoch}                 a newer controller acts on this bucket; nothing written
   {"corrupt", reason}               the run's hash is unreadable; nothing written
@@ -33,15 +37,17 @@ local score = redis.call('ZSCORE', leases, run_id)
 if not score then return {'gone'} end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if tonumber(score) > now_ms then return {'not_expired'} end
+local lost_worker = ARGV[6]
+if lost_worker == '' and tonumber(score) > now_ms then return {'not_expired'} end
 local r = redis.pcall('HMGET', run, 'status', 'attempt', 'cancel', 'max_deliveries', 'queue',
-  'deferred', 'retention_ms', 'epoch')
+  'deferred', 'retention_ms', 'epoch', 'worker')
 if r.err then return {'corrupt', 'the run key is not a hash'} end
 if r[1] ~= 'running' then
   -- Only a settled or missing run can be here; its lease entry is debris.
   redis.call('ZREM', leases, run_id)
   return {'gone'}
 end
+if lost_worker ~= '' and r[9] ~= lost_worker then return {'not_expired'} end
 for i, name in pairs({[2] = 'attempt', [4] = 'max_deliveries', [6] = 'deferred',
                       [7] = 'retention_ms', [8] = 'epoch'}) do
   -- Whole numbers only: Lua's tonumber also takes 1.5, 1e999, inf, nan and 0x10.
@@ -79,7 +85,11 @@ redis.call('HDEL', run, 'worker')
 redis.call('HINCRBY', run, 'epoch', 1)  -- the vanished execution's writes are refused from now
 redis.call('ZREM', leases, run_id)
 redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[3]), run_id)
+local redelivered = {previous = attempt, attempt = attempt + 1, reason = 'lease expired'}
+if lost_worker ~= '' then
+  redelivered.reason = 'worker lost'
+  redelivered.worker = lost_worker
+end
 redis.call('XADD', out, '*', 't', 'redelivered', 'a', attempt + 1,
-  'd', '{"previous":' .. attempt .. ',"attempt":' .. (attempt + 1)
-    .. ',"reason":"lease expired"}')
+  'd', cjson.encode(redelivered))
 return {'redelivered', attempt + 1, r[5]}

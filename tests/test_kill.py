@@ -256,6 +256,9 @@ def test_sigstop_horse_past_lease_is_fenced(procs: Procs, record_property: Any) 
     # zombie goes straight on to claim #1's effect).
     marker = wait_for(lambda: sleeping(1, "zchain.zlink#1"), timeout=30,
                       what="attempt 1 sleeping in step #1", context=lambda: obs.dump(run_id))
+    # ... once its start is recorded (a step with no retries has it written after 0.15 s:
+    # a try that vanished before that is not counted in the step's attempts).
+    obs.wait_step_started(run_id, "zchain.zlink#1", attempt=1)
     view = obs.view(run_id)
     assert view is not None
     first = procs.by_name(view.worker)

@@ -224,8 +224,11 @@ def _follow(runs: RunStore, run_id: str, *, follow: bool = True) -> int:
 
 
 def format_event(ev: OutputEvent) -> str:
-    stamp = time.strftime("%H:%M:%S", time.gmtime(ev.at_ms / 1000)) + f".{ev.at_ms % 1000:03d}"
     d = ev.data if isinstance(ev.data, dict) else {"value": ev.data}
+    at = ev.at_ms
+    if ev.type == "step_started" and isinstance(d.get("started_ms"), int):
+        at = d["started_ms"]  # a start written with its commit (or late) says when it was
+    stamp = time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + f".{at % 1000:03d}"
     handlers: dict[str, Callable[[], str]] = {
         "queued": lambda: f"queued: {d.get('name')} on {d.get('queue')}",
         "attempt_started": lambda: f"attempt {ev.attempt} started on {d.get('worker')} "

@@ -35,12 +35,20 @@ from ..errors import RedisUnavailableError
 from ..store import Lease
 from ..store.redis_errors import is_outage, one_line
 from ..transport import dispatch
+from ..transport.liveness import WORKER_BEAT_S, WORKER_TTL_MS
 from .duties import RECOVERY_ORDER, Duty
 
 log = logging.getLogger("marbles_rq.controller")
 
 LEASE_NAME = "controller"
 REAP_BATCH = 200          # expired leases read per bucket per pass
+LOST_WORKERS_BATCH = 100  # lost workers handled per pass
+# Lost workers are believed only after this long in contact with Redis (since the controller
+# started, won the lease, or got through an outage): workers cut off by the same outage beat
+# again within a beat once it ends, and must not all be taken for lost.
+LIVENESS_GRACE_S = WORKER_TTL_MS / 1000 + WORKER_BEAT_S
+STALL_S = 1.0  # a pass this slow to reach the lost workers' read, or that read itself, met a
+               # stalled Redis: beats may not have landed either; the grace starts again
 DISPATCH_BUDGET = 1_000   # dispatch checks per pass, over all buckets
 PRUNE_BUDGET = 200        # finished runs pruned per prune pass
 PRUNE_EVERY_S = 5.0
@@ -82,6 +90,7 @@ class Controller:
         self._failed: set[tuple[str, int]] = set()  # failed in RQ; kept until resolved
         self._next_prune = 0.0
         self._warned: dict[str, float] = {}
+        self._in_contact_since: float | None = None  # monotonic; None after a failed pass
         self.duties = sorted(duties, key=lambda d: RECOVERY_ORDER.index(d.kind))
 
     # -- election -----------------------------------------------------------------------------
@@ -195,28 +204,82 @@ class Controller:
 
     def reap(self) -> int:
         """Redeliver every run whose lease expired (attempt + 1, same run id)."""
-        assert self.lease is not None
-        epoch, done = self.lease.epoch, 0
+        done = 0
         for _, run_id in self.due(self.keys.run_leases, self.server_ms(), REAP_BATCH):
-            reply = self._run_script(run_id, functools.partial(
-                self.runs.scripts.reap_run, keys=self.keys.run_keys(run_id), run_id=run_id,
-                ctl_epoch=epoch, grace_ms=DISPATCH_GRACE_MS, final_cancel=REAP_CANCELLED,
-                final_gave_up=REAP_GAVE_UP))
-            if self._handled(run_id, reply):
+            done += self._reap_one(run_id)
+            if self.lease is None:
+                break
+        return done
+
+    def _liveness_trusted(self) -> bool:
+        """Lapsed beats mean lost workers only once the controller has been in steady
+        contact with Redis for LIVENESS_GRACE_S (see there)."""
+        since = self._in_contact_since
+        return since is not None and time.monotonic() - since >= LIVENESS_GRACE_S
+
+    def reap_lost_workers(self) -> int:
+        """Redeliver the runs of workers that stopped beating (killed, frozen, cut off: see
+        transport/liveness.py), without waiting for their leases. One read per pass; a lost
+        worker costs one look at the worker of every executing run (rare: a crash)."""
+        asked = time.monotonic()
+        now = self.server_ms()
+        lost = {_s(w) for w in self.store.client.zrangebyscore(
+            self.keys.workers, "-inf", now, start=0, num=LOST_WORKERS_BATCH)}
+        if not lost:
+            return 0
+        if time.monotonic() - asked > STALL_S:
+            self._in_contact_since = time.monotonic()
+            return 0
+        done = 0
+        for run_id, worker in self._executing():
+            if worker in lost:
+                log.warning("run %s: its worker %s is lost (no liveness beat)", run_id, worker)
+                done += self._reap_one(run_id, worker)
                 if self.lease is None:
                     return done
-                continue
-            if reply.status == "redelivered":
-                attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
-                log.info("run %s: execution vanished; redelivering as attempt %s", run_id,
-                         attempt)
-                self._enqueue(queue_name, run_id, attempt)
-                self.stats.redelivered += 1
-                done += 1
-            elif reply.status in ("cancelled", "gave_up"):
-                log.info("run %s: %s", run_id, reply.status)
-                self.stats.settled += 1
+        self.runs.scripts.forget_workers(workers_key=self.keys.workers, workers=sorted(lost),
+                                         cutoff_ms=now)
         return done
+
+    def _executing(self) -> list[tuple[str, str]]:
+        """(run id, worker) of every run holding a lease, read in pipelines."""
+        pipe = self.store.client.pipeline(transaction=False)
+        for bucket in range(self.keys.buckets):
+            pipe.zrange(self.keys.run_leases(bucket), 0, -1)
+        ids = [_s(rid) for part in pipe.execute(raise_on_error=False)
+               if not isinstance(part, Exception) for rid in part]
+        out: list[tuple[str, str]] = []
+        for i in range(0, len(ids), 1000):
+            chunk = ids[i:i + 1000]
+            pipe = self.store.client.pipeline(transaction=False)
+            for rid in chunk:
+                pipe.hget(self.keys.run(rid), "worker")
+            out += [(rid, _s(w)) for rid, w in zip(chunk, pipe.execute(raise_on_error=False),
+                                                   strict=True)
+                    if isinstance(w, bytes)]
+        return out
+
+    def _reap_one(self, run_id: str, worker: str = "") -> int:
+        """reap_run for one run (worker: a lost worker's name, or "" for an expired lease);
+        1 if it was redelivered."""
+        assert self.lease is not None
+        reply = self._run_script(run_id, functools.partial(
+            self.runs.scripts.reap_run, keys=self.keys.run_keys(run_id), run_id=run_id,
+            ctl_epoch=self.lease.epoch, grace_ms=DISPATCH_GRACE_MS, final_cancel=REAP_CANCELLED,
+            final_gave_up=REAP_GAVE_UP, worker=worker))
+        if self._handled(run_id, reply):
+            return 0
+        if reply.status == "redelivered":
+            attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
+            log.info("run %s: execution vanished (%s); redelivering as attempt %s", run_id,
+                     f"worker {worker} lost" if worker else "lease expired", attempt)
+            self._enqueue(queue_name, run_id, attempt)
+            self.stats.redelivered += 1
+            return 1
+        if reply.status in ("cancelled", "gave_up"):
+            log.info("run %s: %s", run_id, reply.status)
+            self.stats.settled += 1
+        return 0
 
     # -- dispatching --------------------------------------------------------------------------
 
@@ -421,9 +484,16 @@ class Controller:
 
     def pass_once(self) -> None:
         """One pass as the leader: reaping first, so nothing waits behind dispatch checks."""
+        started = time.monotonic()
         self.reap()
         if self.lease is None:
             return
+        if time.monotonic() - started > STALL_S:
+            self._in_contact_since = time.monotonic()
+        elif self._liveness_trusted():
+            self.reap_lost_workers()
+            if self.lease is None:
+                return
         self.dispatch()
         self.find_lost()
         if time.monotonic() >= self._next_prune:
@@ -449,8 +519,11 @@ class Controller:
                 if self.lead():
                     if not leading:
                         log.info("recovering: dispatching recorded runs, reaping expired leases")
+                        self._in_contact_since = None  # a new leader: see LIVENESS_GRACE_S
                         self.recover()
                     leading = True
+                    if self._in_contact_since is None:
+                        self._in_contact_since = time.monotonic()
                     self.pass_once()
                 elif leading:
                     leading = False
@@ -462,6 +535,7 @@ class Controller:
                 # Unreachable, refusing writes (OOM, MISCONF, READONLY, LOADING, NOPERM), a
                 # script error -- or a bug: one line, back off, carry on. The lease may lapse
                 # meanwhile; the fence keeps a successor and this process from acting twice.
+                self._in_contact_since = None
                 backoff = min(MAX_BACKOFF_S, backoff * 2 or 1.0)
                 what = "Redis error" if _outage(exc) or isinstance(
                     exc, redis.RedisError) else "error"

@@ -20,7 +20,7 @@ import redis
 
 from ..envvars import env_int
 from ..errors import MarblesError, RedisUnavailableError
-from ..store.records import ErrorInfo, StepRecord
+from ..store.records import ErrorInfo, StepRecord, encode
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
 from . import flow
@@ -32,11 +32,18 @@ from .runs import (
     TIMEOUT_ERROR,
     Execution,
     RunStore,
+    StepStart,
+    event,
 )
 
 log = logging.getLogger("marbles_rq.engine.execute")
 
 EXIT_FENCED = 75  # a horse that learned it no longer owns its run exits with this code
+# A step with no retries starts without a round trip of its own when the execution learned
+# less than FRESH_FLAGS_S ago that the run is not cancelled, paused or timed out; its start
+# is written by its commit, or by the watchdog once it has run START_DELAY_S.
+FRESH_FLAGS_S = 0.2
+START_DELAY_S = 0.15
 
 
 class StopExecution(BaseException):
@@ -314,7 +321,7 @@ class RunContext:
 
         while True:
             attempts += 1
-            self._check(self._store(self.runs.start_step, self.ex, record("running")))
+            self._begin(definition, record("running"))
             self._frames.append(Frame(key))
             try:
                 value = definition.fn(*args, **kwargs)
@@ -347,6 +354,27 @@ class RunContext:
                          "step_failed", {"step": key, "attempt": attempts,
                                          "error": f"{error.type}: {error.message}"})
             raise StepFailedError(error)
+
+    def _begin(self, definition: StepDef, running: StepRecord) -> None:
+        """Start a step attempt. A step with no retries, started while the execution's last
+        look at cancel, pause and the deadline (the reply of its start or of the previous
+        commit) is fresh, runs at once: its start is written with its commit, one round trip
+        for the step (or by the watchdog if it runs past START_DELAY_S, or before any other
+        write). Any other step asks Redis first: it does not start if the run was cancelled,
+        paused or timed out meanwhile."""
+        ex = self.ex
+        now = time.monotonic()
+        if definition.retries == 0 and now - ex.flags_at < FRESH_FLAGS_S and (
+                not ex.deadline_ms or ex.server_now_ms() < ex.deadline_ms):
+            self._watchdog.raise_if_stopped()
+            self._check_branch()
+            started_ms = ex.server_now_ms()
+            self._watchdog.defer_start(StepStart(
+                running.key, encode(running),
+                event(step=running.key, attempt=running.attempts, started_ms=started_ms),
+                now + START_DELAY_S))
+            return
+        self._check(self._store(self.runs.start_step, ex, running))
 
     def _store(self, call: Any, *args: Any) -> Any:
         """A store call from inside the body: unreachable Redis, or one that refuses writes
@@ -417,12 +445,16 @@ def _now_ms() -> int:
 class Watchdog:
     """Renews the execution's lease every ttl/3 from a thread, and learns from the renewal
     when the execution must stop: cancelled, timed out, or fenced by a newer delivery. A body
-    that does not reach a step boundary soon after is ended by exiting the process."""
+    that does not reach a step boundary soon after is ended by exiting the process. The same
+    thread writes the start of a step still running START_DELAY_S after it started (its
+    start was deferred to its commit: see RunContext._begin)."""
 
     def __init__(self, runs: RunStore, ex: Execution, *, hard_exit: bool) -> None:
         self.runs, self.ex, self.hard_exit = runs, ex, hard_exit
         self.reason: str | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a deferred start is due before the loop's next wake
+        self._next_wake = float("inf")  # under ex.lock: when the loop wakes next (monotonic)
         # Set, under the lock, once the execution has its outcome. The process may outlive
         # the execution (a pool executor takes the next run), so the watchdog may end it
         # only while its own execution is still going.
@@ -436,12 +468,13 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     def finish(self) -> None:
         """The execution has its outcome: from now on the watchdog changes nothing."""
         with self._lock:
             self._finished = True
-        self._stop.set()
+        self.stop()
 
     def sleep(self, seconds: float) -> None:
         """A retry backoff that ends early when the execution must stop."""
@@ -452,38 +485,76 @@ class Watchdog:
         if self.reason is not None:
             raise StopExecution(self.reason)
 
+    def defer_start(self, start: StepStart) -> None:
+        """Keep a step's start for its commit; wake the loop if it would sleep past `due`.
+        (Cheap: in a run of fast steps the loop is woken about once per START_DELAY_S.)"""
+        ex = self.ex
+        with ex.lock:
+            ex.starts[id(start)] = start
+            poke = start.due < self._next_wake
+            if poke:
+                self._next_wake = start.due
+        if poke:
+            self._wake.set()
+
     def _loop(self) -> None:
         interval = self.ex.ttl_ms / 3000
-        while not self._stop.wait(interval):
+        next_renew = time.monotonic() + interval
+        while not self._stop.is_set():
+            self._wake.clear()
+            now = time.monotonic()
+            with self.ex.lock:
+                first = next(iter(self.ex.starts.values()), None)
+                wake_at = min(next_renew, first.due) if first is not None else next_renew
+                self._next_wake = wake_at
+            if wake_at > now:
+                self._wake.wait(wake_at - now)
+                continue
+            if first is not None and first.due <= now:
+                status = self._store_call(self.runs.write_due_starts, self.ex, now)
+                if status not in (None, "ok"):
+                    self._stopping(status)
+                    return
+            if next_renew <= now:
+                next_renew = now + interval
+                status = self._store_call(self.runs.renew, self.ex)
+                if status not in (None, "ok"):
+                    self._stopping(status)
+                    return
+
+    def _store_call(self, call: Callable[..., str | None], *args: Any) -> str | None:
+        try:
+            return call(*args)
+        except (redis.RedisError, RedisUnavailableError, OSError) as exc:
+            log.warning("run %s: cannot renew its lease or write a step start (%s); retrying",
+                        self.ex.run_id, one_line(exc))
+            return None
+
+    def _stopping(self, status: str) -> None:
+        """A renewal or a late start said the execution must stop: stale, settled, cancelled
+        or timed out. Settles it (cancelled, timed out) and, in a horse, ends the process if
+        the body does not reach a boundary soon; nothing if our own settle landed first."""
+        interval = self.ex.ttl_ms / 3000
+        with self._lock:
+            if self._finished:
+                return  # our own settle landed first: nothing to stop
+            self.reason = {"settled": "stale"}.get(status, status)
+        if status in ("cancelled", "timed_out"):
             try:
-                status = self.runs.renew(self.ex)
+                settle_stopped(self.runs, self.ex, status)
             except (redis.RedisError, RedisUnavailableError, OSError) as exc:
-                log.warning("run %s: cannot renew its lease (%s); retrying", self.ex.run_id,
+                # The body settles it at its next boundary; the scripts refuse its steps.
+                log.warning("run %s: cannot settle it %s yet (%s)", self.ex.run_id, status,
                             one_line(exc))
-                continue
-            if status == "ok":
-                continue
+        log.warning("run %s attempt %s: %s; stopping", self.ex.run_id, self.ex.attempt,
+                    self.reason)
+        if self.hard_exit:
+            # The body may be inside a long step; give it a moment to reach a boundary.
+            self._stop.wait(min(1.0, interval))
             with self._lock:
-                if self._finished:
-                    return  # our own settle landed first: nothing to stop
-                self.reason = {"settled": "stale"}.get(status, status)
-            if status in ("cancelled", "timed_out"):
-                try:
-                    settle_stopped(self.runs, self.ex, status)
-                except (redis.RedisError, RedisUnavailableError, OSError) as exc:
-                    # The body settles it at its next boundary; the scripts refuse its steps.
-                    log.warning("run %s: cannot settle it %s yet (%s)", self.ex.run_id, status,
-                                one_line(exc))
-            log.warning("run %s attempt %s: %s; stopping", self.ex.run_id, self.ex.attempt,
-                        self.reason)
-            if self.hard_exit:
-                # The body may be inside a long step; give it a moment to reach a boundary.
-                self._stop.wait(min(1.0, interval))
-                with self._lock:
-                    if not self._finished:
-                        os._exit(EXIT_FENCED)
-            self._stop.set()
-            return
+                if not self._finished:
+                    os._exit(EXIT_FENCED)
+        self._stop.set()
 
 
 def _settled(reply_status: str, status: str) -> str:

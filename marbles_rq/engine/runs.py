@@ -57,6 +57,22 @@ class Recorded:
     status: str
 
 
+@dataclass(eq=False)
+class StepStart:
+    """The start of a step attempt, not written yet. A step with no retries costs one
+    round trip: its commit writes this start with the outcome. Any other write of the
+    execution writes it first (so the output keeps its order), and so does the watchdog once
+    `due` (monotonic) has passed, so a step that runs longer shows as running."""
+
+    key: str
+    record: bytes  # StepRecord JSON, status running
+    event: bytes  # data of its step_started event: step, attempt, started_ms (server clock)
+    due: float
+
+    def triple(self) -> tuple[str, bytes, bytes]:
+        return self.key, self.record, self.event
+
+
 @dataclass
 class Execution:
     """One execution of one delivery: the epoch fences everything it writes."""
@@ -79,6 +95,11 @@ class Execution:
     # at or before the start (the controller wakes it only once the server clock passed it).
     server_ms: int = 0
     mono_at_start: float = field(default_factory=time.monotonic)
+    # Deferred step starts not written yet, oldest first (under `lock`; see StepStart).
+    starts: dict[int, StepStart] = field(default_factory=dict)
+    # When (monotonic) a reply last said the run was not cancelled, paused or past its
+    # deadline: start_attempt, start_step or commit_step (measured before the send).
+    flags_at: float = field(default_factory=time.monotonic)
 
     def server_now_ms(self) -> int:
         """The server clock now, as far as this process can tell without asking: never
@@ -258,26 +279,77 @@ class RunStore:
                                        mono_at_start=sent))
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
+        """Write a step's start before it runs, checking cancel, pause and the deadline:
+        ok | stale | settled | cancelled | timed_out | paused."""
         with ex.lock:
+            self.write_starts_locked(ex)
             ex.seq += 1
-            return self.scripts.start_step(
-                keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
-                event=event(step=record.key, attempt=record.attempts), seq=ex.seq).status
+            sent = time.monotonic()
+            status = self.scripts.start_step(
+                keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=False,
+                starts=[(record.key, encode(record),
+                         event(step=record.key, attempt=record.attempts))]).status
+            if status == "ok":
+                ex.flags_at = sent
+            return status
+
+    def defer_start(self, ex: Execution, start: StepStart) -> None:
+        """Keep a step's start to be written with its commit (or before any other write)."""
+        with ex.lock:
+            ex.starts[id(start)] = start
+
+    def write_due_starts(self, ex: Execution, now: float) -> str | None:
+        """Write the deferred starts due by `now` (monotonic): ok | stale | settled, or None
+        when none is due (the watchdog's late start)."""
+        with ex.lock:
+            due = [s for s in ex.starts.values() if s.due <= now]
+            if not due:
+                return None
+            for start in due:
+                del ex.starts[id(start)]
+            ex.seq += 1
+            return self.scripts.start_step(keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=True,
+                                           starts=[s.triple() for s in due]).status
+
+    def flush_starts(self, ex: Execution) -> None:
+        """Write every deferred start of the execution now (see `write_starts_locked`)."""
+        with ex.lock:
+            self.write_starts_locked(ex)
+
+    def write_starts_locked(self, ex: Execution) -> None:
+        """Under ex.lock: write every deferred start first, so what the execution writes next
+        comes after the start of the steps it runs in. Its status is the next write's too."""
+        if not ex.starts:
+            return
+        starts = list(ex.starts.values())
+        ex.starts.clear()
+        ex.seq += 1
+        self.scripts.start_step(keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=True,
+                                starts=[s.triple() for s in starts])
 
     def commit_step(self, ex: Execution, record: StepRecord, event_type: str,
                     data: bytes) -> str:
+        """Record a step attempt's outcome, with the deferred starts (its own among them).
+        ok | cancelled | paused (written) | timed_out | stale | settled (not written)."""
         with ex.lock:
+            starts = [s.triple() for s in ex.starts.values()]
+            ex.starts.clear()
             ex.seq += 1
-            return self.scripts.commit_step(
+            sent = time.monotonic()
+            status = self.scripts.commit_step(
                 keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
                 event_type=event_type, event=data, run_id=ex.run_id, ttl_ms=ex.ttl_ms,
-                seq=ex.seq).status
+                seq=ex.seq, starts=starts).status
+            if status == "ok":
+                ex.flags_at = sent
+            return status
 
     def write(self, ex: Execution, type: str, data: bytes, *,
               max_lines: int = DEFAULT_MAX_OUTPUT_LINES,
               max_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> str:
         """ok | capped (dropped: the run's output cap is reached) | stale | settled"""
         with ex.lock:
+            self.write_starts_locked(ex)
             if ex.output_capped:
                 return "capped"
             ex.seq += 1
@@ -293,6 +365,7 @@ class RunStore:
 
     def settle(self, ex: Execution, status: str, *, result: bytes | None = None,
                error: ErrorInfo | None = None) -> str:
+        self.flush_starts(ex)  # a step interrupted early still shows (as interrupted)
         err = b"" if error is None else msgspec.json.encode(error)
         data: dict[str, Any] = {"status": status}
         if result is not None:

@@ -121,6 +121,7 @@ class WaitStore:
         requeued (woken while it executed: the caller enqueues <attempt>) | cancelled |
         stale | settled."""
         with ex.lock:
+            self.runs.write_starts_locked(ex)  # the parked steps' starts come before the park
             reply = self.scripts.park_run(
                 keys=ex.keys, epoch=ex.epoch, run_id=ex.run_id, reason=reason,
                 wake_at_ms=wake_at_ms, wait_for=msgspec.json.encode(wait_for),
@@ -134,6 +135,7 @@ class WaitStore:
 
     def add_report(self, ex: Execution, record: ReportRecord) -> str:
         """ok | exists | stale | settled"""
+        self.runs.flush_starts(ex)
         return self.scripts.add_report(
             keys=ex.keys, epoch=ex.epoch, run_id=ex.run_id, key=record.key, doc=encode(record),
             event=msgspec.json.encode({"kind": record.report, "key": record.key,

@@ -82,6 +82,11 @@ class Keyspace:
         """Hash: deployment metadata (bucket count, layout version)."""
         return f"{{{self.prefix}}}:meta"
 
+    @property
+    def workers(self) -> str:
+        """Sorted set: worker name -> when it is lost (server ms) unless it beats again."""
+        return f"{{{self.prefix}}}:workers"
+
     # -- claimed records (kind + id) -----------------------------------------------------
 
     def record(self, kind: str, rid: str) -> str:

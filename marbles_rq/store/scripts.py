@@ -330,17 +330,23 @@ class Scripts:
             ("ok", "missing", "settled", "stale_attempt", "busy", "cancelled", "timed_out",
              "corrupt", "waiting", "paused"))
 
-    def start_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
-                   event: bytes, seq: int) -> Reply:
+    def start_step(self, *, keys: RunKeys, epoch: int, seq: int, late: bool,
+                   starts: Sequence[tuple[str, bytes, bytes]]) -> Reply:
+        """`starts`: (step key, running StepRecord JSON, step_started event) triples; one
+        checked step (late=False), or any number already running (late=True)."""
+        flat: list[str | bytes | int] = [x for start in starts for x in start]
         return self._reply("start_step", [keys.run, keys.steps, keys.output],
-                           [epoch, step_key, record, event, seq],
+                           [epoch, seq, "late" if late else "check", *flat],
                            ("ok", "stale", "settled", "cancelled", "timed_out", "paused"))
 
     def commit_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
                     event_type: str, event: bytes, run_id: str, ttl_ms: int,
-                    seq: int) -> Reply:
+                    seq: int, starts: Sequence[tuple[str, bytes, bytes]] = ()) -> Reply:
+        """`starts`: deferred starts written before the outcome, as in start_step."""
+        flat: list[str | bytes | int] = [x for start in starts for x in start]
         return self._reply("commit_step", [keys.run, keys.steps, keys.leases, keys.output],
-                           [epoch, step_key, record, event_type, event, run_id, ttl_ms, seq],
+                           [epoch, step_key, record, event_type, event, run_id, ttl_ms, seq,
+                            *flat],
                            ("ok", "cancelled", "timed_out", "stale", "settled", "paused"))
 
     def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes, seq: int,
@@ -368,11 +374,12 @@ class Scripts:
                            ("cancelled", "requested", "settled", "missing", "corrupt"))
 
     def reap_run(self, *, keys: RunKeys, run_id: str, ctl_epoch: int, grace_ms: int,
-                 final_cancel: bytes, final_gave_up: bytes) -> Reply:
+                 final_cancel: bytes, final_gave_up: bytes, worker: str = "") -> Reply:
+        """worker: "" to reap an expired lease; a lost worker's name to reap its run."""
         return self._reply(
             "reap_run",
             [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished],
-            [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up],
+            [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up, worker],
             ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced", "corrupt"))
 
     def redispatch_run(self, *, keys: RunKeys, run_id: str, attempt: int, ctl_epoch: int,
@@ -476,6 +483,24 @@ class Scripts:
                         worker: str) -> Reply:
         return self._reply("abandon_attempt", [keys.run, keys.leases], [run_id, attempt, worker],
                            ("ok", "ignored"))
+
+    # -- worker liveness ---------------------------------------------------------------
+
+    def beat_worker(self, *, workers_key: str, worker: str, ttl_ms: int) -> int:
+        """The worker is alive for ttl_ms more; returns until when (server ms)."""
+        reply = self.call("beat_worker", [workers_key], [worker, ttl_ms])
+        if _s(reply[0]) != "ok":
+            raise self._unexpected("beat_worker", reply)
+        return int(reply[1])
+
+    def forget_workers(self, *, workers_key: str, workers: Sequence[str],
+                       cutoff_ms: int | None) -> list[str]:
+        """forget_worker for each (pipelined): ok | kept for each. cutoff_ms None removes
+        them whatever their time."""
+        cutoff = "" if cutoff_ms is None else cutoff_ms
+        replies = self.call_many("forget_worker", [([workers_key], [w, cutoff])
+                                                   for w in workers])
+        return [_s(r[0]) for r in replies]
 
     # -- events ------------------------------------------------------------------------
 

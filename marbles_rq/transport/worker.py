@@ -46,6 +46,7 @@ from .dispatch import (
     enqueue_delivery,
     rq_queue_name,
 )
+from .liveness import beating
 from .serializer import JSONSerializer
 
 log = logging.getLogger("marbles_rq.transport.worker")
@@ -257,7 +258,8 @@ def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *
             engine.worker_name = name
             engine.deliver = functools.partial(enqueue_delivery, conn, prefix)
             configure(engine)
-            worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
+            with beating(engine.runs, name, idle=functools.partial(_no_horse, worker)):
+                worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
         except _StopAsked:
             return  # asked before RQ's loop installed its own handlers
         except RedisTrouble as trouble:
@@ -295,10 +297,19 @@ def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *
                 worker.register_death()  # its teardown may not have reached Redis
 
 
+def _horse_pid(worker: Any) -> int:
+    """The pid of the worker's live horse, 0 if none (always 0 for a SimpleWorker)."""
+    return int(getattr(worker, "_horse_pid", 0) or 0)
+
+
+def _no_horse(worker: Any) -> bool:
+    return not _horse_pid(worker)
+
+
 def _kill_orphaned_horse(worker: Any) -> None:
     """A worker whose loop broke mid-run may leave its horse running; it is fenced, but a
     restarted loop must not run beside it."""
-    pid = getattr(worker, "_horse_pid", 0)
+    pid = _horse_pid(worker)
     if pid:
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.kill(pid, signal.SIGKILL)
