@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -103,12 +104,14 @@ def test_a_script_enqueued_delivery_is_the_job_rq_writes_and_reads(redis_url: st
     assert rq.sismember(Queue.redis_queues_keys, Q)
 
     # The same job enqueued by RQ itself, under another id: every field but the timestamps
-    # is the same, byte for byte (the fields RQ writes empty are left out: Job.restore reads
-    # an empty field and an absent one alike), and RQ reads back the same job.
+    # is the same, byte for byte (the fields RQ writes empty are left out, and the call is
+    # not compressed: Job.restore reads an empty field and an absent one alike, and
+    # uncompressed data as compressed), and RQ reads back the same job.
     Queue(QUEUE, connection=rq, serializer=JSONSerializer).enqueue_call(
         ENTRY, args=("same-1", 1), job_id="reference", timeout=-1, result_ttl=RESULT_TTL_S,
         failure_ttl=FAILURE_TTL_S)
     ours, theirs = rq.hgetall(Job.key_for(job_id)), rq.hgetall(Job.key_for("reference"))
+    theirs[b"data"] = zlib.decompress(theirs[b"data"])
     assert {k: v for k, v in ours.items() if k not in TIMESTAMPS} == {
         k: v for k, v in theirs.items() if k not in TIMESTAMPS and v != b""}
     assert ours.keys() >= TIMESTAMPS
@@ -311,6 +314,23 @@ def test_a_killed_horse_is_no_failure_in_rq_and_its_leftovers_are_taken_out(
              context=procs.report)
     assert admin.zcard(FAILED) == 0
     assert worker.alive()
+
+
+@pytest.mark.parametrize("pool", [None, 1], ids=["fork", "pool"])
+def test_sigterm_during_a_delivery_waits_for_it(procs: Procs, pool: int | None) -> None:
+    """RQ's warm shutdown waits for a busy worker's job; a lean worker is busy while a
+    delivery runs (in its process; RQ's state field is not written per job)."""
+    worker = procs.worker(pool=pool)
+    procs.enqueue("lt_naps", {"steps": 3, "sleep_s": 0.4}, "warm-1")
+    procs.observer.wait_step_started("warm-1", "lt_naps.lt_nap#0", attempt=1)
+    target = worker.pid if pool is None else worker.children()[0]
+    os.kill(target, signal.SIGTERM)
+    view = procs.observer.wait_status("warm-1", "succeeded", "failed", timeout=30)
+    assert (view.status, view.attempt) == ("succeeded", 1), procs.observer.dump("warm-1")
+    wait_for(lambda: not pid_alive(target), timeout=30,
+             what="the worker to stop after its delivery", context=procs.report)
+    if pool is None:
+        assert worker.wait_exit(30) == 0, worker.tail()
 
 
 # --------------------------------------------------------------------------------------------

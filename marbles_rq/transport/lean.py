@@ -92,6 +92,14 @@ class LeanWorker:
     _lean_next_beat = 0.0
     _lean_next_suspension_check = 0.0
     _lean_idle = False
+    _lean_busy = False
+
+    def get_state(self) -> str:
+        """Busy while a delivery runs, in this process only (RQ's state field is not written
+        per job): RQ's warm shutdown (SIGTERM) waits for a busy worker's delivery to end."""
+        if self._lean_busy:
+            return WorkerStatus.BUSY
+        return super().get_state()  # type: ignore[misc,no-any-return]
 
     # -- what RQ does per job, here per interval ------------------------------------------
 
@@ -251,7 +259,12 @@ class LeanSimpleWorker(LeanWorker):
     """Executes each delivery in the worker's own process (RQ's SimpleWorker)."""
 
     def execute_job(self, job: Any, queue: Any) -> None:
-        self._lean_completed(job, queue, self._lean_perform(job, queue))
+        self._lean_busy = True
+        try:
+            outcome = self._lean_perform(job, queue)
+        finally:
+            self._lean_busy = False
+        self._lean_completed(job, queue, outcome)
 
 
 class LeanForkingWorker(LeanWorker):
@@ -262,8 +275,13 @@ class LeanForkingWorker(LeanWorker):
     job_monitoring_interval: int
 
     def execute_job(self, job: Any, queue: Any) -> None:
-        self.fork_work_horse(job, queue)  # type: ignore[attr-defined]
-        self._lean_completed(job, queue, self._lean_monitor(job, queue))
+        self._lean_busy = True
+        try:
+            self.fork_work_horse(job, queue)  # type: ignore[attr-defined]
+            outcome = self._lean_monitor(job, queue)
+        finally:
+            self._lean_busy = False
+        self._lean_completed(job, queue, outcome)
 
     def main_work_horse(self, job: Any, queue: Any) -> None:
         """The horse: run the delivery, exit with its outcome (RQ's horse bookkeeping,
