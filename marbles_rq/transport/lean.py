@@ -93,6 +93,7 @@ class LeanWorker:
     _lean_next_suspension_check = 0.0
     _lean_idle = False
     _lean_busy = False
+    _lean_cause: BaseException | None = None  # what interrupted the last delivery
 
     def get_state(self) -> str:
         """Busy while a delivery runs, in this process only (RQ's state field is not written
@@ -230,6 +231,7 @@ class LeanWorker:
                 job.perform()
         except DeliveryInterrupted as stop:
             _log_interrupted(job.id, stop.cause)
+            self._lean_cause = stop.cause
             return INTERRUPTED
         except Exception:
             exc_info = sys.exc_info()
@@ -259,12 +261,19 @@ class LeanSimpleWorker(LeanWorker):
     """Executes each delivery in the worker's own process (RQ's SimpleWorker)."""
 
     def execute_job(self, job: Any, queue: Any) -> None:
+        """Run the delivery here. One interrupted by Redis or the store raises its error on
+        (after its line is logged), so the worker's loop backs off rather than take, and
+        interrupt, every queued delivery while Redis or the store is failing."""
         self._lean_busy = True
+        self._lean_cause = None
         try:
             outcome = self._lean_perform(job, queue)
         finally:
             self._lean_busy = False
         self._lean_completed(job, queue, outcome)
+        cause = self._lean_cause
+        if outcome == INTERRUPTED and isinstance(cause, redis.RedisError | RedisUnavailableError):
+            raise cause
 
 
 class LeanForkingWorker(LeanWorker):

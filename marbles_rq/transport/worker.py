@@ -99,7 +99,7 @@ class RedisTrouble(SystemExit):
     so this carries the error to `work`, which logs one line and backs off. It never
     escapes `work`."""
 
-    def __init__(self, cause: redis.RedisError) -> None:
+    def __init__(self, cause: redis.RedisError | RedisUnavailableError) -> None:
         super().__init__(1)
         self.cause = cause
 
@@ -135,9 +135,11 @@ class _RedisErrorsOut:
             raise RedisTrouble(exc) from exc
 
     def execute_job(self, job: Any, queue: Any) -> None:
+        # A delivery interrupted by Redis or the store (transport/lean.py) ends up here too:
+        # the worker backs off instead of taking the next one at once.
         try:
             super().execute_job(job, queue)  # type: ignore[misc]
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisUnavailableError) as exc:
             raise RedisTrouble(exc) from exc
 
     def handle_exception(self, job: Any, *exc_info: Any) -> None:
