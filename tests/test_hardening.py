@@ -495,7 +495,8 @@ def test_limits_from_the_environment_refuse_garbage(monkeypatch: Any) -> None:
 
 def test_a_multi_queue_worker_pops_where_a_lost_delivery_can_be_seen(procs: Procs) -> None:
     """RQ pops for several queues with BLPOP, which leaves no trace of a job between the pop
-    and the bookkeeping; marbles-rq's worker moves it into the queue's intermediate list."""
+    and the bookkeeping; marbles-rq's worker moves it into the queue's intermediate list,
+    and takes it out once the delivery completed (with its next pop)."""
     client = redis.Redis.from_url(procs.url)
     procs.controller()
     procs.worker(extra=["--queues", "hi,lo"])
@@ -506,8 +507,10 @@ def test_a_multi_queue_worker_pops_where_a_lost_delivery_can_be_seen(procs: Proc
         assert procs.observer.wait_status(run_id, "succeeded", timeout=30).attempt == 1
     stats = client.info("commandstats")
     assert "cmdstat_blpop" not in stats and "cmdstat_lmove" in stats
-    assert client.llen("rq:queue:mrq.lo:intermediate") == 0  # bookkeeping took it out
-    assert client.llen("rq:queue:mrq.hi:intermediate") == 0
+    wait_for(lambda: client.llen("rq:queue:mrq.lo:intermediate") == 0
+             and client.llen("rq:queue:mrq.hi:intermediate") == 0, timeout=10,
+             what="the completed deliveries to leave the intermediate lists",
+             context=procs.report)
 
 
 # -- 22: the chain example's effect is exactly once, also when killed next to it ---------------

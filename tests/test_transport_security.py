@@ -169,7 +169,9 @@ def test_two_prefixes_on_one_redis_never_take_each_others_deliveries(
     for run_id in ("shared", "only-b"):
         _wait_succeeded(pb, "pb", run_id)
         assert _view(pb, "pb", run_id)[1] in wb.names()
-        assert conn.hget(f"rq:job:pb-{run_id}-a1", "worker_name") in wb.names()
+        # A completed delivery leaves nothing in RQ (the worker cleans it up with its next pop).
+        wait_for(lambda r=run_id: not conn.exists(f"rq:job:pb-{r}-a1"), timeout=10,
+                 what=f"pb's delivery of {run_id} to be cleaned up", context=pb.report)
     assert "pb-" not in wa.text() and "pa-" not in wb.text()
     assert wa.alive() and wb.alive()
 
@@ -261,6 +263,8 @@ def _field_value(field: str, url: str) -> str:
         "repeats_left": "3",
         "repeat_intervals": "[0]",
         "group_id": "planted-group",
+        "rate_limit_key": "planted-limit",
+        "rate_limit_concurrency": "1",
     }[field]
 
 
@@ -399,5 +403,6 @@ def test_marbles_job_never_resolves_callbacks(redis_url: str, tmp_path: Path) ->
     assert loaded.stopped_callback is None
     assert loaded.webhooks == [] and loaded._dependency_ids == []
     assert not loaded.should_retry and loaded.repeats_left is None
+    assert not loaded.has_rate_limit and loaded.rate_limit_key is None
     assert set(loaded._marbles_planted) == set(FORBIDDEN_FIELDS)
     assert "no_such_module_xyz" not in sys.modules

@@ -31,7 +31,6 @@ from . import EXIT_PROBLEM, Settings
 
 # Global options of `marbles-rq` that take a value: skipped when finding a subcommand.
 _VALUED = {"--redis-url", "--prefix", "--buckets", "--source", "--rq-url"}
-RQ_WORKERS_KEY = "rq:workers"  # RQ's registry of worker keys (rq.worker_registration)
 
 
 def _s(value: Any) -> str:
@@ -126,13 +125,14 @@ def controller_health(settings: Settings) -> None:
 def worker_health(settings: Settings) -> None:
     """A worker registered from this host is alive: RQ still holds its registration and its
     pid is a live marbles-rq worker process here."""
-    from ..transport.dispatch import rq_queue_name
+    from ..transport.dispatch import rq_queue_name, rq_worker_keys
 
     rq = settings.rq()
     here = socket.gethostname()
     queue_prefix = rq_queue_name(settings.prefix, "")
-    keys = sorted(_s(k) for k in rq.smembers(RQ_WORKERS_KEY))
-    keys = [k for k in keys if k.startswith(f"rq:worker:{here}.")]
+    workers_key, worker_prefix = rq_worker_keys()
+    keys = sorted(_s(k) for k in rq.smembers(workers_key))
+    keys = [k for k in keys if k.startswith(f"{worker_prefix}{here}.")]
     local = set(local_processes("worker"))
     pipe = rq.pipeline(transaction=False)
     for key in keys:
@@ -152,7 +152,7 @@ def worker_health(settings: Settings) -> None:
                 age = f", heartbeat {time.time() - seen.timestamp():.0f} s ago"
             except ValueError:
                 pass
-        alive.append(f"{key.removeprefix('rq:worker:')} ({_s(state or b'?')}{age})")
+        alive.append(f"{key.removeprefix(worker_prefix)} ({_s(state or b'?')}{age})")
     if not alive:
         _unhealthy(f"no live worker of prefix {settings.prefix!r} from this host ({here}) is "
                    f"registered with RQ (local worker processes: "

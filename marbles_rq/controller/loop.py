@@ -349,17 +349,25 @@ class Controller:
 
     def find_lost(self) -> int:
         """Deliver again, as attempt + 1, a delivery lost before its run started:
-        - one a worker popped (intermediate list, started registry) whose run is still
-          queued under that attempt after LOST_AFTER_S (the worker died between its pop and
-          its bookkeeping, or Redis restarted there);
-        - one that failed in RQ while its run is still queued under that attempt (the horse
-          died before starting, or the store refused the start): at once. A failed job is
-          read once from RQ's registry, so it is kept here until its run moves on."""
+        - one a worker popped (intermediate list, or the started registry of a worker of an
+          earlier version) whose run is still queued under that attempt after LOST_AFTER_S
+          (the worker died between its pop and the run's start, its horse died before the
+          start, the store refused the start, or Redis restarted there);
+        - one that failed in RQ while its run is still queued under that attempt (a job
+          refused by the worker): at once. A failed job is read once from RQ's registry, so
+          it is kept here until its run moves on.
+        A popped delivery whose run has moved on (started under a newer delivery, settled,
+        waiting, gone) is over: what its worker left in the intermediate list is taken out
+        (`InFlight.forget`). One still running under that delivery is left alone."""
         assert self.lease is not None
         popped_ids, failed_ids = self.in_flight.job_ids()
-        popped = {p for p in map(self._parse, popped_ids) if p is not None}
+        popped_job: dict[tuple[str, int], str] = {}
+        for job_id in popped_ids:
+            parsed = self._parse(job_id)
+            if parsed is not None:
+                popped_job[parsed] = job_id
         self._failed.update(p for p in map(self._parse, failed_ids) if p is not None)
-        candidates = sorted(popped | self._failed)
+        candidates = sorted(set(popped_job) | self._failed)
         now = time.monotonic()
         if not candidates:
             self._lost.clear()
@@ -369,11 +377,18 @@ class Controller:
             pipe.hmget(self.keys.run(run_id), "status", "attempt")
         states = pipe.execute(raise_on_error=False)
         still: dict[tuple[str, int], float] = {}
+        over: list[str] = []
         done = 0
         for (run_id, attempt), st in zip(candidates, states, strict=True):
-            if isinstance(st, Exception) or st[0] != b"queued" or st[1] != str(attempt).encode():
+            if isinstance(st, Exception):
                 self._failed.discard((run_id, attempt))
-                continue  # started, settled, moved on, or not ours to judge here
+                continue  # not ours to judge here
+            this = st[1] == str(attempt).encode()
+            if st[0] != b"queued" or not this:
+                self._failed.discard((run_id, attempt))
+                if (run_id, attempt) in popped_job and not (st[0] == b"running" and this):
+                    over.append(popped_job[(run_id, attempt)])
+                continue  # started, settled, moved on
             if (run_id, attempt) not in self._failed:
                 first = self._lost.get((run_id, attempt), now)
                 if now - first < self.lost_after_s:
@@ -382,6 +397,8 @@ class Controller:
             if self._redispatch(run_id, attempt):
                 done += 1
         self._lost = still
+        if over:
+            self.in_flight.forget(over)
         return done
 
     def _parse(self, job_id: str) -> tuple[str, int] | None:

@@ -110,9 +110,15 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
 
 def enqueue(runs: RunStore, rq: redis.Redis, request: RunRequest,
             registry: Registry = REGISTRY) -> Enqueued:
-    """Record the run (journal first), then enqueue its first delivery. The same run id
-    again returns the existing run and enqueues nothing."""
+    """Record the run (journal first), then enqueue its first delivery: in one script call
+    when the store and RQ share one standalone Redis, else in two round trips. The same run
+    id again returns the existing run and enqueues nothing."""
     record = prepare(request, registry)
+    prefix = runs.keys.prefix
+    if dispatch.same_server(runs.client, rq):
+        push = dispatch.delivery_push(rq, prefix, record.queue, record.id, 1)
+        recorded = runs.record(record, push)
+        return _result(recorded, dispatched=recorded.enqueued)
     recorded = runs.record(record)
     if not recorded.created:
         return _result(recorded, dispatched=False)
@@ -125,11 +131,20 @@ def enqueue(runs: RunStore, rq: redis.Redis, request: RunRequest,
 
 def enqueue_many(runs: RunStore, rq: redis.Redis, requests: list[RunRequest],
                  registry: Registry = REGISTRY) -> list[Enqueued]:
-    """Validate all, then per chunk of 500: record it, and enqueue its new runs in one RQ
-    pipeline per queue. Each chunk reaches RQ right after it is recorded, well inside the
+    """Validate all, then per chunk of 500: record it and enqueue its new runs, in one round
+    trip when the store and RQ share one standalone Redis, else recorded in one and enqueued
+    in one per queue. Each chunk reaches RQ right after it is recorded, well inside the
     controller's grace, so the controller never enqueues a delivery a second time."""
     records = [prepare(r, registry) for r in requests]
     out: list[Enqueued] = []
+    prefix = runs.keys.prefix
+    if dispatch.same_server(runs.client, rq):
+        for start in range(0, len(records), ENQUEUE_CHUNK):
+            chunk = records[start:start + ENQUEUE_CHUNK]
+            pushes = [dispatch.delivery_push(rq, prefix, r.queue, r.id, 1) for r in chunk]
+            out += [_result(r, dispatched=r.enqueued)
+                    for r in runs.record_chunk(chunk, pushes)]
+        return out
     for start in range(0, len(records), ENQUEUE_CHUNK):
         recorded = runs.record_chunk(records[start:start + ENQUEUE_CHUNK])
         fresh: dict[str, list[tuple[str, int]]] = defaultdict(list)

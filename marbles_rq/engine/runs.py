@@ -24,6 +24,7 @@ from ..store import RedisStore, new_request_id
 from ..store.ids import check_id
 from ..store.keys import RunKeys
 from ..store.records import EffectReceipt, ErrorInfo, RunRecord, StepRecord, decode, encode
+from ..store.scripts import JobPush
 
 log = logging.getLogger("marbles_rq.engine.runs")
 
@@ -55,6 +56,7 @@ class Recorded:
     created: bool
     record: RunRecord
     status: str
+    enqueued: bool = False  # its first delivery was enqueued by the same call (a JobPush)
 
 
 @dataclass(eq=False)
@@ -231,19 +233,30 @@ class RunStore:
         if reply.status == "corrupt":
             raise CorruptRecordError(self.keys.run(record.id), _s(reply.values[0]))
         if reply.status == "ok":
-            return Recorded(True, record, "queued")
+            enqueued = len(reply.values) > 1 and int(reply.values[1]) == 1
+            return Recorded(True, record, "queued", enqueued)
         existing = decode(RunRecord, reply.values[0], self.keys.run(record.id))
         return Recorded(False, existing, _s(reply.values[1]))
 
-    def record(self, record: RunRecord) -> Recorded:
-        return self._recorded(record, self.scripts.claim_run(**self._claim_args(record)))
+    def record(self, record: RunRecord, push: JobPush | None = None) -> Recorded:
+        """Record a run (journal first). With `push` (its first delivery as an RQ job, when
+        the store and RQ share one standalone Redis) the same script call enqueues it."""
+        args = self._claim_args(record)
+        return self._recorded(record, self.scripts.claim_run(**args, push=push))
 
     def record_many(self, records: list[RunRecord]) -> list[Recorded]:
         """Record many runs in one round trip per 500 (one by one on a cluster)."""
         return [rec for chunk in _chunks(records, 500) for rec in self.record_chunk(chunk)]
 
-    def record_chunk(self, chunk: list[RunRecord]) -> list[Recorded]:
-        replies = self.scripts.claim_runs([self._claim_args(r) for r in chunk])
+    def record_chunk(self, chunk: list[RunRecord],
+                     pushes: list[JobPush] | None = None) -> list[Recorded]:
+        """Record a chunk in one round trip; `pushes` (one per record) enqueue each run's
+        first delivery in the same call (see `record`)."""
+        calls = [self._claim_args(r) for r in chunk]
+        if pushes is not None:
+            for call, push in zip(calls, pushes, strict=True):
+                call["push"] = push
+        replies = self.scripts.claim_runs(calls)
         return [self._recorded(r, reply) for r, reply in zip(chunk, replies, strict=True)]
 
     # -- executing (every call fenced by the execution's epoch) ---------------------------

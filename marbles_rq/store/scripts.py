@@ -108,6 +108,25 @@ class LeaseReply:
 
 
 @dataclass(frozen=True)
+class JobPush:
+    """A job hash to write and its id to push on a queue list: RQ's enqueue of one job, done
+    by a script. The key names and the fields are RQ's, built by RQ in the transport
+    (marbles_rq/transport/dispatch.py); the scripts only write them."""
+
+    job_key: str
+    queue_key: str
+    queues_key: str  # RQ's set of queue keys, where the queue is registered
+    job_id: str
+    fields: tuple[str | bytes, ...]  # field, value, field, value, ...
+
+    def keys(self) -> list[str]:
+        return [self.job_key, self.queue_key, self.queues_key]
+
+    def args(self) -> list[str | bytes | int]:
+        return [self.job_id, len(self.fields) // 2, *self.fields]
+
+
+@dataclass(frozen=True)
 class Reply:
     """A run script's reply: its status word and the values after it (see each header)."""
 
@@ -154,17 +173,22 @@ class Scripts:
 
         return self._checked(name, self._resending(send))
 
-    def call_many(self, name: str, calls: list[tuple[list[str], list[str | bytes | int]]]
-                  ) -> list[list[Any]]:
-        """Many calls of one script in one round trip (one fsync for all) on a single server;
-        one by one on a cluster, where scripts cannot be pipelined. Each call must be safe to
-        resend (request ids), because a failed pipeline is resent whole."""
+    def call_many(self, name: str, calls: list[tuple[list[str], list[str | bytes | int]]],
+                  *, transaction: bool = False) -> list[list[Any]]:
+        """Many calls of one script in one round trip on a single server; one by one on a
+        cluster, where scripts cannot be pipelined. Each call must be safe to resend (request
+        ids), because a failed pipeline is resent whole.
+
+        Redis reads a long pipeline in chunks (16 KiB) and, with appendfsync always, fsyncs
+        after each chunk that wrote. `transaction` wraps the calls in MULTI/EXEC: they run
+        together at EXEC, with one fsync for all (as RQ's enqueue_many), and hold the server
+        meanwhile; for batches that are written, not read, in a hurry."""
         if isinstance(self.client, RedisCluster) or len(calls) < 2:
             return [self.call(name, keys, args) for keys, args in calls]
         script = self.scripts[name]
 
         def pipelined() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=transaction)
             for keys, args in calls:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
             return list(pipe.execute(raise_on_error=False))
@@ -296,22 +320,30 @@ class Scripts:
     @staticmethod
     def _claim_run_call(keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
                         timeout_ms: int, max_deliveries: int, grace_ms: int,
-                        event: bytes, retention_ms: int
+                        event: bytes, retention_ms: int, push: JobPush | None = None
                         ) -> tuple[list[str], list[str | bytes | int]]:
-        return ([keys.run, keys.listing, keys.dispatch, keys.output],
-                [run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event,
-                 retention_ms])
+        """`push`: also enqueue the run's first delivery, in the same call (the store and
+        RQ share one standalone Redis)."""
+        call_keys = [keys.run, keys.listing, keys.dispatch, keys.output]
+        args: list[str | bytes | int] = [run_id, doc, request_id, queue, timeout_ms,
+                                         max_deliveries, grace_ms, event, retention_ms]
+        if push is not None:
+            call_keys += push.keys()
+            args += push.args()
+        return call_keys, args
 
     def claim_run(self, *, keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
                   timeout_ms: int, max_deliveries: int, grace_ms: int, event: bytes,
-                  retention_ms: int) -> Reply:
+                  retention_ms: int, push: JobPush | None = None) -> Reply:
+        """{"ok", created_ms, enqueued} | {"exists", doc, status} | {"corrupt", reason}."""
         return self._reply("claim_run", *self._claim_run_call(
             keys, run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event,
-            retention_ms), ("ok", "exists", "corrupt"))
+            retention_ms, push), ("ok", "exists", "corrupt"))
 
     def claim_runs(self, calls: list[dict[str, Any]]) -> list[Reply]:
-        """claim_run for many runs in one round trip (see call_many)."""
-        replies = self.call_many("claim_run", [self._claim_run_call(**c) for c in calls])
+        """claim_run for many runs in one round trip and one fsync (see call_many)."""
+        replies = self.call_many("claim_run", [self._claim_run_call(**c) for c in calls],
+                                 transaction=True)
         out = []
         for reply in replies:
             status = _s(reply[0])
@@ -501,6 +533,24 @@ class Scripts:
         replies = self.call_many("forget_worker", [([workers_key], [w, cutoff])
                                                    for w in workers])
         return [_s(r[0]) for r in replies]
+
+    # -- the transport ----------------------------------------------------------------
+
+    def enqueue_delivery(self, push: JobPush) -> bool:
+        """RQ's unique enqueue of one job in one round trip: False if RQ holds its id."""
+        return self._reply("enqueue_delivery", push.keys(), push.args(),
+                           ("ok", "exists")).status == "ok"
+
+    def enqueue_deliveries(self, pushes: list[JobPush]) -> list[bool]:
+        """enqueue_delivery for many jobs in one round trip and one fsync (see call_many)."""
+        replies = self.call_many("enqueue_delivery", [(p.keys(), p.args()) for p in pushes],
+                                 transaction=True)
+        out = []
+        for reply in replies:
+            if _s(reply[0]) not in ("ok", "exists"):
+                raise self._unexpected("enqueue_delivery", reply)
+            out.append(_s(reply[0]) == "ok")
+        return out
 
     # -- events ------------------------------------------------------------------------
 

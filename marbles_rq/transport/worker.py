@@ -12,6 +12,9 @@ name that is unique per start (``<host>.<random>.<pid>``): a worker restarted wi
 pid and hostname (a container) must not collide with its predecessor's registration, which
 RQ keeps for minutes after a hard kill.
 
+Each delivery takes RQ's lean path (transport/lean.py): its pop, one read of its job and its
+cleanup, and none of RQ's per-job bookkeeping.
+
 Redis errors (unreachable, LOADING, OOM, MISCONF, READONLY, NOPERM, script errors) never end
 the process: each is one log line, then the worker is rebuilt after a capped exponential
 backoff.
@@ -46,6 +49,7 @@ from .dispatch import (
     enqueue_delivery,
     rq_queue_name,
 )
+from .lean import LeanForkingWorker, LeanSimpleWorker
 from .liveness import beating
 from .serializer import JSONSerializer
 
@@ -96,7 +100,7 @@ class RedisTrouble(SystemExit):
     so this carries the error to `work`, which logs one line and backs off. It never
     escapes `work`."""
 
-    def __init__(self, cause: redis.RedisError) -> None:
+    def __init__(self, cause: redis.RedisError | RedisUnavailableError) -> None:
         super().__init__(1)
         self.cause = cause
 
@@ -131,24 +135,18 @@ class _RedisErrorsOut:
         except redis.RedisError as exc:
             raise RedisTrouble(exc) from exc
 
-    def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False
-                              ) -> None:
-        # MarblesQueue pops into the intermediate list for any number of queues (RQ only
-        # for one), so the job always leaves it here, with the rest of the bookkeeping.
-        try:
-            super().prepare_job_execution(job, True)  # type: ignore[misc]
-        except redis.RedisError as exc:
-            raise RedisTrouble(exc) from exc
-
     def execute_job(self, job: Any, queue: Any) -> None:
+        # A delivery interrupted by Redis or the store (transport/lean.py) ends up here too:
+        # the worker backs off instead of taking the next one at once.
         try:
             super().execute_job(job, queue)  # type: ignore[misc]
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisUnavailableError) as exc:
             raise RedisTrouble(exc) from exc
 
     def handle_exception(self, job: Any, *exc_info: Any) -> None:
-        """A delivery that stopped on a Redis error, or a refused job, is one line; RQ would
-        log a traceback for each (marbles-rq installs no exception handlers to call)."""
+        """A refused job, or one that stopped on a Redis error, is one line; RQ would log a
+        traceback for each (marbles-rq installs no exception handlers to call). (A delivery
+        interrupted inside marbles-rq's entry point never gets here: transport/lean.py.)"""
         exc = exc_info[1]
         if isinstance(exc, RedisTrouble):
             exc = exc.cause
@@ -202,8 +200,9 @@ class _AbandonOnHorseDeath:
             log.warning("could not expire the lease of a dead horse's run: %s", exc)
 
 
-class MarblesWorker(_RedisErrorsOut, _MarblesMaintenance, _AbandonOnHorseDeath, Worker):
-    """RQ's forking Worker whose horses die with it."""
+class MarblesWorker(_RedisErrorsOut, _MarblesMaintenance, _AbandonOnHorseDeath,
+                    LeanForkingWorker, Worker):
+    """RQ's forking Worker on the lean path, whose horses die with it."""
 
     def fork_work_horse(self, job: Any, queue: Any) -> None:
         self._marbles_parent = os.getpid()
@@ -214,8 +213,9 @@ class MarblesWorker(_RedisErrorsOut, _MarblesMaintenance, _AbandonOnHorseDeath, 
         super().main_work_horse(job, queue)
 
 
-class MarblesSimpleWorker(_RedisErrorsOut, _MarblesMaintenance, SimpleWorker):
-    """Executes deliveries in its own process (no fork per run)."""
+class MarblesSimpleWorker(_RedisErrorsOut, _MarblesMaintenance, LeanSimpleWorker,
+                          SimpleWorker):
+    """Executes deliveries in its own process (no fork per run), on the lean path."""
 
 
 def build_worker(cls: type[Any], queues: list[str], conn: redis.Redis, prefix: str,

@@ -1,0 +1,333 @@
+"""RQ as a lean transport: RQ's queues, workers and registries, without the per-delivery
+bookkeeping that marbles-rq's store makes redundant (the store, not RQ, knows a run's state).
+
+What one delivery costs RQ's Redis in a marbles-rq worker:
+
+* its pop: ``LMOVE`` from the queue list into the queue's intermediate list (``BLMOVE`` when
+  the queues are empty), sent in the same round trip as the cleanup of the delivery before;
+* one ``HGETALL`` of its job hash (`Job.fetch`);
+* once it completed: ``LREM`` from the intermediate list and ``DEL`` of its job hash, sent
+  with the next pop (or when the worker stops).
+
+Nothing else per delivery: no execution records, no started or finished registry entries,
+no job or execution heartbeats, no job status, result or counters, no dependents check, no
+worker state or current-job writes. The worker's registration (RQ's worker hash, which
+``rq info``, rq-dashboard and ``marbles-rq health worker`` read) is renewed at most every
+HEARTBEAT_EVERY_S, and the suspension flag (``rq suspend``) read at most every
+SUSPENSION_CHECK_EVERY_S. RQ's queues, ``rq info`` and rq-dashboard still see the queues,
+their lengths and the workers; a delivery that completed leaves no job behind.
+
+A delivery's outcome:
+
+* completed (the entry point returned: the run settled, parked, was handed back, or the
+  delivery was stale): cleaned up as above;
+* refused (not a delivery of this deployment, or a planted field; MarblesJob): RQ's own
+  failure path (failed registry, job status and result), then taken out of the
+  intermediate list;
+* interrupted (the entry point raised: a Redis error, the store unavailable, a bug; or the
+  horse died): logged, and nothing is written to RQ. It never shows up as a failure in RQ's
+  registries, and its entry stays in the intermediate list: the controller redelivers a run
+  still queued under that delivery after a few seconds, reaps a running one whose lease
+  expires, and takes the entry out once the run has moved on
+  (``Controller.find_lost``, ``dispatch.InFlight``).
+
+A forked horse tells its worker the outcome by its exit code (EXIT_CODES); any other exit
+(a signal, a crash, a fenced horse's EXIT_FENCED) is an interruption, except EXIT_FENCED,
+whose run has moved on: it is cleaned up as completed.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import redis
+from rq.exceptions import NoSuchJobError
+from rq.job_lifecycle import format_exc_info
+from rq.timeouts import HorseMonitorTimeoutException, JobTimeoutException
+from rq.utils import as_text
+from rq.utils import now as rq_now
+from rq.worker import WorkerStatus
+
+from ..engine.execute import EXIT_FENCED
+from ..errors import RedisUnavailableError
+from .dispatch import MULTI_QUEUE_BLOCK_S, DeliveryInterrupted
+
+log = logging.getLogger("marbles_rq.transport.worker")
+
+HEARTBEAT_EVERY_S = 15.0  # RQ's worker hash lives worker_ttl + 60 s (480 s by default)
+SUSPENSION_CHECK_EVERY_S = 1.0
+
+DONE, FAILED, INTERRUPTED = "done", "failed", "interrupted"
+EXIT_CODES = {DONE: 0, FAILED: 70, INTERRUPTED: 71}  # a forked horse's outcome
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class LeanWorker:
+    """The per-delivery path of a marbles-rq worker, mixed in before RQ's worker class (it
+    overrides RQ's documented worker methods: dequeue_job_and_maintain_ttl, execute_job,
+    main_work_horse, heartbeat, check_for_suspension, teardown)."""
+
+    # RQ's, set by its worker
+    connection: redis.Redis
+    name: str
+    log: logging.Logger
+    queues: list[Any]
+    _ordered_queues: list[Any]
+    job_class: Any
+    serializer: Any
+    death_penalty_class: Any
+    queue_class: Any
+
+    # deliveries completed, cleaned up with the next pop: (intermediate key, job id, delete)
+    _lean_done: list[tuple[str, str, bool]] | None = None
+    _lean_next_beat = 0.0
+    _lean_next_suspension_check = 0.0
+    _lean_idle = False
+    _lean_busy = False
+    _lean_cause: BaseException | None = None  # what interrupted the last delivery
+
+    def get_state(self) -> str:
+        """Busy while a delivery runs, in this process only (RQ's state field is not written
+        per job): RQ's warm shutdown (SIGTERM) waits for a busy worker's delivery to end."""
+        if self._lean_busy:
+            return WorkerStatus.BUSY
+        return super().get_state()  # type: ignore[misc,no-any-return]
+
+    # -- what RQ does per job, here per interval ------------------------------------------
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's worker heartbeat (worker hash TTL and last_heartbeat), at most every
+        HEARTBEAT_EVERY_S unless a timeout is asked for, in one round trip."""
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+            return
+        now = time.monotonic()
+        if timeout is None and now < self._lean_next_beat:
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
+            pipe.execute()
+        self._lean_next_beat = now + HEARTBEAT_EVERY_S
+
+    def check_for_suspension(self, burst: bool) -> None:
+        now = time.monotonic()
+        if now < self._lean_next_suspension_check:
+            return
+        super().check_for_suspension(burst)  # type: ignore[misc]
+        self._lean_next_suspension_check = time.monotonic() + SUSPENSION_CHECK_EVERY_S
+
+    # -- the pop ----------------------------------------------------------------------------
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None,
+                                     max_idle_time: int | None = None) -> Any:
+        """The next delivery as (job, queue), or None: in burst mode when the queues are
+        empty, else when idle for max_idle_time. The job id stays in its queue's
+        intermediate list until the delivery completed."""
+        if not self._lean_idle:
+            self.set_state(WorkerStatus.IDLE)  # type: ignore[attr-defined]
+            self._lean_idle = True
+        self.procline("Listening on " + ",".join(self.queue_names()))  # type: ignore[attr-defined]
+        idle_since = time.monotonic()
+        while True:
+            self.heartbeat()
+            if self.should_run_maintenance_tasks:  # type: ignore[attr-defined]
+                self.run_maintenance_tasks()  # type: ignore[attr-defined]
+            block: float | None = timeout
+            if timeout is not None and max_idle_time is not None:
+                left = max_idle_time - (time.monotonic() - idle_since)
+                if left <= 0:
+                    return None
+                block = min(timeout, left)
+            popped = self._lean_pop(block)
+            if popped is None:
+                if timeout is None:
+                    return None
+                continue
+            queue, job_id = popped
+            try:
+                job = self.job_class.fetch(job_id, connection=self.connection,
+                                           serializer=self.serializer)
+            except NoSuchJobError:  # gone meanwhile (RQ skips it too)
+                self._lean_cleanup(queue, job_id, delete=False)
+                continue
+            except Exception as exc:  # as RQ's dequeue: the job id and queue for the log
+                exc.job_id = job_id  # type: ignore[attr-defined]
+                exc.queue = queue  # type: ignore[attr-defined]
+                raise
+            self.reorder_queues(reference_queue=queue)  # type: ignore[attr-defined]
+            self.log.debug("Worker %s: dequeued %s from %s", self.name, job_id, queue.name)
+            return job, queue
+
+    def _lean_pop(self, block: float | None) -> tuple[Any, str] | None:
+        """Move one job id from the first non-empty queue (priority order) into its
+        intermediate list; the cleanups of completed deliveries go with the first LMOVE.
+        `block` None: do not wait; else wait up to that long (BLMOVE on the first queue;
+        for several queues at most MULTI_QUEUE_BLOCK_S, then the caller sweeps again)."""
+        queues = self._ordered_queues
+        for i, queue in enumerate(queues):
+            pipe = self.connection.pipeline(transaction=False)
+            if i == 0:
+                self._lean_flush(pipe)
+            pipe.lmove(queue.key, queue.intermediate_queue_key)
+            replies = pipe.execute()
+            if i == 0:
+                self._lean_done = []
+            if replies[-1] is not None:
+                return queue, as_text(replies[-1])
+        if block is None:
+            return None
+        first = queues[0]
+        wait = block if len(queues) == 1 else min(block, MULTI_QUEUE_BLOCK_S)
+        found = self.connection.blmove(first.key, first.intermediate_queue_key,
+                                       max(wait, 0.01))  # type: ignore[arg-type]  # a float is fine
+        return None if found is None else (first, as_text(found))
+
+    def _lean_cleanup(self, queue: Any, job_id: str, *, delete: bool) -> None:
+        if self._lean_done is None:
+            self._lean_done = []
+        self._lean_done.append((queue.intermediate_queue_key, job_id, delete))
+
+    def _lean_flush(self, pipe: Any) -> None:
+        for intermediate, job_id, delete in self._lean_done or ():
+            pipe.lrem(intermediate, 1, job_id)
+            if delete:
+                pipe.delete(self.job_class.key_for(job_id))
+
+    def teardown(self) -> None:
+        """Clean up what completed before RQ's teardown (the worker stops)."""
+        if self._lean_done and not self.is_horse:  # type: ignore[attr-defined]
+            try:
+                with self.connection.pipeline(transaction=False) as pipe:
+                    self._lean_flush(pipe)
+                    pipe.execute()
+                self._lean_done = []
+            except redis.RedisError as exc:  # the controller takes the entries out later
+                log.warning("worker %s: could not clean up %s completed deliveries (%s)",
+                            self.name, len(self._lean_done), _describe(exc))
+        super().teardown()  # type: ignore[misc]
+
+    # -- executing --------------------------------------------------------------------------
+
+    def _lean_perform(self, job: Any, queue: Any) -> str:
+        """Run the job in this process: DONE, FAILED (RQ's failure path was taken: refused,
+        not a delivery) or INTERRUPTED (the entry point raised; logged)."""
+        job.started_at = rq_now()
+        job.worker_name = self.name
+        self.procline(f"Processing {job.id} from {queue.name} since {time.time()}")  # type: ignore[attr-defined]
+        try:
+            if job.timeout is not None and job.timeout > 0:  # never a delivery's (-1)
+                with self.death_penalty_class(job.timeout, JobTimeoutException, job_id=job.id):
+                    job.perform()
+            else:
+                job.perform()
+        except DeliveryInterrupted as stop:
+            _log_interrupted(job.id, stop.cause)
+            self._lean_cause = stop.cause
+            return INTERRUPTED
+        except Exception:
+            exc_info = sys.exc_info()
+            job.ended_at = rq_now()
+            self.handle_exception(job, *exc_info)  # type: ignore[attr-defined]
+            self.handle_job_failure(job, queue=queue,  # type: ignore[attr-defined]
+                                    exc_string=format_exc_info(exc_info))
+            return FAILED
+        self.log.debug("Worker %s: %s done", self.name, job.id)
+        return DONE
+
+    def _lean_completed(self, job: Any, queue: Any, outcome: str) -> None:
+        if outcome in (DONE, FAILED):
+            self._lean_cleanup(queue, job.id, delete=outcome == DONE)
+
+
+def _log_interrupted(job_id: str, cause: BaseException) -> None:
+    if isinstance(cause, redis.RedisError | RedisUnavailableError):
+        log.error("job %s stopped on a Redis error (%s); its run is redelivered once its "
+                  "lease expires", job_id, _describe(cause))
+    else:
+        log.error("job %s stopped on an unexpected error; its run is redelivered", job_id,
+                  exc_info=(type(cause), cause, cause.__traceback__))
+
+
+class LeanSimpleWorker(LeanWorker):
+    """Executes each delivery in the worker's own process (RQ's SimpleWorker)."""
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        """Run the delivery here. One interrupted by Redis or the store raises its error on
+        (after its line is logged), so the worker's loop backs off rather than take, and
+        interrupt, every queued delivery while Redis or the store is failing."""
+        self._lean_busy = True
+        self._lean_cause = None
+        try:
+            outcome = self._lean_perform(job, queue)
+        finally:
+            self._lean_busy = False
+        self._lean_completed(job, queue, outcome)
+        cause = self._lean_cause
+        if outcome == INTERRUPTED and isinstance(cause, redis.RedisError | RedisUnavailableError):
+            raise cause
+
+
+class LeanForkingWorker(LeanWorker):
+    """Executes each delivery in a forked horse (RQ's Worker); the horse's exit code is the
+    delivery's outcome."""
+
+    _horse_pid: int
+    job_monitoring_interval: int
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        self._lean_busy = True
+        try:
+            self.fork_work_horse(job, queue)  # type: ignore[attr-defined]
+            outcome = self._lean_monitor(job, queue)
+        finally:
+            self._lean_busy = False
+        self._lean_completed(job, queue, outcome)
+
+    def main_work_horse(self, job: Any, queue: Any) -> None:
+        """The horse: run the delivery, exit with its outcome (RQ's horse bookkeeping,
+        execution records and job status, is not done)."""
+        random.seed()
+        self.setup_work_horse_signals()  # type: ignore[attr-defined]
+        self._is_horse = True
+        try:
+            outcome = self._lean_perform(job, queue)
+        except BaseException:
+            os._exit(1)
+        os._exit(EXIT_CODES[outcome])
+
+    def _lean_monitor(self, job: Any, queue: Any) -> str:
+        """Wait for the horse (renewing the worker's registration meanwhile); its outcome."""
+        retpid = ret_val = rusage = None
+        while True:
+            try:
+                with self.death_penalty_class(self.job_monitoring_interval,
+                                              HorseMonitorTimeoutException):
+                    retpid, ret_val, rusage = self.wait_for_horse()  # type: ignore[attr-defined]
+                break
+            except HorseMonitorTimeoutException:
+                self.heartbeat()
+            except OSError as exc:
+                if exc.errno != errno.EINTR:
+                    raise
+                self.heartbeat()
+        self._horse_pid = 0
+        if ret_val is not None and os.WIFEXITED(ret_val):
+            code = os.WEXITSTATUS(ret_val)
+            if code == EXIT_CODES[DONE] or code == EXIT_FENCED:
+                return DONE  # EXIT_FENCED: the run has moved on; this delivery is over
+            if code == EXIT_CODES[FAILED]:
+                return FAILED
+            if code == EXIT_CODES[INTERRUPTED]:
+                return INTERRUPTED
+        # Killed, or crashed outside the delivery's code: nothing wrote an outcome.
+        self.handle_work_horse_killed(job, retpid, ret_val, rusage)  # type: ignore[attr-defined]
+        return INTERRUPTED
