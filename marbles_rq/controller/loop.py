@@ -166,6 +166,23 @@ class Controller:
                             "skipped", run_id, one_line(exc))
             return None
 
+    def leads(self, epoch: int) -> bool:
+        """True while this process still leads under `epoch`: what a duty's own thread
+        checks before each pass (its writes are fenced regardless)."""
+        lease = self.lease
+        return (lease is not None and lease.epoch == epoch and not self.stop_event.is_set()
+                and time.monotonic() < lease.valid_until)
+
+    def soonest(self, key_of: Callable[[int], str]) -> int | None:
+        """The lowest score over the per-bucket index `key_of(bucket)` (one pipelined
+        read): when a duty's thread has something due next."""
+        pipe = self.store.client.pipeline(transaction=False)
+        for bucket in range(self.keys.buckets):
+            pipe.zrange(key_of(bucket), 0, 0, withscores=True)
+        scores = [int(found[0][1]) for found in pipe.execute(raise_on_error=False)
+                  if isinstance(found, list) and found]
+        return min(scores) if scores else None
+
     def step_down(self, why: str) -> None:
         """A script refused a write because a newer controller was elected: stop acting
         now (the loop waits to take over again, as a standby)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -77,14 +76,9 @@ class WaitingDuty:
                                             name="marbles-waiting", daemon=True)
             self._thread.start()
 
-    def _leading(self, ctl: Controller, epoch: int) -> bool:
-        lease = ctl.lease
-        return (lease is not None and lease.epoch == epoch and not ctl.stop_event.is_set()
-                and time.monotonic() < lease.valid_until)
-
     def _serve(self, ctl: Controller, epoch: int) -> None:
         try:
-            while self._leading(ctl, epoch):
+            while ctl.leads(epoch):
                 handled, _ = self.wake_due(ctl)
                 if handled:
                     # Busy (timers coming due faster than a pass): look again after the
@@ -94,19 +88,11 @@ class WaitingDuty:
                     # lateness p99 with 10,000 timers due over 60 s).
                     wait = MIN_WAIT_MS
                 else:
-                    soonest = self._soonest(ctl)
+                    soonest = ctl.soonest(ctl.keys.run_waits)
                     wait = POLL_MS if soonest is None else soonest - ctl.server_ms()
                 ctl.stop_event.wait(min(POLL_MS, max(MIN_WAIT_MS, wait)) / 1000)
         except (redis.RedisError, MarblesError, OSError) as exc:
             log.error("waiting runs: %s; the next pass starts again", one_line(exc))
-
-    def _soonest(self, ctl: Controller) -> int | None:
-        pipe = ctl.store.client.pipeline(transaction=False)
-        for bucket in range(ctl.keys.buckets):
-            pipe.zrange(ctl.keys.run_waits(bucket), 0, 0, withscores=True)
-        scores = [int(found[0][1]) for found in pipe.execute(raise_on_error=False)
-                  if isinstance(found, list) and found]
-        return min(scores) if scores else None
 
     def wake_due(self, ctl: Controller) -> tuple[int, int]:
         """Wake the waiting runs that are due: (entries handled, runs woken)."""
@@ -206,7 +192,8 @@ class WaitingDuty:
             count += len(batch)
         if count:
             self.stats.woken += count
-            log.info("woke %s waiting runs", count) if count > 20 else None
+            if count > 20:
+                log.info("woke %s waiting runs", count)
         return count
 
 

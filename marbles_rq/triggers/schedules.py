@@ -688,17 +688,12 @@ class ScheduleDuty:
                                             name="marbles-schedules", daemon=True)
             self._thread.start()
 
-    def _leading(self, ctl: Controller, epoch: int) -> bool:
-        lease = ctl.lease
-        return (lease is not None and lease.epoch == epoch and not ctl.stop_event.is_set()
-                and time.monotonic() < lease.valid_until)
-
     def _serve(self, ctl: Controller, epoch: int) -> None:
         """Fire what is due, then sleep until the soonest due time (at most 1 s, at least
         5 ms so that due schedules are taken in batches), while this epoch leads. The pass
         interval of the controller does not bound lateness; every write is still fenced."""
         try:
-            while self._leading(ctl, epoch):
+            while ctl.leads(epoch):
                 started = time.perf_counter()
                 before = self.stats.fired + self.stats.skipped
                 self.fire_due(ctl)
@@ -706,19 +701,11 @@ class ScheduleDuty:
                     self.stats.pass_ms.append((time.perf_counter() - started) * 1000)
                     self.stats.pass_handled.append(self.stats.fired + self.stats.skipped
                                                    - before)
-                soonest = self._soonest(ctl)
+                soonest = ctl.soonest(ctl.keys.schedule_due)
                 wait = POLL_MS if soonest is None else soonest - ctl.server_ms()
                 ctl.stop_event.wait(min(POLL_MS, max(MIN_WAIT_MS, wait)) / 1000)
         except (redis.RedisError, MarblesError, OSError) as exc:
             log.error("schedules: %s; the next pass starts again", one_line(exc))
-
-    def _soonest(self, ctl: Controller) -> int | None:
-        pipe = ctl.store.client.pipeline(transaction=False)
-        for bucket in range(ctl.keys.buckets):
-            pipe.zrange(ctl.keys.schedule_due(bucket), 0, 0, withscores=True)
-        scores = [int(found[0][1]) for found in pipe.execute(raise_on_error=False)
-                  if isinstance(found, list) and found]
-        return min(scores) if scores else None
 
     def fire_due(self, ctl: Controller) -> None:
         """Fire (or move) every schedule whose due time passed: O(what is due)."""
