@@ -24,6 +24,7 @@ PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 DEFAULT_PREFIX = "mrq"
 DEFAULT_BUCKETS = 64
 MAX_BUCKETS = 4096
+MAX_LANES = 256
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,10 @@ class ScheduleKeys:
 class Keyspace:
     prefix: str = DEFAULT_PREFIX
     buckets: int = DEFAULT_BUCKETS
+    # Lanes: each lane is one RQ keyspace (its queues and deliveries) and one shard of the
+    # controller's work. A bucket belongs to one lane, contiguously: lane k holds buckets
+    # [ceil(k*B/L), ceil((k+1)*B/L)). A run's lane is recorded with the run.
+    lanes: int = 1
 
     def __post_init__(self) -> None:
         if not PREFIX_PATTERN.fullmatch(self.prefix):
@@ -65,6 +70,29 @@ class Keyspace:
                 f"invalid key prefix {self.prefix!r}: expected [A-Za-z0-9_.-]{{1,32}}")
         if not 1 <= self.buckets <= MAX_BUCKETS:
             raise ConfigError(f"invalid bucket count {self.buckets}: expected 1..{MAX_BUCKETS}")
+        if not 1 <= self.lanes <= min(self.buckets, MAX_LANES):
+            raise ConfigError(f"invalid lane count {self.lanes}: expected 1.."
+                              f"{min(self.buckets, MAX_LANES)} (at most one per bucket)")
+
+    # -- lanes ------------------------------------------------------------------------------
+
+    def lane_of_bucket(self, bucket: int) -> int:
+        return bucket * self.lanes // self.buckets
+
+    def lane_of(self, ident: str) -> int:
+        return self.lane_of_bucket(self.bucket_of(ident))
+
+    def lane_buckets(self, lane: int) -> range:
+        """The buckets of `lane` (contiguous)."""
+        b, n = self.buckets, self.lanes
+        return range(-(-lane * b // n), -(-(lane + 1) * b // n))
+
+    def lane_rq_prefix(self, lane: int) -> str | None:
+        """The RQ keyspace (what RQ_KEY_PREFIX would be) of `lane`; None for a deployment of
+        one lane, which uses RQ's own keyspace (RQ_KEY_PREFIX, `rq` by default)."""
+        if self.lanes == 1:
+            return None
+        return f"{{{self.prefix}:lane{lane:03d}}}"
 
     # -- tags -------------------------------------------------------------------------
 
