@@ -34,9 +34,10 @@ DEBUG_ENV = "MARBLES_DEBUG"
 class Settings:
     redis_url: str
     prefix: str
-    buckets: int
+    buckets: int | None  # None: the deployment's recorded count (1,024 at creation)
     source: str | None = None
     rq_url: str | None = None
+    lanes: int | None = None  # None: recorded (at creation: 1, or one per cluster master)
     _store: RedisStore | None = field(default=None, repr=False)
     _reader: RedisStore | None = field(default=None, repr=False)
     _loaded: bool = field(default=False, repr=False)
@@ -66,7 +67,8 @@ class Settings:
 
     def store(self) -> RedisStore:
         if self._store is None:
-            self._store = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets)
+            self._store = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets,
+                                     lanes=self.lanes)
         return self._store
 
     def reader(self) -> RedisStore:
@@ -75,12 +77,13 @@ class Settings:
             return self._store
         if self._reader is None:
             self._reader = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets,
-                                      read_only=True)
+                                      lanes=self.lanes, read_only=True)
         return self._reader
 
-    @property
-    def keys(self) -> Keyspace:
-        return Keyspace(self.prefix, self.buckets)
+    def check(self) -> None:
+        """A malformed --prefix, --buckets or --lanes is one line now (exit 2), before
+        anything is started; whether they match the deployment is checked on connecting."""
+        Keyspace(self.prefix, self.buckets or DEFAULT_BUCKETS, lanes=self.lanes or 1)
 
 
 @click.group()
@@ -88,8 +91,13 @@ class Settings:
               help=f"Redis URL (env {URL_ENV}); redis+cluster://host:port for a cluster.")
 @click.option("--prefix", envvar="MARBLES_PREFIX", default=DEFAULT_PREFIX, show_default=True,
               help="Key prefix of this deployment (env MARBLES_PREFIX).")
-@click.option("--buckets", envvar="MARBLES_BUCKETS", default=DEFAULT_BUCKETS, show_default=True,
-              type=int, help="Bucket count, fixed per deployment (env MARBLES_BUCKETS).")
+@click.option("--buckets", envvar="MARBLES_BUCKETS", default=None, type=int,
+              help=f"Bucket count of a new deployment (default {DEFAULT_BUCKETS}); an existing "
+                   f"one uses its recorded count, and a different value is refused "
+                   f"(env MARBLES_BUCKETS; see `buckets grow`).")
+@click.option("--lanes", envvar="MARBLES_LANES", default=None, type=int,
+              help="Lane count of a new deployment (default 1, or one per master on a Redis "
+                   "Cluster); an existing one uses its recorded count (env MARBLES_LANES).")
 @click.option("--source", envvar="MARBLES_SOURCE", default=None,
               help="Workflow definitions: a module path, a file, or a folder of modules "
                    "(env MARBLES_SOURCE).")
@@ -99,20 +107,20 @@ class Settings:
 @click.option("--debug", is_flag=True,
               help=f"Show the traceback of an unexpected error (env {DEBUG_ENV}=1).")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: str | None,
-        rq_url: str | None, debug: bool) -> None:
+def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int | None,
+        lanes: int | None, source: str | None, rq_url: str | None, debug: bool) -> None:
     """Durable workflows on Redis with RQ workers."""
-    ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url)
+    ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url, lanes=lanes)
 
 
 def _register() -> None:
-    from . import control, dev, doctor, events, health, procs, runs, schedules, waits
+    from . import control, dev, doctor, events, health, layout, procs, runs, schedules, waits
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
                     waits.answer, waits.approve, waits.reject, waits.feed, waits.pause,
                     waits.resume, procs.worker, procs.controller, doctor.doctor,
                     control.leader, control.roll, control.list_cmd, events.events,
-                    schedules.schedules, dev.dev, health.health):
+                    schedules.schedules, dev.dev, health.health, layout.buckets):
         cli.add_command(command)
 
 
