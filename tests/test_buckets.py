@@ -421,3 +421,87 @@ def test_grow_refuses_bad_counts_and_a_missing_deployment(redis_url: str) -> Non
         bad = mrq("--redis-url", redis_url, "buckets", "grow", "--to", to)
         assert bad.returncode == 2 and "cannot grow from 1024" in one_line(bad)
     assert redis.Redis.from_url(redis_url).hget("{mrq}:meta", "buckets") == b"1024"
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("where", ["standalone", "cluster"])
+def test_grow_keeps_the_store_api_whole_across_interruptions(
+        where: str, request: pytest.FixtureRequest) -> None:
+    """Claims with owners (the `own:` sets name record and listing keys), journals, workspace
+    entries, effect receipts (their index names receipt keys), fences and leases: a growth
+    interrupted three times, then finished, leaves every read, CAS, claim and purge right."""
+    from marbles_rq.store.grow import Grower
+    from marbles_rq.store.records import (
+        AgentRecord,
+        EffectReceipt,
+        EventRecord,
+        JournalEntry,
+        WorkspaceEntry,
+    )
+    from marbles_rq.store.redis_store import Lease
+
+    url = request.getfixturevalue("redis_url" if where == "standalone" else "cluster_url")
+    store = open_store(url, buckets=16)
+    assert store.keys.buckets == 16
+    n = 60
+    for i in range(n):
+        assert store.claim(EventRecord(version=1, id=f"ev:{i}", source="s"), owner="own").won
+        assert store.append("jr", JournalEntry(version=1, id=f"e-{i}", type="t"),
+                            owner="own").won
+        assert store.compare_and_set(WorkspaceEntry(version=1, workspace_id=f"ws:{i % 7}",
+                                                    key=f"k:{i}", updated_at="1"), None,
+                                     owner="own").ok
+        assert store.claim_effect(EffectReceipt(version=1, scope=f"run:{i}", key=f"x:{i}"),
+                                  epoch=3).won
+    assert store.provision(AgentRecord(version=1, id="ag", definition_id="d",
+                                       provisioning_key="pk")).created
+    lease = store.acquire_lease("job-lock", "tok", 600_000)
+    assert isinstance(lease, Lease)
+    store.client.hset(store.keys.scope_fence("run:5"), "epoch", "3")  # as a run's attempt 3
+
+    steps = []
+
+    def interrupt_after(limit: int) -> Any:
+        def progress(line: str) -> None:
+            steps.append(line)
+            if line.startswith("moved") and len([s for s in steps if "moved" in s]) >= limit:
+                raise _Killed(line)
+        return progress
+
+    client = store.client
+    for limit in (1, 2, 3):  # each run moves a few more keys, then "dies"
+        with pytest.raises(_Killed):
+            Grower(client, "mrq", 64, progress=interrupt_after(limit), progress_every=7).run()
+        steps.clear()
+    moved = Grower(client, "mrq", 64, progress=steps.append, progress_every=1000).run()
+    assert moved > 4 * n
+
+    grown = open_store(url)
+    assert (grown.keys.buckets, grown.keys.layout) == (64, 2)
+    old = Keyspace(buckets=16)
+    assert _old_keys(client, old) == [old.lease("controller")]  # the tombstone only
+    assert client.ttl(old.lease("controller")) == -1 and \
+        client.get(old.lease("controller")).endswith(b"|buckets-grow")
+    assert len(grown.list_records(EventRecord)) == n
+    assert [e.id for e in grown.read_journal("jr")] == [f"e-{i}" for i in range(n)]
+    assert len(grown.list_entries("ws:3")) == len(range(3, n, 7))
+    entry = grown.get_entry("ws:3", "k:3")
+    assert entry is not None
+    assert not grown.compare_and_set(entry, None).ok  # it is there, at its new key
+    assert grown.compare_and_set(WorkspaceEntry(version=1, workspace_id="ws:3", key="k:3",
+                                                updated_at="2"), "1").ok
+    again = grown.claim_effect(EffectReceipt(version=1, scope="run:5", key="x:5"), epoch=3)
+    assert not again.won and again.receipt is not None
+    assert grown.client.scard(grown.keys.effect_index("run:5")) == 1
+    assert next(iter(grown.client.smembers(grown.keys.effect_index("run:5")))).decode() == \
+        grown.keys.effect("run:5", "x:5")
+    assert grown.claim_effect(EffectReceipt(version=1, scope="run:5", key="x:6"),
+                              epoch=2).stale  # the scope's fence moved with it
+    held = grown.lease_holder("job-lock")
+    assert held is not None and held.token == "tok" and held.ttl_ms > 500_000
+    assert grown.get_agent("ag") is not None
+    assert grown.purge("own", batch_size=9) == 3 * n  # the own: sets name the new keys
+    assert grown.list_records(EventRecord) == [] and grown.read_journal("jr") == []
