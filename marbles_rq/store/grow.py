@@ -50,6 +50,7 @@ RUN_MEMBERS = {"leases", "dispatch", "finished", "waits", "evidx", "evpending", 
                "sched_idx", "sched_due", "occ_open"}  # members are (hold) the routing ids
 PIPED_MEMBERS = {"feed", "reportidx"}  # members are ``<run id>|<key>``
 DROPPED = {"req", "ctl"}  # resend markers (60 s, offline now); fences (step 1)
+BATCH = 200  # keys per batch: three round trips (read, copy, delete) each
 
 
 class GrowError(MarblesError):
@@ -159,22 +160,22 @@ class Grower:
             pipe.execute()
 
     def _move_pass(self) -> int:
-        moved = 0
+        moved, batch = 0, []
+        size = min(BATCH, self.progress_every)
         for key in self._old_keys():
-            if key == self.tombstone_key:
-                continue
-            self._move(key)
-            moved += 1
-            self.moved += 1
-            if self.moved % self.progress_every == 0:
-                self.client.hset(self.new.meta, "grow_moved", str(self.moved))
-                self.progress(f"moved {self.moved} keys")
+            if key != self.tombstone_key:
+                batch.append(key)
+            if len(batch) >= size:
+                moved += self._move_batch(batch)
+                batch = []
+        if batch:
+            moved += self._move_batch(batch)
         self.client.hset(self.new.meta, "grow_moved", str(self.moved))
         return moved
 
     def _old_keys(self) -> Iterator[str]:
         """Every key under an old bucket tag, on every master."""
-        match = "{" + self.prefix.replace("[", "\\[") + ":*"
+        match = "{" + self.prefix + ":*"  # a prefix holds no glob characters (PREFIX_PATTERN)
         primaries = getattr(self.client, "get_primaries", None)
         nodes = ([self.client.get_redis_connection(n)  # type: ignore[union-attr]
                   for n in primaries()] if primaries is not None else [self.client])
@@ -185,107 +186,130 @@ class Grower:
                 if end > 0 and key[:end + 1] in self.old_tags:
                     yield key
 
-    # -- one key ---------------------------------------------------------------------------
+    # -- a batch of keys -------------------------------------------------------------------
 
-    def _move(self, key: str) -> None:
+    def _move_batch(self, keys: list[str]) -> int:
+        """Move `keys` in three round trips: read them all; write every copy; only then
+        delete the originals (on a cluster a pipeline runs per node in parallel, so a DEL in
+        the same pipeline as its copy could land first: a kill between would lose the key)."""
+        plan = [self._classify(key) for key in keys]  # an unknown family raises: nothing moved
+        docs = self._docs([key for key, (family, _) in zip(keys, plan, strict=True)
+                           if family in ("eff", "ws")])
+        pipe = self.client.pipeline(transaction=False)
+        for key, (family, _) in zip(keys, plan, strict=True):
+            if family in ("copy", "eff", "ws"):
+                pipe.dump(key)
+                pipe.pttl(key)
+            elif family == "own" or family == "effidx":
+                pipe.smembers(key)
+            elif family != "drop":
+                pipe.zrange(key, 0, -1, withscores=True)
+        replies = iter(pipe.execute())
+        writes = self.client.pipeline(transaction=False)
+        for key, (family, route) in zip(keys, plan, strict=True):
+            if family in ("copy", "eff", "ws"):
+                dumped, pttl = next(replies), next(replies)
+                if family != "copy":
+                    route = docs.get(key)
+                if dumped is None or pttl == -2 or route is None:
+                    continue  # gone meanwhile (a TTL): nothing to keep
+                writes.restore(self._renamed(key, route), max(int(pttl), 0), dumped,
+                               replace=True)
+            elif family == "effidx":
+                members = [_s(m) for m in next(replies)]
+                tag = self.new.tag_of(route or "")
+                if members:  # the scope's receipt keys, renamed to where they move
+                    writes.sadd(self._renamed(key, route or ""),
+                                *[tag + m[m.index("}") + 1:] for m in members])
+            elif family == "own":
+                groups: dict[str, list[str]] = defaultdict(list)
+                for raw in next(replies):
+                    target, member = self._own_member(key, _s(raw))
+                    groups[target].append(member)
+                for target, members in groups.items():
+                    writes.sadd(target, *members)
+            elif family != "drop":
+                zgroups: dict[str, dict[str, float]] = defaultdict(dict)
+                rest = key[key.index("}") + 1:]
+                for raw, score in next(replies):
+                    member = _s(raw)
+                    zgroups[self.new.tag_of(_member_route(family, member)) + rest][member] = \
+                        float(score)
+                for target, rows in zgroups.items():
+                    writes.zadd(target, rows)
+        writes.execute()
+        deletes = self.client.pipeline(transaction=False)
+        for key in keys:
+            deletes.delete(key)
+        deletes.execute()
+        before, self.moved = self.moved, self.moved + len(keys)
+        if self.moved // self.progress_every > before // self.progress_every:
+            self.client.hset(self.new.meta, "grow_moved", str(self.moved))
+            self.progress(f"moved {self.moved} keys")
+        return len(keys)
+
+    def _classify(self, key: str) -> tuple[str, str | None]:
+        """(how to move `key`, the id whose bucket it goes to when the name says so)."""
         rest = key[key.index("}") + 2:]
         family, _, tail = rest.partition(":")
         if family in DROPPED:
-            self.client.delete(key)
-        elif family == "effidx":
-            self._move_effect_index(key, tail)
-        elif family in PER_ID:
-            route = self._route(key, family, tail)
-            if route is not None:
-                self._copy(key, self.new.tag_of(route) + key[key.index("}") + 1:])
-            else:
-                self.client.delete(key)  # vanished meanwhile (a TTL), nothing to keep
-        elif family in RUN_MEMBERS or family in PIPED_MEMBERS or family in ("idx", "own"):
-            self._split(key, family, rest)
-        else:
-            raise GrowError(f"{key}: key family {family!r} is unknown to this marbles-rq; "
-                            f"nothing of it was moved (rerun with a marbles-rq that knows it)")
-
-    def _route(self, key: str, family: str, tail: str) -> str | None:
-        """The id whose bucket a per-id key lives in."""
-        if family == "rec":
-            return tail.split(":", 1)[1]
+            return "drop", None
         if family in ("eff", "ws"):
-            # <scope>:<key> / <workspace>:<key>: ids may hold ':', the document says which.
-            doc = self.client.hget(key, "doc")
-            if doc is None:
-                return None
-            return str(json.loads(doc)["scope" if family == "eff" else "workspace_id"])
-        if family == "occ":
-            return tail.rsplit("@", 1)[0]
-        if family == "lock":
-            return tail.split(":", 1)[1]  # lock:schedule:<key>
-        return tail
+            return family, None  # <scope>:<key>: ids may hold ':', the document says which
+        if family == "effidx":
+            return "effidx", tail
+        if family in PER_ID:
+            if family == "rec":
+                return "copy", tail.split(":", 1)[1]  # rec:<kind>:<id>, kinds have no ':'
+            if family == "occ":
+                return "copy", tail.rsplit("@", 1)[0]  # occ:<schedule key>@<nominal ms>
+            if family == "lock":
+                return "copy", tail.split(":", 1)[1]  # lock:schedule:<key>
+            return "copy", tail
+        if family in RUN_MEMBERS or family in PIPED_MEMBERS or family == "idx":
+            return family, None
+        if family == "own":
+            return "own", None
+        raise GrowError(f"{key}: key family {family!r} is unknown to this marbles-rq; "
+                        f"nothing of it was moved (finish with a marbles-rq that knows it)")
 
-    def _copy(self, old: str, new: str) -> None:
+    def _docs(self, keys: list[str]) -> dict[str, str]:
+        """Effect receipts and workspace entries: the scope or workspace their document
+        names (their key names cannot say where the id ends)."""
+        if not keys:
+            return {}
         pipe = self.client.pipeline(transaction=False)
-        pipe.dump(old)
-        pipe.pttl(old)
-        dumped, pttl = pipe.execute()
-        if dumped is None:
-            return
-        if pttl == -2:
-            return  # expired between the two reads
-        self.client.restore(new, max(int(pttl), 0), dumped, replace=True)
-        self.client.delete(old)
+        for key in keys:
+            pipe.hget(key, "doc")
+        found = {}
+        for key, doc in zip(keys, pipe.execute(), strict=True):
+            if doc is not None:
+                family = key[key.index("}") + 2:].partition(":")[0]
+                found[key] = str(json.loads(doc)["scope" if family == "eff" else
+                                                "workspace_id"])
+        return found
 
-    def _move_effect_index(self, key: str, scope: str) -> None:
-        """A scope's receipt keys, renamed to the scope's new bucket (where they move)."""
-        tag = self.new.tag_of(scope)
-        members = [_s(m) for m in self.client.smembers(key)]
-        if members:
-            self.client.sadd(tag + key[key.index("}") + 1:],
-                             *[tag + m[m.index("}") + 1:] for m in members])
-        self.client.delete(key)
+    def _renamed(self, key: str, route: str) -> str:
+        return self.new.tag_of(route) + key[key.index("}") + 1:]
 
-    def _split(self, key: str, family: str, rest: str) -> None:
-        """Move the members of a per-bucket index to the same index in their new buckets."""
-        kind = _s(self.client.type(key))
-        rows: Any
-        if kind == "zset":
-            rows = self.client.zrange(key, 0, -1, withscores=True)
-            members: list[tuple[str, float]] = [(_s(m), float(s)) for m, s in rows]
-        elif kind == "set":
-            members = [(_s(m), 0.0) for m in self.client.smembers(key)]
-        elif kind == "none":
-            return
-        else:
-            raise GrowError(f"{key}: expected a set or sorted set, found a {kind}")
-        groups: dict[str, list[tuple[str, float]]] = defaultdict(list)
-        for member, score in members:
-            if family == "own":
-                target, member = self._own_member(rest, member)
-            else:
-                route = member.split("|", 1)[0] if family in PIPED_MEMBERS else member
-                if family == "occ_open":
-                    route = member.rsplit("@", 1)[0]  # <schedule key>@<nominal ms>
-                target = self.new.tag_of(route) + ":" + rest
-            groups[target].append((member, score))
-        pipe = self.client.pipeline(transaction=False)
-        for target, rows in groups.items():
-            if kind == "zset":
-                pipe.zadd(target, {m: s for m, s in rows})
-            else:
-                pipe.sadd(target, *[m for m, _ in rows])
-        pipe.execute()
-        self.client.delete(key)
-
-    def _own_member(self, rest: str, member: str) -> tuple[str, str]:
+    def _own_member(self, key: str, member: str) -> tuple[str, str]:
         """``<record key>|<listing key>|<id>``: the owner set, record and listing of the
         record's new bucket."""
         record, listing, ident = member.split("|", 2)
-        listing_rest = listing[listing.index("}") + 2:]
-        family, _, tail = listing_rest.partition(":")
-        route = tail if family == "wsidx" else ident
-        tag = self.new.tag_of(route)
+        family, _, tail = listing[listing.index("}") + 2:].partition(":")
+        tag = self.new.tag_of(tail if family == "wsidx" else ident)
         record = tag + record[record.index("}") + 1:]
         listing = tag + listing[listing.index("}") + 1:]
-        return f"{tag}:{rest}", f"{record}|{listing}|{ident}"
+        return tag + key[key.index("}") + 1:], f"{record}|{listing}|{ident}"
+
+
+def _member_route(family: str, member: str) -> str:
+    """The id whose bucket a per-bucket index member belongs to."""
+    if family in PIPED_MEMBERS:
+        return member.split("|", 1)[0]  # <run id>|<key>
+    if family == "occ_open":
+        return member.rsplit("@", 1)[0]  # <schedule key>@<nominal ms>
+    return member
 
 
 def _s(value: Any) -> str:
