@@ -227,7 +227,8 @@ class RunStore:
                     timeout_ms=int(record.timeout_s * 1000),
                     max_deliveries=record.max_deliveries, grace_ms=DISPATCH_GRACE_MS,
                     event=event(name=record.name, queue=record.queue),
-                    retention_ms=int(record.retention_s * 1000))
+                    retention_ms=int(record.retention_s * 1000),
+                    lane=self.keys.lane_of(record.id))
 
     def _recorded(self, record: RunRecord, reply: Any) -> Recorded:
         if reply.status == "corrupt":
