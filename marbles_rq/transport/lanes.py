@@ -41,10 +41,13 @@ from ..store.keys import Keyspace
 
 log = logging.getLogger("marbles_rq.transport.lanes")
 
-# The first word of an error a former master (or a node that never served the slot)
-# answers with: the lane has moved; find its master again.
-_MOVED_WORDS = ("MOVED", "ASK", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "UNBLOCKED",
-                "MASTERDOWN", "LOADING")
+# What a former master (or a node that never served the slot) answers: the lane has moved;
+# find its master again. (redis-py strips the first word off the message of the errors it
+# has a class for.)
+_MOVED_ERRORS = (redis.exceptions.MovedError, redis.exceptions.AskError,
+                 redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError,
+                 redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError)
+_MOVED_WORDS = ("UNBLOCKED", "MASTERDOWN")
 
 
 class LaneMovedError(redis.ConnectionError):
@@ -52,30 +55,41 @@ class LaneMovedError(redis.ConnectionError):
     a resharding). Nothing was done by the command; the next connection finds the master."""
 
 
-class SlotMaster:
-    """The address of the master serving one hash slot of a Redis Cluster, read from the
-    cluster's slot map (CLUSTER SLOTS) on any node it knows, and read again once forgotten.
-    Shared by every connection of one lane (thread-safe)."""
+class ClusterMap:
+    """Which master serves which hash slot, read from the cluster's slot map (CLUSTER SLOTS)
+    on any node it knows, and read again once forgotten. One per cluster in a process,
+    shared by every lane on it (thread-safe): when one lane finds its master moved, every
+    lane's idle connections are dropped, so none of them takes a stale node's answer."""
 
-    def __init__(self, seeds: list[tuple[str, int]], slot: int,
-                 options: dict[str, Any]) -> None:
-        self.slot = slot
+    def __init__(self, seeds: list[tuple[str, int]], options: dict[str, Any]) -> None:
         self.options = options
         self._known = list(dict.fromkeys(seeds))
-        self._address: tuple[str, int] | None = None
+        self._ranges: list[tuple[int, int, tuple[str, int]]] | None = None
         self._lock = threading.Lock()
+        self._pools: weakref.WeakSet[redis.ConnectionPool] = weakref.WeakSet()
 
-    def address(self) -> tuple[str, int]:
+    def master(self, slot: int) -> tuple[str, int]:
         with self._lock:
-            if self._address is None:
-                self._address = self._discover()
-            return self._address
+            for _ in range(2):
+                if self._ranges is None:
+                    self._ranges = self._discover()
+                for start, end, address in self._ranges:
+                    if start <= slot <= end:
+                        return address
+                self._ranges = None  # a slot nobody serves: read the map again, once
+        raise redis.ConnectionError(f"no node of the cluster serves hash slot {slot}")
 
     def forget(self) -> None:
         with self._lock:
-            self._address = None
+            self._ranges = None
+            pools = list(self._pools)
+        for pool in pools:
+            pool.disconnect(inuse_connections=False)
 
-    def _discover(self) -> tuple[str, int]:
+    def track(self, pool: redis.ConnectionPool) -> None:
+        self._pools.add(pool)
+
+    def _discover(self) -> list[tuple[int, int, tuple[str, int]]]:
         errors: list[str] = []
         for host, port in list(self._known):
             client = redis.Redis(host=host, port=port, retry=Retry(NoBackoff(), 0),
@@ -87,19 +101,32 @@ class SlotMaster:
                 continue
             finally:
                 client.close()
-            found: tuple[str, int] | None = None
+            ranges: list[tuple[int, int, tuple[str, int]]] = []
             for start, end, master, *replicas in table:
                 for node in (master, *replicas):
                     address = (_s(node[0]) or host, int(node[1]))
                     if address not in self._known:
                         self._known.append(address)
-                if int(start) <= self.slot <= int(end):
-                    found = (_s(master[0]) or host, int(master[1]))
-            if found is not None:
-                return found
-            errors.append(f"{host}:{port}: no node serves slot {self.slot}")
-        raise redis.ConnectionError(
-            f"no master found for hash slot {self.slot} ({'; '.join(errors) or 'no nodes'})")
+                ranges.append((int(start), int(end), (_s(master[0]) or host, int(master[1]))))
+            if ranges:
+                return ranges
+            errors.append(f"{host}:{port}: an empty slot map")
+        raise redis.ConnectionError(f"cannot read the cluster's slot map "
+                                    f"({'; '.join(errors) or 'no nodes'})")
+
+
+@dataclass(frozen=True)
+class SlotMaster:
+    """The master serving one hash slot, as the shared ClusterMap knows it."""
+
+    cluster: ClusterMap
+    slot: int
+
+    def address(self) -> tuple[str, int]:
+        return self.cluster.master(self.slot)
+
+    def forget(self) -> None:
+        self.cluster.forget()
 
 
 class SlotMasterConnection(Connection):
@@ -125,12 +152,12 @@ class SlotMasterConnection(Connection):
         try:
             return super().read_response(*args, **kwargs)
         except redis.ResponseError as exc:
-            word = str(exc).split(" ", 1)[0]
-            if word in _MOVED_WORDS or isinstance(exc, redis.exceptions.ReadOnlyError):
+            if isinstance(exc, _MOVED_ERRORS) or str(exc).startswith(_MOVED_WORDS):
                 self.slot_master.forget()
                 self.disconnect()  # type: ignore[no-untyped-call]
                 raise LaneMovedError(f"the lane's node {self.host}:{self.port} no longer "
-                                     f"serves slot {self.slot_master.slot} ({word})") from exc
+                                     f"serves slot {self.slot_master.slot} "
+                                     f"({type(exc).__name__}: {exc})") from exc
             raise
 
 
@@ -155,12 +182,22 @@ def slot_client(url: str, slot: int) -> redis.Redis:
     if ssl:
         options["ssl"] = True
     seeds = [(plain.hostname or "127.0.0.1", plain.port or 6379)]
-    master = SlotMaster(seeds, slot, options)
+    key = (tuple(seeds), tuple(sorted((k, str(v)) for k, v in options.items())))
+    with _MAPS_LOCK:
+        cluster = _MAPS.get(key)
+        if cluster is None:
+            cluster = _MAPS[key] = ClusterMap(seeds, options)
     kwargs = {k: v for k, v in options.items() if k != "ssl"}
     pool = redis.ConnectionPool(
         connection_class=SlotMasterSSLConnection if ssl else SlotMasterConnection,
-        slot_master=master, retry=Retry(NoBackoff(), 0), protocol=2, **kwargs)
+        slot_master=SlotMaster(cluster, slot), retry=Retry(NoBackoff(), 0), protocol=2,
+        **kwargs)
+    cluster.track(pool)
     return redis.Redis(connection_pool=pool)
+
+
+_MAPS: dict[tuple[Any, ...], ClusterMap] = {}
+_MAPS_LOCK = threading.Lock()
 
 
 # -- the lanes -------------------------------------------------------------------------------

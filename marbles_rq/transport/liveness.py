@@ -106,12 +106,12 @@ def beating(runs: RunStore, name: str, *, idle: Callable[[], bool],
 def lane_workers(runs: RunStore) -> dict[int, list[str]]:
     """Lane -> the live workers that serve it (from their liveness beats), for every lane of
     the deployment; an empty list is a lane whose runs wait for a worker."""
-    pipe = runs.store.client.pipeline(transaction=False)
-    pipe.time()
+    secs, micros = runs.store.client.time()
+    now_ms = int(secs) * 1000 + int(micros) // 1000
+    pipe = runs.store.client.pipeline(transaction=False)  # one slot: {<prefix>}
     pipe.zrangebyscore(runs.keys.workers, "-inf", "+inf", withscores=True)
     pipe.hgetall(runs.keys.worker_lanes)
-    (secs, micros), alive, served = pipe.execute()
-    now_ms = int(secs) * 1000 + int(micros) // 1000
+    alive, served = pipe.execute()
     out: dict[int, list[str]] = {k: [] for k in range(runs.keys.lanes)}
     lanes_of = {_s(k): _s(v) for k, v in served.items()}
     for name, until in alive:

@@ -228,9 +228,16 @@ def build_worker(cls: type[Any], queues: list[str], lanes: Lanes, prefix: str,
     served = serve if serve is not None else list(range(lanes.count))
     first = home if home is not None else served[0]
     order = [first, *(k for k in served if k != first)]
-    return cls([lanes.lane(k).queue(prefix, q) for q in queues for k in order],
-               connection=lanes.registration, serializer=JSONSerializer,
-               job_class=MarblesJob, queue_class=MarblesQueue, name=name or worker_name())
+    worker = cls([lanes.lane(k).queue(prefix, q) for q in queues for k in order],
+                 connection=lanes.registration, serializer=JSONSerializer,
+                 job_class=MarblesJob, queue_class=MarblesQueue, name=name or worker_name())
+    # RQ raises its own connection's socket timeout above its blocking pop's (Worker.
+    # _set_connection); a lane on another connection blocks there too.
+    for lane in {id(lane.conn): lane for lane in lanes.lanes}.values():
+        options = lane.conn.connection_pool.connection_kwargs
+        if (options.get("socket_timeout") or 0) < worker.connection_timeout:
+            options["socket_timeout"] = worker.connection_timeout
+    return worker
 
 
 def _describe(exc: BaseException) -> str:
