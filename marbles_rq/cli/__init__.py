@@ -107,8 +107,8 @@ class Settings:
               help="Workflow definitions: a module path, a file, or a folder of modules "
                    "(env MARBLES_SOURCE).")
 @click.option("--rq-url", envvar="MARBLES_RQ_URL", default=None,
-              help="Redis for RQ's queues if not the store's (required when the store is a "
-                   "cluster; env MARBLES_RQ_URL).")
+              help="Redis for RQ's queues if not the store's: a server, or a cluster "
+                   "(redis+cluster://) whose lanes follow their masters (env MARBLES_RQ_URL).")
 @click.option("--debug", is_flag=True,
               help=f"Show the traceback of an unexpected error (env {DEBUG_ENV}=1).")
 @click.pass_context
