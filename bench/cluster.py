@@ -32,15 +32,15 @@ from pathlib import Path
 os.environ["RQ_KEY_PREFIX"] = "{mrq:rq}"  # before rq is imported: RQ's keyspace in one slot
 os.environ.setdefault("MARBLES_LANE_COUNT", "3")
 
-import redis  # noqa: E402
+import redis
 
-from bench.runs_util import Procs, load_line, median, table  # noqa: E402
-from marbles_rq.engine import ops  # noqa: E402
-from marbles_rq.engine.authoring import load_source  # noqa: E402
-from marbles_rq.engine.runs import RunStore  # noqa: E402
-from marbles_rq.store import open_store  # noqa: E402
-from marbles_rq.transport.lanes import open_lanes  # noqa: E402
-from tests.redis_procs import RedisCluster  # noqa: E402
+from bench.runs_util import Procs, load_line, median, table
+from marbles_rq.engine import ops
+from marbles_rq.engine.authoring import load_source
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store import open_store
+from marbles_rq.transport.lanes import open_lanes
+from tests.redis_procs import RedisCluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FLOWS = REPO_ROOT / "bench" / "runs_flows.py"
