@@ -168,7 +168,8 @@ def test_cluster_keys_per_master_after_thousands_of_runs(redis_cluster: RedisClu
 
 def mrq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items()
-            if k not in ("MARBLES_BUCKETS", "MARBLES_LANES", "MARBLES_PREFIX", "MARBLES_RQ_URL")}
+            if k not in ("MARBLES_BUCKETS", "MARBLES_LANE_COUNT", "MARBLES_PREFIX",
+                         "MARBLES_RQ_URL")}
     return subprocess.run([sys.executable, "-m", "marbles_rq", *args], capture_output=True,
                           text=True, timeout=120, cwd=REPO_ROOT, env={**base, **(env or {})},
                           stdin=subprocess.DEVNULL)
@@ -202,8 +203,9 @@ def test_a_new_deployment_records_its_layout_and_an_old_one_is_adopted(redis_url
     given = mrq("--redis-url", redis_url, "--prefix", "old", "--buckets", "1024", "runs")
     assert given.returncode == 2
     assert "was created with 64 buckets" in one_line(given) and "--buckets" in one_line(given)
-    lanes = mrq("--redis-url", redis_url, "--prefix", "old", "runs", env={"MARBLES_LANES": "2"})
-    assert lanes.returncode == 2 and "MARBLES_LANES" in one_line(lanes)
+    lanes = mrq("--redis-url", redis_url, "--prefix", "old", "runs",
+                env={"MARBLES_LANE_COUNT": "2"})
+    assert lanes.returncode == 2 and "MARBLES_LANE_COUNT" in one_line(lanes)
     assert mrq("--redis-url", redis_url, "--prefix", "old", "runs").returncode == 0
     shown = mrq("--redis-url", redis_url, "--prefix", "old", "buckets", "show", "--json")
     assert shown.returncode == 0, shown.stderr
@@ -214,7 +216,7 @@ def test_a_new_deployment_records_its_layout_and_an_old_one_is_adopted(redis_url
     assert fresh.returncode == 0, fresh.stderr
     nothing = mrq("--redis-url", redis_url, "--prefix", "fresh", "buckets", "show")
     assert nothing.returncode == 1 and not client.exists("{fresh}:meta")
-    bad = mrq("--redis-url", redis_url, "--lanes", "0", "runs")
+    bad = mrq("--redis-url", redis_url, "--lane-count", "0", "runs")
     assert bad.returncode == 2 and "invalid lane count 0" in one_line(bad)
 
 

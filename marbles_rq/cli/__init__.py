@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import redis
@@ -27,6 +27,9 @@ from ..store.connection import DEFAULT_URL, URL_ENV, check_url, connect, refused
 from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
 
 EXIT_PROBLEM, EXIT_INPUT, EXIT_REDIS = 1, 2, 3
+if TYPE_CHECKING:
+    from ..transport.lanes import Lanes
+
 DEBUG_ENV = "MARBLES_DEBUG"
 
 
@@ -38,6 +41,7 @@ class Settings:
     source: str | None = None
     rq_url: str | None = None
     lanes: int | None = None  # None: recorded (at creation: 1, or one per cluster master)
+    _lanes: Lanes | None = field(default=None, repr=False)
     _store: RedisStore | None = field(default=None, repr=False)
     _reader: RedisStore | None = field(default=None, repr=False)
     _loaded: bool = field(default=False, repr=False)
@@ -54,13 +58,16 @@ class Settings:
     def runs(self, *, read_only: bool = False) -> RunStore:
         return RunStore(self.reader() if read_only else self.store())
 
-    def rq(self) -> redis.Redis:
-        from ..transport.dispatch import rq_connection
+    def rq(self) -> Lanes:
+        """The deployment's lanes: RQ's queues, on --rq-url or the store's Redis."""
+        from ..transport.lanes import open_lanes
 
-        url = self.rq_url or self.redis_url
-        if self.rq_url:
-            check_url(self.rq_url)  # one line that hides its password, as for --redis-url
-        return rq_connection(url)
+        if self._lanes is None:
+            url = self.rq_url or self.redis_url
+            if self.rq_url:
+                check_url(self.rq_url)  # one line that hides its password, as for --redis-url
+            self._lanes = open_lanes(url, self.keys)
+        return self._lanes
 
     def client(self) -> Any:
         return connect(self.redis_url)
@@ -81,9 +88,15 @@ class Settings:
         return self._reader
 
     def check(self) -> None:
-        """A malformed --prefix, --buckets or --lanes is one line now (exit 2), before
+        """A malformed --prefix, --buckets or --lane-count is one line now (exit 2), before
         anything is started; whether they match the deployment is checked on connecting."""
         Keyspace(self.prefix, self.buckets or DEFAULT_BUCKETS, lanes=self.lanes or 1)
+
+    @property
+    def keys(self) -> Keyspace:
+        """The deployment's keyspace: what it recorded (read, never written here), or, for a
+        deployment not created yet, what it will be created with."""
+        return self.reader().keys
 
 
 @click.group()
@@ -95,15 +108,16 @@ class Settings:
               help=f"Bucket count of a new deployment (default {DEFAULT_BUCKETS}); an existing "
                    f"one uses its recorded count, and a different value is refused "
                    f"(env MARBLES_BUCKETS; see `buckets grow`).")
-@click.option("--lanes", envvar="MARBLES_LANES", default=None, type=int,
-              help="Lane count of a new deployment (default 1, or one per master on a Redis "
-                   "Cluster); an existing one uses its recorded count (env MARBLES_LANES).")
+@click.option("--lane-count", "lanes", envvar="MARBLES_LANE_COUNT", default=None, type=int,
+              help="Lane count of a new deployment: RQ keyspaces and controller shards "
+                   "(default 1, or one per master on a Redis Cluster); an existing one uses "
+                   "its recorded count (env MARBLES_LANE_COUNT).")
 @click.option("--source", envvar="MARBLES_SOURCE", default=None,
               help="Workflow definitions: a module path, a file, or a folder of modules "
                    "(env MARBLES_SOURCE).")
 @click.option("--rq-url", envvar="MARBLES_RQ_URL", default=None,
-              help="Redis for RQ's queues if not the store's (required when the store is a "
-                   "cluster; env MARBLES_RQ_URL).")
+              help="Redis for RQ's queues if not the store's: a server, or a cluster "
+                   "(redis+cluster://) whose lanes follow their masters (env MARBLES_RQ_URL).")
 @click.option("--debug", is_flag=True,
               help=f"Show the traceback of an unexpected error (env {DEBUG_ENV}=1).")
 @click.pass_context

@@ -368,7 +368,7 @@ class Dev:
                    MARBLES_PREFIX=self.settings.prefix, PYTHONUNBUFFERED="1")
         # Only what was given: unset, the children adopt what the deployment recorded.
         for name, value in (("MARBLES_BUCKETS", self.settings.buckets),
-                            ("MARBLES_LANES", self.settings.lanes)):
+                            ("MARBLES_LANE_COUNT", self.settings.lanes)):
             env.pop(name, None)
             if value is not None:
                 env[name] = str(value)

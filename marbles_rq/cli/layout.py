@@ -31,7 +31,8 @@ def show(settings: Settings, as_json: bool) -> None:
     keys = Keyspace(settings.prefix, state.buckets, lanes=state.lanes, layout=state.layout)
     data = {"prefix": settings.prefix, "buckets": state.buckets, "layout": state.layout,
             "lanes": state.lanes, "growing_to": state.grow_to, "moved": state.moved,
-            "first_tag": keys.tag(0), "last_tag": keys.tag(state.buckets - 1)}
+            "first_tag": keys.tag(0), "last_tag": keys.tag(state.buckets - 1),
+            "lane_rq_prefixes": [keys.lane_rq_prefix(k) for k in range(keys.lanes)]}
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -41,6 +42,9 @@ def show(settings: Settings, as_json: bool) -> None:
               else "tags {prefix:bNNNN}, slots where they hash")
     click.echo(f"prefix {settings.prefix}: {state.buckets} buckets, layout {state.layout} "
                f"({spread}), {state.lanes} lane{'s' if state.lanes != 1 else ''}")
+    if keys.lanes > 1:
+        click.echo("lanes' RQ prefixes: " + " ".join(
+            f"{k}={keys.lane_rq_prefix(k)}" for k in range(keys.lanes)))
     if state.grow_to is not None:
         click.echo(f"growing to {state.grow_to} buckets: {state.moved} keys moved so far; "
                    f"finish with `marbles-rq buckets grow --to {state.grow_to}`")

@@ -181,11 +181,11 @@ def adopt_meta(keys: Keyspace, meta: MetaReply, adopt: frozenset[str]) -> Keyspa
         raise BucketMismatchError(
             f"the metadata of this deployment ({keys.meta}) is not understood by this "
             f"marbles-rq: {exc}") from None
-    for name, flag in (("buckets", "--buckets"), ("lanes", "--lanes"), ("layout", "")):
+    for name, flag in (("buckets", "--buckets or MARBLES_BUCKETS"),
+                       ("lanes", "--lane-count or MARBLES_LANE_COUNT"), ("layout", "")):
         mine, theirs = getattr(keys, name), getattr(recorded, name)
         if name not in adopt and mine != theirs:
-            how = f" ({flag} or MARBLES_{name.upper()}: leave it unset to adopt the " \
-                  f"recorded value)" if flag else ""
+            how = f" ({flag}: leave it unset to adopt the recorded value)" if flag else ""
             grow = "; `marbles-rq buckets grow` changes the bucket count" \
                 if name == "buckets" else ""
             raise BucketMismatchError(
