@@ -317,6 +317,10 @@ def grow_scenario(tmp_path: Path, store_url: str, rq_url: str | None, client: An
         schedules_before = json.loads(p.cli("schedules", "--json").stdout)
         assert [e["id"] for e in events_before] == ["e1"]
         assert [s["workflow"] for s in schedules_before] == ["g_tick"]
+        # Where the controller will look for the timer and the schedule: their due times.
+        due_before = (client.zscore(old.run_waits(old.bucket_of("sleep-1")), "sleep-1"),
+                      client.zscore(old.schedule_due(old.bucket_of("g-tick")), "g-tick"))
+        assert None not in due_before
         old_count = len(_old_keys(client, old))
         assert old_count > 300, old_count
 
@@ -357,6 +361,9 @@ def grow_scenario(tmp_path: Path, store_url: str, rq_url: str | None, client: An
 
         runs = RunStore(open_store(store_url))
         assert runs.keys == Keyspace()
+        new = runs.keys
+        assert (client.zscore(new.run_waits(new.bucket_of("sleep-1")), "sleep-1"),
+                client.zscore(new.schedule_due(new.bucket_of("g-tick")), "g-tick")) == due_before
         after = {v.record.id: (v.status, v.attempt) for v in _all(runs)}
         assert after == before  # every run, once, unchanged
         assert client.exists(runs.keys.run("ok-0"))
