@@ -48,7 +48,6 @@ from .scripts import MetaReply, Scripts
 log = logging.getLogger("marbles_rq.store")
 
 
-
 class _RequestIds:
     """Unique request ids without a random syscall per call: a random prefix per process
     (drawn again in a forked child) and a counter."""
