@@ -15,7 +15,8 @@ from . import Settings
 @click.command()
 @click.option("--bind", default="127.0.0.1", show_default=True,
               help="Address to listen on. Beyond loopback, MARBLES_WEB_TOKEN must be set.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8700, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8700, show_default=True,
+              help="Port to listen on (0: any free port; the URL is printed).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @click.pass_obj

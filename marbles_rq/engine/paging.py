@@ -171,7 +171,8 @@ class RunPager:
         scanned = 0
         cursor = after
         while True:
-            batch = limit if not filters.narrowing else min(max(limit * 4, 200), 1000)
+            batch = limit if not filters.narrowing else min(max(limit * 4, 200), 1000,
+                                                             max(scan_budget - scanned, 1))
             ids = self._candidates(cursor, filters, batch)
             if not ids:
                 return Page(rows, None, scanned, False)

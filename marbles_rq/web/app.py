@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 import anyio
 import jinja2
@@ -355,7 +355,7 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
 
     async def write(request: Request, do: Callable[[dict[str, str]], str], back: str
                     ) -> Response:
-        form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+        form = await _form(request)
         refusal = guard.write_refusal(request, form.get(CSRF_FIELD))
         target = _local(form.get("next"), back)
         if refusal is not None:
@@ -421,7 +421,7 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
     async def login(request: Request) -> Response:
         from .security import csrf_refusal
 
-        form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+        form = await _form(request)
         target = _local(form.get("next"), "/runs")
         refusal = csrf_refusal(request, form.get(CSRF_FIELD))
         if refusal is None and not guard.token_ok(form.get("token", "")):
@@ -439,7 +439,7 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
     async def logout(request: Request) -> Response:
         from .security import csrf_refusal
 
-        form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+        form = await _form(request)
         if csrf_refusal(request, form.get(CSRF_FIELD)) is not None:
             return PlainTextResponse("refused", 403)
         response = RedirectResponse("/runs", status_code=303)
@@ -475,6 +475,27 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes)
+
+
+MAX_FORM = 64 * 1024
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A urlencoded form (the only kind the pages send), at most MAX_FORM bytes; anything
+    else reads as empty, which every write then refuses (no CSRF value)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in ("", "application/x-www-form-urlencoded"):
+        return {}
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            return {}
+    try:
+        pairs = parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=50)
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return dict(pairs)
 
 
 def _redirect_flash(target: str, ok: bool, message: str) -> Response:
