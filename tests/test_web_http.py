@@ -18,7 +18,7 @@ from marbles_rq.engine.ops import RunRequest, prepare
 from marbles_rq.engine.paging import Cursor, Filters, RunPager
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
-from tests.procs import Procs, wait_for
+from tests.procs import Procs
 from tests.web_stack import SECRET, TOKEN, WEB_SOURCE, Web, start_web
 
 PROCS_SOURCES = [WEB_SOURCE]
