@@ -283,3 +283,31 @@ def test_signed_webhook_is_journaled_once(procs: Procs) -> None:
     assert cli.returncode == 0 and f"event {key} was received before" in cli.stdout
     events = json.loads(procs.cli("events", "--json").stdout)
     assert [e["key"] for e in events] == [key] and events[0]["type"] == "push"
+
+
+# -- the system page -----------------------------------------------------------------------
+
+def test_system_page_counts_a_redelivery(procs: Procs) -> None:
+    first = procs.start(workers=1)[0]
+    web = start_web(procs)
+    procs.enqueue("web_ticker", None, "sys-1")
+    procs.observer.wait_status("sys-1", "running")
+    with web.client() as anon:
+        page = anon.get("/system").text
+        assert first.name in page and "sys-1" in page  # the worker and what it runs
+        assert re.search(r"Leader</span><span class=\"v mono\">[^<]+:\d+", page), page
+        assert re.search(r"Redeliveries, last hour</span><span class=\"v\">0<", page)
+        first.kill9()
+        second = procs.worker()
+        procs.observer.wait_attempt("sys-1", 2)
+        page = anon.get("/system").text
+        assert re.search(r"Redeliveries, last hour</span><span class=\"v\">1<", page), page
+    _gate_open(procs, "sys-1")
+    procs.observer.wait_status("sys-1", "succeeded")
+    assert second.alive()
+
+
+def _gate_open(procs: Procs, run_id: str) -> None:
+    client = redis.Redis.from_url(procs.url)
+    client.rpush(f"web:gate:{run_id}", "go")
+    client.close()

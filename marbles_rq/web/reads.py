@@ -212,8 +212,14 @@ def queue_depths(settings: Settings) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-def redeliveries_last_hour(settings: Settings, server_ms: int) -> int | None:
-    return None
+def redeliveries_last_hour(settings: Settings, server_ms: int) -> int:
+    """Redeliveries (a vanished execution, a delivery lost in RQ) in the hour before
+    `server_ms`, from the per-bucket index the controller's scripts keep for an hour."""
+    keys = settings.keys
+    pipe = settings.reader().client.pipeline(transaction=False)
+    for b in range(keys.buckets):
+        pipe.zcount(keys.redeliveries(b), server_ms - 3_600_000, "+inf")
+    return sum(int(n) for n in pipe.execute())
 
 
 def _s(value: Any) -> str:
