@@ -127,6 +127,7 @@ def test_read_only_without_a_token(procs: Procs) -> None:
         bearer = anon.post("/runs/ro-1/cancel", headers={"Authorization": f"Bearer {TOKEN}"})
         assert bearer.status_code == 403
         assert "Cancel</button>" not in anon.get("/runs/ro-1").text
+        assert anon.get("/feed").status_code == 200
     assert _status(procs, "ro-1") == "queued"
 
 
