@@ -20,10 +20,19 @@ function tick(root) {
   });
 }
 function bars(root) {
-  // Timeline bars: positions come as data attributes (the CSP allows no inline styles).
-  (root || document).querySelectorAll(".seg[data-l]").forEach(function (el) {
-    el.style.left = el.dataset.l + "%";
-    el.style.width = el.dataset.w + "%";
+  // The steps' timeline: each bar from its start to its end on the run's time axis. The
+  // server sends times, not positions, so a running step's bar grows here each second
+  // without a new fragment (and the CSP allows no inline styles anyway).
+  (root || document).querySelectorAll("table.steps[data-t0]").forEach(function (table) {
+    var t0 = Number(table.dataset.t0), t1 = Number(table.dataset.t1), now = Date.now();
+    var live = table.dataset.live === "1";
+    if (live) t1 = Math.max(t1, now);
+    var span = Math.max(t1 - t0, 1);
+    table.querySelectorAll(".seg[data-s]").forEach(function (el) {
+      var s = Number(el.dataset.s), e = el.dataset.e ? Number(el.dataset.e) : (live ? now : t1);
+      el.style.left = Math.max(0, (s - t0) / span * 100) + "%";
+      el.style.width = Math.max((e - s) / span * 100, 0.6) + "%";
+    });
   });
 }
 function busy(box) {
@@ -71,7 +80,7 @@ function liveOutput() {
 
 document.addEventListener("DOMContentLoaded", function () {
   tick(); bars(); livePage(); liveOutput();
-  setInterval(tick, 1000);
+  setInterval(function () { tick(); bars(); }, 1000);
   var out = document.getElementById("output");
   if (out) out.scrollTop = out.scrollHeight;
 });
