@@ -312,3 +312,13 @@ def _gate_open(procs: Procs, run_id: str) -> None:
     client = redis.Redis.from_url(procs.url)
     client.rpush(f"web:gate:{run_id}", "go")
     client.close()
+
+
+def test_reading_every_page_writes_nothing(procs: Procs) -> None:
+    web = start_web(procs)
+    with web.client() as anon:
+        for path in ("/runs", "/runs?status=failed&window=1h", "/feed", "/schedules",
+                     "/monitors", "/events", "/system", "/login"):
+            assert anon.get(path).status_code == 200, path
+        assert anon.get("/runs/nope").status_code == 404
+    assert _dump(procs.url) == {}  # not even the deployment's meta
