@@ -28,10 +28,12 @@ def web(settings: Settings, bind: str, port: int, log_level: str) -> None:
 
     from ..web.app import create_app
     from ..web.security import TOKEN_ENV, Guard, check_bind, is_loopback
+    from ..web.settings import WebSettings
     from ..web.webhooks import Webhooks, secrets_from_env
 
     token = os.environ.get(TOKEN_ENV) or None
     check_bind(bind, token)  # before anything else: a refused start touches nothing
+    settings = WebSettings.of(settings)
     settings.load_source()
     guard = Guard(token, public=not is_loopback(bind))
     app = create_app(settings, guard, Webhooks(secrets_from_env(), settings))

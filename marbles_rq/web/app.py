@@ -349,6 +349,7 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
                                                    "at": reads.iso(at_ms)[11:]}), entry_id)
                     if kind == "final":
                         yield _sse("final", kind)
+                        return  # the page closes its stream on it; nothing follows a final
                 if not rows:
                     await anyio.sleep(0.25)
 
