@@ -116,6 +116,11 @@ class Keyspace:
         """Sorted set: worker name -> when it is lost (server ms) unless it beats again."""
         return f"{{{self.prefix}}}:workers"
 
+    @property
+    def worker_lanes(self) -> str:
+        """Hash: worker name -> the lanes it serves ("0,2"), written with its liveness beat."""
+        return f"{{{self.prefix}}}:worker_lanes"
+
     # -- claimed records (kind + id) -----------------------------------------------------
 
     def record(self, kind: str, rid: str) -> str:
