@@ -21,7 +21,6 @@ from ..engine.waits import WaitStore
 from ..errors import MarblesError
 from ..store.ids import check_id
 from ..store.redis_errors import one_line
-from ..transport import dispatch
 from ..triggers.schedules import KEY_PATTERN, SCHEDULES, UnknownScheduleError, set_paused
 
 
@@ -35,8 +34,7 @@ class Actions:
     def _enqueue(self, run_id: str, attempt: int, queue: str) -> str:
         """Enqueue a woken run's delivery now; the controller dispatches it if this fails."""
         try:
-            dispatch.enqueue_delivery(self.settings.rq(), self.settings.keys.prefix, queue,
-                                      run_id, attempt)
+            self.settings.rq().enqueue(queue, run_id, attempt)
         except redis.RedisError as exc:
             return f"; the controller will dispatch it ({one_line(exc)})"
         return ""

@@ -200,16 +200,16 @@ def system(settings: Settings) -> System:
 
 
 def queue_depths(settings: Settings) -> list[tuple[str, int]]:
-    """(marbles queue, deliveries waiting in its RQ queue) for this deployment's queues."""
-    from rq import Queue
-
-    conn = settings.rq()
+    """(marbles queue, deliveries waiting in its RQ queues, summed over the lanes) for this
+    deployment's queues."""
     head = dispatch.rq_queue_name(settings.keys.prefix, "")
-    out = []
-    for q in Queue.all(connection=conn):
-        if q.name.startswith(head):
-            out.append((q.name[len(head):], int(conn.llen(q.key))))
-    return sorted(out)
+    depth: dict[str, int] = {}
+    for lane in settings.rq().lanes:
+        for q in lane.queue_class.all(connection=lane.conn):
+            if q.name.startswith(head):
+                name = q.name[len(head):]
+                depth[name] = depth.get(name, 0) + int(lane.conn.llen(q.key))
+    return sorted(depth.items())
 
 
 def redeliveries_last_hour(settings: Settings, server_ms: int) -> int:

@@ -1,6 +1,5 @@
-"""The CLI's Settings, shared by the server's threads: one store, one reader and one RQ
-connection for the life of the process (the CLI's Settings opens RQ's connection anew at
-each call, which is right for a command that makes one call, not for a server)."""
+"""The CLI's Settings, shared by the server's threads: the store, the reader and RQ's lanes
+are each opened once, under a lock, for the life of the process."""
 
 from __future__ import annotations
 
@@ -8,27 +7,23 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from ..cli import Settings
 from ..store import RedisStore
+from ..transport.lanes import Lanes
 
 
 @dataclass
 class WebSettings(Settings):
     _lock: Any = field(default_factory=threading.Lock, repr=False)
-    _rq: redis.Redis | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, settings: Settings) -> WebSettings:
         return cls(settings.redis_url, settings.prefix, settings.buckets, settings.source,
-                   settings.rq_url)
+                   settings.rq_url, settings.lanes)
 
-    def rq(self) -> redis.Redis:
+    def rq(self) -> Lanes:
         with self._lock:
-            if self._rq is None:
-                self._rq = super().rq()
-            return self._rq
+            return super().rq()
 
     def store(self) -> RedisStore:
         with self._lock:
