@@ -128,13 +128,25 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int | None,
 
 
 def _register() -> None:
-    from . import control, dev, doctor, events, health, layout, procs, runs, schedules, waits
+    from . import (
+        control,
+        dev,
+        doctor,
+        events,
+        health,
+        layout,
+        procs,
+        runs,
+        schedules,
+        waits,
+        web,
+    )
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
                     waits.answer, waits.approve, waits.reject, waits.feed, waits.pause,
                     waits.resume, procs.worker, procs.controller, doctor.doctor,
                     control.leader, control.roll, control.list_cmd, events.events,
-                    schedules.schedules, dev.dev, health.health, layout.buckets):
+                    schedules.schedules, dev.dev, health.health, web.web, layout.buckets):
         cli.add_command(command)
 
 

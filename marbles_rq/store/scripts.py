@@ -420,14 +420,16 @@ class Scripts:
         """worker: "" to reap an expired lease; a lost worker's name to reap its run."""
         return self._reply(
             "reap_run",
-            [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished],
+            [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished,
+             keys.redeliveries],
             [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up, worker],
             ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced", "corrupt"))
 
     def redispatch_run(self, *, keys: RunKeys, run_id: str, attempt: int, ctl_epoch: int,
                        grace_ms: int, final_gave_up: bytes) -> Reply:
         return self._reply("redispatch_run",
-                           [keys.run, keys.dispatch, keys.output, keys.fence, keys.finished],
+                           [keys.run, keys.dispatch, keys.output, keys.fence, keys.finished,
+                            keys.redeliveries],
                            [run_id, attempt, ctl_epoch, grace_ms, final_gave_up],
                            ("redelivered", "gave_up", "moved", "fenced", "corrupt"))
 
