@@ -37,10 +37,10 @@ DEBUG_ENV = "MARBLES_DEBUG"
 class Settings:
     redis_url: str
     prefix: str
-    buckets: int
+    buckets: int | None  # None: the deployment's recorded count (1,024 at creation)
     source: str | None = None
     rq_url: str | None = None
-    lanes: int = 1
+    lanes: int | None = None  # None: recorded (at creation: 1, or one per cluster master)
     _lanes: Lanes | None = field(default=None, repr=False)
     _store: RedisStore | None = field(default=None, repr=False)
     _reader: RedisStore | None = field(default=None, repr=False)
@@ -87,9 +87,16 @@ class Settings:
                                       lanes=self.lanes, read_only=True)
         return self._reader
 
+    def check(self) -> None:
+        """A malformed --prefix, --buckets or --lane-count is one line now (exit 2), before
+        anything is started; whether they match the deployment is checked on connecting."""
+        Keyspace(self.prefix, self.buckets or DEFAULT_BUCKETS, lanes=self.lanes or 1)
+
     @property
     def keys(self) -> Keyspace:
-        return Keyspace(self.prefix, self.buckets, self.lanes)
+        """The deployment's keyspace: what it recorded (read, never written here), or, for a
+        deployment not created yet, what it will be created with."""
+        return self.reader().keys
 
 
 @click.group()
@@ -97,12 +104,14 @@ class Settings:
               help=f"Redis URL (env {URL_ENV}); redis+cluster://host:port for a cluster.")
 @click.option("--prefix", envvar="MARBLES_PREFIX", default=DEFAULT_PREFIX, show_default=True,
               help="Key prefix of this deployment (env MARBLES_PREFIX).")
-@click.option("--buckets", envvar="MARBLES_BUCKETS", default=DEFAULT_BUCKETS, show_default=True,
-              type=int, help="Bucket count, fixed per deployment (env MARBLES_BUCKETS).")
-@click.option("--lane-count", "lanes", envvar="MARBLES_LANE_COUNT", default=1,
-              show_default=True, type=int,
-              help="Lane count, fixed per deployment: RQ keyspaces (one per cluster master) "
-                   "and controller shards (env MARBLES_LANE_COUNT).")
+@click.option("--buckets", envvar="MARBLES_BUCKETS", default=None, type=int,
+              help=f"Bucket count of a new deployment (default {DEFAULT_BUCKETS}); an existing "
+                   f"one uses its recorded count, and a different value is refused "
+                   f"(env MARBLES_BUCKETS; see `buckets grow`).")
+@click.option("--lane-count", "lanes", envvar="MARBLES_LANE_COUNT", default=None, type=int,
+              help="Lane count of a new deployment: RQ keyspaces and controller shards "
+                   "(default 1, or one per master on a Redis Cluster); an existing one uses "
+                   "its recorded count (env MARBLES_LANE_COUNT).")
 @click.option("--source", envvar="MARBLES_SOURCE", default=None,
               help="Workflow definitions: a module path, a file, or a folder of modules "
                    "(env MARBLES_SOURCE).")
@@ -112,20 +121,32 @@ class Settings:
 @click.option("--debug", is_flag=True,
               help=f"Show the traceback of an unexpected error (env {DEBUG_ENV}=1).")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, lanes: int,
-        source: str | None, rq_url: str | None, debug: bool) -> None:
+def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int | None,
+        lanes: int | None, source: str | None, rq_url: str | None, debug: bool) -> None:
     """Durable workflows on Redis with RQ workers."""
-    ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url, lanes)
+    ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url, lanes=lanes)
 
 
 def _register() -> None:
-    from . import control, dev, doctor, events, health, procs, runs, schedules, waits, web
+    from . import (
+        control,
+        dev,
+        doctor,
+        events,
+        health,
+        layout,
+        procs,
+        runs,
+        schedules,
+        waits,
+        web,
+    )
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
                     waits.answer, waits.approve, waits.reject, waits.feed, waits.pause,
                     waits.resume, procs.worker, procs.controller, doctor.doctor,
                     control.leader, control.roll, control.list_cmd, events.events,
-                    schedules.schedules, dev.dev, health.health, web.web):
+                    schedules.schedules, dev.dev, health.health, web.web, layout.buckets):
         cli.add_command(command)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -132,6 +132,15 @@ class Reply:
 
     status: str
     values: list[Any]
+
+
+class MetaReply(NamedTuple):
+    """A deployment's recorded layout, as stored (strings; "" = not recorded)."""
+
+    buckets: str
+    layout: str
+    lanes: str
+    grow_to: str
 
 
 class Scripts:
@@ -687,9 +696,22 @@ class Scripts:
 
     # -- deployment --------------------------------------------------------------------
 
-    def ensure_meta(self, *, meta_key: str, buckets: int, layout: int) -> tuple[bool, str, str]:
-        reply = self.call("ensure_meta", [meta_key], [buckets, layout])
-        status = _s(reply[0])
-        if status not in ("ok", "mismatch"):
+    def ensure_meta(self, *, meta_key: str, buckets: int, layout: int,
+                    lanes: int) -> MetaReply:
+        reply = self.call("ensure_meta", [meta_key], [buckets, layout, lanes])
+        if len(reply) != 4 or not reply[0]:
             raise self._unexpected("ensure_meta", reply)
-        return status == "ok", _s(reply[1]), _s(reply[2])
+        return MetaReply(*(_s(v) for v in reply))
+
+    def begin_grow(self, *, meta_key: str, workers_key: str, buckets: int,
+                   to: int) -> list[str]:
+        reply = [_s(v) for v in self.call("begin_grow", [meta_key, workers_key], [buckets, to])]
+        if reply[0] not in ("ok", "workers", "changed"):
+            raise self._unexpected("begin_grow", reply)
+        return reply
+
+    def finish_grow(self, *, meta_key: str, buckets: int, layout: int, moved: int) -> None:
+        reply = [_s(v) for v in self.call("finish_grow", [meta_key], [buckets, layout, moved])]
+        if reply[0] not in ("ok", "done"):
+            raise self._unexpected("finish_grow", reply)
+
