@@ -15,14 +15,33 @@ import msgspec.inspect as mi
 _OBJECT_TYPES = (mi.StructType, mi.DataclassType, mi.TypedDictType)
 
 
+_INFO: dict[Any, mi.Type | None] = {}
+
+
+def _info(annotation: Any) -> mi.Type | None:
+    """msgspec's description of a type, cached: it costs more than decoding the input."""
+    try:
+        return _INFO[annotation]
+    except KeyError:
+        pass
+    except TypeError:  # not hashable: described each time
+        return _describe(annotation)
+    info = _INFO[annotation] = _describe(annotation)
+    return info
+
+
+def _describe(annotation: Any) -> mi.Type | None:
+    try:
+        return mi.type_info(annotation)
+    except (TypeError, ValueError):  # a type msgspec cannot describe: nothing to check
+        return None
+
+
 def unknown_field(value: Any, annotation: Any) -> str | None:
     """The path (`a.b[2].c`) of the first field in `value` that `annotation` does not
     declare, or None. `value` is decoded JSON that already matched the type."""
-    try:
-        info = mi.type_info(annotation)
-    except (TypeError, ValueError):  # a type msgspec cannot describe: nothing to check
-        return None
-    return _walk(value, info, "", 0)
+    info = _info(annotation)
+    return None if info is None else _walk(value, info, "", 0)
 
 
 def _walk(value: Any, info: mi.Type, path: str, depth: int) -> str | None:
@@ -79,20 +98,14 @@ def _walk(value: Any, info: mi.Type, path: str, depth: int) -> str | None:
 
 def declared_fields(annotation: Any) -> list[str]:
     """The top-level fields an object input declares ([] for other inputs)."""
-    try:
-        info = mi.type_info(annotation)
-    except (TypeError, ValueError):
-        return []
+    info = _info(annotation)
     return [f.encode_name for f in info.fields] if isinstance(info, _OBJECT_TYPES) else []
 
 
 def omitted_input(annotation: Any) -> tuple[bytes, list[str]]:
     """What an omitted input means: (`{}` for an object input, else `null`; the fields that
     have no default, which an omitted input cannot fill)."""
-    try:
-        info = mi.type_info(annotation)
-    except (TypeError, ValueError):
-        return b"null", []
+    info = _info(annotation)
     if isinstance(info, _OBJECT_TYPES):
         return b"{}", [f.encode_name for f in info.fields if f.required]
     return b"null", []
