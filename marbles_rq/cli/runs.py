@@ -124,6 +124,10 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         _echo("  pause requested: it parks at its next step boundary")
     if data["parent"]:
         _echo(f"  parent {data['parent']}")
+    if data["rerun_of"]:
+        _echo(f"  rerun of {data['rerun_of']} "
+              + (f"from step {data['rerun_from_step']}" if data["rerun_from_step"] else
+                 "from the top"))
     for child in data["children"]:
         _echo(f"  child {child['id']} ({child['workflow']})")
     for q in data["questions"]:

@@ -178,6 +178,8 @@ class RunView:
                 "since": iso(self.wait_since_ms)},
             "pause_requested": self.pause_requested and self.status != "waiting",
             "parent": self.record.parent or None,
+            "rerun_of": self.record.rerun_of or None,
+            "rerun_from_step": self.record.rerun_from_step or None,
             "children": [msgspec.json.decode(s.result) for s in self.steps
                          if s.name == "|child"],
             "timers": [{"path": _step_path(s.key), "position": _step_position(s.key),
@@ -258,6 +260,24 @@ class RunStore:
                 call["push"] = push
         replies = self.scripts.claim_runs(calls)
         return [self._recorded(r, reply) for r, reply in zip(chunk, replies, strict=True)]
+
+    def record_seeded(self, record: RunRecord, ledger: list[StepRecord],
+                      push: JobPush | None = None) -> Recorded:
+        """Record a run whose ledger starts with `ledger` (a rerun): the entries and the run
+        land together or not at all; when the id exists nothing is written."""
+        args = self._claim_args(record)
+        if push is not None:
+            args["push"] = push
+        seeded, claimed = self.scripts.seed_and_claim_run(
+            seed=[(s.key, encode(s)) for s in ledger], claim=args)
+        recorded = self._recorded(record, claimed)
+        if recorded.created and seeded.status == "corrupt":
+            # Recorded without its ledger: it would run every step again. It has not
+            # started (it was recorded a moment ago), so cancel it before it can.
+            self.cancel(record.id, "its ledger key holds another type")
+            raise CorruptRecordError(self.keys.run_keys(record.id).steps,
+                                     _s(seeded.values[0]) if seeded.values else "corrupt")
+        return recorded
 
     # -- executing (every call fenced by the execution's epoch) ---------------------------
 
