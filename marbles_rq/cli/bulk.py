@@ -12,8 +12,9 @@ from typing import IO, Any
 
 import click
 
-from ..engine.authoring import InputError
+from ..engine.authoring import InputError, queue_problem
 from ..engine.bulk import BulkReport, Refused, bulk_enqueue
+from ..errors import InvalidIdError
 from ..terminal import safe
 from . import EXIT_INPUT, Settings
 
@@ -51,6 +52,8 @@ def run_batch(settings: Settings, name: str, path: str, queue: str | None,
     from ..engine.authoring import REGISTRY
 
     REGISTRY.workflow(name)  # an unknown workflow: one line and exit 2, before any read
+    if queue is not None and (problem := queue_problem(queue)) is not None:
+        raise InvalidIdError(problem)
     show_bar = sys.stderr.isatty() and not as_json
 
     def refused(item: Refused) -> None:
@@ -84,7 +87,9 @@ def run_batch(settings: Settings, name: str, path: str, queue: str | None,
 
 
 def _stopped(last: list[BulkReport], why: str) -> None:
-    done = last[0] if last else BulkReport()
+    if not last:
+        return  # stopped before anything was sent: the error line says it all
+    done = last[0]
     click.echo(f"{why} after line {done.lines}: {_summary(done)}; the same command again "
                f"enqueues the rest (lines already in are found by their ids)", err=True)
 
