@@ -106,13 +106,26 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: s
 
 
 def _register() -> None:
-    from . import control, dev, doctor, events, health, procs, rerun, runs, schedules, waits
+    from . import (
+        control,
+        dev,
+        doctor,
+        dryrun,
+        events,
+        health,
+        procs,
+        rerun,
+        runs,
+        schedules,
+        waits,
+    )
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
                     waits.answer, waits.approve, waits.reject, waits.feed, waits.pause,
                     waits.resume, procs.worker, procs.controller, doctor.doctor,
                     control.leader, control.roll, control.list_cmd, events.events,
-                    schedules.schedules, dev.dev, health.health, rerun.rerun):
+                    schedules.schedules, dev.dev, health.health, rerun.rerun,
+                    dryrun.run_cmd):
         cli.add_command(command)
 
 

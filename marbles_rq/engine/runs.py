@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import redis
@@ -25,6 +25,9 @@ from ..store.ids import check_id
 from ..store.keys import RunKeys
 from ..store.records import EffectReceipt, ErrorInfo, RunRecord, StepRecord, decode, encode
 from ..store.scripts import JobPush
+
+if TYPE_CHECKING:
+    from .waits import WaitStore
 
 log = logging.getLogger("marbles_rq.engine.runs")
 
@@ -454,6 +457,26 @@ class RunStore:
                                             attempt=attempt, worker=worker).status
 
     # -- reading --------------------------------------------------------------------------
+
+    def waits(self) -> WaitStore:
+        """Questions, reports, parking and waking of this store's runs. (A method, so the
+        in-memory runs of a dry run hand out their own: engine/dryrun.py.)"""
+        from .waits import WaitStore
+
+        return WaitStore(self)
+
+    def child_states(self, ids: list[str]) -> list[tuple[str, bytes | None, bytes | None]]:
+        """(status, result, error) of each child run, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for cid in ids:
+            pipe.hmget(self.keys.run(cid), "status", "result", "error")
+        out = []
+        for cid, row in zip(ids, pipe.execute(), strict=True):
+            if row[0] is None:
+                raise MarblesError(f"child run {cid} does not exist (pruned, or never "
+                                   f"recorded)")
+            out.append((row[0].decode(), row[1], row[2]))
+        return out
 
     def get(self, run_id: str) -> RunView | None:
         keys = self.keys.run_keys(check_id(run_id, "run id"))
