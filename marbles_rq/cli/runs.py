@@ -75,9 +75,9 @@ def read_input(name: str, input_json: str | None) -> bytes:
     one what the workflow takes without input (see ops.omitted_input)."""
     from ..engine.ops import omitted_input
 
+    limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
     if input_json is None:
         return omitted_input(name)
-    limit = max_payload()
     if input_json.startswith("@"):
         try:
             with open(input_json[1:], "rb") as fh:
