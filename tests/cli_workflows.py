@@ -30,6 +30,16 @@ class Order(msgspec.Struct):
     qty: int = 1
 
 
+class Basket(msgspec.Struct):
+    lines: list[Order]
+    owner: Options | None = None
+
+
+@mr.workflow
+def basket(ctx: mr.RunContext, b: Basket) -> int:
+    return sum(line.qty for line in b.lines)
+
+
 @mr.workflow
 def bulk_item(ctx: mr.RunContext, item: Item) -> int:
     return item.n

@@ -181,13 +181,23 @@ def runs_cmd(settings: Settings, status_: str | None, name: str | None, limit: i
 @click.command()
 @click.argument("run_id")
 @click.option("--no-follow", is_flag=True, help="Print what is there and stop.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per output event "
+              "(id, type, attempt, at, data), a line each.")
 @click.pass_obj
-def watch(settings: Settings, run_id: str, no_follow: bool) -> None:
+def watch(settings: Settings, run_id: str, no_follow: bool, as_json: bool) -> None:
     """Print a run's output from the start and follow it. Exit 0 if it succeeded, 1 if it
     failed or was cancelled."""
     runs = settings.runs(read_only=True)
     _get(runs, run_id)
-    sys.exit(_follow(runs, run_id, follow=not no_follow))
+    sys.exit(_follow(runs, run_id, follow=not no_follow,
+                     emit=_json_line if as_json else None))
+
+
+def _json_line(ev: OutputEvent) -> None:
+    at = ev.at_ms
+    click.echo(json.dumps({"id": ev.id, "type": ev.type, "attempt": ev.attempt,
+                           "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))
+                           + f".{at % 1000:03d}Z", "data": ev.data}))
 
 
 @click.command()
@@ -230,14 +240,18 @@ def _view_json(view: RunView | None) -> dict[str, Any]:
 OUTPUT_PAGE = 1000  # output entries read per call
 
 
-def _follow(runs: RunStore, run_id: str, *, follow: bool = True) -> int:
+def _follow(runs: RunStore, run_id: str, *, follow: bool = True,
+            emit: Callable[[OutputEvent], None] | None = None) -> int:
     """Print the output journal; return the exit code of the run's final status."""
     after = "0-0"
     while True:
         events = runs.output(run_id, after=after, count=OUTPUT_PAGE,
                              block_ms=2000 if follow and after != "0-0" else None)
         for ev in events:
-            _echo(format_event(ev))
+            if emit is not None:
+                emit(ev)
+            else:
+                _echo(format_event(ev))
             after = ev.id
             if ev.type == "final":
                 return 0 if ev.data.get("status") == "succeeded" else 1
