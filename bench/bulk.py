@@ -16,7 +16,9 @@ What each side does:
 * RQ: `Queue.prepare_data` + `Queue.enqueue_many` per 500 in one pipeline (one round trip
   per chunk), in this process, no file and no validation: the floor of an RQ batch enqueue.
 
-Between rounds the server is emptied (FLUSHALL) and its AOF compacted.
+Between rounds the server is emptied (FLUSHALL) and its AOF compacted. Besides wall-clock
+rates it prints CPU seconds (the client's user+system, and redis-server's, from /proc) per
+100,000, which a box loaded by other work moves much less than wall time.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -37,7 +40,7 @@ from rq.serializers import JSONSerializer as RQJSONSerializer
 from marbles_rq.transport import dispatch
 from tests.redis_procs import DEFAULT_CONF, RedisServer
 
-from .runs_util import REPO_ROOT, load_line, median, ratio, table
+from .runs_util import REPO_ROOT, load_line, median, proc_cpu_s, ratio, table
 
 NOOP = "bench.runs_noop.noop"
 QUEUE = dispatch.rq_queue_name("mrq", "default")
@@ -65,8 +68,8 @@ def compact(r: redis.Redis) -> None:
         time.sleep(0.05)
 
 
-def marbles_round(url: str, path: Path, n: int) -> tuple[float, int, str]:
-    """(seconds, peak RSS in KiB, the summary line) of one `enqueue --batch`."""
+def marbles_round(url: str, path: Path, n: int) -> tuple[float, int, str, float]:
+    """(seconds, peak RSS in KiB, the summary line, CPU seconds) of one `enqueue --batch`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARBLES_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
     argv = [sys.executable, "-m", "marbles_rq", "--redis-url", url, "--source",
@@ -81,11 +84,18 @@ def marbles_round(url: str, path: Path, n: int) -> tuple[float, int, str]:
     err = (proc.stderr.read() if proc.stderr else b"").decode().strip()
     if proc.returncode != 0 or f"{n} enqueued" not in out:
         raise SystemExit(f"marbles-rq enqueue --batch failed ({proc.returncode}): {out} {err}")
-    return elapsed, usage.ru_maxrss, out
+    return elapsed, usage.ru_maxrss, out, usage.ru_utime + usage.ru_stime
 
 
-def rq_round(r: redis.Redis, n: int) -> float:
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def rq_round(r: redis.Redis, n: int) -> tuple[float, float]:
+    """(seconds, this process's CPU seconds) of RQ's enqueue_many of `n` no-op jobs."""
     q = Queue(QUEUE, connection=r, serializer=RQJSONSerializer)
+    cpu = _self_cpu()
     started = time.perf_counter()
     for start in range(0, n, CHUNK):
         datas = [Queue.prepare_data(NOOP, timeout=-1) for _ in range(min(CHUNK, n - start))]
@@ -93,9 +103,10 @@ def rq_round(r: redis.Redis, n: int) -> float:
             q.enqueue_many(datas, pipeline=pipe)
             pipe.execute()
     elapsed = time.perf_counter() - started
+    cpu = _self_cpu() - cpu
     if r.llen(Queue.redis_queue_namespace_prefix + QUEUE) != n:
         raise SystemExit("RQ's queue does not hold every job")
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -118,30 +129,51 @@ def main() -> None:
             ours: list[float] = []
             theirs: list[float] = []
             rss: list[int] = []
+            cpu_ours: list[tuple[float, float]] = []  # (client, redis-server) CPU seconds
+            cpu_theirs: list[tuple[float, float]] = []
+            per = 100_000 / args.lines
             for i in range(args.rounds):
                 # Alternate which side goes first, so drift on a shared box hits both.
                 order = ("marbles", "rq") if i % 2 == 0 else ("rq", "marbles")
                 for side in order:
                     compact(r)
+                    server_cpu = proc_cpu_s(server.pid)
                     if side == "marbles":
-                        secs, peak, line = marbles_round(server.url, path, args.lines)
+                        secs, peak, line, cpu = marbles_round(server.url, path, args.lines)
+                        cpu_ours.append((cpu * per, (proc_cpu_s(server.pid) - server_cpu)
+                                         * per))
                         ours.append(args.lines / secs)
                         rss.append(peak)
                         say(f"  round {i + 1} marbles-rq: {secs:.2f} s, {ours[-1]:,.0f} "
-                            f"lines/s, peak RSS {peak / 1024:.0f} MiB ({line})")
+                            f"lines/s, CPU per 100k: command {cpu_ours[-1][0]:.2f} s, "
+                            f"redis-server {cpu_ours[-1][1]:.2f} s, peak RSS "
+                            f"{peak / 1024:.0f} MiB ({line})")
                     else:
-                        secs = rq_round(r, args.lines)
+                        secs, cpu = rq_round(r, args.lines)
+                        cpu_theirs.append((cpu * per, (proc_cpu_s(server.pid) - server_cpu)
+                                           * per))
                         theirs.append(args.lines / secs)
                         say(f"  round {i + 1} RQ enqueue_many: {secs:.2f} s, "
-                            f"{theirs[-1]:,.0f} jobs/s")
+                            f"{theirs[-1]:,.0f} jobs/s, CPU per 100k: client "
+                            f"{cpu_theirs[-1][0]:.2f} s, redis-server "
+                            f"{cpu_theirs[-1][1]:.2f} s")
             say()
             say(table(["what", "median /s", "rounds"],
                       [["marbles-rq enqueue --batch (lines/s, whole command)",
                         f"{median(ours):,.0f}", " ".join(f"{x:,.0f}" for x in ours)],
                        ["RQ Queue.enqueue_many (no-op jobs/s)", f"{median(theirs):,.0f}",
                         " ".join(f"{x:,.0f}" for x in theirs)]]))
-            say(f"  ratio marbles-rq / RQ: {ratio(median(ours), median(theirs))}; "
-                f"marbles-rq peak RSS max {max(rss) / 1024:.0f} MiB")
+            paired = [a / b for a, b in zip(ours, theirs, strict=True)]
+            mine = median([a + b for a, b in cpu_ours])
+            rqs = median([a + b for a, b in cpu_theirs])
+            say(f"  ratio marbles-rq / RQ, wall: {ratio(median(ours), median(theirs))} "
+                f"(per round: {' '.join(f'{x:.2f}x' for x in paired)})")
+            say(f"  CPU per 100,000 (client + redis-server, medians): marbles-rq "
+                f"{median([a for a, _ in cpu_ours]):.2f} + {median([b for _, b in cpu_ours]):.2f}"
+                f" s, RQ {median([a for a, _ in cpu_theirs]):.2f} + "
+                f"{median([b for _, b in cpu_theirs]):.2f} s; by CPU marbles-rq / RQ: "
+                f"{ratio(rqs, mine)}")
+            say(f"  marbles-rq peak RSS max {max(rss) / 1024:.0f} MiB")
         finally:
             server.stop()
 
