@@ -19,6 +19,7 @@ from marbles_rq.engine.bulk import derived_id
 from marbles_rq.store.keys import Keyspace
 from marbles_rq.transport.dispatch import rq_queue_name
 from tests.procs import REPO_ROOT, wait_for
+from tests.redis_procs import RedisServer
 
 SOURCE = str(REPO_ROOT / "tests" / "cli_workflows.py")
 QUEUE_KEY = "rq:queue:" + rq_queue_name("mrq", "default")
@@ -209,3 +210,43 @@ def test_unknown_workflow_and_usage_are_one_line_exit_2(redis_url: str,
         assert done.returncode == 2, done.stdout + done.stderr
         assert done.stderr.count("\n") == 1 and expected in done.stderr, done.stderr
     assert redis.Redis.from_url(redis_url).llen(QUEUE_KEY) == 0
+
+
+def test_redis_killed_mid_file_then_rerun(redis_server: RedisServer, tmp_path: Path) -> None:
+    """redis-server SIGKILLed while chunks are being sent: the command stops with one error
+    line (exit 3) and says after which line; once Redis is back (from its AOF), the same
+    command enqueues the rest, every line exactly once."""
+    n = 12_000
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"id": f"k-{i}", "input": {"n": i}}) + "\n"
+                            for i in range(n)))
+    url = redis_server.url
+    r = redis.Redis.from_url(url)
+    proc = subprocess.Popen(argv(url, "enqueue", "bulk_item", "--batch", str(path)),
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "MARBLES_SOCKET_TIMEOUT": "2"})
+    try:
+        wait_for(lambda: r.llen(QUEUE_KEY) >= 1_000 or None, timeout=120,
+                 what="the first chunks of the batch in RQ")
+        redis_server.kill9()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, out + err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "Redis" in lines[-1], err
+    assert "the same command again enqueues the rest" in err
+    redis_server.restart()
+    r = redis.Redis.from_url(url)
+    kept = r.llen(QUEUE_KEY)
+    assert 1_000 <= kept < n
+    assert len(recorded_ids(r)) == kept  # whole chunks: every recorded run has its job
+    again = run(url, "enqueue", "bulk_item", "--batch", str(path))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.strip() == (f"{n - kept} enqueued, {kept} already existing, "
+                                    f"0 refused ({n} lines)")
+    assert sorted(recorded_ids(r)) == sorted(f"k-{i}" for i in range(n))
+    jobs = queued_job_ids(r)
+    assert len(jobs) == n and len(set(jobs)) == n

@@ -22,6 +22,8 @@ payload limit is skipped unread, not loaded.
 from __future__ import annotations
 
 import hashlib
+import queue as queue_mod
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
@@ -152,18 +154,39 @@ def bulk_enqueue(runs: RunStore, rq: redis.Redis, workflow: str, fh: IO[bytes], 
         if on_refused is not None:
             on_refused(item)
 
-    def send() -> None:
-        records = [record for _, record in pending]
+    def deliver(records: list[RunRecord]) -> None:  # in the sender's thread
         for outcome in enqueue_records(runs, rq, records):
             if outcome.created:
                 report.enqueued += 1
                 report.undispatched += not outcome.dispatched
             else:
                 report.existing += 1
-        pending.clear()
         if on_progress is not None:
             on_progress(report)
 
+    sender = _Sender(deliver)
+
+    def send() -> None:
+        sender.put([record for _, record in pending])
+        pending.clear()
+
+    try:
+        _read(fh, name, queue, registry, limit, chunk, report, seen, pending, refuse, send,
+              on_progress)
+    finally:
+        # The chunk in flight and the one waiting are sent even when reading stopped (an
+        # error, Ctrl-C): a chunk is whole or absent, and `report` counts what went in.
+        sender.close()
+    if on_progress is not None:
+        on_progress(report)
+    return report
+
+
+def _read(fh: IO[bytes], name: str, queue: str | None, registry: Registry, limit: int,
+          chunk: int, report: BulkReport, seen: dict[int, int],
+          pending: list[tuple[int, RunRecord]], refuse: Callable[..., None],
+          send: Callable[[], None],
+          on_progress: Callable[[BulkReport], None] | None) -> None:
     for number, line, consumed in read_lines(fh, limit + ENVELOPE_SLACK):
         report.lines = number
         report.bytes_read += consumed
@@ -195,6 +218,43 @@ def bulk_enqueue(runs: RunStore, rq: redis.Redis, workflow: str, fh: IO[bytes], 
             on_progress(report)
     if pending:
         send()
-    if on_progress is not None:
-        on_progress(report)
-    return report
+
+
+class _Sender:
+    """Sends chunks from a thread of its own, in order, while the caller reads and checks
+    the next chunk: the server's work on one chunk overlaps the client's on the next (with
+    `appendfsync always`, about half the time of a chunk is the server's). At most one chunk
+    is in flight and one waits, so memory stays bounded; the first error stops it and is
+    raised to the caller by its next `put` or by `close`."""
+
+    def __init__(self, deliver: Callable[[list[RunRecord]], None]) -> None:
+        self._deliver = deliver
+        self._queue: queue_mod.Queue[list[RunRecord] | None] = queue_mod.Queue(maxsize=1)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="bulk-sender", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            records = self._queue.get()
+            if records is None:
+                return
+            if self._error is None:
+                try:
+                    self._deliver(records)
+                except BaseException as exc:  # handed to the caller's thread
+                    self._error = exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def put(self, records: list[RunRecord]) -> None:
+        self._raise()
+        self._queue.put(records)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
