@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import IO
 
 import msgspec
-import redis
 
 from ..errors import InvalidIdError
 from ..store.ids import check_id
 from ..store.records import RunRecord
+from ..transport.lanes import RQLike
 from .authoring import REGISTRY, InputError, Registry, queue_problem
 from .ops import (
     ENQUEUE_CHUNK,
@@ -128,7 +128,7 @@ def parse_line(workflow: str, text: bytes, queue: str | None) -> RunRequest:
                       derived_id(workflow, text), queue, strict=True)
 
 
-def bulk_enqueue(runs: RunStore, rq: redis.Redis, workflow: str, fh: IO[bytes], *,
+def bulk_enqueue(runs: RunStore, rq: RQLike, workflow: str, fh: IO[bytes], *,
                  queue: str | None = None, registry: Registry = REGISTRY,
                  chunk: int = ENQUEUE_CHUNK, keep_refusals: int = 10_000,
                  on_refused: Callable[[Refused], None] | None = None,

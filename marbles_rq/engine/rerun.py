@@ -35,6 +35,7 @@ import redis
 from ..store.ids import check_id
 from ..store.records import RunRecord, StepRecord
 from ..transport import dispatch
+from ..transport.lanes import RQLike, as_lanes
 from .authoring import REGISTRY, InputError, Registry
 from .runs import TERMINAL, RunNotFoundError, RunStore, RunView
 
@@ -79,7 +80,7 @@ def ledger_before(view: RunView, key: str) -> list[StepRecord]:
             if s.status in ("succeeded", "waiting") and not s.key.startswith(inside)]
 
 
-def rerun(runs: RunStore, rq: redis.Redis, run_id: str, *, from_step: str | None = None,
+def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = None,
           new_id: str | None = None, registry: Registry = REGISTRY) -> Rerun:
     """Record and enqueue a rerun of `run_id` (see the module's note). Raises
     RunNotFoundError, RerunError, InvalidIdError or UnknownWorkflowError with nothing
@@ -106,13 +107,15 @@ def rerun(runs: RunStore, rq: redis.Redis, run_id: str, *, from_step: str | None
                        max_deliveries=definition.max_deliveries,
                        retention_s=definition.retention_s, rerun_of=old.id,
                        rerun_from_step=key or "")
-    push = (dispatch.delivery_push(rq, runs.keys.prefix, record.queue, record.id, 1)
-            if dispatch.same_server(runs.client, rq) else None)
+    lanes = as_lanes(rq, runs.keys)
+    shared = lanes.same_server(runs.client)
+    push = (dispatch.delivery_push(shared, runs.keys.prefix, record.queue, record.id, 1)
+            if shared is not None else None)
     recorded = runs.record_seeded(record, copied, push)
     dispatched = recorded.enqueued
     if recorded.created and push is None:
         try:
-            dispatch.enqueue_delivery(rq, runs.keys.prefix, record.queue, record.id, 1)
+            lanes.enqueue(record.queue, record.id, 1)  # on the run's lane
             dispatched = True
         except redis.RedisError:
             dispatched = False  # recorded: the controller dispatches it
