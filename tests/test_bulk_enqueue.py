@@ -250,3 +250,35 @@ def test_redis_killed_mid_file_then_rerun(redis_server: RedisServer, tmp_path: P
     assert sorted(recorded_ids(r)) == sorted(f"k-{i}" for i in range(n))
     jobs = queued_job_ids(r)
     assert len(jobs) == n and len(set(jobs)) == n
+
+
+def test_batch_and_rerun_on_three_lanes(redis_url: str, tmp_path: Path) -> None:
+    """With lanes, each run's delivery goes to its own lane's queue (`--lanes` given after
+    the command name), for a batch and for a rerun."""
+    from marbles_rq.engine.runs import RunStore
+    from marbles_rq.store import open_store
+
+    n = 900
+    path = tmp_path / "b.jsonl"
+    path.write_text("".join(json.dumps({"id": f"l-{i}", "input": {"n": i}}) + "\n"
+                            for i in range(n)))
+    done = run(redis_url, "enqueue", "bulk_item", "--batch", str(path), "--lanes", "3")
+    assert done.returncode == 0, done.stderr
+    r = redis.Redis.from_url(redis_url)
+    queues = [f"{{mrq:lane{k:03d}}}:queue:mrq.default" for k in range(3)]
+    assert sum(r.llen(q) for q in queues) == n and min(r.llen(q) for q in queues) > 0
+    assert r.llen(QUEUE_KEY) == 0  # nothing in RQ's own keyspace
+    runs = RunStore(open_store(redis_url, lanes=3))
+    for i in range(0, n, 97):
+        rid = f"l-{i}"
+        lane = int(r.hget(runs.keys.run(rid), "lane") or b"0")
+        jobs = [j.decode() for j in r.lrange(queues[lane], 0, -1)]
+        assert any(j.endswith(f"-{rid}-a1") for j in jobs), (rid, lane)
+
+    # A rerun (of a cancelled run: a finished one) goes to the new run's lane too.
+    assert run(redis_url, "cancel", "l-5", "--lanes", "3").returncode == 0
+    again = run(redis_url, "rerun", "l-5", "--id", "l-5-again", "--lanes", "3")
+    assert again.returncode == 0, again.stderr
+    lane = int(r.hget(runs.keys.run("l-5-again"), "lane") or b"0")
+    jobs = [j.decode() for j in r.lrange(queues[lane], 0, -1)]
+    assert any(j.endswith("-l-5-again-a1") for j in jobs)

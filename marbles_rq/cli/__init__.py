@@ -64,8 +64,9 @@ class Settings:
 
         if self._lanes is None:
             url = self.rq_url or self.redis_url
-            if self.rq_url:
-                check_url(self.rq_url)  # one line that hides its password, as for --redis-url
+            # One line that hides its password, whichever URL RQ uses (the parser's own
+            # message quotes what it could not read: part of a password).
+            check_url(url)
             self._lanes = open_lanes(url, self.keys)
         return self._lanes
 
