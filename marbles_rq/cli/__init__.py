@@ -64,8 +64,9 @@ class Settings:
 
         if self._lanes is None:
             url = self.rq_url or self.redis_url
-            if self.rq_url:
-                check_url(self.rq_url)  # one line that hides its password, as for --redis-url
+            # One line that hides its password, whichever URL RQ uses (the parser's own
+            # message quotes what it could not read: part of a password).
+            check_url(url)
             self._lanes = open_lanes(url, self.keys)
         return self._lanes
 
@@ -99,7 +100,14 @@ class Settings:
         return self.reader().keys
 
 
-@click.group()
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version=_version(), prog_name="marbles-rq", message="%(prog)s %(version)s")
 @click.option("--redis-url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True,
               help=f"Redis URL (env {URL_ENV}); redis+cluster://host:port for a cluster.")
 @click.option("--prefix", envvar="MARBLES_PREFIX", default=DEFAULT_PREFIX, show_default=True,
@@ -127,15 +135,60 @@ def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int | None,
     ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url, lanes=lanes)
 
 
+# The connection options, also accepted after the command name (`marbles-rq status RUN
+# --redis-url URL`), where they win over the same option given before it. They take no
+# default and no environment variable there: the group's own options carry those.
+_AFTER: tuple[tuple[str, str, Any, str], ...] = (
+    ("--redis-url", "redis_url", str, "Redis URL (as before the command)."),
+    ("--prefix", "prefix", str, "Key prefix (as before the command)."),
+    ("--buckets", "buckets", int, "Bucket count (as before the command)."),
+    ("--lane-count", "lanes", int, "Lane count (as before the command)."),
+    ("--source", "source", str, "Workflow definitions (as before the command)."),
+    ("--rq-url", "rq_url", str, "Redis for RQ's queues (as before the command)."),
+)
+
+
+def _set_setting(attr: str) -> Any:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is None:
+            return
+        settings = ctx.find_object(Settings)
+        if settings is not None:
+            setattr(settings, attr, value)
+
+    return callback
+
+
+def _accept_connection_options(command: click.Command) -> None:
+    """Give `command` (and a group's subcommands) the connection options and --debug."""
+    taken = {opt for p in command.params for opt in getattr(p, "opts", [])}
+    for flag, attr, kind, text in _AFTER:
+        if flag not in taken:
+            # A name of its own: `events send SOURCE` has an argument called source.
+            command.params.append(click.Option(
+                [flag, f"connection_{attr}"], type=kind, default=None, expose_value=False,
+                is_eager=True, callback=_set_setting(attr), help=text))
+    if "--debug" not in taken:
+        # main() reads --debug from the whole command line; here it only has to be accepted.
+        command.params.append(click.Option(["--debug", "connection_debug"], is_flag=True,
+                                           expose_value=False,
+                                           help="Show the traceback of an unexpected error."))
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _accept_connection_options(sub)
+
+
 def _register() -> None:
     from . import (
         control,
         dev,
         doctor,
+        dryrun,
         events,
         health,
         layout,
         procs,
+        rerun,
         runs,
         schedules,
         waits,
@@ -146,7 +199,9 @@ def _register() -> None:
                     waits.answer, waits.approve, waits.reject, waits.feed, waits.pause,
                     waits.resume, procs.worker, procs.controller, doctor.doctor,
                     control.leader, control.roll, control.list_cmd, events.events,
-                    schedules.schedules, dev.dev, health.health, web.web, layout.buckets):
+                    schedules.schedules, dev.dev, health.health, web.web, layout.buckets,
+                    rerun.rerun, dryrun.run_cmd):
+        _accept_connection_options(command)
         cli.add_command(command)
 
 

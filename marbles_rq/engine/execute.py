@@ -565,9 +565,7 @@ def _settled(reply_status: str, status: str) -> str:
 def settle_stopped(runs: RunStore, ex: Execution, reason: str) -> None:
     if reason == "cancelled":
         if runs.settle(ex, "cancelled") == "ok":
-            from .waits import WaitStore
-
-            WaitStore(runs).cancel_children(ex.run_id)
+            runs.waits().cancel_children(ex.run_id)
     elif reason == "timed_out":
         runs.settle(ex, "failed", error=TIMEOUT_ERROR)
 

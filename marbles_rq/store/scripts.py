@@ -362,6 +362,44 @@ class Scripts:
             out.append(Reply(status, reply[1:]))
         return out
 
+    def seed_and_claim_run(self, *, seed: Sequence[tuple[str, bytes]],
+                           claim: dict[str, Any]) -> tuple[Reply, Reply]:
+        """seed_ledger then claim_run for one run, in one MULTI/EXEC on a single server:
+        both land or neither. (On a cluster, where scripts cannot share a transaction, the
+        seed is sent first: a crash in between leaves a ledger no run reads.) Both are safe
+        to resend: the claim's request id answers "ok" again, and the seed writes nothing
+        once the run exists."""
+        keys: RunKeys = claim["keys"]
+        seed_keys = [keys.run, keys.steps]
+        seed_args: list[str | bytes | int] = [x for pair in seed for x in pair]
+        claim_keys, claim_args = self._claim_run_call(**claim)
+        if isinstance(self.client, RedisCluster):
+            seeded = self.call("seed_ledger", seed_keys, seed_args)
+            claimed = self.call("claim_run", claim_keys, claim_args)
+        else:
+            scripts = (self.scripts["seed_ledger"], self.scripts["claim_run"])
+
+            def send() -> list[Any]:
+                # EVAL with the sources, not EVALSHA: inside MULTI a script missing from
+                # the server's cache fails alone at EXEC while the other one runs, and a
+                # claim that landed without its seed would be a rerun without its ledger.
+                pipe = self.client.pipeline(transaction=True)
+                pipe.eval(scripts[0].source, len(seed_keys), *seed_keys, *seed_args)
+                pipe.eval(scripts[1].source, len(claim_keys), *claim_keys, *claim_args)
+                return list(pipe.execute(raise_on_error=False))
+
+            replies = self._resending(send)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            seeded = self._checked("seed_ledger", replies[0])
+            claimed = self._checked("claim_run", replies[1])
+        if _s(seeded[0]) not in ("ok", "exists", "corrupt"):
+            raise self._unexpected("seed_ledger", seeded)
+        if _s(claimed[0]) not in ("ok", "exists", "corrupt"):
+            raise self._unexpected("claim_run", claimed)
+        return Reply(_s(seeded[0]), seeded[1:]), Reply(_s(claimed[0]), claimed[1:])
+
     def start_attempt(self, *, keys: RunKeys, run_id: str, attempt: int, ttl_ms: int,
                       worker: str, final_cancel: bytes, final_timeout: bytes,
                       token: str) -> Reply:
