@@ -33,6 +33,7 @@ never a run id or a step key.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -263,8 +264,9 @@ def enable(*, multiprocess_dir: Path | None = None) -> CollectorRegistry:
     with _LOCK:
         if _REGISTRY is not None:
             return _REGISTRY
-        from prometheus_client import CollectorRegistry, values
+        from prometheus_client import CollectorRegistry, disable_created_metrics, values
 
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created`: scrape noise
         registry = CollectorRegistry(auto_describe=True)
         if multiprocess_dir is not None:
             from prometheus_client import multiprocess
@@ -394,10 +396,23 @@ def multiprocess_dir(bind: str, port: int) -> Path:
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         raise ConfigError(f"{path} is not a directory of this user; remove it")
+    _empty(path)
+    owner = os.getpid()
+
+    def remove() -> None:  # at a clean exit of the endpoint's process, not of a fork of it
+        if os.getpid() == owner:
+            with contextlib.suppress(OSError):
+                _empty(path)
+                path.rmdir()
+
+    atexit.register(remove)
+    return path
+
+
+def _empty(path: Path) -> None:
     for entry in path.iterdir():
         if entry.suffix == ".db":
             entry.unlink()
-    return path
 
 
 # -- scrape-time gauges (the controller) --------------------------------------------------------

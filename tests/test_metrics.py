@@ -183,3 +183,4 @@ def test_a_bad_metrics_port_is_one_line_and_exit_2(procs: Procs, command: str) -
                 bad, done.stderr)
     finally:
         taken.close()
+
