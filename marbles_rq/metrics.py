@@ -142,6 +142,10 @@ _LOCK = threading.Lock()
 # (metric name, label values) -> child: a dict lookup instead of `labels()`, which locks
 # and validates its arguments at every call (~3 us). Races only create a child twice.
 _CHILDREN: dict[tuple[str, ...], Any] = {}
+_FORK_LOCK = threading.Lock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_FORK_LOCK.acquire, after_in_parent=_FORK_LOCK.release,
+                        after_in_child=_FORK_LOCK.release)
 
 
 def _child(metric: Any, *labels: str) -> Any:
@@ -244,7 +248,11 @@ def redis_error(exc: BaseException) -> None:
             return
     with contextlib.suppress(AttributeError):
         exc._marbles_counted = True  # type: ignore[attr-defined]
-    _M.redis_errors.labels(redis_error_kind(exc)).inc()
+    # The one metric a background thread records in a process that forks (a forking
+    # worker's liveness thread): a fork while that thread held prometheus-client's value
+    # lock would leave the horse's copy locked forever. Forks wait for this lock instead.
+    with _FORK_LOCK:
+        _child(_M.redis_errors, redis_error_kind(exc)).inc()
 
 
 # -- turning metrics on --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from marbles_rq.metrics import REDELIVERY_CAUSES
@@ -164,6 +165,22 @@ def test_endpoints_count_what_the_processes_do(procs: Procs) -> None:
     assert value(ctl, "marbles_rq_redeliveries_total", queue="pool",
                   cause="worker_lost") + value(ctl, "marbles_rq_redeliveries_total",
                                                queue="pool", cause="lease_expired") == 1
+
+    # Redis refuses writes (OOM under noeviction): the liveness beats of both workers (a
+    # forking worker's own thread, the pool's executors) and the controller's schedule
+    # writes are refused, and each endpoint counts the kind.
+    admin = redis.Redis.from_url(procs.url)
+    before = {port: value(scrape(port), "marbles_rq_redis_errors_total", kind="oom")
+              for port in (ctl_port, fork_port, pool_port)}
+    assert before == {ctl_port: 0, fork_port: 0, pool_port: 0}
+    admin.config_set("maxmemory", 1)
+    try:
+        for port in (ctl_port, fork_port, pool_port):
+            await_metric(port, lambda s: value(
+                s, "marbles_rq_redis_errors_total", kind="oom") >= 1,
+                f"OOM errors counted on port {port}")
+    finally:
+        admin.config_set("maxmemory", 0)
 
 
 @pytest.mark.parametrize("command", ["worker", "controller"])
