@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -201,3 +202,38 @@ def test_a_bad_metrics_port_is_one_line_and_exit_2(procs: Procs, command: str) -
     finally:
         taken.close()
 
+
+
+HOOKS = """
+import asyncio, sys, urllib.request
+from marbles_rq import metrics
+
+server = metrics.serve_metrics(int(sys.argv[1]), "127.0.0.1")
+metrics.run_enqueued("mok", "default")
+with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5) as reply:
+    served = reply.read().decode()
+
+async def scrape_asgi() -> str:
+    sent = []
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+    async def send(message):
+        sent.append(message)
+    scope = {"type": "http", "method": "GET", "path": "/", "query_string": b"",
+             "headers": [], "http_version": "1.1"}
+    await metrics.asgi_app()(scope, receive, send)
+    return b"".join(m.get("body", b"") for m in sent).decode()
+
+mounted = asyncio.run(scrape_asgi())
+line = 'marbles_rq_runs_enqueued_total{queue="default",workflow="mok"} 1.0'
+print(line in served, line in mounted)
+"""
+
+
+def test_the_web_command_hooks_serve_the_same_registry(tmp_path: Path) -> None:
+    # In a process of its own: turning metrics on is for the life of a process.
+    done = subprocess.run([sys.executable, "-c", HOOKS, str(free_port())], cwd=REPO_ROOT,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"], done.stdout
