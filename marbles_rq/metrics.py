@@ -22,11 +22,11 @@ pids, a forking worker would leave one set of files per delivery (40 a second at
 speed) and every scrape would read them all. No metric uses a live gauge mode, so there is
 nothing for `mark_process_dead` to remove.
 
-The directory is ``/dev/shm/marbles-rq-metrics.<uid>.<bind>.<port>`` (or under
-``MARBLES_METRICS_DIR``, else the temp directory, if /dev/shm is not there): one per endpoint,
-emptied when the endpoint starts (after its port is bound, so only the process holding the
-port cleans it). A restarted worker therefore starts its counters at zero, which Prometheus
-reads as a counter reset, as for any restarted process.
+The directory is ``/dev/shm/marbles-rq-metrics.<uid>.<bind>.<port>`` (under
+``MARBLES_METRICS_DIR`` if set; in the temp directory where /dev/shm is missing or not
+writable): one per endpoint, emptied when the endpoint starts (after its port is bound, so
+only the process holding the port cleans it). A restarted worker therefore starts its
+counters at zero, which Prometheus reads as a counter reset, as for any restarted process.
 
 Labels are low-cardinality by design: workflow, queue, status, outcome, cause, kind;
 never a run id or a step key.
