@@ -467,7 +467,7 @@ class StoreGauges:
     Redis costs the scrape its gauges, never the controller's loop a stall). A failed read
     is counted in marbles_rq_redis_errors_total and its gauges are left out."""
 
-    def __init__(self, read_queues: Callable[[], dict[str, tuple[int, int]]],
+    def __init__(self, read_queues: Callable[[], dict[tuple[str, str], tuple[int, int]]],
                  read_waiting: Callable[[], tuple[int, int]]) -> None:
         self.read_queues, self.read_waiting = read_queues, read_waiting
 
@@ -484,13 +484,13 @@ class StoreGauges:
         else:
             depth = GaugeMetricFamily(
                 "marbles_rq_queue_depth", "Deliveries waiting in an RQ queue of this "
-                "deployment (the queue list's length).", labels=["queue"])
+                "deployment, per lane (the queue list's length).", labels=["queue", "lane"])
             flight = GaugeMetricFamily(
-                "marbles_rq_queue_in_flight", "Deliveries a worker popped from the queue "
-                "and has not completed (the queue's intermediate list).", labels=["queue"])
-            for name, (queued, popped) in sorted(queues.items()):
-                depth.add_metric([name], queued)
-                flight.add_metric([name], popped)
+                "marbles_rq_queue_in_flight", "Deliveries a worker popped from the queue and "
+                "has not completed (the queue's intermediate list).", labels=["queue", "lane"])
+            for (name, lane), (queued, popped) in sorted(queues.items()):
+                depth.add_metric([name, lane], queued)
+                flight.add_metric([name, lane], popped)
             yield depth
             yield flight
         try:

@@ -127,10 +127,10 @@ def test_endpoints_count_what_the_processes_do(procs: Procs) -> None:
     ctl = await_metric(ctl_port, lambda s: (
         value(s, "marbles_rq_timer_lateness_seconds_count") >= 4
         and value(s, "marbles_rq_schedule_lateness_seconds_count", workflow="mtick") >= 1
-        and value(s, "marbles_rq_queue_depth", queue="idle") == 4),
+        and value(s, "marbles_rq_queue_depth", queue="idle", lane="0") == 4),
         "timers, a schedule and the idle queue on the controller's endpoint")
     assert value(ctl, "marbles_rq_runs_enqueued_total", workflow="mtick", queue="default") >= 1
-    assert value(ctl, "marbles_rq_queue_in_flight", queue="idle") == 0
+    assert value(ctl, "marbles_rq_queue_in_flight", queue="idle", lane="0") == 0
     assert value(ctl, "marbles_rq_controller_pass_seconds_count") >= 1
     assert value(ctl, "marbles_rq_waiting_runs") >= 0
 
@@ -184,7 +184,7 @@ def test_endpoints_count_what_the_processes_do(procs: Procs) -> None:
         admin.config_set("maxmemory", 0)
 
 
-@pytest.mark.parametrize("command", ["worker", "controller"])
+@pytest.mark.parametrize("command", ["worker", "controller", "web"])
 def test_a_bad_metrics_port_is_one_line_and_exit_2(procs: Procs, command: str) -> None:
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -127,7 +127,7 @@ def worker_health(settings: Settings) -> None:
     pid is a live marbles-rq worker process here."""
     from ..transport.dispatch import rq_queue_name, rq_worker_keys
 
-    rq = settings.rq()
+    rq = settings.rq().registration
     here = socket.gethostname()
     queue_prefix = rq_queue_name(settings.prefix, "")
     workers_key, worker_prefix = rq_worker_keys()

@@ -1,7 +1,7 @@
-"""The controller's scrape-time gauges: queue depths and waiting runs, read from Redis when
-Prometheus scrapes, on connections of their own with a short timeout (metrics.StoreGauges).
-Only the controller serves them: one process per deployment answers for the whole fleet,
-whether or not it leads (a standby reads the same keys)."""
+"""The controller's scrape-time gauges: queue depths (per queue and lane) and waiting runs,
+read from Redis when Prometheus scrapes, on connections of their own with a short timeout
+(metrics.StoreGauges). Only the controller serves them: one process per deployment answers
+for the whole fleet, whether or not it leads (a standby reads the same keys)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,20 @@ if TYPE_CHECKING:
 
 
 def store_gauges(ctl: Controller) -> StoreGauges:
-    rq = scrape_client(ctl.rq)
-    store = scrape_client(ctl.store.client)
     keys = ctl.keys
+    # One scrape client per distinct connection: every lane of a standalone Redis shares one.
+    clients: dict[int, Any] = {}
+    lanes = [(lane.index, lane.rq_prefix,
+              clients.setdefault(id(lane.conn), scrape_client(lane.conn)))
+             for lane in ctl.rq.lanes]
+    store = scrape_client(ctl.store.client)
 
-    def queues() -> dict[str, tuple[int, int]]:
-        return dispatch.queue_depths(rq, keys.prefix)
+    def queues() -> dict[tuple[str, str], tuple[int, int]]:
+        depths: dict[tuple[str, str], tuple[int, int]] = {}
+        for index, rq_prefix, conn in lanes:
+            for name, counts in dispatch.queue_depths(conn, keys.prefix, rq_prefix).items():
+                depths[(name, str(index))] = counts
+        return depths
 
     def waiting() -> tuple[int, int]:
         pipe: Any = store.pipeline(transaction=False)

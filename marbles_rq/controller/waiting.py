@@ -23,7 +23,6 @@ from .. import metrics
 from ..engine.runs import DISPATCH_GRACE_MS, TERMINAL
 from ..errors import MarblesError
 from ..store.redis_errors import one_line
-from ..transport import dispatch
 
 if TYPE_CHECKING:
     from .loop import Controller
@@ -196,7 +195,7 @@ class WaitingDuty:
         count = 0
         for queue_name, batch in deliveries.items():
             try:
-                dispatch.enqueue_deliveries(ctl.rq, keys.prefix, queue_name, batch)
+                ctl.rq.enqueue_many(queue_name, batch)
             except redis.RedisError as exc:  # their dispatch checks stay due: retried
                 log.warning("enqueueing %s woken runs on %s failed (%s); the dispatch check "
                             "retries", len(batch), queue_name, one_line(exc))

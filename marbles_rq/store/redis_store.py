@@ -447,12 +447,14 @@ def _s(value: Any) -> str:
 
 
 def open_store(url: str | None = None, *, prefix: str = DEFAULT_PREFIX,
-               buckets: int = DEFAULT_BUCKETS, read_only: bool = False) -> RedisStore:
+               buckets: int = DEFAULT_BUCKETS, lanes: int = 1,
+               read_only: bool = False) -> RedisStore:
     """Connect, check the bucket count, and return the store. One clear error otherwise.
     `read_only`: for reading commands; records nothing (see RedisStore)."""
     client = connect(url)
     try:
-        return RedisStore(client, Keyspace(prefix, buckets), url=url or "", read_only=read_only)
+        return RedisStore(client, Keyspace(prefix, buckets, lanes), url=url or "",
+                          read_only=read_only)
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
         raise unavailable(url or "", exc) from None
     except redis.ResponseError as exc:
