@@ -16,12 +16,14 @@ import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from marbles_rq.metrics import REDELIVERY_CAUSES
+from marbles_rq.store.keys import Keyspace
 from tests.procs import CHAIN_SOURCE, KILL_SOURCE, REPO_ROOT, Procs, wait_for
 from tests.redis_procs import free_port
 
@@ -237,3 +239,30 @@ def test_the_web_command_hooks_serve_the_same_registry(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"], done.stdout
+
+
+def test_queue_depth_per_lane(redis_server: Any, tmp_path: Path) -> None:
+    """Three lanes, no worker: each lane's queue holds the runs of its buckets, and the
+    controller's gauge shows each lane's depth."""
+    lanes = 3
+    procs = Procs(redis_server.url, tmp_path / "procs", sources=PROCS_SOURCES)
+    procs.env.update(MARBLES_LANE_COUNT=str(lanes))
+    keys = Keyspace("mrq", 64, lanes)
+    try:
+        port = free_port()
+        procs.controller(extra=["--metrics-port", str(port)])
+        wanted = {lane: lane + 1 for lane in range(lanes)}  # 1, 2 and 3 runs
+        placed = dict.fromkeys(range(lanes), 0)
+        i = 0
+        while placed != wanted:
+            rid, i = f"lane-run-{i}", i + 1
+            lane = keys.lane_of(rid)
+            if placed[lane] < wanted[lane]:
+                _enqueue(procs, "mok", rid, "held")  # no worker; mtick's runs go to default
+                placed[lane] += 1
+        await_metric(port, lambda s: all(
+            value(s, "marbles_rq_queue_depth", queue="held", lane=str(lane)) == n
+            for lane, n in wanted.items()), "each lane's depth")
+    finally:
+        procs.stop_all()
+        print(procs.report())
