@@ -363,7 +363,10 @@ class Dev:
         self._lock = lock
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "MARBLES_RQ_URL"}
+        # One metrics port cannot serve the controller and every worker: dev's children get
+        # none (MARBLES_METRICS_PORT would make all but the first exit 2, again and again).
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("MARBLES_RQ_URL", "MARBLES_METRICS_PORT")}
         env.update(MARBLES_REDIS_URL=self.url, MARBLES_SOURCE=self.settings.source or "",
                    MARBLES_PREFIX=self.settings.prefix, PYTHONUNBUFFERED="1")
         # Only what was given: unset, the children adopt what the deployment recorded.

@@ -116,7 +116,7 @@ class ChildFailedError(MarblesError):
 def park(runs: RunStore, ex: Execution, parked: ParkRun,
          deliver: Callable[[str, str, int], bool] | None) -> str:
     """Park the run for what `parked` waits for; returns the delivery's outcome."""
-    from .execute import settle_stopped
+    from .execute import count_finished, settle_stopped
 
     waits = parked.waits
     reasons = {w.reason for w in waits}
@@ -136,7 +136,8 @@ def park(runs: RunStore, ex: Execution, parked: ParkRun,
         ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
         asks=[a for w in waits for a in w.asks])
     if status == "cancelled":
-        settle_stopped(runs, ex, "cancelled")
+        if settle_stopped(runs, ex, "cancelled") == "ok":
+            count_finished(ex, "cancelled")
         return "cancelled"
     if status == "requeued":
         _deliver(deliver, queue, ex.run_id, attempt)

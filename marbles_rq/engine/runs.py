@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 import redis
 
+from .. import metrics
 from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
 from ..store import RedisStore, new_request_id
 from ..store.ids import check_id
@@ -242,6 +243,7 @@ class RunStore:
             raise CorruptRecordError(self.keys.run(record.id), _s(reply.values[0]))
         if reply.status == "ok":
             enqueued = len(reply.values) > 1 and int(reply.values[1]) == 1
+            metrics.run_enqueued(record.name, record.queue)
             return Recorded(True, record, "queued", enqueued)
         existing = decode(RunRecord, reply.values[0], self.keys.run(record.id))
         return Recorded(False, existing, _s(reply.values[1]))

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, TypeVar
 import redis
 from redis.cluster import RedisCluster
 
+from .. import metrics
 from ..errors import ScriptReplyError
 from .connection import Client
 from .keys import RunKeys, ScheduleKeys
@@ -158,7 +159,8 @@ class Scripts:
         for pause in (*_RETRY_PAUSES_S, None):
             try:
                 return send()
-            except (redis.ConnectionError, redis.TimeoutError):
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                metrics.redis_error(exc)
                 deadline = deadline or time.monotonic() + self.retry_s
                 if pause is None or time.monotonic() + pause > deadline:
                     raise
@@ -180,7 +182,12 @@ class Scripts:
             except redis.exceptions.NoScriptError:
                 return self.client.eval(script.source, len(keys), *keys, *args)
 
-        return self._checked(name, self._resending(send))
+        try:
+            reply = self._resending(send)
+        except redis.RedisError as exc:  # refusals (OOM, READONLY ...) and script errors
+            metrics.redis_error(exc)
+            raise
+        return self._checked(name, reply)
 
     def call_many(self, name: str, calls: list[tuple[list[str], list[str | bytes | int]]],
                   *, transaction: bool = False) -> list[list[Any]]:
@@ -209,9 +216,14 @@ class Scripts:
                 replies = pipelined()
             return replies
 
-        replies = self._resending(send)
+        try:
+            replies = self._resending(send)
+        except redis.RedisError as exc:
+            metrics.redis_error(exc)
+            raise
         for reply in replies:
             if isinstance(reply, Exception):
+                metrics.redis_error(reply)
                 raise reply
         return [self._checked(name, reply) for reply in replies]
 
