@@ -253,7 +253,7 @@ def test_redis_killed_mid_file_then_rerun(redis_server: RedisServer, tmp_path: P
 
 
 def test_batch_and_rerun_on_three_lanes(redis_url: str, tmp_path: Path) -> None:
-    """With lanes, each run's delivery goes to its own lane's queue (`--lanes` given after
+    """With lanes, each run's delivery goes to its own lane's queue (`--lane-count` given after
     the command name), for a batch and for a rerun."""
     from marbles_rq.engine.runs import RunStore
     from marbles_rq.store import open_store
@@ -262,7 +262,7 @@ def test_batch_and_rerun_on_three_lanes(redis_url: str, tmp_path: Path) -> None:
     path = tmp_path / "b.jsonl"
     path.write_text("".join(json.dumps({"id": f"l-{i}", "input": {"n": i}}) + "\n"
                             for i in range(n)))
-    done = run(redis_url, "enqueue", "bulk_item", "--batch", str(path), "--lanes", "3")
+    done = run(redis_url, "enqueue", "bulk_item", "--batch", str(path), "--lane-count", "3")
     assert done.returncode == 0, done.stderr
     r = redis.Redis.from_url(redis_url)
     queues = [f"{{mrq:lane{k:03d}}}:queue:mrq.default" for k in range(3)]
@@ -276,8 +276,8 @@ def test_batch_and_rerun_on_three_lanes(redis_url: str, tmp_path: Path) -> None:
         assert any(j.endswith(f"-{rid}-a1") for j in jobs), (rid, lane)
 
     # A rerun (of a cancelled run: a finished one) goes to the new run's lane too.
-    assert run(redis_url, "cancel", "l-5", "--lanes", "3").returncode == 0
-    again = run(redis_url, "rerun", "l-5", "--id", "l-5-again", "--lanes", "3")
+    assert run(redis_url, "cancel", "l-5", "--lane-count", "3").returncode == 0
+    again = run(redis_url, "rerun", "l-5", "--id", "l-5-again", "--lane-count", "3")
     assert again.returncode == 0, again.stderr
     lane = int(r.hget(runs.keys.run("l-5-again"), "lane") or b"0")
     jobs = [j.decode() for j in r.lrange(queues[lane], 0, -1)]

@@ -16,7 +16,7 @@ from tests.procs import REPO_ROOT
 from tests.redis_procs import free_port
 
 SOURCE = str(REPO_ROOT / "tests" / "cli_workflows.py")
-CONNECTION = ("--redis-url", "--prefix", "--buckets", "--lanes", "--source", "--rq-url")
+CONNECTION = ("--redis-url", "--prefix", "--buckets", "--lane-count", "--source", "--rq-url")
 
 
 def mrq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
