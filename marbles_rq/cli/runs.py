@@ -31,12 +31,14 @@ def _echo(line: str) -> None:
 @click.option("--id", "run_id", default=None, help="Run id; the same id again returns the "
               "existing run. Default: a random id.")
 @click.option("--queue", default=None, help="RQ queue (default: the workflow's).")
+@click.option("--priority", type=int, default=None, help="-100 to 100; higher runs first "
+              "within its queue (default: the workflow's, else 0).")
 @click.option("--wait", is_flag=True, help="Follow the run's output until it finishes; exit "
               "like `watch`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 @click.pass_obj
 def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
-            queue: str | None, wait: bool, as_json: bool) -> None:
+            queue: str | None, priority: int | None, wait: bool, as_json: bool) -> None:
     """Record a run of workflow NAME, then enqueue it."""
     settings.load_source()
     limit = max_payload()
@@ -53,7 +55,7 @@ def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
                                        f"bytes (set {MAX_PAYLOAD_ENV} to change it)")
     else:
         raw = input_json.encode()
-    request = RunRequest(name, raw, run_id, queue)
+    request = RunRequest(name, raw, run_id, queue, priority)
     prepare(request)  # every input error before touching Redis
     runs = settings.runs()
     result = enqueue_run(runs, settings.rq(), request)
@@ -89,6 +91,10 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
     _echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}")
     _echo(f"  queue {data['queue']}  lane {data['lane']}  created {data['created_at']}  started "
                f"{data['started_at'] or '-'}  finished {data['finished_at'] or '-'}")
+    if data["priority"] or data["concurrency"]:
+        limit = data["concurrency"]
+        _echo(f"  priority {data['priority']}" + ("" if not limit else
+              f"  concurrency limit {limit['key'] or data['name']} {limit['limit']}"))
     if data["worker"] and data["status"] == "running":
         _echo(f"  worker {data['worker']}")
     if data["cancel_requested"] and data["status"] not in TERMINAL:
@@ -244,6 +250,7 @@ def format_event(ev: OutputEvent) -> str:
                                f"redelivered as attempt {d.get('attempt')}",
         "cancel_requested": lambda: "cancel requested",
         "deferred": lambda: f"handed back: {d.get('reason')}",
+        "held": lambda: f"held: {d.get('reason')}",
         "parked": lambda: f"parked: waiting for {_parked(d)}",
         "woken": lambda: f"woken ({d.get('cause')}); delivered as attempt {ev.attempt}",
         "answered": lambda: f"question {d.get('key')} answered: {json.dumps(d.get('answer'))}",

@@ -97,6 +97,12 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     max_deliveries: int = 20
     retention_s: float = 7 * 86400.0
     parent: str = ""  # the run that started this one as its child ("" for none)
+    # Flow control (engine/flowctl.py), fixed when the run is recorded: its priority (higher
+    # before lower within its queue), and its concurrency limit (0: none) with the label of
+    # the limit's key ("customer=acme"; "" for a workflow-wide limit).
+    priority: int = 0
+    concurrency: int = 0
+    concurrency_label: str = ""
 
 
 class StepRecord(Record, tag="step", kw_only=True, frozen=True):
