@@ -16,8 +16,8 @@ ARGV[4] final_cancel    JSON data of the final event when settled cancelled
 ARGV[5] final_gave_up   JSON data of the final event when deliveries are used up
 ARGV[6] worker          "" : reap if the lease expired; a lost worker's name: reap if the
                         run is executing on that worker, whatever its lease says
-Returns (limit: the run's `limit` field, "" if none: the caller frees the vanished
-execution's concurrency slot, see release_slot):
+Returns: (limit: the run's `limit` field, "" if none: the caller frees the vanished
+execution's concurrency slot, see release_slot)
   {"redelivered", attempt, queue, limit}  the caller now enqueues delivery <attempt> on <queue>
   {"cancelled", limit}              cancel had been requested: settled cancelled
   {"gave_up", attempt, limit}       max deliveries reached: settled failed
