@@ -94,7 +94,7 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
     if data["priority"] or data["concurrency"]:
         limit = data["concurrency"]
         _echo(f"  priority {data['priority']}" + ("" if not limit else
-              f"  concurrency limit {limit['key'] or data['name']} {limit['limit']}"))
+              f"  at most {limit['limit']} at once ({limit['key'] or data['name']})"))
     if data["worker"] and data["status"] == "running":
         _echo(f"  worker {data['worker']}")
     if data["cancel_requested"] and data["status"] not in TERMINAL:
