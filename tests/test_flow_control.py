@@ -225,7 +225,8 @@ def test_limit_holds_across_workers(procs: Procs, pool: int | None) -> None:
         attempt, deferred = client.hmget(f"{Keyspace(prefix=PREFIX).run(rid)}", "attempt",
                                          "deferred")
         assert int(attempt) - int(deferred or 0) == 1, rid
-    assert client.zcard(key) == 0  # every hold released at settle
+    # every hold released at settle
+    assert client.zcard(key) == 0, client.zrange(key, 0, -1, withscores=True)
 
 
 def test_limit_per_key(procs: Procs) -> None:
@@ -310,7 +311,7 @@ def test_kill_of_a_slot_holder(procs: Procs) -> None:
     assert view is not None and view.attempt > first["attempt"]
     assert obs.client.hget(Keyspace(prefix=PREFIX).run(first["run"]), "queue") == "default~3"
     assert any(e.type == "redelivered" for e in obs.events(first["run"]))
-    assert obs.client.zcard(key) == 0
+    assert obs.client.zcard(key) == 0, obs.client.zrange(key, 0, -1, withscores=True)
 
 
 # --------------------------------------------------------------------------------------------

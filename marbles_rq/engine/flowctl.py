@@ -39,8 +39,9 @@ import hashlib
 import logging
 import random
 import re
+import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -99,23 +100,23 @@ def limit_of(definition: WorkflowDef, recorded_input: bytes) -> tuple[int, str]:
 
     if not definition.concurrency:
         return 0, ""
-    field = definition.concurrency_key
-    if field is None:
+    key_field = definition.concurrency_key
+    if key_field is None:
         return definition.concurrency, ""
     value = msgspec.json.decode(recorded_input)
-    if not isinstance(value, dict) or field not in value:
+    if not isinstance(value, dict) or key_field not in value:
         raise InputError(f"workflow {definition.name!r} limits concurrency per input field "
-                         f"{field!r}, which the input does not have")
-    found = value[field]
+                         f"{key_field!r}, which the input does not have")
+    found = value[key_field]
     if isinstance(found, bool) or not isinstance(found, str | int):
-        raise InputError(f"input field {field!r} (the concurrency key of workflow "
+        raise InputError(f"input field {key_field!r} (the concurrency key of workflow "
                          f"{definition.name!r}) must be a string or a whole number, not "
                          f"{type(found).__name__}")
     text = str(found)
     if not text or len(text) > MAX_KEY_VALUE:
-        raise InputError(f"input field {field!r} (the concurrency key of workflow "
+        raise InputError(f"input field {key_field!r} (the concurrency key of workflow "
                          f"{definition.name!r}) must be 1 to {MAX_KEY_VALUE} characters")
-    return definition.concurrency, f"{field}={text}"
+    return definition.concurrency, f"{key_field}={text}"
 
 
 def limit_id(name: str, label: str) -> str:
@@ -176,6 +177,11 @@ class Slot:
     attempt: int
     token: str
     ttl_ms: int
+    # A renewal (the watchdog's thread) in flight when the execution releases its slot
+    # would take it again after the release (a renewal re-takes an expired hold): the two
+    # go one at a time, and nothing renews once released.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _released: bool = False
 
     @property
     def _keys(self) -> dict[str, str]:
@@ -186,6 +192,11 @@ class Slot:
     def renew(self) -> None:
         """With each lease renewal (the watchdog's thread). A failure is logged: the hold
         outlives one missed renewal by two thirds of the lease."""
+        with self._lock:
+            if not self._released:
+                self._renew()
+
+    def _renew(self) -> None:
         try:
             reply = self.runs.scripts.renew_slot(**self._keys, run_id=self.run_id,
                                                  attempt=self.attempt, token=self.token,
@@ -199,6 +210,13 @@ class Slot:
                         self.run_id, self.limit.label)
 
     def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            self._release()
+
+    def _release(self) -> None:
         try:
             self.runs.scripts.release_slot(**self._keys, run_id=self.run_id,
                                            holder=f"{self.attempt}|{self.token}")
