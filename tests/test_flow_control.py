@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -334,7 +335,14 @@ def test_priorities_high_before_low(procs: Procs) -> None:
     _enqueue(procs.url, [RunRequest("urgent", b"null", "p-urgent")])  # its default: 7
     queues = obs.client.smembers("rq:queues")
     assert {"rq:queue:mrq.default", "rq:queue:mrq.default~5",
-            "rq:queue:mrq.default~7"} <= queues  # `rq info` lists the bands as queues
+            "rq:queue:mrq.default~7"} <= queues
+    info = subprocess.run([str(Path(sys.executable).parent / "rq"), "info", "--only-queues",
+                           "-u", procs.url], capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0, info.stderr
+    assert "mrq.default~5" in info.stdout and "mrq.default~7" in info.stdout, info.stdout
+    # The deployment's prefix is still everything before a band's last '.' (the delivery
+    # id checks and MarblesIntermediateQueue.cleanup rely on it).
+    assert flowctl.band_queue("mrq.default", 5).rpartition(".")[0] == "mrq"
     # The worker reads which bands exist at most every BAND_REFRESH_S: the blocker started
     # (its pop read them) before the bands existed, so hold it that long.
     wait_for(lambda: time.monotonic() - blocked_at > BAND_REFRESH_S + 0.2,
@@ -382,3 +390,22 @@ def test_bad_input_is_refused_before_anything_is_written(procs: Procs, tmp_path:
         assert done.returncode == 2, (decl, done.stderr)
         assert needle in done.stderr and done.stderr.count("\n") == 1, (decl, done.stderr)
         assert set(client.keys("*")) == before, decl
+
+
+def test_no_renewal_after_release(redis_url: str) -> None:
+    """A renewal from the watchdog's thread that lands after the execution released its slot
+    does not take it again (a renewal re-takes an expired hold)."""
+    store = open_store(redis_url, prefix="rel1")
+    runs = RunStore(store)
+    limit = flowctl.Limit(1, "x", "x")
+    slot = flowctl.Slot(runs, limit, "r1", 1, "tok", 10_000)
+    keys = dict(slots_key=store.keys.limit_slots("x"), holders_key=store.keys.limit_holders("x"))
+    assert store.scripts.acquire_slot(**keys, run_id="r1", attempt=1, token="tok", limit=1,
+                                      ttl_ms=10_000).status == "ok"
+    slot.renew()
+    assert store.client.zcard(keys["slots_key"]) == 1
+    slot.release()
+    slot.renew()  # too late: nothing
+    slot.release()  # twice: nothing
+    assert store.client.zcard(keys["slots_key"]) == 0
+    assert store.client.hlen(keys["holders_key"]) == 0
