@@ -25,6 +25,10 @@ ARGV[11] job_id         with KEYS[5..7]: delivery 1's RQ job id, pushed on the q
 ARGV[12] fields         with KEYS[5..7]: how many field, value pairs follow
 ARGV[13..]              with KEYS[5..7]: the job hash: field, value, ... (Job.to_dict of the
                         delivery's job, built by RQ in marbles_rq/transport/dispatch.py)
+ARGV[last]              optional, after everything above (ARGV[11] without KEYS[5..7]): the
+                        run's concurrency limit, "<limit>|<limit id>|<label>" (flow control,
+                        marbles_rq/engine/flowctl.py), kept in the run's `limit` field, which
+                        start_attempt reads; "" or absent: no limit
 Returns:
   {"ok", created_ms, enqueued}  recorded by this call (or an earlier send of it); enqueued:
                               1 when delivery 1 is in RQ (written by this call, or found by a
@@ -61,6 +65,8 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', run, 'doc', doc, 'req', req, 'queue', ARGV[4], 'status', 'queued',
   'attempt', 1, 'epoch', 0, 'created_ms', now_ms, 'timeout_ms', ARGV[5],
   'max_deliveries', ARGV[6], 'retention_ms', ARGV[9], 'lane', ARGV[10])
+local limit = ARGV[job and (13 + 2 * tonumber(ARGV[12])) or 11]
+if limit and limit ~= '' then redis.call('HSET', run, 'limit', limit) end
 redis.call('ZADD', listing, now_ms, run_id)
 redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[7]), run_id)
 redis.call('XADD', out, '*', 't', 'queued', 'a', 1, 'd', ARGV[8])

@@ -16,10 +16,11 @@ ARGV[4] final_cancel    JSON data of the final event when settled cancelled
 ARGV[5] final_gave_up   JSON data of the final event when deliveries are used up
 ARGV[6] worker          "" : reap if the lease expired; a lost worker's name: reap if the
                         run is executing on that worker, whatever its lease says
-Returns:
-  {"redelivered", attempt, queue}   the caller now enqueues delivery <attempt> on <queue>
-  {"cancelled"}                     cancel had been requested: settled cancelled
-  {"gave_up", attempt}              max deliveries reached: settled failed
+Returns: (limit: the run's `limit` field, "" if none: the caller frees the vanished
+execution's concurrency slot, see release_slot)
+  {"redelivered", attempt, queue, limit}  the caller now enqueues delivery <attempt> on <queue>
+  {"cancelled", limit}              cancel had been requested: settled cancelled
+  {"gave_up", attempt, limit}       max deliveries reached: settled failed
   {"not_expired"}                   renewed meanwhile, or (worker given) executed by another
                                     worker now; nothing written
   {"gone"}                          no lease (settled or reaped already); nothing written
@@ -42,7 +43,7 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lost_worker = ARGV[6]
 if lost_worker == '' and tonumber(score) > now_ms then return {'not_expired'} end
 local r = redis.pcall('HMGET', run, 'status', 'attempt', 'cancel', 'max_deliveries', 'queue',
-  'deferred', 'retention_ms', 'epoch', 'worker')
+  'deferred', 'retention_ms', 'epoch', 'worker', 'limit')
 if r.err then return {'corrupt', 'the run key is not a hash'} end
 if r[1] ~= 'running' then
   -- Only a settled or missing run can be here; its lease entry is debris.
@@ -73,13 +74,13 @@ local function settle(status, error_json, final_event)
 end
 if r[3] == '1' then
   settle('cancelled', nil, ARGV[4])
-  return {'cancelled'}
+  return {'cancelled', r[10] or ''}
 end
 -- Deferrals (a worker that lacked the workflow handed it back) are not failed deliveries.
 if attempt - tonumber(r[6] or '0') >= tonumber(r[4] or '0') then
   settle('failed', '{"type":"DeliveriesExhausted","message":"the run\'s executions kept '
     .. 'vanishing; gave up after ' .. attempt .. ' deliveries"}', ARGV[5])
-  return {'gave_up', attempt}
+  return {'gave_up', attempt, r[10] or ''}
 end
 
 redis.call('HSET', run, 'status', 'queued', 'attempt', attempt + 1)
@@ -97,4 +98,4 @@ redis.call('XADD', out, '*', 't', 'redelivered', 'a', attempt + 1,
 -- The dashboard's "redeliveries in the last hour": kept for an hour, trimmed here.
 redis.call('ZADD', redeliveries, now_ms, run_id .. '#a' .. (attempt + 1))
 redis.call('ZREMRANGEBYSCORE', redeliveries, '-inf', now_ms - 3600000)
-return {'redelivered', attempt + 1, r[5]}
+return {'redelivered', attempt + 1, r[5], r[10] or ''}

@@ -15,6 +15,8 @@ ARGV[4] worker          name of the executing worker (for status and output)
 ARGV[5] final_cancel    JSON data of the final event if the run turns out cancelled
 ARGV[6] final_timeout   JSON data of the final event if the run's deadline has passed
 ARGV[7] token           unique per start call; a resend that finds its own start answers "ok"
+ARGV[8] slot            "1": the caller holds the run's concurrency slot (acquire_slot); else
+                        a run recorded with a limit is not started (needs_slot)
 Returns:
   {"ok", epoch, doc, deadline_ms, ledger, now_ms}   ledger = flat {key, record, ...};
                               now_ms: the server clock at the start (timers are on it)
@@ -28,6 +30,9 @@ Returns:
                               new one)
   {"paused"}                  a pause was asked: parked now (reason paused), nothing started
   {"corrupt", reason}         the run's hash is unreadable; nothing written
+  {"needs_slot", limit}       the run has a concurrency limit (its `limit` field, recorded by
+                              claim_run: "<limit>|<limit id>|<label>") and ARGV[8] is not
+                              "1": take a slot, then start again; nothing written
 Writes: only for a fresh ok, cancelled, timed_out or paused (HSET/HINCRBY KEYS[1], ZADD/ZREM
   KEYS[3], ZREM KEYS[4], XADD KEYS[5], ZADD KEYS[6] when settled)
 ]]
@@ -36,7 +41,7 @@ local run, steps, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], K
 local run_id, attempt, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local r = redis.pcall('HMGET', run, 'doc', 'status', 'attempt', 'epoch', 'cancel',
-  'deadline_ms', 'timeout_ms', 'start_token', 'retention_ms', 'pause')
+  'deadline_ms', 'timeout_ms', 'start_token', 'retention_ms', 'pause', 'limit')
 if r.err then return {'corrupt', 'the run key is not a hash'} end
 if not r[1] then return {'missing'} end
 local status = r[2]
@@ -98,10 +103,14 @@ if r[10] == '1' then
   return {'paused'}
 end
 
+-- Flow control: after every check that settles or parks without running (those need no
+-- slot), before the first write of a real start.
+if r[11] and r[11] ~= '' and ARGV[8] ~= '1' then return {'needs_slot', r[11]} end
+
 local epoch = redis.call('HINCRBY', run, 'epoch', 1)
 redis.call('HSET', run, 'status', 'running', 'worker', ARGV[4], 'start_token', ARGV[7],
   'wseq', 0)
-redis.call('HDEL', run, 'note')
+redis.call('HDEL', run, 'note', 'holds')
 if deadline == 0 and tonumber(r[7] or '0') > 0 then
   deadline = now_ms + tonumber(r[7])
   redis.call('HSET', run, 'deadline_ms', deadline)

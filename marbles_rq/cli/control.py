@@ -105,7 +105,9 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
             schema = msgspec.json.schema(wf.input_type)
         workflows.append({"name": name, "queue": wf.queue, "timeout_s": wf.timeout_s,
                           "max_deliveries": wf.max_deliveries, "retention_s": wf.retention_s,
-                          "input_schema": schema})
+                          "input_schema": schema, "priority": wf.priority,
+                          "concurrency": None if not wf.concurrency else {
+                              "limit": wf.concurrency, "key": wf.concurrency_key}})
     from ..triggers.monitors import MONITORS, list_monitors
     from ..triggers.schedules import SCHEDULES, list_schedules
 
@@ -127,6 +129,11 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
             wf_data["input_schema"], separators=(",", ":"))[:120]
         limits = (f"timeout {wf_data['timeout_s'] or '-'} s, kept {wf_data['retention_s']:g} s"
                   f" after it finishes")
+        if (cc := wf_data["concurrency"]) is not None:
+            limits += f", at most {cc['limit']} at once" + (
+                f" per {cc['key']}" if cc["key"] else "")
+        if wf_data["priority"]:
+            limits += f", priority {wf_data['priority']}"
         click.echo(safe(f"  {wf_data['name']:24} queue {wf_data['queue']:12} {limits}; "
                         f"{takes}"))
     click.echo("schedules:" if schedules else "schedules: none")

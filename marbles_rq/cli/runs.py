@@ -35,24 +35,28 @@ def _echo(line: str) -> None:
 @click.option("--id", "run_id", default=None, help="Run id; the same id again returns the "
               "existing run. Default: a random id.")
 @click.option("--queue", default=None, help="RQ queue (default: the workflow's).")
+@click.option("--priority", type=int, default=None, help="-100 to 100; higher runs first "
+              "within its queue (default: the workflow's, else 0).")
 @click.option("--wait", is_flag=True, help="Follow the run's output until it finishes; exit "
               "like `watch`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 @click.pass_obj
 def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | None,
-            run_id: str | None, queue: str | None, wait: bool, as_json: bool) -> None:
+            run_id: str | None, queue: str | None, priority: int | None, wait: bool,
+            as_json: bool) -> None:
     """Record a run of workflow NAME, then enqueue it (or one run per line of --batch)."""
     if batch is not None:
-        if input_json is not None or run_id is not None or wait:
-            raise click.UsageError("--batch takes no --input, --id or --wait (each line "
-                                   "carries its input and, optionally, its id)")
+        if input_json is not None or run_id is not None or wait or priority is not None:
+            raise click.UsageError("--batch takes no --input, --id, --priority or --wait "
+                                   "(each line carries its input and, optionally, its id; "
+                                   "runs take the workflow's priority)")
         from .bulk import run_batch
 
         run_batch(settings, name, batch, queue, as_json)
         return
     settings.load_source()
     raw = read_input(name, input_json)
-    request = RunRequest(name, raw, run_id, queue, strict=True)
+    request = RunRequest(name, raw, run_id, queue, strict=True, priority=priority)
     prepare(request)  # every input error before touching Redis
     runs = settings.runs()
     result = enqueue_run(runs, settings.rq(), request)
@@ -112,6 +116,10 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
     _echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}")
     _echo(f"  queue {data['queue']}  lane {data['lane']}  created {data['created_at']}  started "
                f"{data['started_at'] or '-'}  finished {data['finished_at'] or '-'}")
+    if data["priority"] or data["concurrency"]:
+        limit = data["concurrency"]
+        _echo(f"  priority {data['priority']}" + ("" if not limit else
+              f"  at most {limit['limit']} at once ({limit['key'] or data['name']})"))
     if data["worker"] and data["status"] == "running":
         _echo(f"  worker {data['worker']}")
     if data["cancel_requested"] and data["status"] not in TERMINAL:
@@ -285,6 +293,7 @@ def format_event(ev: OutputEvent) -> str:
                                f"redelivered as attempt {d.get('attempt')}",
         "cancel_requested": lambda: "cancel requested",
         "deferred": lambda: f"handed back: {d.get('reason')}",
+        "held": lambda: f"held: {d.get('reason')}",
         "parked": lambda: f"parked: waiting for {_parked(d)}",
         "woken": lambda: f"woken ({d.get('cause')}); delivered as attempt {ev.attempt}",
         "answered": lambda: f"question {d.get('key')} answered: {json.dumps(d.get('answer'))}",

@@ -31,6 +31,7 @@ from typing import Any
 import redis
 
 from .. import metrics
+from ..engine.flowctl import release_vanished
 from ..engine.runs import DISPATCH_GRACE_MS, RunStore, event
 from ..errors import RedisUnavailableError
 from ..store import Lease
@@ -296,10 +297,15 @@ class Controller:
             attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
             log.info("run %s: execution vanished (%s); redelivering as attempt %s", run_id,
                      f"worker {worker} lost" if worker else "lease expired", attempt)
+            if len(reply.values) > 2 and reply.values[2]:
+                # Flow control: free the vanished execution's concurrency slot now.
+                release_vanished(self.runs, run_id, attempt - 1, _s(reply.values[2]))
             self._enqueue(queue_name, run_id, attempt)
             self.stats.redelivered += 1
             metrics.redelivered(queue_name, "worker_lost" if worker else "lease_expired")
             return 1
+        if reply.status == "gave_up" and len(reply.values) > 1 and reply.values[1]:
+            release_vanished(self.runs, run_id, int(reply.values[0]), _s(reply.values[1]))
         if reply.status in ("cancelled", "gave_up"):
             log.info("run %s: %s", run_id, reply.status)
             self.stats.settled += 1

@@ -112,6 +112,12 @@ class WorkflowDef:
     max_deliveries: int = 20
     retention_s: float = 7 * 86400.0
     _input_type: Any = field(default=None, repr=False)
+    # Flow control (engine/flowctl.py): at most `concurrency` runs at once (0: no limit),
+    # per value of the input field `concurrency_key` when given; `priority` is the runs'
+    # default priority (higher before lower within a queue).
+    concurrency: int = 0
+    concurrency_key: str | None = None
+    priority: int = 0
 
     @property
     def input_type(self) -> Any:
@@ -209,10 +215,17 @@ def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
 
 def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "default",
              timeout_s: float = 0.0, max_deliveries: int = 20,
-             retention_s: float = 7 * 86400.0) -> Any:
+             retention_s: float = 7 * 86400.0, concurrency: int | None = None,
+             concurrency_key: str | None = None, priority: int = 0) -> Any:
     """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``.
-    A finished run is kept `retention_s` seconds (default 7 days), then pruned."""
-    problem = queue_problem(queue)
+    A finished run is kept `retention_s` seconds (default 7 days), then pruned.
+    `concurrency=N`: at most N runs execute at once across the fleet; with
+    `concurrency_key="field"`, at most N per value of that input field. `priority`: the
+    runs' default priority (see engine/flowctl.py)."""
+    from .flowctl import definition_problem
+
+    problem = queue_problem(queue) or definition_problem(concurrency, concurrency_key,
+                                                         priority)
     if problem is not None:
         raise DefinitionError(problem)
     if not 0 <= retention_s <= 10 * 365 * 86400:
@@ -226,7 +239,12 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
                                   f"(ctx, input)")
         input_param = params[1].name if len(params) == 2 else None
         definition = WorkflowDef(wf_name, fn, input_param, queue, timeout_s, max_deliveries,
-                                 retention_s)
+                                 retention_s, concurrency=concurrency or 0,
+                                 concurrency_key=concurrency_key, priority=priority)
+        if concurrency_key is not None and input_param is None:
+            raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): concurrency_key "
+                                  f"{concurrency_key!r} names an input field, but it takes "
+                                  f"no input")
         REGISTRY._add(REGISTRY.workflows, "workflow", wf_name, definition)
         return definition
 

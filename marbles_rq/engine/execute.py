@@ -24,7 +24,7 @@ from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import ErrorInfo, StepRecord, encode
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
-from . import flow
+from . import flow, flowctl
 from .authoring import REGISTRY, Registry, StepDef
 from .flow import BranchCancelled, NonDeterminismError, ParkRun, Wait
 from .runs import (
@@ -560,6 +560,8 @@ class Watchdog:
             self._stop.wait(min(1.0, interval))
             with self._lock:
                 if not self._finished:
+                    if self.ex.slot is not None:
+                        self.ex.slot.release()  # only its holder's: a newer one keeps its own
                     os._exit(EXIT_FENCED)
         self._stop.set()
 
@@ -656,7 +658,8 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
              lease_ms: int, hard_exit: bool, limits: Limits | None,
              deliver: Callable[[str, str, int], bool] | None) -> _Outcome:
     limits = limits or Limits()
-    started = runs.start(run_id, attempt, ttl_ms=lease_ms, worker=worker)
+    # A run with a concurrency limit takes its slot first, or is handed back (flowctl).
+    started = flowctl.start(runs, run_id, attempt, ttl_ms=lease_ms, worker=worker)
     if started.status == "corrupt":
         log.warning("run %s delivery %s: %s; failing the run", run_id, attempt, started.detail)
         runs.fail_corrupt(run_id, started.detail)
@@ -673,6 +676,8 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         note = (f"waiting for a worker that knows workflow {ex.record.name!r} (worker "
                 f"{worker} does not)")
         status = runs.defer(ex, note)
+        if ex.slot is not None:
+            ex.slot.release()
         log.warning("run %s: workflow %r is not loaded here; handed back (%s)", run_id,
                     ex.record.name, status)
         return _Outcome("deferred")
@@ -730,6 +735,8 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         return _Outcome(_settled(runs.settle(ex, "failed", error=error), "failed"), parent, ex)
     finally:
         watchdog.finish()
+        if ex.slot is not None:
+            ex.slot.release()  # settled, parked, handed back or stopped: no longer executing
         if token is not None:
             _current.reset(token)
         if frames_token is not None:

@@ -410,7 +410,9 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
         raise MarblesError(f"child id {cid} is taken by another run (started by "
                            f"{recorded_run.record.parent or 'no parent'})")
     if recorded_run.created:
-        _deliver(run.deliver, record.queue, cid, 1)
+        from .flowctl import delivery_queue
+
+        _deliver(run.deliver, delivery_queue(record), cid, 1)
     entry = StepRecord(version=1, key=lkey, name="|child", status="succeeded", attempts=1,
                        result=msgspec.Raw(msgspec.json.encode({"id": cid,
                                                                "workflow": record.name})),

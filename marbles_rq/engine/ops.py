@@ -17,6 +17,7 @@ from ..store.ids import check_id
 from ..store.records import RunRecord
 from ..transport import dispatch
 from ..transport.lanes import RQLike, as_lanes
+from . import flowctl
 from .authoring import REGISTRY, InputError, Registry, queue_problem
 from .runs import Recorded, RunStore
 
@@ -80,6 +81,9 @@ class RunRequest:
     # than dropping them silently as msgspec does by default. Engine-made runs (events,
     # schedules, monitors) keep msgspec's default.
     strict: bool = False
+    # Higher runs first within the queue, PRIORITY_MIN..PRIORITY_MAX (engine/flowctl.py);
+    # None: the workflow's default.
+    priority: int | None = None
 
 
 @dataclass(frozen=True)
@@ -121,13 +125,20 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
     run_id = uuid.uuid4().hex if request.run_id is None else check_id(request.run_id, "run id")
     if request.queue is not None and (problem := queue_problem(request.queue)) is not None:
         raise InvalidIdError(problem)
+    if request.priority is not None and (
+            problem := flowctl.priority_problem(request.priority)) is not None:
+        raise InputError(problem)
     definition = registry.workflow(request.name)
     _, recorded_input = definition.parse_input(request.input, strict=request.strict)
+    concurrency, label = flowctl.limit_of(definition, recorded_input)
     return RunRecord(version=1, id=run_id, name=definition.name,
                      queue=request.queue or definition.queue,
                      input=msgspec.Raw(recorded_input), requested_at_ms=int(time.time() * 1000),
                      timeout_s=definition.timeout_s, max_deliveries=definition.max_deliveries,
-                     retention_s=definition.retention_s)
+                     retention_s=definition.retention_s,
+                     priority=definition.priority if request.priority is None
+                     else request.priority,
+                     concurrency=concurrency, concurrency_label=label)
 
 
 def enqueue(runs: RunStore, rq: RQLike, request: RunRequest,
@@ -139,14 +150,15 @@ def enqueue(runs: RunStore, rq: RQLike, request: RunRequest,
     prefix = runs.keys.prefix
     lanes = as_lanes(rq, runs.keys)
     if (shared := lanes.same_server(runs.client)) is not None:
-        push = dispatch.delivery_push(shared, prefix, record.queue, record.id, 1)
+        push = dispatch.delivery_push(shared, prefix, flowctl.delivery_queue(record),
+                                      record.id, 1)
         recorded = runs.record(record, push)
         return _result(recorded, dispatched=recorded.enqueued)
     recorded = runs.record(record)
     if not recorded.created:
         return _result(recorded, dispatched=False)
     try:
-        lanes.enqueue(record.queue, record.id, 1)
+        lanes.enqueue(flowctl.delivery_queue(record), record.id, 1)
     except redis.RedisError:
         return _result(recorded, dispatched=False)  # the controller dispatches it
     return _result(recorded, dispatched=True)
@@ -173,13 +185,14 @@ def enqueue_records(runs: RunStore, rq: RQLike, records: list[RunRecord]) -> lis
     prefix = runs.keys.prefix
     lanes = as_lanes(rq, runs.keys)
     if (shared := lanes.same_server(runs.client)) is not None:
-        pushes = [dispatch.delivery_push(shared, prefix, r.queue, r.id, 1) for r in records]
+        pushes = [dispatch.delivery_push(shared, prefix, flowctl.delivery_queue(r), r.id, 1)
+                  for r in records]
         return [_result(r, dispatched=r.enqueued) for r in runs.record_chunk(records, pushes)]
     recorded = runs.record_chunk(records)
     fresh: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for rec in recorded:
         if rec.created:
-            fresh[rec.record.queue].append((rec.record.id, 1))
+            fresh[flowctl.delivery_queue(rec.record)].append((rec.record.id, 1))
     dispatched = True
     try:
         for queue_name, batch in fresh.items():

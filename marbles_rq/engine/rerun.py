@@ -37,6 +37,7 @@ from ..store.records import RunRecord, StepRecord
 from ..transport import dispatch
 from ..transport.lanes import RQLike, as_lanes
 from .authoring import REGISTRY, InputError, Registry
+from .flowctl import delivery_queue
 from .runs import TERMINAL, RunNotFoundError, RunStore, RunView
 
 
@@ -106,16 +107,18 @@ def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = No
                        timeout_s=definition.timeout_s,
                        max_deliveries=definition.max_deliveries,
                        retention_s=definition.retention_s, rerun_of=old.id,
-                       rerun_from_step=key or "")
+                       rerun_from_step=key or "", priority=old.priority,
+                       concurrency=old.concurrency, concurrency_label=old.concurrency_label)
+    band = delivery_queue(record)  # its priority band, as every delivery of it
     lanes = as_lanes(rq, runs.keys)
     shared = lanes.same_server(runs.client)
-    push = (dispatch.delivery_push(shared, runs.keys.prefix, record.queue, record.id, 1)
+    push = (dispatch.delivery_push(shared, runs.keys.prefix, band, record.id, 1)
             if shared is not None else None)
     recorded = runs.record_seeded(record, copied, push)
     dispatched = recorded.enqueued
     if recorded.created and push is None:
         try:
-            lanes.enqueue(record.queue, record.id, 1)  # on the run's lane
+            lanes.enqueue(band, record.id, 1)  # on the run's lane
             dispatched = True
         except redis.RedisError:
             dispatched = False  # recorded: the controller dispatches it

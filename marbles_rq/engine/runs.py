@@ -106,6 +106,8 @@ class Execution:
     # When (monotonic) a reply last said the run was not cancelled, paused or past its
     # deadline: start_attempt, start_step or commit_step (measured before the send).
     flags_at: float = field(default_factory=time.monotonic)
+    # The concurrency slot this execution holds (engine/flowctl.Slot), renewed with its lease.
+    slot: Any = None
 
     def server_now_ms(self) -> int:
         """The server clock now, as far as this process can tell without asking: never
@@ -118,6 +120,8 @@ class Execution:
 class Started:
     # ok | missing | settled | stale_attempt | busy | cancelled | timed_out | corrupt |
     # waiting (parked: a wake makes a new delivery) | paused (parked now: a pause was asked)
+    # | needs_slot (detail: the run's limit) | held (its limit is full: handed back; both
+    # engine/flowctl.py)
     status: str
     execution: Execution | None = None
     detail: str = ""
@@ -170,7 +174,10 @@ class RunView:
 
         return {
             "id": self.record.id, "name": self.record.name, "queue": self.record.queue,
-            "lane": self.lane,
+            "lane": self.lane, "priority": self.record.priority,
+            "concurrency": None if not self.record.concurrency else {
+                "limit": self.record.concurrency,
+                "key": self.record.concurrency_label or None},
             "status": self.status, "attempt": self.attempt,
             "created_at": iso(self.created_ms), "started_at": iso(self.started_ms),
             "finished_at": iso(self.finished_ms),
@@ -229,9 +236,14 @@ class RunStore:
     # -- recording -------------------------------------------------------------------------
 
     def _claim_args(self, record: RunRecord) -> dict[str, Any]:
+        from .flowctl import delivery_queue, limit_field
+
         check_id(record.id, "run id")
+        # The hash's `queue` is the RQ-side queue every delivery of the run goes to: its
+        # priority band (flow control), so redeliveries keep the run's priority.
         return dict(keys=self.keys.run_keys(record.id), run_id=record.id, doc=encode(record),
-                    request_id=new_request_id(), queue=record.queue,
+                    request_id=new_request_id(), queue=delivery_queue(record),
+                    limit=limit_field(record),
                     timeout_ms=int(record.timeout_s * 1000),
                     max_deliveries=record.max_deliveries, grace_ms=DISPATCH_GRACE_MS,
                     event=event(name=record.name, queue=record.queue),
@@ -289,7 +301,10 @@ class RunStore:
 
     # -- executing (every call fenced by the execution's epoch) ---------------------------
 
-    def start(self, run_id: str, attempt: int, *, ttl_ms: int, worker: str) -> Started:
+    def start(self, run_id: str, attempt: int, *, ttl_ms: int, worker: str,
+              slot: bool = False) -> Started:
+        """`slot`: the caller holds the run's concurrency slot (engine/flowctl.py, which
+        calls this); without it a run with a limit answers needs_slot."""
         keys = self.keys.run_keys(run_id)
         # Taken before the request: the server's clock in the reply is read later than this,
         # so server_now_ms() errs late, never early (a sleep is at least as long as asked).
@@ -299,7 +314,7 @@ class RunStore:
             final_cancel=event(status="cancelled", reason="cancelled before it started"),
             final_timeout=event(status="failed", error={"type": "RunTimeout",
                                                         "message": "the run passed its timeout"}),
-            token=uuid.uuid4().hex)
+            token=uuid.uuid4().hex, slot=slot)
         if reply.status == "corrupt":
             return Started("corrupt", detail=f"corrupt record at {keys.run}: "
                                              f"{_s(reply.values[0])}")
@@ -401,8 +416,11 @@ class RunStore:
             return status
 
     def renew(self, ex: Execution) -> str:
-        return self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,
-                                          run_id=ex.run_id).status
+        status = self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,
+                                            run_id=ex.run_id).status
+        if status == "ok" and ex.slot is not None:
+            ex.slot.renew()  # the slot's expiry follows the lease's
+        return status
 
     def settle(self, ex: Execution, status: str, *, result: bytes | None = None,
                error: ErrorInfo | None = None) -> str:

@@ -422,3 +422,15 @@ class Keyspace:
     @property
     def agent_listing(self) -> str:
         return f"{self.agents_tag}:idx:agent"
+
+    # -- flow control: a concurrency limit's slots, under a tag of their own -------------------
+
+    def limit_slots(self, limit_id: str) -> str:
+        """Sorted set: run ids holding a slot of concurrency limit `limit_id` -> when the
+        slot expires (server ms; extended with the run's lease renewals). Its own tag: one
+        limit is one slot of a cluster, whatever the buckets of its runs."""
+        return f"{{{self.prefix}:lim:{limit_id}}}:slots"
+
+    def limit_holders(self, limit_id: str) -> str:
+        """Hash: run id -> the attempt (delivery) holding the run's slot of `limit_id`."""
+        return f"{{{self.prefix}:lim:{limit_id}}}:holders"

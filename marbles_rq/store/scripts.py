@@ -342,25 +342,29 @@ class Scripts:
     def _claim_run_call(keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
                         timeout_ms: int, max_deliveries: int, grace_ms: int,
                         event: bytes, retention_ms: int, lane: int = 0,
-                        push: JobPush | None = None
+                        push: JobPush | None = None, limit: str = ""
                         ) -> tuple[list[str], list[str | bytes | int]]:
         """`push`: also enqueue the run's first delivery, in the same call (the store and
-        RQ share one standalone Redis)."""
+        RQ share one standalone Redis). `limit`: the run's concurrency limit (flow control),
+        last, after the push."""
         call_keys = [keys.run, keys.listing, keys.dispatch, keys.output]
         args: list[str | bytes | int] = [run_id, doc, request_id, queue, timeout_ms,
                                          max_deliveries, grace_ms, event, retention_ms, lane]
         if push is not None:
             call_keys += push.keys()
             args += push.args()
+        if limit:
+            args.append(limit)
         return call_keys, args
 
     def claim_run(self, *, keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
                   timeout_ms: int, max_deliveries: int, grace_ms: int, event: bytes,
-                  retention_ms: int, lane: int = 0, push: JobPush | None = None) -> Reply:
+                  retention_ms: int, lane: int = 0, push: JobPush | None = None,
+                  limit: str = "") -> Reply:
         """{"ok", created_ms, enqueued} | {"exists", doc, status} | {"corrupt", reason}."""
         return self._reply("claim_run", *self._claim_run_call(
             keys, run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event,
-            retention_ms, lane, push), ("ok", "exists", "corrupt"))
+            retention_ms, lane, push, limit), ("ok", "exists", "corrupt"))
 
     def claim_runs(self, calls: list[dict[str, Any]]) -> list[Reply]:
         """claim_run for many runs in one round trip and one fsync (see call_many)."""
@@ -414,13 +418,16 @@ class Scripts:
 
     def start_attempt(self, *, keys: RunKeys, run_id: str, attempt: int, ttl_ms: int,
                       worker: str, final_cancel: bytes, final_timeout: bytes,
-                      token: str) -> Reply:
+                      token: str, slot: bool = False) -> Reply:
+        """`slot`: the caller holds the run's concurrency slot; a run with a limit answers
+        needs_slot without it (flow control)."""
         return self._reply(
             "start_attempt",
             [keys.run, keys.steps, keys.leases, keys.dispatch, keys.output, keys.finished],
-            [run_id, attempt, ttl_ms, worker, final_cancel, final_timeout, token],
+            [run_id, attempt, ttl_ms, worker, final_cancel, final_timeout, token,
+             "1" if slot else ""],
             ("ok", "missing", "settled", "stale_attempt", "busy", "cancelled", "timed_out",
-             "corrupt", "waiting", "paused"))
+             "corrupt", "waiting", "paused", "needs_slot"))
 
     def start_step(self, *, keys: RunKeys, epoch: int, seq: int, late: bool,
                    starts: Sequence[tuple[str, bytes, bytes]]) -> Reply:
@@ -500,6 +507,35 @@ class Scripts:
                   event: bytes) -> Reply:
         return self._reply("defer_run", [keys.run, keys.leases, keys.dispatch, keys.output],
                            [epoch, run_id, delay_ms, note, event], ("ok", "stale", "settled"))
+
+    # -- flow control (marbles_rq/engine/flowctl.py) ------------------------------------
+
+    def acquire_slot(self, *, slots_key: str, holders_key: str, run_id: str, attempt: int,
+                     token: str, limit: int, ttl_ms: int) -> Reply:
+        """{"ok", held} | {"full", held} | {"stale", attempt}; safe to resend (re-entrant)."""
+        return self._reply("acquire_slot", [slots_key, holders_key],
+                           [run_id, attempt, token, limit, ttl_ms], ("ok", "full", "stale"))
+
+    def renew_slot(self, *, slots_key: str, holders_key: str, run_id: str, attempt: int,
+                   token: str, ttl_ms: int) -> Reply:
+        """{"ok", retaken} | {"stale", attempt}; safe to resend."""
+        return self._reply("renew_slot", [slots_key, holders_key],
+                           [run_id, attempt, token, ttl_ms], ("ok", "stale"))
+
+    def release_slot(self, *, slots_key: str, holders_key: str, run_id: str,
+                     holder: str) -> str:
+        """ok | not_held (a resend after a release answers not_held: nothing twice).
+        `holder`: "<attempt>|<token>", or "<attempt>|*" for any execution of that delivery."""
+        return self._reply("release_slot", [slots_key, holders_key], [run_id, holder],
+                           ("ok", "not_held")).status
+
+    def hold_run(self, *, keys: RunKeys, run_id: str, attempt: int, base_ms: int, cap_ms: int,
+                 jitter: float, note: str, event: bytes) -> Reply:
+        """{"ok", attempt, delay_ms} | {"moved", status}. A resend finds the run under the
+        next attempt and answers moved: the hold is applied once."""
+        return self._reply("hold_run", [keys.run, keys.dispatch, keys.output],
+                           [run_id, attempt, base_ms, cap_ms, f"{jitter:.4f}", note, event],
+                           ("ok", "moved"))
 
     def dispatch_done(self, calls: list[tuple[RunKeys, str, str]]) -> list[str]:
         """For (keys, run id, attempt seen): drop the run's dispatch entry; pipelined."""

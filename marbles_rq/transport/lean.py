@@ -61,6 +61,10 @@ from .dispatch import MULTI_QUEUE_BLOCK_S, DeliveryInterrupted
 log = logging.getLogger("marbles_rq.transport.worker")
 
 HEARTBEAT_EVERY_S = 15.0  # RQ's worker hash lives worker_ttl + 60 s (480 s by default)
+# How often a worker reads which priority bands of its queues exist (RQ's queues sets; see
+# engine/flowctl.py): a band that appears is popped from within this long, and an idle
+# worker blocks at most this long before it looks again.
+BAND_REFRESH_S = 2.0
 SUSPENSION_CHECK_EVERY_S = 1.0
 
 DONE, FAILED, INTERRUPTED, REFUSED = "done", "failed", "interrupted", "refused"
@@ -95,6 +99,11 @@ class LeanWorker:
     _lean_idle = False
     _lean_busy = False
     _lean_cause: BaseException | None = None  # what interrupted the last delivery
+    # The pop order with the priority bands found (None: _ordered_queues, no bands), when it
+    # is read again (monotonic), and the band queues built so far: (base key, priority).
+    _lean_order: list[Any] | None = None
+    _lean_bands_due = 0.0
+    _lean_band_queues: dict[tuple[str, int], Any] | None = None
 
     def get_state(self) -> str:
         """Busy while a delivery runs, in this process only (RQ's state field is not written
@@ -176,7 +185,7 @@ class LeanWorker:
         deliveries go with the first LMOVE on their connection. `block` None: do not wait;
         else wait up to that long (BLMOVE on the first queue; for several queues at most
         MULTI_QUEUE_BLOCK_S, then the caller sweeps again)."""
-        queues = self._ordered_queues
+        queues = self._lean_queues()
         for queue in queues:
             pipe = queue.connection.pipeline(transaction=False)
             self._lean_flush(pipe, queue.connection)
@@ -187,11 +196,70 @@ class LeanWorker:
                 return queue, as_text(replies[-1])
         if block is None:
             return None
-        first = queues[0]
+        # Block on the first queue's own band (home lane): where most runs arrive. Bands are
+        # for backlogs, which the sweep above orders; an idle worker has none.
+        first = self._ordered_queues[0]
         wait = block if len(queues) == 1 else min(block, MULTI_QUEUE_BLOCK_S)
+        wait = min(wait, BAND_REFRESH_S)  # and look for new bands now and then
         found = first.connection.blmove(first.key, first.intermediate_queue_key,
                                         max(wait, 0.01))  # a float is fine
         return None if found is None else (first, as_text(found))
+
+    def _lean_queues(self) -> list[Any]:
+        """The queues to pop, in order: each of the worker's queues in its priority order,
+        and within one its bands from the highest priority to the lowest (the queue's own,
+        priority 0, among them), each on the home lane first. Which bands exist is read
+        from RQ's queues set of each lane at most every BAND_REFRESH_S (one SMEMBERS per
+        lane): not per pop, and no band is swept that was never used."""
+        now = time.monotonic()
+        if now >= self._lean_bands_due:
+            self._lean_bands_due = now + BAND_REFRESH_S
+            self._lean_order = self._lean_read_bands()
+        return self._lean_order or self._ordered_queues
+
+    def _lean_read_bands(self) -> list[Any] | None:
+        from ..engine.flowctl import band_queue, parse_band
+
+        base = self._ordered_queues
+        sets: dict[str, Any] = {}  # RQ queues-set key -> its connection
+        for queue in base:
+            sets.setdefault(queue.redis_queues_keys, queue.connection)
+        members: dict[str, set[str]] = {}
+        for conn in {id(c): c for c in sets.values()}.values():
+            names = [k for k, c in sets.items() if c is conn]
+            pipe = conn.pipeline(transaction=False)
+            for key in names:
+                pipe.smembers(key)
+            for key, found in zip(names, pipe.execute(), strict=True):
+                members[key] = {as_text(m) for m in found}
+        bands: dict[int, set[int]] = {}  # id(base queue) -> its bands besides 0
+        for queue in base:
+            found_bands = set()
+            for member in members.get(queue.redis_queues_keys, ()):
+                name, priority = parse_band(member)
+                if priority and name == queue.key:
+                    found_bands.add(priority)
+            bands[id(queue)] = found_bands
+        if not any(bands.values()):
+            return None
+        built = self._lean_band_queues if self._lean_band_queues is not None else {}
+        self._lean_band_queues = built
+        order: list[Any] = []
+        for name in dict.fromkeys(q.name for q in base):
+            group = [q for q in base if q.name == name]  # its lanes, the home lane first
+            for priority in sorted({p for q in group for p in bands[id(q)]} | {0},
+                                   reverse=True):
+                for queue in group:
+                    if priority == 0:
+                        order.append(queue)
+                    elif priority in bands[id(queue)]:
+                        band = (queue.key, priority)
+                        if band not in built:
+                            built[band] = type(queue)(
+                                band_queue(queue.name, priority), connection=queue.connection,
+                                serializer=queue.serializer, job_class=queue.job_class)
+                        order.append(built[band])
+        return order
 
     def _lean_cleanup(self, queue: Any, job_id: str, *, delete: bool) -> None:
         if self._lean_done is None:

@@ -92,7 +92,7 @@ class Actions:
                                        f"start `marbles-rq web` with the --source that "
                                        f"declares it to rerun")
         request = ops.RunRequest(view.record.name, bytes(view.record.input), None,
-                                 view.record.queue)
+                                 view.record.queue, priority=view.record.priority)
         done = ops.enqueue(self.settings.runs(), self.settings.rq(), request)
         return done.run_id, f"run {done.run_id} queued: a rerun of {run_id} ({done.record.name})"
 

@@ -1,0 +1,289 @@
+"""Flow control: concurrency limits enforced in the store, and run priorities.
+
+**Concurrency limits.** ``@mr.workflow(concurrency=N)`` lets at most N runs of the workflow
+execute at once across the fleet; with ``concurrency_key="customer"``, at most N per value
+of that input field. The limit and its key's value are fixed when the run is recorded
+(`prepare`) and kept in the run hash's `limit` field ("<N>|<limit id>|<label>"). A limit's
+slots are keys of their own, under their own hash tag (`Keyspace.limit_slots`): a sorted set
+run id -> expiry, and the holder of each (attempt and execution token).
+
+A delivery of a limited run:
+
+1. `start_attempt` answers ``needs_slot`` (it writes nothing: a run with a limit starts
+   only with a slot; an unlimited run pays nothing, the field is read with the others);
+2. `acquire_slot` prunes expired holds, counts the live ones and adds this run if there is
+   room (one script on the limit's slot: no cross-slot operation on a cluster);
+3. full: `hold_run` hands the run back, not started: queued again as a new delivery (not
+   counted against max_deliveries) that the controller's dispatch check enqueues after a
+   short delay, jittered, growing 1.5x per hold up to HOLD_CAP_MS; `status` shows why
+   ("concurrency limit customer=acme 5/5");
+4. else `start_attempt` again, with the slot: the run starts. The hold's expiry is the
+   lease's and is extended by the same watchdog right after each lease renewal
+   (`renew_slot`); the execution releases it when it ends (settled, parked, handed back,
+   stopped). A killed execution's hold expires with its lease; a lost worker's runs have
+   theirs released by the controller when it redelivers them.
+
+**Priorities.** A run's priority (``RunRequest(priority=...)``, ``enqueue --priority``, the
+workflow's default) is an integer from PRIORITY_MIN to PRIORITY_MAX, higher first. Priority
+0 is the queue's own RQ queue; any other is an RQ queue of its own, a *band*:
+``<prefix>.<queue>~<priority>`` (``~`` is not allowed in queue names and is not ``.``, so
+the prefix is still everything before the last ``.``). The band is recorded with the run
+(the run hash's `queue` field, which every redelivery reads), so redeliveries keep it.
+Workers learn which bands exist from RQ's queues set (transport/lean.py) and pop a queue's
+bands high to low.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import re
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import redis
+
+from ..errors import RedisUnavailableError
+from ..store.redis_errors import one_line
+
+if TYPE_CHECKING:
+    from ..store.keys import Keyspace
+    from ..store.records import RunRecord
+    from .authoring import WorkflowDef
+    from .runs import RunStore, Started
+
+log = logging.getLogger("marbles_rq.engine.flowctl")
+
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+BAND_SEP = "~"
+_BAND = re.compile(r"(.+)~(-?[1-9][0-9]{0,2})")
+MAX_KEY_VALUE = 256  # characters of a concurrency key's value
+# A held run is looked at again after HOLD_BASE_MS, then 1.5x longer per hold, at most
+# HOLD_CAP_MS, each jittered by +-25 %: runs held together do not come back together, and a
+# long wait costs a delivery every ~2 s, never a hot loop.
+HOLD_BASE_MS = 250
+HOLD_CAP_MS = 2_000
+
+
+# -- definitions and requests ------------------------------------------------------------------
+
+
+def priority_problem(value: Any) -> str | None:
+    if type(value) is not int or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        return (f"invalid priority {value!r}: use a whole number from {PRIORITY_MIN} to "
+                f"{PRIORITY_MAX} (higher runs first; default 0)")
+    return None
+
+
+def definition_problem(concurrency: Any, key: Any, priority: Any) -> str | None:
+    """Why these workflow options are invalid, or None."""
+    if concurrency is not None and (type(concurrency) is not int or concurrency < 1):
+        return (f"invalid concurrency {concurrency!r}: use a whole number >= 1 (omit it for "
+                f"no limit)")
+    if key is not None:
+        if concurrency is None:
+            return "concurrency_key needs concurrency=N (the limit per key)"
+        if not isinstance(key, str) or not key:
+            return f"invalid concurrency_key {key!r}: name a field of the workflow's input"
+    return priority_problem(priority)
+
+
+def limit_of(definition: WorkflowDef, recorded_input: bytes) -> tuple[int, str]:
+    """(limit, label) of a run of `definition` with this (validated, recorded) input:
+    (0, "") without a limit. Raises InputError when the key's field is missing or not a
+    string or a whole number."""
+    from .authoring import InputError
+
+    if not definition.concurrency:
+        return 0, ""
+    key_field = definition.concurrency_key
+    if key_field is None:
+        return definition.concurrency, ""
+    value = msgspec.json.decode(recorded_input)
+    if not isinstance(value, dict) or key_field not in value:
+        raise InputError(f"workflow {definition.name!r} limits concurrency per input field "
+                         f"{key_field!r}, which the input does not have")
+    found = value[key_field]
+    if isinstance(found, bool) or not isinstance(found, str | int):
+        raise InputError(f"input field {key_field!r} (the concurrency key of workflow "
+                         f"{definition.name!r}) must be a string or a whole number, not "
+                         f"{type(found).__name__}")
+    text = str(found)
+    if not text or len(text) > MAX_KEY_VALUE:
+        raise InputError(f"input field {key_field!r} (the concurrency key of workflow "
+                         f"{definition.name!r}) must be 1 to {MAX_KEY_VALUE} characters")
+    return definition.concurrency, f"{key_field}={text}"
+
+
+def limit_id(name: str, label: str) -> str:
+    """The id of a limit's keys: a digest, so any workflow name or key value makes a valid,
+    fixed-length hash tag."""
+    return hashlib.sha1(f"{name}\0{label}".encode()).hexdigest()[:20]
+
+
+def limit_field(record: RunRecord) -> str:
+    """The run hash's `limit` field for `record` ("" without a limit)."""
+    if not record.concurrency:
+        return ""
+    return f"{record.concurrency}|{limit_id(record.name, record.concurrency_label)}|" \
+           f"{record.concurrency_label or record.name}"
+
+
+def band_queue(queue: str, priority: int) -> str:
+    """The marbles-side name of the RQ queue carrying runs of `priority` on `queue`."""
+    return queue if priority == 0 else f"{queue}{BAND_SEP}{priority}"
+
+
+def delivery_queue(record: RunRecord) -> str:
+    return band_queue(record.queue, record.priority)
+
+
+def parse_band(name: str) -> tuple[str, int]:
+    """(queue, priority) of a band's name; (name, 0) for a queue's own."""
+    match = _BAND.fullmatch(name)
+    if match is None:
+        return name, 0
+    return match.group(1), int(match.group(2))
+
+
+# -- slots -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limit:
+    limit: int
+    limit_id: str
+    label: str
+
+    @classmethod
+    def parse(cls, text: str) -> Limit | None:
+        parts = text.split("|", 2)
+        if len(parts) != 3 or not parts[0].isdigit() or int(parts[0]) < 1 or not parts[1]:
+            return None
+        return cls(int(parts[0]), parts[1], parts[2])
+
+
+@dataclass
+class Slot:
+    """A slot this execution holds (attempt and token identify the holder)."""
+
+    runs: RunStore
+    limit: Limit
+    run_id: str
+    attempt: int
+    token: str
+    ttl_ms: int
+    # A renewal (the watchdog's thread) in flight when the execution releases its slot
+    # would take it again after the release (a renewal re-takes an expired hold): the two
+    # go one at a time, and nothing renews once released.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _released: bool = False
+
+    @property
+    def _keys(self) -> dict[str, str]:
+        keys: Keyspace = self.runs.keys
+        return dict(slots_key=keys.limit_slots(self.limit.limit_id),
+                    holders_key=keys.limit_holders(self.limit.limit_id))
+
+    def renew(self) -> None:
+        """With each lease renewal (the watchdog's thread). A failure is logged: the hold
+        outlives one missed renewal by two thirds of the lease."""
+        with self._lock:
+            if not self._released:
+                self._renew()
+
+    def _renew(self) -> None:
+        try:
+            reply = self.runs.scripts.renew_slot(**self._keys, run_id=self.run_id,
+                                                 attempt=self.attempt, token=self.token,
+                                                 ttl_ms=self.ttl_ms)
+        except (redis.RedisError, RedisUnavailableError, OSError) as exc:
+            log.warning("run %s: cannot renew its concurrency slot (%s)", self.run_id,
+                        one_line(exc))
+            return
+        if reply.status == "ok" and reply.values and int(reply.values[0]) == 1:
+            log.warning("run %s: its concurrency slot (%s) had expired; taken again",
+                        self.run_id, self.limit.label)
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            self._release()
+
+    def _release(self) -> None:
+        try:
+            self.runs.scripts.release_slot(**self._keys, run_id=self.run_id,
+                                           holder=f"{self.attempt}|{self.token}")
+        except (redis.RedisError, RedisUnavailableError, OSError) as exc:
+            log.warning("run %s: cannot release its concurrency slot (%s); it expires with "
+                        "the lease", self.run_id, one_line(exc))
+
+
+def release_vanished(runs: RunStore, run_id: str, attempt: int, limit_text: str) -> None:
+    """The controller redelivered (or settled) a run whose execution vanished: free the slot
+    that delivery `attempt` held, so waiting runs need not wait for its expiry."""
+    limit = Limit.parse(limit_text)
+    if limit is None:
+        return
+    keys = runs.keys
+    try:
+        runs.scripts.release_slot(slots_key=keys.limit_slots(limit.limit_id),
+                                  holders_key=keys.limit_holders(limit.limit_id),
+                                  run_id=run_id, holder=f"{attempt}|*")
+    except (redis.RedisError, RedisUnavailableError, OSError) as exc:
+        log.warning("run %s: cannot release its concurrency slot (%s); it expires", run_id,
+                    one_line(exc))
+
+
+def start(runs: RunStore, run_id: str, attempt: int, *, ttl_ms: int, worker: str) -> Started:
+    """`RunStore.start`, taking the run's concurrency slot first when it has a limit. A run
+    whose limit is full is handed back (status "held"); the slot of a started execution is
+    `execution.slot`."""
+    from .runs import Started
+
+    started = runs.start(run_id, attempt, ttl_ms=ttl_ms, worker=worker)
+    if started.status != "needs_slot":
+        return started
+    limit = Limit.parse(started.detail)
+    if limit is None:
+        return Started("corrupt", detail=f"corrupt record at {runs.keys.run(run_id)}: field "
+                                         f"limit is {started.detail!r}")
+    keys = runs.keys
+    token = uuid.uuid4().hex[:12]
+    reply = runs.scripts.acquire_slot(
+        slots_key=keys.limit_slots(limit.limit_id),
+        holders_key=keys.limit_holders(limit.limit_id), run_id=run_id, attempt=attempt,
+        token=token, limit=limit.limit, ttl_ms=ttl_ms)
+    if reply.status == "stale":
+        return Started("stale_attempt", detail=_s(reply.values[0]))
+    if reply.status == "full":
+        held = int(reply.values[0])
+        note = f"concurrency limit {limit.label} {held}/{limit.limit}"
+        hold = runs.scripts.hold_run(
+            keys=keys.run_keys(run_id), run_id=run_id, attempt=attempt, base_ms=HOLD_BASE_MS,
+            cap_ms=HOLD_CAP_MS, jitter=random.uniform(0.75, 1.25), note=note,
+            event=msgspec.json.encode({"reason": note, "previous": attempt}))
+        log.info("run %s delivery %s: %s; held (%s)", run_id, attempt, note,
+                 hold.status if hold.status != "ok" else f"retry in {_s(hold.values[1])} ms")
+        return Started("held", detail=note)
+    slot = Slot(runs, limit, run_id, attempt, token, ttl_ms)
+    try:
+        started = runs.start(run_id, attempt, ttl_ms=ttl_ms, worker=worker, slot=True)
+    except BaseException:
+        slot.release()  # nothing started under it (or the start's outcome is unknown: the
+        raise           # run is then redelivered once its lease expires, and takes it again)
+    if started.status == "ok" and started.execution is not None:
+        started.execution.slot = slot
+    elif started.status != "busy":  # busy: another execution of this delivery holds it
+        slot.release()
+    return started
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
