@@ -265,7 +265,8 @@ def test_batch_and_rerun_on_three_lanes(redis_url: str, tmp_path: Path) -> None:
     done = run(redis_url, "enqueue", "bulk_item", "--batch", str(path), "--lane-count", "3")
     assert done.returncode == 0, done.stderr
     r = redis.Redis.from_url(redis_url)
-    queues = [f"{{mrq:lane{k:03d}}}:queue:mrq.default" for k in range(3)]
+    lane_keys = Keyspace("mrq", lanes=3)  # the default layout a fresh deployment records
+    queues = [f"{lane_keys.lane_rq_prefix(k)}:queue:mrq.default" for k in range(3)]
     assert sum(r.llen(q) for q in queues) == n and min(r.llen(q) for q in queues) > 0
     assert r.llen(QUEUE_KEY) == 0  # nothing in RQ's own keyspace
     runs = RunStore(open_store(redis_url, lanes=3))

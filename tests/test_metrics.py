@@ -247,7 +247,7 @@ def test_queue_depth_per_lane(redis_server: Any, tmp_path: Path) -> None:
     lanes = 3
     procs = Procs(redis_server.url, tmp_path / "procs", sources=PROCS_SOURCES)
     procs.env.update(MARBLES_LANE_COUNT=str(lanes))
-    keys = Keyspace("mrq", 64, lanes)
+    keys = Keyspace("mrq", lanes=lanes)  # the default 1,024 buckets, layout 2
     try:
         port = free_port()
         procs.controller(extra=["--metrics-port", str(port)])
