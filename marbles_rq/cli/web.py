@@ -33,10 +33,11 @@ def web(settings: Settings, bind: str, port: int, log_level: str) -> None:
 
     token = os.environ.get(TOKEN_ENV) or None
     check_bind(bind, token)  # before anything else: a refused start touches nothing
+    secrets = secrets_from_env()
     settings = WebSettings.of(settings)
     settings.load_source()
     guard = Guard(token, public=not is_loopback(bind))
-    app = create_app(settings, guard, Webhooks(secrets_from_env(), settings))
+    app = create_app(settings, guard, Webhooks(secrets, settings))
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

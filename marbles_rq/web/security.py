@@ -42,6 +42,32 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve anywhere
 
 
+def loopback_host_header(value: str) -> bool:
+    """A Host header that names this machine's loopback (localhost, 127.x.y.z, [::1]), with
+    or without a port. On loopback, where reads need nothing, any other name is a browser
+    led there by DNS rebinding (a page of evil.example whose name now resolves to
+    127.0.0.1): its own origin, so the same-origin policy would let it read every run."""
+    host = value.strip().lower()
+    if host.startswith("["):
+        name, _, rest = host[1:].partition("]")
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return False
+    else:
+        name, _, port = host.partition(":")
+        if port and not port.isdigit():
+            return False
+    if name.endswith("."):
+        name = name[:-1]
+    return name == "localhost" or is_loopback_address(name)
+
+
+def is_loopback_address(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def check_bind(host: str, token: str | None) -> None:
     """Refuse (ConfigError, exit 2) what would expose runs without a credential."""
     if token is not None and len(token) < MIN_TOKEN:

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 import redis
+from redis.exceptions import RedisClusterException
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -32,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 from ..cli import Settings
 from ..engine.authoring import InputError
 from ..engine.ops import max_payload
-from ..errors import InvalidIdError
+from ..errors import ConfigError, InvalidIdError, RedisUnavailableError
 from ..store.redis_errors import one_line
 from ..triggers.events import SOURCE_PATTERN, TRIGGERS, Events
 
@@ -48,9 +49,18 @@ def secret_env(source: str) -> str:
 def secrets_from_env(environ: Mapping[str, str] | None = None) -> dict[str, bytes]:
     """{env suffix: secret} of every MARBLES_WEBHOOK_SECRET_* variable that is set."""
     environ = os.environ if environ is None else environ
-    return {name[len(SECRET_ENV_PREFIX):]: value.encode()
-            for name, value in environ.items()
-            if name.startswith(SECRET_ENV_PREFIX) and value}
+    found = {name[len(SECRET_ENV_PREFIX):]: value.encode()
+             for name, value in environ.items()
+             if name.startswith(SECRET_ENV_PREFIX) and value}
+    for suffix in found:
+        # No source maps to a name with a lower-case letter (or nothing after the prefix):
+        # such a secret would be listed as configured, and its source answered 404.
+        if not re.fullmatch(r"[A-Z0-9_]+", suffix):
+            raise ConfigError(f"{SECRET_ENV_PREFIX}{suffix} names no event source: the source "
+                              f"is upper-cased with every character outside A-Z 0-9 turned "
+                              f"into _ (source {suffix.lower()!r} -> "
+                              f"{secret_env(suffix.lower() or 'name')})")
+    return found
 
 
 def sign(secret: bytes, body: bytes) -> str:
@@ -111,8 +121,10 @@ class Webhooks:
             sent = await run_in_threadpool(self._send, source, envelope)
         except (InputError, InvalidIdError) as exc:
             return _refuse(400, str(exc))
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             return _refuse(503, f"Redis: {one_line(exc)}")
+        except RedisUnavailableError as exc:  # the store could not even be opened
+            return _refuse(503, str(exc))
         reply: dict[str, Any] = {"event": sent.key, "created": sent.created, "state": sent.state,
                                  "workflow": sent.workflow or None, "run": sent.run_id or None}
         return JSONResponse(reply, status_code=202 if sent.created else 200)

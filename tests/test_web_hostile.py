@@ -1,0 +1,195 @@
+"""`marbles-rq web` attacked: DNS rebinding on loopback, Redis down when it starts, a crowd of
+idle live (SSE) connections, a webhook secret whose variable names no source. Real
+redis-server, real `marbles-rq web` processes, httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from tests.procs import Procs
+from tests.redis_procs import RedisServer, free_port
+from tests.web_stack import SECRET, TOKEN, WEB_SOURCE, start_web
+
+PROCS_SOURCES = [WEB_SOURCE]
+
+
+def _dump(url: str) -> dict[bytes, bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        return {key: client.dump(key) or b"" for key in client.scan_iter(count=1000)}
+    finally:
+        client.close()
+
+
+def _signed(body: bytes) -> dict[str, str]:
+    return {"X-Marbles-Signature": "sha256=" + hmac.new(SECRET.encode(), body,
+                                                        hashlib.sha256).hexdigest(),
+            "Content-Type": "application/json"}
+
+
+# -- DNS rebinding ---------------------------------------------------------------------------
+
+def test_loopback_dashboard_refuses_a_foreign_host_name(procs: Procs) -> None:
+    """Bound to loopback, reads need nothing. A page of evil.example whose name the attacker
+    re-points at 127.0.0.1 (DNS rebinding) is same-origin with the dashboard in the browser:
+    without a Host check it read every run's input and output. It must be refused; the
+    loopback names still work, and a signed webhook (forwarded by a proxy under its public
+    name) still gets through."""
+    procs.enqueue("web_noop", {"secret": "s3cr3t-input"}, "rebind-1")
+    web = start_web(procs)
+    port = web.url.rsplit(":", 1)[1]
+    with web.client() as c:
+        for path in ("/runs", "/runs/rebind-1", "/system", "/sse/runs", "/feed", "/login"):
+            reply = c.get(path, headers={"Host": f"evil.example:{port}"})
+            assert reply.status_code == 403, (path, reply.status_code)
+            assert "s3cr3t" not in reply.text
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost"):
+            reply = c.get("/runs/rebind-1", headers={"Host": host})
+            assert reply.status_code == 200 and "s3cr3t-input" in reply.text, host
+        body = json.dumps({"id": "rebind-ev-1", "payload": {"ref": "main"}}).encode()
+        reply = c.post("/events/github", content=body,
+                       headers={**_signed(body), "Host": "hooks.example.com"})
+        assert reply.status_code == 202, reply.text
+
+
+def test_public_bind_serves_any_host_name_with_the_token(procs: Procs) -> None:
+    """Beyond loopback every read needs the token, so the Host check does not apply (a
+    proxy may forward any name)."""
+    web = start_web(procs, bind="0.0.0.0")
+    with web.client(headers={"Authorization": f"Bearer {TOKEN}",
+                             "Host": "dash.example.com"}) as c:
+        assert c.get("/runs").status_code == 200
+
+
+# -- Redis down when `web` starts ------------------------------------------------------------
+
+def test_pages_answer_503_when_redis_was_down_at_start(tmp_path: Path) -> None:
+    """Started while Redis was down, every page answered a bare 500 "Internal Server Error"
+    (the store's RedisUnavailableError is not a redis.ConnectionError) and a webhook 500
+    too. Each must be a clear 503, with no traceback, the process staying up; once Redis is
+    back the same process serves the pages."""
+    port = free_port()
+    procs = Procs(f"redis://127.0.0.1:{port}/0", tmp_path / "procs", sources=[WEB_SOURCE])
+    try:
+        web = start_web(procs)
+        with web.client() as c:
+            for path in ("/runs", "/runs/abc", "/feed", "/schedules", "/monitors", "/events",
+                         "/system", "/runs?id=abc"):
+                reply = c.get(path)
+                assert reply.status_code == 503, (path, reply.status_code, reply.text[:200])
+                assert "not answering" in reply.text or "cannot reach" in reply.text, path
+                assert "Traceback" not in reply.text
+            body = json.dumps({"id": "down-ev-1", "payload": 1}).encode()
+            reply = c.post("/events/github", content=body, headers=_signed(body))
+            assert reply.status_code == 503, reply.text
+            assert "cannot reach Redis" in reply.json()["error"]
+            reply = c.post("/runs/abc/cancel", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert reply.status_code == 503, reply.text
+            with c.stream("GET", "/sse/runs") as stream:
+                text = ""
+                for chunk in stream.iter_text():
+                    text += chunk
+                    if "event: problem" in text:
+                        break
+                assert "cannot reach Redis" in text
+        assert web.proc.alive()
+        server = RedisServer.start(dir=tmp_path / "redis", port=port)
+        try:
+            with web.client() as c:
+                assert c.get("/runs").status_code == 200
+                assert c.get("/system").status_code == 200
+        finally:
+            server.stop()
+    finally:
+        procs.stop_all()
+
+
+# -- a crowd of idle live connections ---------------------------------------------------------
+
+def _time_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_time", {}).get("calls", 0))
+
+
+def test_idle_sse_crowd_costs_one_render_a_second_and_is_capped(procs: Procs) -> None:
+    """200 idle clients on /sse/system each made the server render the System page (64
+    bucket counters, a TIME, RQ's queues) every second: 60 % of a core on an empty
+    deployment, growing with every client. Now identical streams share one render a
+    second (counted here by the page's TIME calls), at most 128 streams are served (the
+    rest: 503 Retry-After), pages stay fast, and closed streams give their slots back."""
+    web = start_web(procs)
+    client = redis.Redis.from_url(procs.url)
+
+    async def crowd() -> tuple[list[int], float, int]:
+        statuses: list[int] = []
+        opened = asyncio.Event()
+
+        async def one(c: httpx.AsyncClient) -> None:
+            async with c.stream("GET", "/sse/system") as r:
+                statuses.append(r.status_code)
+                if len(statuses) == 200:
+                    opened.set()
+                async for _ in r.aiter_raw():
+                    pass
+
+        limits = httpx.Limits(max_connections=260, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=web.url, limits=limits, timeout=None) as c:
+            tasks = [asyncio.create_task(one(c)) for _ in range(200)]
+            await asyncio.wait_for(opened.wait(), 60)
+            await asyncio.sleep(1.0)
+            before = _time_calls(client)
+            window = 5.0
+            await asyncio.sleep(window)
+            renders = _time_calls(client) - before
+            t0 = time.perf_counter()
+            assert (await c.get("/runs")).status_code == 200
+            page_s = time.perf_counter() - t0
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return statuses, page_s, renders
+
+    statuses, page_s, renders = asyncio.run(crowd())
+    assert statuses.count(200) == 128 and statuses.count(503) == 72, statuses
+    assert renders <= 12, renders  # about one a second, not 128 a second
+    assert page_s < 5.0, page_s
+    # Every slot came back: a new stream is served.
+    deadline = time.monotonic() + 20
+    while True:
+        with web.client() as c, c.stream("GET", "/sse/runs") as r:
+            if r.status_code == 200:
+                break
+        assert time.monotonic() < deadline, "the closed streams kept their slots"
+        time.sleep(0.5)
+    assert web.proc.alive()
+    client.close()
+
+
+# -- webhook secrets -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["MARBLES_WEBHOOK_SECRET_github",
+                                  "MARBLES_WEBHOOK_SECRET_",
+                                  "MARBLES_WEBHOOK_SECRET_Git-Hub"])
+def test_a_secret_variable_that_names_no_source_is_refused(procs: Procs, name: str) -> None:
+    """`MARBLES_WEBHOOK_SECRET_github` (lower case) was listed on the Events page as a
+    source with a secret, while POST /events/github answered 404: no source maps to a
+    lower-case name. `web` now refuses to start: one line, exit 2, nothing written."""
+    env = dict(procs.env)
+    env.pop("MARBLES_WEBHOOK_SECRET_GITHUB", None)
+    env[name] = "a-secret-value"
+    done = subprocess.run([*procs.base_argv(), "web", "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], done.stderr
+    assert _dump(procs.url) == {}
