@@ -8,7 +8,9 @@ import asyncio
 import hashlib
 import hmac
 import json
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -193,3 +195,76 @@ def test_a_secret_variable_that_names_no_source_is_refused(procs: Procs, name: s
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], done.stderr
     assert _dump(procs.url) == {}
+
+
+# -- slowloris -------------------------------------------------------------------------------
+
+def _held_open(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    """(still open after `seconds`, what the server sent meanwhile)."""
+    sock.settimeout(0.5)
+    got = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            continue
+        if not chunk:
+            return False, got
+        got += chunk
+    return True, got
+
+
+def test_slow_headers_and_slow_bodies_are_cut_off(procs: Procs) -> None:
+    """A client trickling its headers, or a webhook body that never completes (a short
+    Content-Length body, an unterminated chunked one), held a connection and its file
+    descriptor forever (uvicorn has no such deadline): enough of them stop `web` from
+    accepting anyone. Headers now have 10 s, a webhook body 15 s (then 408, and nothing
+    recorded), and the server keeps serving meanwhile."""
+    web = start_web(procs)
+    host, port = web.url.removeprefix("http://").split(":")
+    before = _dump(procs.url)
+    partial = {
+        "headers": b"GET /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: 1\r\n",
+        "body": b"POST /events/github HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n"
+                b"Content-Type: application/json\r\n\r\n{\"id\": ",
+        "chunked": b"POST /events/github HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   b"Transfer-Encoding: chunked\r\n\r\n7\r\n{\"id\": \r\n",
+    }
+    socks = {name: socket.create_connection((host, int(port))) for name in partial}
+    for name, data in partial.items():
+        socks[name].sendall(data)
+    with web.client() as c:  # meanwhile, others are served
+        assert c.get("/healthz").status_code == 200
+    results: dict[str, tuple[bool, bytes]] = {}
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(
+        n, _held_open(socks[n], 30.0))) for n in partial]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, (still_open, _) in results.items():
+        assert not still_open, f"{name}: still open after 30 s"
+    assert results["headers"][1] == b""
+    for name in ("body", "chunked"):
+        assert results[name][1].startswith(b"HTTP/1.1 408"), results[name][1][:200]
+    for s in socks.values():
+        s.close()
+    assert _dump(procs.url) == before
+    assert web.proc.alive()
+
+
+@pytest.mark.parametrize("token", ["sixteen chars ok!", "ab\tcdefghijklmnopq",
+                                   "0123456789abcdéf0"])
+def test_a_token_no_authorization_header_can_carry_is_refused(procs: Procs,
+                                                                token: str) -> None:
+    """A token with a space, a tab or a non-ASCII character was accepted, yet `Authorization:
+    Bearer <token>` could never match it (the value is trimmed, headers are latin-1).
+    Refused at start: one line, exit 2."""
+    env = dict(procs.env)
+    env["MARBLES_WEB_TOKEN"] = token
+    done = subprocess.run([*procs.base_argv(), "web", "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "MARBLES_WEB_TOKEN" in lines[0], done.stderr

@@ -28,6 +28,7 @@ def web(settings: Settings, bind: str, port: int, log_level: str) -> None:
 
     from ..web.app import create_app
     from ..web.security import TOKEN_ENV, Guard, check_bind, is_loopback
+    from ..web.server import HeaderDeadlineH11
     from ..web.settings import WebSettings
     from ..web.webhooks import Webhooks, secrets_from_env
 
@@ -56,5 +57,6 @@ def web(settings: Settings, bind: str, port: int, log_level: str) -> None:
     click.echo(f"marbles-rq web: dashboard on http://{host}:{sock.getsockname()[1]}/ ({mode})",
                err=True)
     config = uvicorn.Config(app, log_level=log_level, access_log=log_level == "debug",
-                            timeout_graceful_shutdown=2, proxy_headers=False)
+                            timeout_graceful_shutdown=2, proxy_headers=False,
+                            http=HeaderDeadlineH11)
     uvicorn.Server(config).run(sockets=[sock])

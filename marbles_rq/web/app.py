@@ -27,7 +27,7 @@ import redis
 from redis.exceptions import RedisClusterException
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import (
     HTMLResponse,
     JSONResponse,
@@ -60,7 +60,7 @@ from .security import (
     loopback_host_header,
     new_csrf,
 )
-from .webhooks import Webhooks
+from .webhooks import BODY_TIMEOUT_S, Webhooks
 
 log = logging.getLogger("marbles_rq.web")
 
@@ -604,10 +604,14 @@ async def _form(request: Request) -> dict[str, str]:
     if kind not in ("", "application/x-www-form-urlencoded"):
         return {}
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM:
-            return {}
+    try:
+        with anyio.fail_after(BODY_TIMEOUT_S):  # a form trickled in (slowloris) is dropped
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_FORM:
+                    return {}
+    except (TimeoutError, ClientDisconnect):
+        return {}
     try:
         pairs = parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=50)
     except (UnicodeDecodeError, ValueError):

@@ -73,6 +73,11 @@ def check_bind(host: str, token: str | None) -> None:
     if token is not None and len(token) < MIN_TOKEN:
         raise ConfigError(f"{TOKEN_ENV} is too short: use at least {MIN_TOKEN} characters "
                           f"(e.g. `openssl rand -hex 24`)")
+    if token is not None and not all("!" <= c <= "~" for c in token):
+        # A space or a character outside printable ASCII cannot survive an Authorization
+        # header (trimmed, or read as latin-1): the bearer form would never match.
+        raise ConfigError(f"{TOKEN_ENV} holds a space, a control or a non-ASCII character: "
+                          f"use printable ASCII only (e.g. `openssl rand -hex 24`)")
     if token is None and not is_loopback(host):
         raise ConfigError(f"refusing to bind {host} without a token: set {TOKEN_ENV} (reads "
                           f"and writes then need it), or bind 127.0.0.1")

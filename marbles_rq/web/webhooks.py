@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 import msgspec
 import redis
 from redis.exceptions import RedisClusterException
@@ -39,6 +40,7 @@ from ..triggers.events import SOURCE_PATTERN, TRIGGERS, Events
 
 SECRET_ENV_PREFIX = "MARBLES_WEBHOOK_SECRET_"
 SIGNATURE_HEADER = "x-marbles-signature"
+BODY_TIMEOUT_S = 15.0  # the whole body, once the headers are in
 ENVELOPE_SLACK = 4096  # the envelope's own bytes (id, type, keys) on top of the payload limit
 
 
@@ -98,12 +100,15 @@ class Webhooks:
             return _refuse(413, f"the body is larger than {limit} bytes")
         body = bytearray()
         try:
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:  # a lying or absent Content-Length: stop reading here
-                    return _refuse(413, f"the body is larger than {limit} bytes")
+            with anyio.fail_after(BODY_TIMEOUT_S):  # a body trickled in (slowloris) ends here
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limit:  # a lying or absent Content-Length: stop here
+                        return _refuse(413, f"the body is larger than {limit} bytes")
         except ClientDisconnect:
             return _refuse(400, "the client went away")
+        except TimeoutError:
+            return _refuse(408, f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s")
         given = request.headers.get(SIGNATURE_HEADER, "")
         if not given:
             return _refuse(401, "missing signature (X-Marbles-Signature: sha256=<hex>)")
@@ -137,4 +142,6 @@ class Webhooks:
 
 
 def _refuse(status: int, message: str) -> Response:
-    return JSONResponse({"error": message}, status_code=status)
+    # The body may be unread (413, 408): close rather than parse what follows as a request.
+    headers = {"Connection": "close"} if status in (408, 413) else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
