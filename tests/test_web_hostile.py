@@ -17,9 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from redis.crc import key_slot
 
+from marbles_rq.store.keys import Keyspace
 from tests.procs import Procs
-from tests.redis_procs import RedisServer, free_port
+from tests.redis_procs import RedisCluster, RedisServer, free_port
 from tests.web_stack import SECRET, TOKEN, WEB_SOURCE, start_web
 
 PROCS_SOURCES = [WEB_SOURCE]
@@ -268,3 +270,43 @@ def test_a_token_no_authorization_header_can_carry_is_refused(procs: Procs,
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "MARBLES_WEB_TOKEN" in lines[0], done.stderr
+
+
+# -- a cluster deployment, one of its masters killed ------------------------------------------
+
+def test_dashboard_on_a_cluster_with_a_lane_master_killed(redis_cluster: RedisCluster,
+                                                          cluster_url: str,
+                                                          tmp_path: Path) -> None:
+    """A 3-lane deployment on a 3-master cluster (no replicas): every page reads. Then the
+    master serving lane 1's slot is killed (-9, no failover): every page must still answer,
+    as a clear 503 page (no bare 500, no traceback), the live streams say "problem", and the
+    process stays up."""
+    procs = Procs(cluster_url, tmp_path / "procs", sources=[WEB_SOURCE])
+    procs.env.update(MARBLES_LANE_COUNT="3", RQ_KEY_PREFIX="{mrq:rq}")
+    try:
+        for i in range(6):
+            procs.enqueue("web_noop", {"n": i}, f"cl-web-{i}")
+        web = start_web(procs)
+        pages = ("/runs", "/runs/cl-web-0", "/feed", "/schedules", "/monitors", "/events",
+                 "/system")
+        with web.client() as c:
+            for path in pages:
+                assert c.get(path).status_code == 200, path
+            assert "cl-web-5" in c.get("/runs").text
+        lane1 = Keyspace("mrq", 64, 3).lane_rq_prefix(1)
+        assert lane1 is not None
+        victim = redis_cluster.master_of_slot(key_slot(lane1.encode() + b":queues"))
+        victim.kill9()
+        with web.client() as c:
+            for path in pages:
+                reply = c.get(path, timeout=60)
+                assert reply.status_code in (200, 503), (path, reply.status_code,
+                                                         reply.text[:300])
+                assert "Traceback" not in reply.text and "Internal Server Error" not in \
+                    reply.text, path
+            assert c.get("/system", timeout=60).status_code == 503  # it reads every master
+            assert c.get("/healthz").status_code == 200
+        assert web.proc.alive()
+    finally:
+        procs.stop_all()
+        print(procs.report(lines=40))
