@@ -310,3 +310,44 @@ def test_dashboard_on_a_cluster_with_a_lane_master_killed(redis_cluster: RedisCl
     finally:
         procs.stop_all()
         print(procs.report(lines=40))
+
+
+# -- one secret, many spellings of a source --------------------------------------------------
+
+def test_a_signed_request_cannot_be_replayed_under_another_spelling(procs: Procs) -> None:
+    """MARBLES_WEBHOOK_SECRET_GITHUB answered for `github`, `GitHub`, `GITHUB`, `git_hub`...:
+    the signature covers the body, not the URL, so one captured request was accepted again
+    as a new event (202, created) under each spelling. Only `github` (the variable's
+    suffix in lower case, also the declared trigger's source) is accepted now."""
+    web = start_web(procs)
+    body = json.dumps({"id": "spell-1", "type": "push", "payload": {"ref": "main"}}).encode()
+    with web.client() as c:
+        reply = c.post("/events/github", content=body, headers=_signed(body))
+        assert reply.status_code == 202 and reply.json()["created"] is True, reply.text
+        after = _dump(procs.url)
+        for spelling in ("GitHub", "GITHUB", "gitHub", "Github"):
+            reply = c.post(f"/events/{spelling}", content=body, headers=_signed(body))
+            assert reply.status_code == 404, (spelling, reply.text)
+        reply = c.post("/events/github", content=body, headers=_signed(body))
+        assert reply.status_code == 200 and reply.json()["created"] is False
+    assert _dump(procs.url).keys() == after.keys()
+
+
+def test_two_declared_sources_sharing_a_secret_are_refused(procs: Procs,
+                                                           tmp_path: Path) -> None:
+    source = tmp_path / "clash.py"
+    source.write_text(
+        "import marbles_rq as mr\n\n\n"
+        "@mr.on_event('a-b')\n@mr.workflow\n"
+        "def clash_one(ctx: mr.RunContext, event: mr.Event) -> None:\n"
+        "    return None\n\n\n"
+        "@mr.on_event('a.b')\n@mr.workflow\n"
+        "def clash_two(ctx: mr.RunContext, event: mr.Event) -> None:\n"
+        "    return None\n")
+    env = dict(procs.env, MARBLES_WEBHOOK_SECRET_A_B="a-shared-secret")
+    done = subprocess.run([*procs.base_argv()[:-2], "--source", str(source), "web", "--port",
+                           "0"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "MARBLES_WEBHOOK_SECRET_A_B" in lines[0], done.stderr
+    assert _dump(procs.url) == {}

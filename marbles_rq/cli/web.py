@@ -38,7 +38,9 @@ def web(settings: Settings, bind: str, port: int, log_level: str) -> None:
     settings = WebSettings.of(settings)
     settings.load_source()
     guard = Guard(token, public=not is_loopback(bind))
-    app = create_app(settings, guard, Webhooks(secrets, settings))
+    webhooks = Webhooks(secrets, settings)
+    webhooks.check()
+    app = create_app(settings, guard, webhooks)
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

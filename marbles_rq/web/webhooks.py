@@ -65,6 +65,11 @@ def secrets_from_env(environ: Mapping[str, str] | None = None) -> dict[str, byte
     return found
 
 
+def declared_sources() -> set[str]:
+    """The sources the loaded triggers (@on_event) declare."""
+    return {trigger.source for trigger in TRIGGERS.by_key.values()}
+
+
 def sign(secret: bytes, body: bytes) -> str:
     return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
 
@@ -84,9 +89,30 @@ class Webhooks:
         return sorted(self.secrets)
 
     def secret(self, source: str) -> bytes | None:
+        """The secret of `source`, if it is a source this server accepts: the one spelling
+        of its variable's name in lower case (`MARBLES_WEBHOOK_SECRET_GITHUB` -> `github`),
+        or a source a trigger declares. The signature covers the body, not the URL: were
+        every spelling that maps to the variable accepted (`GitHub`, `GITHUB`, `git_hub`
+        ...), one captured request could be replayed as a new event under each of them."""
         if not SOURCE_PATTERN.fullmatch(source):
             return None
-        return self.secrets.get(secret_env(source)[len(SECRET_ENV_PREFIX):])
+        suffix = secret_env(source)[len(SECRET_ENV_PREFIX):]
+        if source != suffix.lower() and source not in declared_sources():
+            return None
+        return self.secrets.get(suffix)
+
+    def check(self) -> None:
+        """Refuse (ConfigError) two declared sources that share one secret: a request signed
+        for one would be accepted, as a new event, by the other."""
+        by_suffix: dict[str, list[str]] = {}
+        for source in sorted(declared_sources()):
+            by_suffix.setdefault(secret_env(source)[len(SECRET_ENV_PREFIX):], []).append(source)
+        for suffix, sources in by_suffix.items():
+            if len(sources) > 1 and suffix in self.secrets:
+                raise ConfigError(
+                    f"event sources {' and '.join(map(repr, sources))} share "
+                    f"{SECRET_ENV_PREFIX}{suffix}: a request signed for one would be accepted "
+                    f"by the other; rename one of them")
 
     async def endpoint(self, request: Request) -> Response:
         source = request.path_params["source"]
