@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -351,3 +352,46 @@ def test_two_declared_sources_sharing_a_secret_are_refused(procs: Procs,
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "MARBLES_WEBHOOK_SECRET_A_B" in lines[0], done.stderr
     assert _dump(procs.url) == {}
+
+
+# -- line breaks in what a live fragment carries ----------------------------------------------
+
+def _sse_events(raw: str) -> list[tuple[str, str]]:
+    """(event, data) of an event stream, parsed as a browser does: CR LF, CR and LF each
+    end a line."""
+    events: list[tuple[str, str]] = []
+    name, data = "message", []
+    for line in re.split(r"\r\n|\r|\n", raw):
+        if line == "":
+            if data:
+                events.append((name, "\n".join(data)))
+            name, data = "message", []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif line.startswith("event:"):
+            name = line[6:].strip()
+    return events
+
+
+def test_a_carriage_return_in_a_question_cannot_forge_stream_fields(procs: Procs) -> None:
+    """A question's title or choice comes from a run's input (a webhook's payload, say). A
+    bare CR in it went into the live fragment unchanged: the browser's event-stream parser
+    ends a line at CR, so the rest became a field of its own: `event: problem` turned the
+    Feed's refresh into a "problem" for every viewer (the Feed stopped updating) and
+    `retry: 999999` set its reconnection delay. Each CR now starts another data line."""
+    procs.start(workers=1)
+    web = start_web(procs)
+    procs.enqueue("web_ask", {"title": "Pick\revent: problem\rdata: INJECTED",
+                              "choices": ["a\rretry: 999999", "b"]}, "cr-1")
+    procs.observer.wait_status("cr-1", "waiting")
+    with web.client() as anon, anon.stream("GET", "/sse/feed") as sse:
+        raw = ""
+        for chunk in sse.iter_text():
+            raw += chunk
+            if "cr-1" in raw and raw.endswith("\n\n"):
+                break
+    events = _sse_events(raw)
+    assert [name for name, _ in events] == ["refresh"], events
+    assert not re.search(r"(^|[\r\n])retry: 999999", raw)
+    html = events[0][1]
+    assert "cr-1" in html and "INJECTED" in html and "retry: 999999" in html

@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -633,11 +634,17 @@ def _write_reply(request: Request, target: str, ok: bool, message: str, status: 
     return _redirect_flash(target, ok, message)
 
 
+_SSE_LINES = re.compile(r"\r\n|\r|\n")
+
+
 def _sse(event: str, data: str, entry_id: str | None = None) -> str:
     lines = [f"event: {event}"]
     if entry_id:
         lines.append(f"id: {entry_id}")
-    lines += [f"data: {line}" for line in data.split("\n")]
+    # Every line break SSE knows (CR LF, CR, LF) starts a new data line: a bare CR in a
+    # question or an error (text the page escapes, but does not strip) would otherwise end
+    # the field and let the rest be read as one of its own ("event: ...", "retry: ...").
+    lines += [f"data: {line}" for line in _SSE_LINES.split(data)]
     return "\n".join(lines) + "\n\n"
 
 
