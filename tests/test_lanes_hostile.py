@@ -92,3 +92,18 @@ def test_controller_with_another_lane_count_never_strands_a_redelivery(
     finally:
         procs.stop_all()
         print(procs.report(lines=30))
+
+
+def test_worker_lanes_typos_are_refused_not_misread(redis_server: object,
+                                                    tmp_path: Path) -> None:
+    """`--lanes 0_1` (a typo for 0,1) was read by int() as lane 1 alone, so lane 0 went
+    unserved; `+1`, `-0` and other scripts' digits were accepted too. Only ASCII lane
+    numbers are read now (and `all` in any case)."""
+    url = redis_server.url  # type: ignore[attr-defined]
+    procs = _procs(url, tmp_path / "procs", 3)
+    for bad in ("0_1", "+1", "-0", "\u0662", "0 1", "1;2"):
+        done = procs.cli("worker", "--lanes", bad, "--burst")
+        assert done.returncode == 2, (bad, done)
+        assert "invalid --lanes" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    done = procs.cli("worker", "--lanes", "ALL", "--burst")
+    assert done.returncode == 0, done.stderr
