@@ -20,7 +20,8 @@ from tests.procs import Procs
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "lane_workflows.py",)
-NOT_RECORDED = ("the deployment's lane count is not recorded in the meta hash yet, so a "
+NOT_RECORDED = ("the deployment's lane count (and RQ keyspace) is not recorded in the meta hash "
+                "yet, so a "
                 "process with another --lane-count is not refused")
 
 
@@ -62,30 +63,36 @@ def test_enqueue_with_another_lane_count_is_refused(redis_server: object, tmp_pa
 
 
 @pytest.mark.xfail(strict=True, reason=NOT_RECORDED)
-def test_controller_with_another_lane_count_never_strands_a_redelivery(
-        redis_server: object, tmp_path: Path) -> None:
-    """A 3-lane deployment, its worker killed (-9) mid-run, and the only controller started
-    with the default --lane-count 1 (MARBLES_LANE_COUNT forgotten in its unit file). It
-    redelivered the run into RQ's own keyspace, which no 3-lane worker reads, then found
-    that delivery present and waited: the run never finished, while a fresh 3-lane worker
-    sat idle. Either that controller is refused at start (exit 2), or the run finishes."""
+@pytest.mark.parametrize("lanes, controller_env", [
+    (3, {"MARBLES_LANE_COUNT": "1"}),  # MARBLES_LANE_COUNT forgotten in its unit file
+    (1, {"RQ_KEY_PREFIX": "{other}"}),  # RQ_KEY_PREFIX left over from another deployment
+], ids=["lane-count", "rq-key-prefix"])
+def test_a_controller_configured_otherwise_never_strands_a_redelivery(
+        redis_server: object, tmp_path: Path, lanes: int,
+        controller_env: dict[str, str]) -> None:
+    """The deployment's worker killed (-9) mid-run, and the only controller started with
+    another lane count (or another RQ_KEY_PREFIX on a one-lane deployment). It redelivered
+    the run into a keyspace no worker of the deployment reads, then found that delivery
+    present and waited: the run never finished, while a fresh worker sat idle (and doctor
+    saw every lane served). Either that controller is refused at start, or the run
+    finishes."""
     url = redis_server.url  # type: ignore[attr-defined]
-    procs = _procs(url, tmp_path / "procs", 3)
+    procs = _procs(url, tmp_path / "procs", lanes)
     try:
         victim = procs.worker(lease_ms=1500)
-        rid = _run_id(3, 2, "strand-")
+        rid = _run_id(lanes, lanes - 1, "strand-")
         done = procs.cli("enqueue", "ln_steps", "--id", rid, "--input",
                          json.dumps({"steps": 2, "sleep_s": 3.0}))
         assert done.returncode == 0, done.stderr
         procs.observer.wait_status(rid, "running", timeout=30)
         victim.kill9()
         procs.worker(lease_ms=1500)
-        procs.env["MARBLES_LANE_COUNT"] = "1"
+        procs.env.update(controller_env)
         ctl = procs.controller(ready=False)
         try:
             ctl.wait_log("elected controller", timeout=30)
         except AssertionError:
-            if not ctl.alive() and "lane" in ctl.text().lower():
+            if not ctl.alive() and ctl.returncode() == 2:
                 return  # refused at start: nothing can be stranded
             raise
         procs.observer.wait_status(rid, "succeeded", timeout=60)
