@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import redis
+from redis.crc import key_slot
 
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store import open_store
 from marbles_rq.store.keys import Keyspace
-from tests.procs import Procs
+from tests.procs import Procs, wait_for
+from tests.redis_procs import RedisCluster
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "lane_workflows.py",)
@@ -114,3 +119,43 @@ def test_worker_lanes_typos_are_refused_not_misread(redis_server: object,
         assert "invalid --lanes" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     done = procs.cli("worker", "--lanes", "ALL", "--burst")
     assert done.returncode == 0, done.stderr
+
+
+def test_a_lane_master_killed_and_restarted_loses_nothing(redis_cluster: RedisCluster,
+                                                          cluster_url: str,
+                                                          tmp_path: Path) -> None:
+    """The master serving lane 1's slot killed (-9), not failed over (no replica): the
+    cluster goes down for everyone after its node timeout. The worker and the controller
+    ride it out (no crash, no exit), and once that master restarts from its AOF every run
+    of every lane finishes, each effect won exactly once, and new runs go through."""
+    from tests.test_lanes import _enqueue, _exactly_once, _ids_per_lane, _lane_procs
+
+    procs = _lane_procs(cluster_url, tmp_path / "procs")
+    runs = RunStore(open_store(cluster_url, lanes=3))
+    try:
+        worker = procs.worker(extra=["--lanes", "all", "--pool", "3"])
+        ctl = procs.controller()
+        ids = [rid for lane_ids in _ids_per_lane(2, "mk").values() for rid in lane_ids]
+        for rid in ids:
+            _enqueue(procs, rid, steps=3, sleep_s=0.5)
+        wait_for(lambda: any((v := runs.get(r)) is not None and v.status == "running"
+                             for r in ids), timeout=60, what="runs to be running")
+        lane1 = Keyspace("mrq", 64, 3).lane_rq_prefix(1)
+        assert lane1 is not None
+        victim = redis_cluster.master_of_slot(key_slot(lane1.encode() + b":queues"))
+        victim.kill9()
+        time.sleep(9)  # past the node timeout (5 s): the cluster is down
+        assert worker.alive() and ctl.alive(), procs.report(lines=40)
+        victim.restart()
+        redis_cluster.wait_ready()
+        for rid in ids:
+            _exactly_once(runs, rid, 3)
+        fresh = [rid for lane_ids in _ids_per_lane(1, "mk-post").values() for rid in lane_ids]
+        for rid in fresh:
+            _enqueue(procs, rid)
+        for rid in fresh:
+            _exactly_once(runs, rid, 1)
+        assert worker.alive() and ctl.alive()
+    finally:
+        procs.stop_all()
+        print(procs.report(lines=80))
