@@ -395,3 +395,16 @@ def test_a_carriage_return_in_a_question_cannot_forge_stream_fields(procs: Procs
     assert not re.search(r"(^|[\r\n])retry: 999999", raw)
     html = events[0][1]
     assert "cr-1" in html and "INJECTED" in html and "retry: 999999" in html
+
+
+def test_output_stream_refuses_a_malformed_resume_id(procs: Procs) -> None:
+    """`?after=` / `Last-Event-ID` went to XRANGE as given: a malformed one made Redis refuse
+    every poll, a "problem" event four times a second for as long as the client stayed."""
+    procs.enqueue("web_noop", {"n": 1}, "after-1")
+    web = start_web(procs)
+    with web.client() as c:
+        assert c.get("/sse/run/after-1/output?after=garbage").status_code == 400
+        assert c.get("/sse/run/after-1/output",
+                     headers={"Last-Event-ID": "99999999999999999999-0"}).status_code == 400
+        with c.stream("GET", "/sse/run/after-1/output?after=0-0") as ok:
+            assert ok.status_code == 200

@@ -373,6 +373,9 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
             return PlainTextResponse(str(exc), 400)
         after = (request.headers.get("last-event-id") or request.query_params.get("after")
                  or "0-0")
+        if not _ENTRY_ID.fullmatch(after):  # else Redis refuses it, four times a second
+            return PlainTextResponse(f"invalid output entry id {after[:40]!r}: expected "
+                                     f"<ms>-<seq>", 400)
 
         if not streams.take():
             return _too_many()
@@ -635,6 +638,7 @@ def _write_reply(request: Request, target: str, ok: bool, message: str, status: 
 
 
 _SSE_LINES = re.compile(r"\r\n|\r|\n")
+_ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,19}")
 
 
 def _sse(event: str, data: str, entry_id: str | None = None) -> str:
