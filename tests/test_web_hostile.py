@@ -408,3 +408,15 @@ def test_output_stream_refuses_a_malformed_resume_id(procs: Procs) -> None:
                      headers={"Last-Event-ID": "99999999999999999999-0"}).status_code == 400
         with c.stream("GET", "/sse/run/after-1/output?after=0-0") as ok:
             assert ok.status_code == 200
+
+
+def test_a_short_webhook_secret_is_refused(procs: Procs) -> None:
+    """A webhook secret of a few characters was accepted: one captured request (body and
+    signature) is enough to find it offline, then to sign anything. At least 16, like the
+    token; refused at start: one line, exit 2."""
+    env = dict(procs.env, MARBLES_WEBHOOK_SECRET_GITHUB="hunter2")
+    done = subprocess.run([*procs.base_argv(), "web", "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "MARBLES_WEBHOOK_SECRET_GITHUB is too short" in lines[0]

@@ -40,6 +40,7 @@ from ..triggers.events import SOURCE_PATTERN, TRIGGERS, Events
 
 SECRET_ENV_PREFIX = "MARBLES_WEBHOOK_SECRET_"
 SIGNATURE_HEADER = "x-marbles-signature"
+MIN_SECRET = 16
 BODY_TIMEOUT_S = 15.0  # the whole body, once the headers are in
 ENVELOPE_SLACK = 4096  # the envelope's own bytes (id, type, keys) on top of the payload limit
 
@@ -54,7 +55,7 @@ def secrets_from_env(environ: Mapping[str, str] | None = None) -> dict[str, byte
     found = {name[len(SECRET_ENV_PREFIX):]: value.encode()
              for name, value in environ.items()
              if name.startswith(SECRET_ENV_PREFIX) and value}
-    for suffix in found:
+    for suffix, value in found.items():
         # No source maps to a name with a lower-case letter (or nothing after the prefix):
         # such a secret would be listed as configured, and its source answered 404.
         if not re.fullmatch(r"[A-Z0-9_]+", suffix):
@@ -62,6 +63,10 @@ def secrets_from_env(environ: Mapping[str, str] | None = None) -> dict[str, byte
                               f"is upper-cased with every character outside A-Z 0-9 turned "
                               f"into _ (source {suffix.lower()!r} -> "
                               f"{secret_env(suffix.lower() or 'name')})")
+        if len(value) < MIN_SECRET:
+            # One captured request is enough to guess a short key offline.
+            raise ConfigError(f"{SECRET_ENV_PREFIX}{suffix} is too short: use at least "
+                              f"{MIN_SECRET} characters (e.g. `openssl rand -hex 24`)")
     return found
 
 
