@@ -4,16 +4,19 @@ Run from the repo root::
 
     python -m bench.cluster [--runs 3000] [--pool 2] [--buckets N]
 
-Starts a 3-master cluster (``ops/redis.conf`` on every node, no replicas), then with
-``MARBLES_LANE_COUNT=3`` and ``RQ_KEY_PREFIX={mrq:rq}``: records ``--runs`` one-step runs
-(``bench/runs_flows.py``) from this process with ``ops.enqueue_many`` (first delivery of each
-to its lane), starts one ``marbles-rq controller`` and one ``marbles-rq worker --pool P
---lanes all`` and waits until every run settled. Prints, per master, over that window:
+Starts a 3-master cluster (``ops/redis.conf`` on every node, no replicas), one ``marbles-rq
+controller`` and one ``marbles-rq worker --pool P --lanes all`` with ``RQ_KEY_PREFIX={mrq:rq}``
+(the deployment's lane count: one per master, recorded at creation), measures the idle cost
+of each master for 10 s (controller passes, liveness beats, idle pops), then records
+``--runs`` one-step runs (``bench/runs_flows.py``) from this process with
+``ops.enqueue_many`` (first delivery of each to its lane) and waits until every run settled.
+Prints, per master, over that window:
 
 * commands (``INFO commandstats``, those inside scripts included), keys (``DBSIZE``) and
   memory (``used_memory`` growth) with the max/mean of each (the aim: <= 1.1);
-* redis-server CPU (user + system from /proc) per run, and from it the capacity model: the
-  runs/s one master sustains on one core, and what N masters give;
+* commands and redis-server CPU (user + system from /proc) per run, less the idle cost over
+  the same window, and from the CPU the capacity model: the runs/s one master sustains on
+  one core, and what N masters give;
 * the runs per lane, and the rate of the whole.
 
 This 2-core machine cannot show the rate scaling with masters (the workers and all three
@@ -30,7 +33,6 @@ import time
 from pathlib import Path
 
 os.environ["RQ_KEY_PREFIX"] = "{mrq:rq}"  # before rq is imported: RQ's keyspace in one slot
-os.environ.setdefault("MARBLES_LANE_COUNT", "3")
 
 import redis
 
@@ -45,6 +47,7 @@ from tests.redis_procs import RedisCluster
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FLOWS = REPO_ROOT / "bench" / "runs_flows.py"
 HZ = os.sysconf("SC_CLK_TCK")
+IDLE_S = 10.0
 
 
 def cpu_s(pid: int) -> float:
@@ -75,7 +78,6 @@ def main() -> int:
     parser.add_argument("--buckets", type=int, default=None,
                         help="bucket count (default: the deployment default)")
     args = parser.parse_args()
-    lanes_n = int(os.environ["MARBLES_LANE_COUNT"])
     print("marbles-rq cluster benchmark")
     print(f"command: {' '.join([sys.executable, '-m', 'bench.cluster', *sys.argv[1:]])}")
     print(f"host load at start: {load_line()}")
@@ -90,23 +92,29 @@ def main() -> int:
         try:
             load_source(str(FLOWS))
             kw = {} if args.buckets is None else {"buckets": args.buckets}
-            store = open_store(cluster.url, lanes=lanes_n, **kw)
+            store = open_store(cluster.url, **kw)
             runs = RunStore(store)
             keys = store.keys
             lanes = open_lanes(cluster.url, keys)
             print(f"cluster: 3 masters (ports {', '.join(map(str, cluster.ports))}); "
                   f"buckets {keys.buckets}, lanes {keys.lanes}")
+            py = [sys.executable, "-m", "marbles_rq"]
+            procs.start("controller", [*py, "controller"])
+            procs.start("worker", [*py, "worker", "--pool", str(args.pool), "--lanes", "all"])
+            time.sleep(5)  # both started and idle
+            # The idle cost (controller passes, beats, pops), to take out of the per-run figures.
+            idle0, t_idle = master_stats(cluster), time.monotonic()
+            time.sleep(IDLE_S)
+            idle1 = master_stats(cluster)
+            idle_rate = {p: {k: (idle1[p][k] - idle0[p][k]) / (time.monotonic() - t_idle)
+                             for k in ("commands", "cpu")} for p in idle1}
             before = master_stats(cluster)
             ids = [f"c{i}" for i in range(args.runs)]
-            started = time.monotonic()
+            t0 = time.monotonic()
             for i in range(0, len(ids), 500):
                 ops.enqueue_many(runs, lanes, [ops.RunRequest("one_step", b"null", rid)
                                                for rid in ids[i:i + 500]])
-            enqueued = time.monotonic() - started
-            py = [sys.executable, "-m", "marbles_rq"]
-            procs.start("controller", [*py, "controller"])
-            t0 = time.monotonic()
-            procs.start("worker", [*py, "worker", "--pool", str(args.pool), "--lanes", "all"])
+            enqueued = time.monotonic() - t0
             finished = [keys.run_finished(b) for b in range(keys.buckets)]
             while True:
                 pipe = store.client.pipeline(transaction=False)
@@ -125,27 +133,35 @@ def main() -> int:
             for rid in ids:
                 per_lane[keys.lane_of(rid)] += 1
             print(f"\n{len(ids)} one-step runs: recorded and enqueued in {enqueued:.1f} s "
-                  f"({len(ids) / enqueued:.0f}/s), executed in {elapsed:.1f} s "
-                  f"({len(ids) / elapsed:.0f} runs/s, one worker --pool {args.pool})")
+                  f"({len(ids) / enqueued:.0f}/s) while one worker --pool {args.pool} ran; all "
+                  f"settled after {elapsed:.1f} s ({len(ids) / elapsed:.0f} runs/s)")
             print(f"runs per lane: {per_lane}")
             rows = []
             deltas = {port: {k: after[port][k] - before[port].get(k, 0) for k in after[port]}
                       for port in after}
+            # per-run work only: the idle cost over the same window taken out
+            work = {port: {k: deltas[port][k] - idle_rate[port][k] * elapsed
+                           for k in ("commands", "cpu")} for port in deltas}
+            print("\nidle cost per master (controller passes, liveness beats, idle pops): "
+                  + ", ".join(f"{p}: {idle_rate[p]['commands']:.0f} commands/s, "
+                              f"{100 * idle_rate[p]['cpu']:.1f}% CPU" for p in sorted(idle_rate)))
             for port, d in sorted(deltas.items()):
-                rows.append([port, f"{d['commands']:.0f}", f"{after[port]['keys']:.0f}",
-                             f"{d['memory'] / 1024:.0f} KiB",
-                             f"{d['cpu']:.2f} s", f"{1000 * d['cpu'] / len(ids):.3f} ms"])
+                w = work[port]
+                rows.append([port, f"{d['commands']:.0f}", f"{w['commands'] / len(ids):.1f}",
+                             f"{after[port]['keys']:.0f}", f"{d['memory'] / 1024:.0f} KiB",
+                             f"{d['cpu']:.2f} s", f"{1000 * w['cpu'] / len(ids):.3f} ms"])
             print("\nper master over the window (commands and memory: growth; keys: after):")
-            print(table(["master", "commands", "keys", "memory", "cpu", "cpu/run"], rows))
+            print(table(["master", "commands", "per run (less idle)", "keys", "memory", "cpu",
+                         "cpu per run (less idle)"], rows))
             for name, pick in (("commands", lambda p: deltas[p]["commands"]),
                                ("keys", lambda p: after[p]["keys"]),
                                ("memory", lambda p: deltas[p]["memory"])):
                 values = [pick(p) for p in deltas]
                 mean = sum(values) / len(values)
                 print(f"  {name}: max/mean {max(values) / mean:.3f} (aim <= 1.1)")
-            cpu_per_run = sum(d["cpu"] for d in deltas.values()) / len(ids)
-            per_master_ms = median([1000 * d["cpu"] / (len(ids) / len(deltas))
-                                    for d in deltas.values()])
+            cpu_per_run = sum(w["cpu"] for w in work.values()) / len(ids)
+            per_master_ms = median([1000 * w["cpu"] / (len(ids) / len(work))
+                                    for w in work.values()])
             print("\ncapacity model (redis-server CPU only; fsync waits overlap other clients' "
                   "work):")
             print(f"  redis-server CPU per run, all masters: {1000 * cpu_per_run:.3f} ms")

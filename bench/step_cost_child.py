@@ -3,14 +3,19 @@ PYTHONPATH set to that side's checkout (cwd: the checkout)::
 
     python bench/step_cost_child.py URL WORKFLOW N
 
-Records N runs, prints READY, waits for a line on stdin, executes them, prints JSON."""
+Records N runs, prints READY, waits for a line on stdin, executes them, prints JSON.
+MARBLES_BENCH_METRICS=1 turns metrics on (multiprocess mode, as a worker with
+--metrics-port) in a checkout that has them."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 FLOWS = "bench/runs_flows.py"
@@ -24,6 +29,14 @@ def child(url: str, workflow: str, n: int) -> None:
     from marbles_rq.store import open_store
 
     load_source(FLOWS)
+    if os.environ.get("MARBLES_BENCH_METRICS") == "1":
+        # Metrics on, as in a worker with --metrics-port: values in multiprocess files.
+        try:
+            from marbles_rq import metrics
+        except ImportError:  # a baseline checkout without metrics
+            pass
+        else:
+            metrics.enable(multiprocess_dir=Path(tempfile.mkdtemp(prefix="marbles-bench-m-")))
     runs = RunStore(open_store(url))
     ids = [runs.record(ops.prepare(ops.RunRequest(workflow))).record.id for _ in range(n)]
     calls: Counter[str] = Counter()

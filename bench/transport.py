@@ -122,6 +122,7 @@ def say(text: str = "") -> None:
 class Bench:
     def __init__(self, sizes: Sizes, reps: int, pool: int, tmp: Path) -> None:
         self.sizes, self.reps, self.pool = sizes, reps, pool
+        self.metrics_port: int | None = None
         self.server = RedisServer.start(dir=tmp / "redis", conf=DEFAULT_CONF)
         self.url = self.server.url
         self.r = redis.Redis.from_url(self.url)
@@ -156,7 +157,8 @@ class Bench:
     def marbles_worker(self, pool: int | None) -> list[str]:
         return [str(VENV_BIN / "marbles-rq"), "--redis-url", self.url, "--source", FLOWS,
                 "worker", "--burst", "--log-level", "WARNING",
-                *(["--pool", str(pool)] if pool else [])]
+                *(["--pool", str(pool)] if pool else []),
+                *(["--metrics-port", str(self.metrics_port)] if self.metrics_port else [])]
 
     # -- filling queues -------------------------------------------------------------------
 
@@ -627,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--pool", type=int, default=2)
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="Start every marbles-rq worker with this --metrics-port (what "
+                             "metrics cost a worker; nothing scrapes it).")
     args = parser.parse_args(argv)
     wanted = [x.strip() for x in args.sections.split(",") if x.strip()]
     if set(wanted) - set(SECTIONS):
@@ -644,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         b = Bench(QUICK if args.quick else FULL, args.reps, args.pool, tmp)
+        b.metrics_port = args.metrics_port
         header(b)
         for name in SECTIONS:
             if name in wanted:

@@ -1,18 +1,19 @@
 #!lua
---[[ ensure_meta: record the deployment's bucket count at first use, or compare with it.
+--[[ ensure_meta: record a deployment's key layout at first use; return what is recorded.
 KEYS[1] meta hash       {<prefix>}:meta
-ARGV[1] buckets         the bucket count this process was configured with
-ARGV[2] layout          the key-layout version this process writes
+ARGV[1] buckets         the bucket count to create the deployment with
+ARGV[2] layout          the key-layout version to create it with
+ARGV[3] lanes           the lane count to create it with
 Returns:
-  {"ok", buckets, layout}          recorded now, or equal to what was recorded
-  {"mismatch", buckets, layout}    the deployment was created with other values
-Writes (first use only): HSET KEYS[1]
+  {buckets, layout, lanes, grow_to}   what the deployment recorded (just now, or before);
+                                      lanes "" for a deployment older than lanes (one lane),
+                                      grow_to "" unless a bucket growth is under way
+Writes (first use only): HSET KEYS[1] buckets layout lanes
+The caller adopts the reply, and refuses only a value it was given explicitly that differs.
 ]]
 local meta = KEYS[1]
-local cur = redis.call('HMGET', meta, 'buckets', 'layout')
-if cur[1] then
-  if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return {'mismatch', cur[1], cur[2] or ''} end
-  return {'ok', cur[1], cur[2]}
+if redis.call('HEXISTS', meta, 'buckets') == 0 then
+  redis.call('HSET', meta, 'buckets', ARGV[1], 'layout', ARGV[2], 'lanes', ARGV[3])
 end
-redis.call('HSET', meta, 'buckets', ARGV[1], 'layout', ARGV[2])
-return {'ok', ARGV[1], ARGV[2]}
+local cur = redis.call('HMGET', meta, 'buckets', 'layout', 'lanes', 'grow_to')
+return {cur[1], cur[2] or '1', cur[3] or '', cur[4] or ''}

@@ -33,6 +33,12 @@ class BucketMismatchError(MarblesError):
     code = "bucket_mismatch"
 
 
+class GrowInProgressError(BucketMismatchError):
+    """The deployment's bucket count is being grown; only `buckets grow` may run."""
+
+    code = "grow_in_progress"
+
+
 class InvalidIdError(MarblesError):
     """An id, kind or name does not match its allowed pattern."""
 

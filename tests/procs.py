@@ -479,9 +479,9 @@ class Procs:
         return proc
 
     def controller(self, *, interval: float = 0.2, lease_ms: int | None = None,
-                   ready: bool = True) -> Proc:
+                   ready: bool = True, extra: Sequence[str] = ()) -> Proc:
         """Start ``marbles-rq controller``; with `ready`, wait until it is elected."""
-        args = ["controller", "--interval", str(interval)]
+        args = ["controller", "--interval", str(interval), *extra]
         if lease_ms is not None:
             args += ["--lease-ms", str(lease_ms)]
         proc = self._start("controller", args)

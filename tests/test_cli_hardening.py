@@ -339,14 +339,14 @@ def test_reading_commands_write_nothing_on_a_fresh_prefix(redis_url: str) -> Non
     assert mrq(*common, "watch", "nope", "--no-follow").returncode == 2
     assert mrq(*common, "runs").returncode == 0
     assert redis.Redis.from_url(redis_url).dbsize() == 0  # {fresh}:meta was not written
-    # So the mistyped --buckets 8 did not fix the deployment: the real one records 64.
+    # So the mistyped --buckets 8 did not fix the deployment: the real one records 1024.
     made = mrq("--redis-url", redis_url, "--prefix", "fresh", "--source", CHAIN, "enqueue",
                "chain", "--input", '{"steps": 1}', "--id", "r1")
     assert made.returncode == 0, made.stderr
-    assert redis.Redis.from_url(redis_url).hget("{fresh}:meta", "buckets") == b"64"
+    assert redis.Redis.from_url(redis_url).hget("{fresh}:meta", "buckets") == b"1024"
     mismatch = mrq(*common, "status", "r1")  # a recorded count still has to match
     assert mismatch.returncode == 2
-    assert "was created with 64 buckets" in one_line_error(mismatch)
+    assert "was created with 1024 buckets" in one_line_error(mismatch)
 
 
 # -- 18: run output cannot drive the terminal ---------------------------------------------

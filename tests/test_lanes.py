@@ -27,7 +27,7 @@ HERE = Path(__file__).parent
 PROCS_SOURCES = (HERE / "lane_workflows.py",)
 LANES = 3
 RQ_PREFIX = "{mrq:rq}"  # RQ's own keyspace in one slot: what a cluster needs
-KEYS = Keyspace("mrq", 64, LANES)
+KEYS = Keyspace("mrq", lanes=LANES)  # the default 1,024 buckets, layout 2
 
 
 def _lane_procs(url: str, dir: Path) -> Procs:
@@ -111,7 +111,7 @@ def test_runs_go_through_their_lanes_and_doctor_reports_a_lane_without_worker(
                 assert _served_by(procs, runs, rid) is workers[lane]
         # Lane 2 has no worker: its runs wait in lane 2's queue, and doctor says so.
         raw = redis.Redis.from_url(url)
-        queue = "{mrq:lane002}:queue:mrq.default"
+        queue = f"{KEYS.lane_rq_prefix(2)}:queue:mrq.default"
         assert raw.llen(queue) == 3
         assert {runs.client.hget(runs.keys.run(rid), "lane") for rid in ids[2]} == {b"2"}
         doctor = procs.cli("doctor")
@@ -254,6 +254,7 @@ def test_cluster_failover_during_runs_loses_nothing(lane_cluster: RedisCluster,
             assert redis.Redis(port=replica.port).execute_command("CLUSTER", "FAILOVER")
             wait_for(lambda r=replica: _replication(r.port).get("role") == "master",
                      timeout=30, what=f"replica {replica.port} to take over from {port}")
+            lane_cluster.wait_ready()  # every node's slot map shows the new master
         after = {lane: _lane_master_port(lane_cluster, lane) for lane in range(LANES)}
         assert all(after[k] != before[k] for k in range(LANES)), (before, after)
         for rid in ids:

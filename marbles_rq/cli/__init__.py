@@ -37,10 +37,10 @@ DEBUG_ENV = "MARBLES_DEBUG"
 class Settings:
     redis_url: str
     prefix: str
-    buckets: int
+    buckets: int | None  # None: the deployment's recorded count (1,024 at creation)
     source: str | None = None
     rq_url: str | None = None
-    lanes: int = 1
+    lanes: int | None = None  # None: recorded (at creation: 1, or one per cluster master)
     _lanes: Lanes | None = field(default=None, repr=False)
     _store: RedisStore | None = field(default=None, repr=False)
     _reader: RedisStore | None = field(default=None, repr=False)
@@ -64,8 +64,9 @@ class Settings:
 
         if self._lanes is None:
             url = self.rq_url or self.redis_url
-            if self.rq_url:
-                check_url(self.rq_url)  # one line that hides its password, as for --redis-url
+            # One line that hides its password, whichever URL RQ uses (the parser's own
+            # message quotes what it could not read: part of a password).
+            check_url(url)
             self._lanes = open_lanes(url, self.keys)
         return self._lanes
 
@@ -87,22 +88,38 @@ class Settings:
                                       lanes=self.lanes, read_only=True)
         return self._reader
 
+    def check(self) -> None:
+        """A malformed --prefix, --buckets or --lane-count is one line now (exit 2), before
+        anything is started; whether they match the deployment is checked on connecting."""
+        Keyspace(self.prefix, self.buckets or DEFAULT_BUCKETS, lanes=self.lanes or 1)
+
     @property
     def keys(self) -> Keyspace:
-        return Keyspace(self.prefix, self.buckets, self.lanes)
+        """The deployment's keyspace: what it recorded (read, never written here), or, for a
+        deployment not created yet, what it will be created with."""
+        return self.reader().keys
 
 
-@click.group()
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version=_version(), prog_name="marbles-rq", message="%(prog)s %(version)s")
 @click.option("--redis-url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True,
               help=f"Redis URL (env {URL_ENV}); redis+cluster://host:port for a cluster.")
 @click.option("--prefix", envvar="MARBLES_PREFIX", default=DEFAULT_PREFIX, show_default=True,
               help="Key prefix of this deployment (env MARBLES_PREFIX).")
-@click.option("--buckets", envvar="MARBLES_BUCKETS", default=DEFAULT_BUCKETS, show_default=True,
-              type=int, help="Bucket count, fixed per deployment (env MARBLES_BUCKETS).")
-@click.option("--lane-count", "lanes", envvar="MARBLES_LANE_COUNT", default=1,
-              show_default=True, type=int,
-              help="Lane count, fixed per deployment: RQ keyspaces (one per cluster master) "
-                   "and controller shards (env MARBLES_LANE_COUNT).")
+@click.option("--buckets", envvar="MARBLES_BUCKETS", default=None, type=int,
+              help=f"Bucket count of a new deployment (default {DEFAULT_BUCKETS}); an existing "
+                   f"one uses its recorded count, and a different value is refused "
+                   f"(env MARBLES_BUCKETS; see `buckets grow`).")
+@click.option("--lane-count", "lanes", envvar="MARBLES_LANE_COUNT", default=None, type=int,
+              help="Lane count of a new deployment: RQ keyspaces and controller shards "
+                   "(default 1, or one per master on a Redis Cluster); an existing one uses "
+                   "its recorded count (env MARBLES_LANE_COUNT).")
 @click.option("--source", envvar="MARBLES_SOURCE", default=None,
               help="Workflow definitions: a module path, a file, or a folder of modules "
                    "(env MARBLES_SOURCE).")
@@ -112,20 +129,79 @@ class Settings:
 @click.option("--debug", is_flag=True,
               help=f"Show the traceback of an unexpected error (env {DEBUG_ENV}=1).")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, lanes: int,
-        source: str | None, rq_url: str | None, debug: bool) -> None:
+def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int | None,
+        lanes: int | None, source: str | None, rq_url: str | None, debug: bool) -> None:
     """Durable workflows on Redis with RQ workers."""
-    ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url, lanes)
+    ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url, lanes=lanes)
+
+
+# The connection options, also accepted after the command name (`marbles-rq status RUN
+# --redis-url URL`), where they win over the same option given before it. They take no
+# default and no environment variable there: the group's own options carry those.
+_AFTER: tuple[tuple[str, str, Any, str], ...] = (
+    ("--redis-url", "redis_url", str, "Redis URL (as before the command)."),
+    ("--prefix", "prefix", str, "Key prefix (as before the command)."),
+    ("--buckets", "buckets", int, "Bucket count (as before the command)."),
+    ("--lane-count", "lanes", int, "Lane count (as before the command)."),
+    ("--source", "source", str, "Workflow definitions (as before the command)."),
+    ("--rq-url", "rq_url", str, "Redis for RQ's queues (as before the command)."),
+)
+
+
+def _set_setting(attr: str) -> Any:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is None:
+            return
+        settings = ctx.find_object(Settings)
+        if settings is not None:
+            setattr(settings, attr, value)
+
+    return callback
+
+
+def _accept_connection_options(command: click.Command) -> None:
+    """Give `command` (and a group's subcommands) the connection options and --debug."""
+    taken = {opt for p in command.params for opt in getattr(p, "opts", [])}
+    for flag, attr, kind, text in _AFTER:
+        if flag not in taken:
+            # A name of its own: `events send SOURCE` has an argument called source.
+            command.params.append(click.Option(
+                [flag, f"connection_{attr}"], type=kind, default=None, expose_value=False,
+                is_eager=True, callback=_set_setting(attr), help=text))
+    if "--debug" not in taken:
+        # main() reads --debug from the whole command line; here it only has to be accepted.
+        command.params.append(click.Option(["--debug", "connection_debug"], is_flag=True,
+                                           expose_value=False,
+                                           help="Show the traceback of an unexpected error."))
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _accept_connection_options(sub)
 
 
 def _register() -> None:
-    from . import control, dev, doctor, events, health, procs, runs, schedules, waits, web
+    from . import (
+        control,
+        dev,
+        doctor,
+        dryrun,
+        events,
+        health,
+        layout,
+        procs,
+        rerun,
+        runs,
+        schedules,
+        waits,
+        web,
+    )
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
                     waits.answer, waits.approve, waits.reject, waits.feed, waits.pause,
                     waits.resume, procs.worker, procs.controller, doctor.doctor,
                     control.leader, control.roll, control.list_cmd, events.events,
-                    schedules.schedules, dev.dev, health.health, web.web):
+                    schedules.schedules, dev.dev, health.health, web.web, layout.buckets,
+                    rerun.rerun, dryrun.run_cmd):
+        _accept_connection_options(command)
         cli.add_command(command)
 
 

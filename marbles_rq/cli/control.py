@@ -78,8 +78,10 @@ def roll(settings: Settings, name: str, input_json: str | None, run_id: str | No
         known = sorted([*REGISTRY.workflows, *SCHEDULES.schedules, *MONITORS.by_key])
         raise UnknownWorkflowError(f"no workflow, schedule or monitor named {name!r} (known: "
                                    f"{', '.join(known) or 'none; is --source set?'})")
-    raw = (input_json or "null").encode()
-    request = RunRequest(name, raw, run_id)
+    from .runs import read_input
+
+    raw = read_input(name, input_json)
+    request = RunRequest(name, raw, run_id, strict=True)
     prepare(request)  # every input error before touching Redis
     result = enqueue(settings.runs(), settings.rq(), request, REGISTRY)
     click.echo(f"run {result.run_id} queued ({result.record.name} on {result.record.queue})"

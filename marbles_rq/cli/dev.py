@@ -35,7 +35,7 @@ from typing import IO, Any
 import click
 import redis
 
-from ..store.keys import Keyspace
+from ..store.keys import DEFAULT_BUCKETS, Keyspace
 from . import EXIT_INPUT, EXIT_REDIS, Settings
 from .procs import LOG_LEVELS
 
@@ -224,14 +224,21 @@ class RunCounter:
     """Runs by status, read from the store: each bucket's run listing, then each run's
     status field. A finished status never changes, so finished runs are read once."""
 
-    def __init__(self, url: str, prefix: str, buckets: int) -> None:
+    def __init__(self, url: str, prefix: str, buckets: int | None,
+                 lanes: int | None = None) -> None:
         from ..store.connection import connect
 
         self.client: Any = connect(url)
-        self.keys = Keyspace(prefix, buckets)
+        self.keys = Keyspace(prefix, buckets or DEFAULT_BUCKETS, lanes=lanes or 1)
+        self.adopt = {"layout"} | {n for n, v in (("buckets", buckets), ("lanes", lanes))
+                                   if v is None}
         self.final: dict[str, str] = {}
 
     def counts(self) -> Counter[str]:
+        from ..store.redis_store import RedisStore
+
+        # The deployment's recorded layout (the controller records it on its first start).
+        self.keys = RedisStore(self.client, self.keys, read_only=True, adopt=self.adopt).keys
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.keys.buckets):
             pipe.zrange(self.keys.listing("run", bucket), 0, -1)
@@ -356,10 +363,18 @@ class Dev:
         self._lock = lock
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "MARBLES_RQ_URL"}
+        # One metrics port cannot serve the controller and every worker: dev's children get
+        # none (MARBLES_METRICS_PORT would make all but the first exit 2, again and again).
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("MARBLES_RQ_URL", "MARBLES_METRICS_PORT")}
         env.update(MARBLES_REDIS_URL=self.url, MARBLES_SOURCE=self.settings.source or "",
-                   MARBLES_PREFIX=self.settings.prefix,
-                   MARBLES_BUCKETS=str(self.settings.buckets), PYTHONUNBUFFERED="1")
+                   MARBLES_PREFIX=self.settings.prefix, PYTHONUNBUFFERED="1")
+        # Only what was given: unset, the children adopt what the deployment recorded.
+        for name, value in (("MARBLES_BUCKETS", self.settings.buckets),
+                            ("MARBLES_LANE_COUNT", self.settings.lanes)):
+            env.pop(name, None)
+            if value is not None:
+                env[name] = str(value)
         return env
 
     def _spawn(self, child: Child) -> None:
@@ -567,7 +582,8 @@ class Dev:
             if not self.stops:
                 self.start_app()
                 self.banner()
-            counter = RunCounter(self.url, self.settings.prefix, self.settings.buckets)
+            counter = RunCounter(self.url, self.settings.prefix, self.settings.buckets,
+                                 self.settings.lanes)
             next_progress = 0.0
             while not self.stops:
                 now = time.monotonic()
@@ -690,7 +706,7 @@ def dev(settings: Settings, workers: int, pool: int | None, port: int, home: Pat
     from ..engine.authoring import REGISTRY
     from ..errors import ConfigError
 
-    settings.keys  # noqa: B018 - a bad --prefix or --buckets is one line now (exit 2)
+    settings.check()
     if not settings.source:
         raise ConfigError("dev needs --source (env MARBLES_SOURCE): the workflows to run")
     settings.load_source()  # a definition error is one line now, not a restart loop later

@@ -16,6 +16,7 @@ Exit 0 healthy, 1 not (one line saying why), 3 Redis unreachable.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -30,7 +31,7 @@ from ..terminal import safe
 from . import EXIT_PROBLEM, Settings
 
 # Global options of `marbles-rq` that take a value: skipped when finding a subcommand.
-_VALUED = {"--redis-url", "--prefix", "--buckets", "--source", "--rq-url"}
+_VALUED = {"--redis-url", "--prefix", "--buckets", "--lane-count", "--source", "--rq-url"}
 
 
 def _s(value: Any) -> str:
@@ -84,8 +85,27 @@ def local_processes(role: str) -> list[int]:
 
 
 def _unhealthy(message: str) -> None:
-    click.echo(safe(f"unhealthy: {message}"), err=True)
+    if _as_json():
+        click.echo(json.dumps({"ok": False, "detail": message}))
+    else:
+        click.echo(safe(f"unhealthy: {message}"), err=True)
     sys.exit(EXIT_PROBLEM)
+
+
+def _healthy(message: str) -> None:
+    if _as_json():
+        click.echo(json.dumps({"ok": True, "detail": message}))
+    else:
+        click.echo(safe(f"ok: {message}"))
+
+
+def _as_json() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.params.get("as_json"))
+
+
+_JSON = click.option("--json", "as_json", is_flag=True,
+                     help='Print {"ok": true|false, "detail": "..."} on stdout.')
 
 
 @click.group()
@@ -94,8 +114,9 @@ def health() -> None:
 
 
 @health.command("controller")
+@_JSON
 @click.pass_obj
-def controller_health(settings: Settings) -> None:
+def controller_health(settings: Settings, as_json: bool) -> None:
     """A controller process runs here and leads, or waits while another one leads."""
     from ..controller.loop import LEASE_NAME
 
@@ -113,16 +134,17 @@ def controller_health(settings: Settings) -> None:
     host, _, rest = info.token.partition(":")
     pid = rest.partition(":")[0]
     if host == here and pid.isdigit() and int(pid) in mine:
-        click.echo(safe(f"ok: controller pid {pid} leads (epoch {info.epoch}, lease left "
-                        f"{info.ttl_ms} ms)"))
+        _healthy(f"controller pid {pid} leads (epoch {info.epoch}, lease left "
+                 f"{info.ttl_ms} ms)")
         return
-    click.echo(safe(f"ok: controller pid {', '.join(map(str, mine))} waits; {host}:{pid} "
-                    f"leads (epoch {info.epoch})"))
+    _healthy(f"controller pid {', '.join(map(str, mine))} waits; {host}:{pid} "
+             f"leads (epoch {info.epoch})")
 
 
 @health.command("worker")
+@_JSON
 @click.pass_obj
-def worker_health(settings: Settings) -> None:
+def worker_health(settings: Settings, as_json: bool) -> None:
     """A worker registered from this host is alive: RQ still holds its registration and its
     pid is a live marbles-rq worker process here."""
     from ..transport.dispatch import rq_queue_name, rq_worker_keys
@@ -157,4 +179,4 @@ def worker_health(settings: Settings) -> None:
         _unhealthy(f"no live worker of prefix {settings.prefix!r} from this host ({here}) is "
                    f"registered with RQ (local worker processes: "
                    f"{', '.join(map(str, sorted(local))) or 'none'})")
-    click.echo(safe(f"ok: {len(alive)} worker(s) alive: {'; '.join(alive)}"))
+    _healthy(f"{len(alive)} worker(s) alive: {'; '.join(alive)}")

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -50,6 +51,19 @@ def _check_redis(settings: Settings, allow_unsafe: bool) -> None:
             raise unavailable(settings.rq_url, exc) from None
 
 
+def metrics_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--metrics-port and --metrics-bind (README, "Metrics")."""
+    from ..metrics import BIND_ENV, DEFAULT_BIND, PORT_ENV
+
+    fn = click.option("--metrics-bind", envvar=BIND_ENV, default=DEFAULT_BIND,
+                      show_default=True,
+                      help=f"Address of the metrics endpoint (env {BIND_ENV}).")(fn)
+    return click.option("--metrics-port", envvar=PORT_ENV, type=click.IntRange(1, 65535),
+                        default=None,
+                        help=f"Serve Prometheus metrics on this port at /metrics (env "
+                             f"{PORT_ENV}); off by default.")(fn)
+
+
 def _queue_names(queues: str) -> list[str]:
     from ..engine.authoring import queue_problem
 
@@ -75,15 +89,22 @@ def _queue_names(queues: str) -> list[str]:
               help="The lanes to serve: 'all' or lane numbers, comma-separated. Each executor "
                    "serves its own lane first and helps the others when it is empty.")
 @click.option("--log-level", type=LOG_LEVELS, default="INFO", show_default=True)
+@metrics_options
 @click.pass_obj
 def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease_ms: int,
-           lanes_text: str, allow_unsafe_redis: bool, log_level: str) -> None:
+           lanes_text: str, allow_unsafe_redis: bool, log_level: str, metrics_port: int | None,
+           metrics_bind: str) -> None:
     """Execute run deliveries from RQ queues."""
     from ..engine.authoring import REGISTRY
     from ..engine.execute import Engine, Limits
     from ..transport.worker import MarblesWorker, run_pool, work
 
     names = _queue_names(queues)
+    if metrics_port is not None:
+        from ..metrics import serve_metrics
+
+        # Horses and --pool executors are forked: they count through files (metrics.py).
+        serve_metrics(metrics_port, metrics_bind, multiprocess=True)
     serve = settings.rq().parse_indexes(lanes_text)
     # A worker without workflows would take deliveries only to fail every one of them.
     if not settings.source:
@@ -113,18 +134,28 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
 @click.option("--allow-unsafe-redis", is_flag=True,
               help="Start even if Redis could lose acknowledged writes (logged loudly).")
 @click.option("--log-level", type=LOG_LEVELS, default="INFO", show_default=True)
+@metrics_options
 @click.pass_obj
 def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_redis: bool,
-               log_level: str) -> None:
+               log_level: str, metrics_port: int | None, metrics_bind: str) -> None:
     """Elect one controller; it redelivers vanished executions and dispatches recorded runs."""
     from ..controller import Controller
     from ..controller.duties import default_duties
 
+    if metrics_port is not None:
+        from ..metrics import serve_metrics
+
+        serve_metrics(metrics_port, metrics_bind)
     _logging(log_level)
     settings.load_source()  # schedules, triggers and monitors are declared beside workflows
     _check_redis(settings, allow_unsafe_redis)
     ctl = Controller(settings.runs(), settings.rq(), lease_ms=lease_ms, interval_s=interval,
                      duties=default_duties())
+    if metrics_port is not None:
+        from ..controller.gauges import store_gauges
+        from ..metrics import add_collector
+
+        add_collector(store_gauges(ctl))
 
     def stop(_signum: int, _frame: Any) -> None:
         ctl.stop_event.set()

@@ -26,8 +26,12 @@ def _echo(line: str) -> None:
 
 @click.command()
 @click.argument("name")
-@click.option("--input", "input_json", default="null", show_default=True,
-              help="The run's input as JSON; @FILE reads it from a file.")
+@click.option("--input", "input_json", default=None,
+              help="The run's input as JSON; @FILE reads it from a file. Omitted: none, or "
+                   "{} when every field of the workflow's input has a default.")
+@click.option("--batch", "batch", default=None, metavar="FILE.jsonl",
+              help="Enqueue one run per line of FILE ('-' reads stdin): a line is the input, "
+                   "or {\"id\": ..., \"input\": ...}; see the README, 'Bulk enqueue'.")
 @click.option("--id", "run_id", default=None, help="Run id; the same id again returns the "
               "existing run. Default: a random id.")
 @click.option("--queue", default=None, help="RQ queue (default: the workflow's).")
@@ -35,25 +39,20 @@ def _echo(line: str) -> None:
               "like `watch`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 @click.pass_obj
-def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
-            queue: str | None, wait: bool, as_json: bool) -> None:
-    """Record a run of workflow NAME, then enqueue it."""
+def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | None,
+            run_id: str | None, queue: str | None, wait: bool, as_json: bool) -> None:
+    """Record a run of workflow NAME, then enqueue it (or one run per line of --batch)."""
+    if batch is not None:
+        if input_json is not None or run_id is not None or wait:
+            raise click.UsageError("--batch takes no --input, --id or --wait (each line "
+                                   "carries its input and, optionally, its id)")
+        from .bulk import run_batch
+
+        run_batch(settings, name, batch, queue, as_json)
+        return
     settings.load_source()
-    limit = max_payload()
-    if input_json.startswith("@"):
-        try:
-            with open(input_json[1:], "rb") as fh:
-                # One byte past the limit tells "too large" without reading the rest:
-                # @/dev/zero or a huge file must not be read into memory whole.
-                raw = fh.read(limit + 1)
-        except OSError as exc:
-            raise InputError(f"cannot read the input file: {exc}") from None
-        if len(raw) > limit:
-            raise PayloadTooLargeError(f"the input file is larger than the limit of {limit} "
-                                       f"bytes (set {MAX_PAYLOAD_ENV} to change it)")
-    else:
-        raw = input_json.encode()
-    request = RunRequest(name, raw, run_id, queue)
+    raw = read_input(name, input_json)
+    request = RunRequest(name, raw, run_id, queue, strict=True)
     prepare(request)  # every input error before touching Redis
     runs = settings.runs()
     result = enqueue_run(runs, settings.rq(), request)
@@ -69,6 +68,30 @@ def enqueue(settings: Settings, name: str, input_json: str, run_id: str | None,
                    f"{result.status}); not enqueued again")
     if wait:
         sys.exit(_follow(runs, result.run_id))
+
+
+def read_input(name: str, input_json: str | None) -> bytes:
+    """--input as bytes: JSON text, @FILE read up to the payload limit, or for an omitted
+    one what the workflow takes without input (see ops.omitted_input)."""
+    from ..engine.ops import omitted_input
+
+    limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
+    if input_json is None:
+        return omitted_input(name)
+    if input_json.startswith("@"):
+        try:
+            with open(input_json[1:], "rb") as fh:
+                # One byte past the limit tells "too large" without reading the rest:
+                # @/dev/zero or a huge file must not be read into memory whole.
+                raw = fh.read(limit + 1)
+        except OSError as exc:
+            raise InputError(f"cannot read the input file: {exc}") from None
+        if len(raw) > limit:
+            raise PayloadTooLargeError(f"the input file is larger than the limit of {limit} "
+                                       f"bytes (set {MAX_PAYLOAD_ENV} to change it)")
+    else:
+        raw = input_json.encode()
+    return raw
 
 
 @click.command()
@@ -101,6 +124,10 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         _echo("  pause requested: it parks at its next step boundary")
     if data["parent"]:
         _echo(f"  parent {data['parent']}")
+    if data["rerun_of"]:
+        _echo(f"  rerun of {data['rerun_of']} "
+              + (f"from step {data['rerun_from_step']}" if data["rerun_from_step"] else
+                 "from the top"))
     for child in data["children"]:
         _echo(f"  child {child['id']} ({child['workflow']})")
     for q in data["questions"]:
@@ -154,13 +181,23 @@ def runs_cmd(settings: Settings, status_: str | None, name: str | None, limit: i
 @click.command()
 @click.argument("run_id")
 @click.option("--no-follow", is_flag=True, help="Print what is there and stop.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per output event "
+              "(id, type, attempt, at, data), a line each.")
 @click.pass_obj
-def watch(settings: Settings, run_id: str, no_follow: bool) -> None:
+def watch(settings: Settings, run_id: str, no_follow: bool, as_json: bool) -> None:
     """Print a run's output from the start and follow it. Exit 0 if it succeeded, 1 if it
     failed or was cancelled."""
     runs = settings.runs(read_only=True)
     _get(runs, run_id)
-    sys.exit(_follow(runs, run_id, follow=not no_follow))
+    sys.exit(_follow(runs, run_id, follow=not no_follow,
+                     emit=_json_line if as_json else None))
+
+
+def _json_line(ev: OutputEvent) -> None:
+    at = ev.at_ms
+    click.echo(json.dumps({"id": ev.id, "type": ev.type, "attempt": ev.attempt,
+                           "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))
+                           + f".{at % 1000:03d}Z", "data": ev.data}))
 
 
 @click.command()
@@ -203,14 +240,18 @@ def _view_json(view: RunView | None) -> dict[str, Any]:
 OUTPUT_PAGE = 1000  # output entries read per call
 
 
-def _follow(runs: RunStore, run_id: str, *, follow: bool = True) -> int:
+def _follow(runs: RunStore, run_id: str, *, follow: bool = True,
+            emit: Callable[[OutputEvent], None] | None = None) -> int:
     """Print the output journal; return the exit code of the run's final status."""
     after = "0-0"
     while True:
         events = runs.output(run_id, after=after, count=OUTPUT_PAGE,
                              block_ms=2000 if follow and after != "0-0" else None)
         for ev in events:
-            _echo(format_event(ev))
+            if emit is not None:
+                emit(ev)
+            else:
+                _echo(format_event(ev))
             after = ev.id
             if ev.type == "final":
                 return 0 if ev.data.get("status") == "succeeded" else 1

@@ -10,6 +10,7 @@ import click
 
 from ..errors import ConfigError
 from . import Settings
+from .procs import metrics_options
 
 
 @click.command()
@@ -19,8 +20,10 @@ from . import Settings
               help="Port to listen on (0: any free port; the URL is printed).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
+@metrics_options
 @click.pass_obj
-def web(settings: Settings, bind: str, port: int, log_level: str) -> None:
+def web(settings: Settings, bind: str, port: int, log_level: str, metrics_port: int | None,
+        metrics_bind: str) -> None:
     """Serve the dashboard and POST /events/<source> webhooks. Writes (cancel, pause,
     resume, rerun, answers, schedule pause) need MARBLES_WEB_TOKEN; without it the dashboard
     is read-only, and only loopback may be bound."""
@@ -35,6 +38,10 @@ def web(settings: Settings, bind: str, port: int, log_level: str) -> None:
     token = os.environ.get(TOKEN_ENV) or None
     check_bind(bind, token)  # before anything else: a refused start touches nothing
     secrets = secrets_from_env()
+    if metrics_port is not None:
+        from ..metrics import serve_metrics
+
+        serve_metrics(metrics_port, metrics_bind)  # its own port; a bad one: exit 2
     settings = WebSettings.of(settings)
     settings.load_source()
     guard = Guard(token, public=not is_loopback(bind))

@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 
+from .. import metrics
 from ..engine.runs import DISPATCH_GRACE_MS, RunStore, event
 from ..errors import RedisUnavailableError
 from ..store import Lease
@@ -289,12 +290,15 @@ class Controller:
             final_gave_up=REAP_GAVE_UP, worker=worker))
         if self._handled(run_id, reply):
             return 0
+        if not worker and reply.status in ("redelivered", "cancelled", "gave_up"):
+            metrics.lease_expired(reply.status)
         if reply.status == "redelivered":
             attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
             log.info("run %s: execution vanished (%s); redelivering as attempt %s", run_id,
                      f"worker {worker} lost" if worker else "lease expired", attempt)
             self._enqueue(queue_name, run_id, attempt)
             self.stats.redelivered += 1
+            metrics.redelivered(queue_name, "worker_lost" if worker else "lease_expired")
             return 1
         if reply.status in ("cancelled", "gave_up"):
             log.info("run %s: %s", run_id, reply.status)
@@ -358,6 +362,7 @@ class Controller:
                 log.info("dispatched %s deliveries on %s (they were not in RQ)", len(batch),
                          queue_name)
             self.stats.dispatched += len(batch)
+            metrics.redelivered_many(queue_name, "not_in_rq", len(batch))
             done += len(batch)
         if checked:
             self.runs.scripts.dispatch_done(
@@ -425,7 +430,8 @@ class Controller:
                 if now - first < self.lost_after_s:
                     still[(run_id, attempt)] = first
                     continue
-            if self._redispatch(run_id, attempt):
+            cause = "delivery_failed" if (run_id, attempt) in self._failed else "delivery_lost"
+            if self._redispatch(run_id, attempt, cause):
                 done += 1
         self._lost = still
         if over:
@@ -436,7 +442,7 @@ class Controller:
     def _parse(self, job_id: str) -> tuple[str, int] | None:
         return dispatch.parse_delivery_id(self.keys.prefix, job_id)
 
-    def _redispatch(self, run_id: str, attempt: int) -> bool:
+    def _redispatch(self, run_id: str, attempt: int, cause: str) -> bool:
         assert self.lease is not None
         epoch = self.lease.epoch
         reply = self._run_script(run_id, lambda: self.runs.scripts.redispatch_run(
@@ -456,6 +462,7 @@ class Controller:
                     "as attempt %s", run_id, attempt, new_attempt)
         self._enqueue(queue_name, run_id, new_attempt)
         self.stats.redelivered += 1
+        metrics.redelivered(queue_name, cause)
         return True
 
     # -- retention ----------------------------------------------------------------------------
@@ -573,7 +580,9 @@ class Controller:
                     leading = True
                     if self._in_contact_since is None:
                         self._in_contact_since = time.monotonic()
+                    began = time.perf_counter()
                     self.pass_once()
+                    metrics.controller_pass(time.perf_counter() - began)
                 elif leading:
                     leading = False
                     log.warning("no longer the controller; waiting to take over")
@@ -585,6 +594,8 @@ class Controller:
                 # script error -- or a bug: one line, back off, carry on. The lease may lapse
                 # meanwhile; the fence keeps a successor and this process from acting twice.
                 self._in_contact_since = None
+                if isinstance(exc, redis.RedisError):
+                    metrics.redis_error(exc)
                 backoff = min(MAX_BACKOFF_S, backoff * 2 or 1.0)
                 what = "Redis error" if _outage(exc) or isinstance(
                     exc, redis.RedisError) else "error"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import redis
 
+from .. import metrics
 from ..engine.runs import DISPATCH_GRACE_MS, TERMINAL
 from ..errors import MarblesError
 from ..store.redis_errors import one_line
@@ -107,6 +108,7 @@ class WaitingDuty:
                        "wake_at")
         states = pipe.execute(raise_on_error=False)
         wakes: list[tuple[str, str]] = []  # (run id, cause)
+        timers: dict[str, int] = {}  # run id -> when its timer was due (metrics)
         # (run id, children, waiting since, its questions, its timer's due ms or 0)
         child_waits: list[tuple[str, list[str], int, list[str], int]] = []
         for (_, run_id), st in zip(due, states, strict=True):
@@ -122,6 +124,8 @@ class WaitingDuty:
                 children, questions, until = [], [], 0
             if not children:
                 wakes.append((run_id, "child" if st[1] == b"child" else "timer"))
+                if st[1] == b"timer" and until:
+                    timers[run_id] = until
                 continue
             # Whatever its reason: parallel branches may wait for a child and for a question
             # or a timer at once. (Keyed on the reason alone, a run that also asked was woken
@@ -162,11 +166,11 @@ class WaitingDuty:
             for run_id, at in recheck:
                 pipe.zadd(keys.run_waits(keys.bucket_of(run_id)), {run_id: at}, xx=True)
             pipe.execute(raise_on_error=False)
-        woken = self._wake(ctl, wakes, epoch, now_ms)
+        woken = self._wake(ctl, wakes, epoch, now_ms, timers)
         return len(due), woken
 
     def _wake(self, ctl: Controller, wakes: list[tuple[str, str]], epoch: int,
-              now_ms: int) -> int:
+              now_ms: int, timers: dict[str, int] | None = None) -> int:
         if not wakes:
             return 0
         keys = ctl.keys
@@ -174,6 +178,7 @@ class WaitingDuty:
             (keys.run_keys(rid), rid, epoch, cause, DISPATCH_GRACE_MS,
              msgspec.json.encode({"cause": cause})) for rid, cause in wakes])
         deliveries: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        late: list[int] = []  # due times of the timers woken now
         for (run_id, _), reply in zip(wakes, replies, strict=True):
             if reply.status == "fenced":
                 ctl.step_down(f"a newer controller (epoch {_s(reply.values[0])}) acts on run "
@@ -181,6 +186,12 @@ class WaitingDuty:
                 return 0
             if reply.status == "woken":
                 deliveries[_s(reply.values[1])].append((run_id, int(reply.values[0])))
+                if timers and run_id in timers:
+                    late.append(timers[run_id])
+        if late and metrics.enabled():
+            woken_ms = ctl.server_ms()
+            for due_ms in late:
+                metrics.timer_late((woken_ms - due_ms) / 1000)
         count = 0
         for queue_name, batch in deliveries.items():
             try:

@@ -127,8 +127,9 @@ class WorkflowDef:
                                       f"resolve its input annotation: {exc}") from None
         return self._input_type
 
-    def parse_input(self, raw: bytes) -> tuple[Any, bytes]:
-        """Validate `raw` JSON; returns (the value the body gets, the JSON to record)."""
+    def parse_input(self, raw: bytes, *, strict: bool = False) -> tuple[Any, bytes]:
+        """Validate `raw` JSON; returns (the value the body gets, the JSON to record).
+        `strict`: a field the input type does not declare is refused, naming it."""
         try:
             if self.input_type is None:
                 value = msgspec.json.decode(raw)
@@ -136,6 +137,15 @@ class WorkflowDef:
                     raise InputError(f"workflow {self.name!r} takes no input")
                 return None, b"null"
             value = msgspec.json.decode(raw, type=self.input_type)
+            if strict and self.input_type is not Any:
+                from .input_check import declared_fields, unknown_field
+
+                unknown = unknown_field(msgspec.json.decode(raw), self.input_type)
+                if unknown is not None:
+                    fields = declared_fields(self.input_type)
+                    raise InputError(f"input of workflow {self.name!r} has an unknown field "
+                                     f"{unknown!r}" + (f" (it takes: {', '.join(fields)})"
+                                                       if fields else ""))
         except msgspec.ValidationError as exc:
             raise InputError(f"input does not match workflow {self.name!r}: {exc}") from None
         except msgspec.DecodeError as exc:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import msgspec
 import redis
 
+from .. import metrics
 from ..envvars import env_int
 from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import ErrorInfo, StepRecord, encode
@@ -323,6 +324,7 @@ class RunContext:
             attempts += 1
             self._begin(definition, record("running"))
             self._frames.append(Frame(key))
+            tried = time.perf_counter()
             try:
                 value = definition.fn(*args, **kwargs)
                 result = msgspec.json.encode(value)
@@ -336,12 +338,16 @@ class RunContext:
             except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the step's failure
                 failure = exc
             else:
+                metrics.step_tried(self.ex.record.name, "succeeded",
+                                   time.perf_counter() - tried)
                 done = record("succeeded", result=msgspec.Raw(result))
                 self._commit(done, "step_succeeded", {"step": key, "attempt": attempts})
                 return _decode_result(done.result, definition.result_type)
             finally:
                 self._frames.pop()
             error = _error(failure, key)
+            metrics.step_tried(self.ex.record.name, "retried" if attempts <= definition.retries
+                               else "failed", time.perf_counter() - tried)
             if attempts <= definition.retries:
                 delay = definition.delay_for(attempts)
                 self._commit(record("running", error=error),
@@ -541,7 +547,8 @@ class Watchdog:
             self.reason = {"settled": "stale"}.get(status, status)
         if status in ("cancelled", "timed_out"):
             try:
-                settle_stopped(self.runs, self.ex, status)
+                if settle_stopped(self.runs, self.ex, status) == "ok":
+                    count_finished(self.ex, status)
             except (redis.RedisError, RedisUnavailableError, OSError) as exc:
                 # The body settles it at its next boundary; the scripts refuse its steps.
                 log.warning("run %s: cannot settle it %s yet (%s)", self.ex.run_id, status,
@@ -562,14 +569,17 @@ def _settled(reply_status: str, status: str) -> str:
     return status if reply_status == "ok" else reply_status
 
 
-def settle_stopped(runs: RunStore, ex: Execution, reason: str) -> None:
+def settle_stopped(runs: RunStore, ex: Execution, reason: str) -> str:
+    """Settle a run whose execution stopped on a cancel or its deadline: the settle's reply
+    (ok, or why not)."""
     if reason == "cancelled":
-        if runs.settle(ex, "cancelled") == "ok":
-            from .waits import WaitStore
-
-            WaitStore(runs).cancel_children(ex.run_id)
-    elif reason == "timed_out":
-        runs.settle(ex, "failed", error=TIMEOUT_ERROR)
+        status = runs.settle(ex, "cancelled")
+        if status == "ok":
+            runs.waits().cancel_children(ex.run_id)
+        return status
+    if reason == "timed_out":
+        return runs.settle(ex, "failed", error=TIMEOUT_ERROR)
+    return "ok"
 
 
 @dataclass
@@ -616,16 +626,30 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
             deliver: Callable[[str, str, int], bool] | None = None) -> str:
     outcome = _execute(runs, registry, run_id, attempt, worker=worker, lease_ms=lease_ms,
                        hard_exit=hard_exit, limits=limits, deliver=deliver)
+    if outcome.ex is not None and outcome.status in FINISHED:
+        count_finished(outcome.ex, outcome.status)
     if outcome.parent and outcome.status in ("succeeded", "failed", "cancelled", "timed_out"):
         # A parent waiting for this child goes on now, not at the controller's next check.
         flow.wake_parent(runs, outcome.parent, run_id, deliver)
     return outcome.status
 
 
+# What an execution's outcome status means for a run that it settled just now.
+FINISHED = {"succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled",
+            "timed_out": "failed"}
+
+
+def count_finished(ex: Execution, status: str) -> None:
+    """Metrics of a run this execution settled just now (status: an outcome in FINISHED)."""
+    metrics.run_finished(ex.record.name, FINISHED[status],
+                         (ex.server_now_ms() - ex.record.requested_at_ms) / 1000)
+
+
 @dataclass(frozen=True)
 class _Outcome:
     status: str
     parent: str = ""
+    ex: Execution | None = None  # set when this execution settled the run (metrics)
 
 
 def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, worker: str,
@@ -642,6 +666,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         return _Outcome(started.status)
     ex = started.execution
     parent = ex.record.parent
+    metrics.run_started(ex.record.name)
     definition = registry.workflows.get(ex.record.name)
     if definition is None:
         # Not this worker's to fail: a rolling deploy, or a worker with other sources.
@@ -658,7 +683,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
             value = definition.decode_input(bytes(ex.record.input))
         except msgspec.DecodeError as exc:
             return _Outcome(_settled(runs.settle(ex, "failed", error=_error(exc)), "failed"),
-                            parent)
+                            parent, ex)
         ctx = RunContext(runs, ex, value, watchdog, limits, deliver, registry)
         token = _current.set(ctx)
         frames_token = _frames.set(ctx.root_frames)
@@ -689,8 +714,8 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         except StopExecution as stop:
             watchdog.finish()
             if stop.reason in ("cancelled", "timed_out"):
-                settle_stopped(runs, ex, stop.reason)
-                return _Outcome(stop.reason, parent)
+                settled = settle_stopped(runs, ex, stop.reason) == "ok"
+                return _Outcome(stop.reason, parent, ex if settled else None)
             return _Outcome(stop.reason)
         except redis.RedisError:
             raise  # no settle possible; the lease expires and the run is redelivered
@@ -701,8 +726,8 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         watchdog.finish()
         if status == "succeeded":
             return _Outcome(_settled(runs.settle(ex, "succeeded", result=result), "succeeded"),
-                            parent)
-        return _Outcome(_settled(runs.settle(ex, "failed", error=error), "failed"), parent)
+                            parent, ex)
+        return _Outcome(_settled(runs.settle(ex, "failed", error=error), "failed"), parent, ex)
     finally:
         watchdog.finish()
         if token is not None:

@@ -116,8 +116,7 @@ class ChildFailedError(MarblesError):
 def park(runs: RunStore, ex: Execution, parked: ParkRun,
          deliver: Callable[[str, str, int], bool] | None) -> str:
     """Park the run for what `parked` waits for; returns the delivery's outcome."""
-    from .execute import settle_stopped
-    from .waits import WaitStore
+    from .execute import count_finished, settle_stopped
 
     waits = parked.waits
     reasons = {w.reason for w in waits}
@@ -133,11 +132,12 @@ def park(runs: RunStore, ex: Execution, parked: ParkRun,
         wait_for["children"] = children
     if until:
         wait_for["until_ms"] = until
-    status, attempt, queue = WaitStore(runs).park(
+    status, attempt, queue = runs.waits().park(
         ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
         asks=[a for w in waits for a in w.asks])
     if status == "cancelled":
-        settle_stopped(runs, ex, "cancelled")
+        if settle_stopped(runs, ex, "cancelled") == "ok":
+            count_finished(ex, "cancelled")
         return "cancelled"
     if status == "requeued":
         _deliver(deliver, queue, ex.run_id, attempt)
@@ -163,10 +163,9 @@ def _deliver(deliver: Callable[[str, str, int], bool] | None, queue: str, run_id
 def wake_parent(runs: RunStore, parent: str, child: str,
                 deliver: Callable[[str, str, int], bool] | None) -> None:
     """A child settled: wake its parent if it waits (the controller's check would, later)."""
-    from .waits import WaitStore
 
     try:
-        status, attempt, queue = WaitStore(runs).wake(parent, "child", detail={"child": child})
+        status, attempt, queue = runs.waits().wake(parent, "child", detail={"child": child})
     except (redis.RedisError, RedisUnavailableError, MarblesError, OSError) as exc:
         log.warning("run %s: cannot wake parent %s now (%s); the controller will", child,
                     parent, one_line(exc))
@@ -254,9 +253,8 @@ class Ask:
 def run_asks(run: RunContext) -> dict[str, dict[str, Any]]:
     """The run's questions as this execution found them (read once, at its first ask)."""
     if run._asks is None:
-        from .waits import WaitStore
 
-        questions = run._store(WaitStore(run.runs).questions, run.run_id)
+        questions = run._store(run.runs.waits().questions, run.run_id)
         run._asks = {q.key: {"state": q.state, "answer": q.answer, "kind": q.record.ask}
                      for q in questions}
     return run._asks
@@ -294,7 +292,7 @@ class Reporter:
 
     def _add(self, kind: str, entry: Any, key: str | None) -> None:
         from .execute import _now_ms, check_not_in_foreign_thread
-        from .waits import WaitStore, check_key
+        from .waits import check_key
 
         check_not_in_foreign_thread(f"report.{kind}")
         run = self._run
@@ -306,7 +304,7 @@ class Reporter:
         run.limits.check(f"report {rkey}", len(encoded), run.limits.write_bytes, "write_bytes")
         record = ReportRecord(version=1, key=rkey, report=kind, entry=msgspec.Raw(encoded),
                               step=frame.path, at_ms=_now_ms())
-        status = run._store(WaitStore(run.runs).add_report, run.ex, record)
+        status = run._store(run.runs.waits().add_report, run.ex, record)
         run._check("ok" if status == "exists" else status)
 
 
@@ -445,7 +443,7 @@ def gather(run: RunContext, children: list[ChildRun]) -> list[Any]:
     run._check_branch()
     if not children:
         return []
-    states = run._store(_child_states, run.runs, [c.id for c in children])
+    states = run._store(run.runs.child_states, [c.id for c in children])
     pending = [c.id for c, st in zip(children, states, strict=True) if st[0] not in TERMINAL]
     if pending:
         raise ParkRun([Wait("child", children=pending,
@@ -470,18 +468,6 @@ def gather(run: RunContext, children: list[ChildRun]) -> list[Any]:
             raise StepFailedError(ErrorInfo(type="ChildResultUnreadable",
                                             message=str(exc))) from None
     return results
-
-
-def _child_states(runs: RunStore, ids: list[str]) -> list[tuple[str, bytes | None, bytes | None]]:
-    pipe = runs.client.pipeline(transaction=False)
-    for cid in ids:
-        pipe.hmget(runs.keys.run(cid), "status", "result", "error")
-    out = []
-    for cid, row in zip(ids, pipe.execute(), strict=True):
-        if row[0] is None:
-            raise MarblesError(f"child run {cid} does not exist (pruned, or never recorded)")
-        out.append((row[0].decode(), row[1], row[2]))
-    return out
 
 
 # -- parallel steps ----------------------------------------------------------------------

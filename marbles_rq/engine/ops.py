@@ -76,6 +76,10 @@ class RunRequest:
     input: bytes = b"null"
     run_id: str | None = None
     queue: str | None = None
+    # Refuse input fields the workflow does not declare (the CLI and bulk enqueue), rather
+    # than dropping them silently as msgspec does by default. Engine-made runs (events,
+    # schedules, monitors) keep msgspec's default.
+    strict: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,23 @@ class Enqueued:
     status: str
     record: RunRecord
     dispatched: bool  # False: recorded, and the controller will enqueue it
+
+
+def omitted_input(name: str, registry: Registry = REGISTRY) -> bytes:
+    """The input of a run asked for without one: `null` for a workflow that takes none (or
+    takes anything), `{}` for an object input whose fields all have defaults; an object
+    input with a required field is refused, naming the fields."""
+    from .input_check import omitted_input as omitted
+
+    definition = registry.workflow(name)
+    if definition.input_type is None:
+        return b"null"
+    raw, required = omitted(definition.input_type)
+    if required:
+        raise InputError(f"workflow {definition.name!r} needs an input: "
+                         f"{', '.join(required)} {'has' if len(required) == 1 else 'have'} "
+                         f"no default (give --input)")
+    return raw
 
 
 def prepare(request: RunRequest, registry: Registry = REGISTRY,
@@ -101,7 +122,7 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
     if request.queue is not None and (problem := queue_problem(request.queue)) is not None:
         raise InvalidIdError(problem)
     definition = registry.workflow(request.name)
-    _, recorded_input = definition.parse_input(request.input)
+    _, recorded_input = definition.parse_input(request.input, strict=request.strict)
     return RunRecord(version=1, id=run_id, name=definition.name,
                      queue=request.queue or definition.queue,
                      input=msgspec.Raw(recorded_input), requested_at_ms=int(time.time() * 1000),
@@ -139,29 +160,33 @@ def enqueue_many(runs: RunStore, rq: RQLike, requests: list[RunRequest],
     controller's grace, so the controller never enqueues a delivery a second time."""
     records = [prepare(r, registry) for r in requests]
     out: list[Enqueued] = []
+    for start in range(0, len(records), ENQUEUE_CHUNK):
+        out += enqueue_records(runs, rq, records[start:start + ENQUEUE_CHUNK])
+    return out
+
+
+def enqueue_records(runs: RunStore, rq: RQLike, records: list[RunRecord]) -> list[Enqueued]:
+    """Record one chunk of prepared runs and enqueue the new ones: one round trip when the
+    store and RQ share one standalone Redis (record and enqueue in one script call per
+    run, all in one transaction), else recorded in one round trip and enqueued in one per
+    queue. A run whose id exists is returned as it is and not enqueued again."""
     prefix = runs.keys.prefix
     lanes = as_lanes(rq, runs.keys)
     if (shared := lanes.same_server(runs.client)) is not None:
-        for start in range(0, len(records), ENQUEUE_CHUNK):
-            chunk = records[start:start + ENQUEUE_CHUNK]
-            pushes = [dispatch.delivery_push(shared, prefix, r.queue, r.id, 1) for r in chunk]
-            out += [_result(r, dispatched=r.enqueued)
-                    for r in runs.record_chunk(chunk, pushes)]
-        return out
-    for start in range(0, len(records), ENQUEUE_CHUNK):
-        recorded = runs.record_chunk(records[start:start + ENQUEUE_CHUNK])
-        fresh: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for rec in recorded:
-            if rec.created:
-                fresh[rec.record.queue].append((rec.record.id, 1))
-        dispatched = True
-        try:
-            for queue_name, batch in fresh.items():
-                lanes.enqueue_many(queue_name, batch)
-        except redis.RedisError:
-            dispatched = False  # recorded: the controller dispatches them
-        out += [_result(r, dispatched=r.created and dispatched) for r in recorded]
-    return out
+        pushes = [dispatch.delivery_push(shared, prefix, r.queue, r.id, 1) for r in records]
+        return [_result(r, dispatched=r.enqueued) for r in runs.record_chunk(records, pushes)]
+    recorded = runs.record_chunk(records)
+    fresh: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for rec in recorded:
+        if rec.created:
+            fresh[rec.record.queue].append((rec.record.id, 1))
+    dispatched = True
+    try:
+        for queue_name, batch in fresh.items():
+            lanes.enqueue_many(queue_name, batch)
+    except redis.RedisError:
+        dispatched = False  # recorded: the controller dispatches them
+    return [_result(r, dispatched=r.created and dispatched) for r in recorded]
 
 
 def _result(recorded: Recorded, *, dispatched: bool) -> Enqueued:

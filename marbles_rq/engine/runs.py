@@ -14,17 +14,21 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import redis
 
+from .. import metrics
 from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
 from ..store import RedisStore, new_request_id
 from ..store.ids import check_id
 from ..store.keys import RunKeys
 from ..store.records import EffectReceipt, ErrorInfo, RunRecord, StepRecord, decode, encode
 from ..store.scripts import JobPush
+
+if TYPE_CHECKING:
+    from .waits import WaitStore
 
 log = logging.getLogger("marbles_rq.engine.runs")
 
@@ -180,6 +184,8 @@ class RunView:
                 "since": iso(self.wait_since_ms)},
             "pause_requested": self.pause_requested and self.status != "waiting",
             "parent": self.record.parent or None,
+            "rerun_of": self.record.rerun_of or None,
+            "rerun_from_step": self.record.rerun_from_step or None,
             "children": [msgspec.json.decode(s.result) for s in self.steps
                          if s.name == "|child"],
             "timers": [{"path": _step_path(s.key), "position": _step_position(s.key),
@@ -237,6 +243,7 @@ class RunStore:
             raise CorruptRecordError(self.keys.run(record.id), _s(reply.values[0]))
         if reply.status == "ok":
             enqueued = len(reply.values) > 1 and int(reply.values[1]) == 1
+            metrics.run_enqueued(record.name, record.queue)
             return Recorded(True, record, "queued", enqueued)
         existing = decode(RunRecord, reply.values[0], self.keys.run(record.id))
         return Recorded(False, existing, _s(reply.values[1]))
@@ -261,6 +268,24 @@ class RunStore:
                 call["push"] = push
         replies = self.scripts.claim_runs(calls)
         return [self._recorded(r, reply) for r, reply in zip(chunk, replies, strict=True)]
+
+    def record_seeded(self, record: RunRecord, ledger: list[StepRecord],
+                      push: JobPush | None = None) -> Recorded:
+        """Record a run whose ledger starts with `ledger` (a rerun): the entries and the run
+        land together or not at all; when the id exists nothing is written."""
+        args = self._claim_args(record)
+        if push is not None:
+            args["push"] = push
+        seeded, claimed = self.scripts.seed_and_claim_run(
+            seed=[(s.key, encode(s)) for s in ledger], claim=args)
+        recorded = self._recorded(record, claimed)
+        if recorded.created and seeded.status == "corrupt":
+            # Recorded without its ledger: it would run every step again. It has not
+            # started (it was recorded a moment ago), so cancel it before it can.
+            self.cancel(record.id, "its ledger key holds another type")
+            raise CorruptRecordError(self.keys.run_keys(record.id).steps,
+                                     _s(seeded.values[0]) if seeded.values else "corrupt")
+        return recorded
 
     # -- executing (every call fenced by the execution's epoch) ---------------------------
 
@@ -437,6 +462,26 @@ class RunStore:
                                             attempt=attempt, worker=worker).status
 
     # -- reading --------------------------------------------------------------------------
+
+    def waits(self) -> WaitStore:
+        """Questions, reports, parking and waking of this store's runs. (A method, so the
+        in-memory runs of a dry run hand out their own: engine/dryrun.py.)"""
+        from .waits import WaitStore
+
+        return WaitStore(self)
+
+    def child_states(self, ids: list[str]) -> list[tuple[str, bytes | None, bytes | None]]:
+        """(status, result, error) of each child run, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for cid in ids:
+            pipe.hmget(self.keys.run(cid), "status", "result", "error")
+        out = []
+        for cid, row in zip(ids, pipe.execute(), strict=True):
+            if row[0] is None:
+                raise MarblesError(f"child run {cid} does not exist (pruned, or never "
+                                   f"recorded)")
+            out.append((row[0].decode(), row[1], row[2]))
+        return out
 
     def get(self, run_id: str) -> RunView | None:
         keys = self.keys.run_keys(check_id(run_id, "run id"))

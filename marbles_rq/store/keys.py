@@ -8,23 +8,101 @@ Every key carries a hash tag so the store runs unchanged on a Redis Cluster:
   provisioning key and the agent id it maps to must be checked in one script;
 * deployment metadata lives under ``{<prefix>}``.
 
-The bucket of an id is ``crc32(id) % buckets``; the bucket count is fixed per deployment
-(recorded in the metadata hash at first use).
+The bucket of an id is ``crc32(id) % buckets``. How a bucket is spelled is the layout:
+
+* layout 1 (deployments created before 1,024 buckets): ``{<prefix>:b0042}``; its CRC16 slot
+  is wherever that string hashes, so a few masters get more buckets than others;
+* layout 2 (the default): ``{<prefix>:b0042/1024.<4 letters>}``, the letters solved so the
+  tag's slot is the middle of the b-th of B equal slot ranges. Masters that own contiguous
+  equal slot ranges (what ``redis-cli --cluster create`` makes) then own equal bucket counts,
+  the best the pigeonhole allows. The bucket count is in the tag so that tags of different
+  bucket counts never collide: growing the count moves keys to names that did not exist.
+
+The bucket count, layout and lane count are recorded in the metadata hash at first use and
+adopted from there by every later process (see RedisStore).
 """
 
 from __future__ import annotations
 
 import re
 import zlib
+from binascii import crc_hqx
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..errors import ConfigError
 
 PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 DEFAULT_PREFIX = "mrq"
-DEFAULT_BUCKETS = 64
+DEFAULT_BUCKETS = 1024
 MAX_BUCKETS = 4096
 MAX_LANES = 256
+SLOTS = 16384  # Redis Cluster hash slots
+LAYOUT_V1 = 1  # {<prefix>:bNNNN}, 64 buckets by default (deployments before layout 2)
+LAYOUT_V2 = 2  # {<prefix>:bNNNN/B.<suffix>}: slot of bucket b in the b-th of B slot ranges
+LAYOUT_VERSION = LAYOUT_V2  # what a new deployment is created with
+LAYOUTS = (LAYOUT_V1, LAYOUT_V2)
+
+# Layout 2 suffixes: four characters 0x40|n, n a nibble ('@' .. 'O': no '|', '}' or ':').
+# CRC16 (XMODEM, init 0, what Redis Cluster hashes) is linear over GF(2) for strings of one
+# length, so crc(base + suffix) = crc(base + '\0'*4) ^ crc('@@@@') ^ crc(nibbles), and the
+# 16 nibble bits span all 14 slot bits: the suffix that lands on a wanted slot is solved
+# exactly (microseconds), not searched for. A process computes each tag table once.
+_SUFFIX_LEN = 4
+
+
+def _slot(text: str) -> int:
+    return crc_hqx(text.encode(), 0) & (SLOTS - 1)
+
+
+def _nibble_basis() -> list[tuple[int, int]]:
+    """Echelon basis of the slot bits each nibble bit flips: (slot vector, nibble mask)."""
+    basis: list[tuple[int, int]] = []
+    for bit in range(4 * _SUFFIX_LEN):
+        raw = bytearray(_SUFFIX_LEN)
+        raw[bit // 4] = 1 << (bit % 4)
+        vec, mask = crc_hqx(bytes(raw), 0) & (SLOTS - 1), 1 << bit
+        for bvec, bmask in basis:
+            if vec ^ bvec < vec:
+                vec, mask = vec ^ bvec, mask ^ bmask
+        if vec:
+            basis.append((vec, mask))
+            basis.sort(reverse=True)
+    return basis
+
+
+_BASIS = _nibble_basis()
+_AT = crc_hqx(b"@" * _SUFFIX_LEN, 0)
+assert len(_BASIS) == 14, "nibble suffixes must reach every slot"
+
+
+def tag_on_slot(base: str, slot: int) -> str:
+    """`base` + a 4-character suffix such that the string's CRC16 slot is `slot`."""
+    want = (slot ^ crc_hqx(base.encode() + b"\0" * _SUFFIX_LEN, 0) ^ _AT) & (SLOTS - 1)
+    mask = 0
+    for vec, bmask in _BASIS:
+        if want ^ vec < want:
+            want, mask = want ^ vec, mask ^ bmask
+    assert want == 0
+    suffix = "".join(chr(0x40 | (mask >> (4 * i)) & 0xF) for i in range(_SUFFIX_LEN))
+    return base + suffix
+
+
+def slot_range(bucket: int, buckets: int) -> range:
+    """The b-th of B equal (to one slot) ranges of the 16,384 slots."""
+    return range(-(-bucket * SLOTS // buckets), -(-(bucket + 1) * SLOTS // buckets))
+
+
+def _middle(slots: range) -> int:
+    return slots.start + (len(slots) - 1) // 2
+
+
+@lru_cache(maxsize=16)
+def _v2_tags(prefix: str, buckets: int) -> tuple[str, ...]:
+    """Layout 2 bucket tags of one deployment (computed once per process: ~1 ms for 1,024)."""
+    return tuple("{" + tag_on_slot(f"{prefix}:b{b:04d}/{buckets}.",
+                                   _middle(slot_range(b, buckets))) + "}"
+                 for b in range(buckets))
 
 
 @dataclass(frozen=True)
@@ -64,6 +142,7 @@ class Keyspace:
     # controller's work. A bucket belongs to one lane, contiguously: lane k holds buckets
     # [ceil(k*B/L), ceil((k+1)*B/L)). A run's lane is recorded with the run.
     lanes: int = 1
+    layout: int = LAYOUT_VERSION
 
     def __post_init__(self) -> None:
         if not PREFIX_PATTERN.fullmatch(self.prefix):
@@ -74,6 +153,12 @@ class Keyspace:
         if not 1 <= self.lanes <= min(self.buckets, MAX_LANES):
             raise ConfigError(f"invalid lane count {self.lanes}: expected 1.."
                               f"{min(self.buckets, MAX_LANES)} (at most one per bucket)")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"unknown key layout {self.layout}: this marbles-rq knows "
+                              f"{', '.join(map(str, LAYOUTS))}")
+        if self.layout == LAYOUT_V2:
+            # Resolved now, so the hot path (tag of a bucket) is one tuple index.
+            object.__setattr__(self, "_tags", _v2_tags(self.prefix, self.buckets))
 
     # -- lanes ------------------------------------------------------------------------------
 
@@ -93,7 +178,14 @@ class Keyspace:
         one lane, which uses RQ's own keyspace (RQ_KEY_PREFIX, `rq` by default)."""
         if self.lanes == 1:
             return None
-        return f"{{{self.prefix}:lane{lane:03d}}}"
+        if self.layout == LAYOUT_V1:
+            return f"{{{self.prefix}:lane{lane:03d}}}"
+        # Layout 2: a slot in the middle of the lane's buckets' slots, so with one lane per
+        # master (contiguous equal slot ranges) the lane's RQ keys sit on its buckets' master.
+        first = self.lane_buckets(lane)
+        slots = range(slot_range(first.start, self.buckets).start,
+                      slot_range(first.stop - 1, self.buckets).stop)
+        return "{" + tag_on_slot(f"{self.prefix}:lane{lane:03d}.", _middle(slots)) + "}"
 
     # -- tags -------------------------------------------------------------------------
 
@@ -101,14 +193,21 @@ class Keyspace:
         return zlib.crc32(ident.encode()) % self.buckets
 
     def tag(self, bucket: int) -> str:
+        if self.layout == LAYOUT_V2:
+            return self._tags[bucket]  # type: ignore[attr-defined,no-any-return]
         return f"{{{self.prefix}:b{bucket:04d}}}"
+
+    def tags(self) -> dict[str, int]:
+        """Every bucket tag of this keyspace -> its bucket (to recognise keys when growing)."""
+        return {self.tag(b): b for b in range(self.buckets)}
 
     def tag_of(self, ident: str) -> str:
         return self.tag(self.bucket_of(ident))
 
     @property
     def meta(self) -> str:
-        """Hash: deployment metadata (bucket count, layout version)."""
+        """Hash: deployment metadata (bucket count, layout version, lanes, a growth under
+        way)."""
         return f"{{{self.prefix}}}:meta"
 
     @property

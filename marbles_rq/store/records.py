@@ -97,6 +97,10 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     max_deliveries: int = 20
     retention_s: float = 7 * 86400.0
     parent: str = ""  # the run that started this one as its child ("" for none)
+    # A rerun: the run it reruns, and the step it reran from ("" for a rerun from the top);
+    # the ledger entries before that step were copied from that run (engine/rerun.py).
+    rerun_of: str = ""
+    rerun_from_step: str = ""
 
 
 class StepRecord(Record, tag="step", kw_only=True, frozen=True):

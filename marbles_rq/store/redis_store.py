@@ -13,16 +13,23 @@ import os
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol
 
 import redis
 
-from ..errors import AgentIdTakenError, BucketMismatchError, CorruptRecordError, MarblesError
+from ..errors import (
+    AgentIdTakenError,
+    BucketMismatchError,
+    ConfigError,
+    CorruptRecordError,
+    GrowInProgressError,
+    MarblesError,
+)
 from ..errors import UnsupportedRecordVersionError as _Unsupported
 from .connection import Client, connect, unavailable
 from .ids import check_id, check_kind
-from .keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
+from .keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, MAX_LANES, Keyspace
 from .records import (
     IR,
     AgentRecord,
@@ -36,11 +43,9 @@ from .records import (
     encode,
     kind_of,
 )
-from .scripts import Scripts
+from .scripts import MetaReply, Scripts
 
 log = logging.getLogger("marbles_rq.store")
-
-LAYOUT_VERSION = 1
 
 
 class _RequestIds:
@@ -160,37 +165,81 @@ def _kind(cls: type[Record]) -> str:
     return kind
 
 
+def adopt_meta(keys: Keyspace, meta: MetaReply, adopt: frozenset[str]) -> Keyspace:
+    """`keys` with the recorded values; a value not in `adopt` that contradicts the recorded
+    one, or a bucket growth under way, is refused with one line."""
+    if meta.grow_to:
+        raise GrowInProgressError(
+            f"the buckets of this deployment (prefix {keys.prefix!r}) are being grown from "
+            f"{meta.buckets} to {meta.grow_to}: finish it with `marbles-rq buckets grow "
+            f"--to {meta.grow_to}` before starting anything else")
+    try:
+        recorded = Keyspace(keys.prefix, int(meta.buckets), lanes=int(meta.lanes or "1"),
+                            layout=int(meta.layout))
+    except (ValueError, ConfigError) as exc:
+        raise BucketMismatchError(
+            f"the metadata of this deployment ({keys.meta}) is not understood by this "
+            f"marbles-rq: {exc}") from None
+    for name, flag in (("buckets", "--buckets or MARBLES_BUCKETS"),
+                       ("lanes", "--lane-count or MARBLES_LANE_COUNT"), ("layout", "")):
+        mine, theirs = getattr(keys, name), getattr(recorded, name)
+        if name not in adopt and mine != theirs:
+            how = f" ({flag}: leave it unset to adopt the recorded value)" if flag else ""
+            grow = "; `marbles-rq buckets grow` changes the bucket count" \
+                if name == "buckets" else ""
+            raise BucketMismatchError(
+                f"this deployment (prefix {keys.prefix!r}) was created with {recorded.buckets} "
+                f"buckets, {recorded.lanes} lane{'s' if recorded.lanes != 1 else ''} and layout "
+                f"{recorded.layout}; this process was configured with {name} {mine}{how}{grow}")
+    return recorded if recorded != keys else keys
+
+
+def _master_count(client: Client) -> int:
+    primaries = getattr(client, "get_primaries", None)
+    return len(primaries()) if primaries is not None else 1
+
+
 class RedisStore:
     """`Store` on one Redis server or a Redis Cluster (same keys, same scripts)."""
 
     def __init__(self, client: Client, keys: Keyspace | None = None, *, url: str = "",
-                 read_only: bool = False) -> None:
-        """`read_only`: only compare with the recorded bucket count, never record it, so a
-        reading command writes nothing (a mistyped --buckets on a fresh prefix must not fix
-        the deployment's count) and still works when Redis refuses writes (OOM)."""
+                 read_only: bool = False, adopt: Iterable[str] = ()) -> None:
+        """`keys` gives the bucket count, lane count and layout to create a deployment with.
+        Once a deployment recorded its own (in `{P}:meta`, at first use by a writer), the
+        recorded values are what this store uses for the names in `adopt` ("buckets",
+        "lanes", "layout": values nobody chose explicitly); a value not in `adopt` that
+        differs from the recorded one is refused (BucketMismatchError), never silently
+        re-bucketed: it would look for records in the wrong keys.
+
+        `read_only`: only read the metadata, never record it, so a reading command writes
+        nothing (a mistyped --buckets on a fresh prefix must not fix the deployment's count)
+        and still works when Redis refuses writes (OOM)."""
         self.client = client
         self.keys = keys or Keyspace()
         self.url = url
         self.scripts = Scripts(client)
+        adopted = frozenset(adopt)
+        if "lanes" in adopted and self.keys.lanes == 1:
+            # A new deployment on a Redis Cluster gets one lane per master.
+            masters = _master_count(client)
+            if masters > 1:
+                self.keys = replace(self.keys, lanes=min(masters, self.keys.buckets, MAX_LANES))
         if read_only:
-            ok, buckets, layout = self._read_meta()
+            recorded = self._read_meta()
         else:
-            ok, buckets, layout = self.scripts.ensure_meta(
-                meta_key=self.keys.meta, buckets=self.keys.buckets, layout=LAYOUT_VERSION)
-        if not ok:
-            raise BucketMismatchError(
-                f"this deployment (prefix {self.keys.prefix!r}) was created with {buckets} "
-                f"buckets and layout {layout}; this process was configured with "
-                f"{self.keys.buckets} buckets and layout {LAYOUT_VERSION}")
+            recorded = self.scripts.ensure_meta(
+                meta_key=self.keys.meta, buckets=self.keys.buckets, layout=self.keys.layout,
+                lanes=self.keys.lanes)
+        if recorded is not None:
+            self.keys = adopt_meta(self.keys, recorded, adopted)
 
-    def _read_meta(self) -> tuple[bool, str, str]:
-        """Like the ensure_meta script without its write: nothing recorded yet is ok."""
-        raw = self.client.hmget(self.keys.meta, ["buckets", "layout"])
-        buckets, layout = (_s(v) if v is not None else None for v in raw)
-        if buckets is None:
-            return True, str(self.keys.buckets), str(LAYOUT_VERSION)
-        ok = buckets == str(self.keys.buckets) and layout == str(LAYOUT_VERSION)
-        return ok, buckets, layout or ""
+    def _read_meta(self) -> MetaReply | None:
+        """What ensure_meta would return, without its write; None when nothing is recorded."""
+        raw = self.client.hmget(self.keys.meta, ["buckets", "layout", "lanes", "grow_to"])
+        buckets, layout, lanes, grow_to = (_s(v) if v is not None else "" for v in raw)
+        if not buckets:
+            return None
+        return MetaReply(buckets, layout or "1", lanes, grow_to)
 
     # -- claims --------------------------------------------------------------------------
 
@@ -447,14 +496,18 @@ def _s(value: Any) -> str:
 
 
 def open_store(url: str | None = None, *, prefix: str = DEFAULT_PREFIX,
-               buckets: int = DEFAULT_BUCKETS, lanes: int = 1,
+               buckets: int | None = None, lanes: int | None = None,
                read_only: bool = False) -> RedisStore:
-    """Connect, check the bucket count, and return the store. One clear error otherwise.
-    `read_only`: for reading commands; records nothing (see RedisStore)."""
+    """Connect, adopt the deployment's recorded layout, and return the store. One clear
+    error otherwise. `buckets` and `lanes`: None adopts what the deployment recorded (at
+    creation: 1,024 buckets; one lane, or one per master on a Redis Cluster); a number must
+    match the recorded value. `read_only`: for reading commands; records nothing."""
+    adopt = {"layout"} | {n for n, v in (("buckets", buckets), ("lanes", lanes)) if v is None}
     client = connect(url)
     try:
-        return RedisStore(client, Keyspace(prefix, buckets, lanes), url=url or "",
-                          read_only=read_only)
+        keys = Keyspace(prefix, DEFAULT_BUCKETS if buckets is None else buckets,
+                        lanes=1 if lanes is None else lanes)
+        return RedisStore(client, keys, url=url or "", read_only=read_only, adopt=adopt)
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
         raise unavailable(url or "", exc) from None
     except redis.ResponseError as exc:

@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
 
+from .. import metrics
 from ..errors import ScriptReplyError
 from .connection import Client
 from .keys import RunKeys, ScheduleKeys
@@ -134,6 +135,15 @@ class Reply:
     values: list[Any]
 
 
+class MetaReply(NamedTuple):
+    """A deployment's recorded layout, as stored (strings; "" = not recorded)."""
+
+    buckets: str
+    layout: str
+    lanes: str
+    grow_to: str
+
+
 class Scripts:
     """Typed calls, keyword arguments in ARGV order; each returns its reply as a value."""
 
@@ -149,7 +159,8 @@ class Scripts:
         for pause in (*_RETRY_PAUSES_S, None):
             try:
                 return send()
-            except (redis.ConnectionError, redis.TimeoutError):
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                metrics.redis_error(exc)
                 deadline = deadline or time.monotonic() + self.retry_s
                 if pause is None or time.monotonic() + pause > deadline:
                     raise
@@ -171,7 +182,12 @@ class Scripts:
             except redis.exceptions.NoScriptError:
                 return self.client.eval(script.source, len(keys), *keys, *args)
 
-        return self._checked(name, self._resending(send))
+        try:
+            reply = self._resending(send)
+        except redis.RedisError as exc:  # refusals (OOM, READONLY ...) and script errors
+            metrics.redis_error(exc)
+            raise
+        return self._checked(name, reply)
 
     def call_many(self, name: str, calls: list[tuple[list[str], list[str | bytes | int]]],
                   *, transaction: bool = False) -> list[list[Any]]:
@@ -200,9 +216,14 @@ class Scripts:
                 replies = pipelined()
             return replies
 
-        replies = self._resending(send)
+        try:
+            replies = self._resending(send)
+        except redis.RedisError as exc:
+            metrics.redis_error(exc)
+            raise
         for reply in replies:
             if isinstance(reply, Exception):
+                metrics.redis_error(reply)
                 raise reply
         return [self._checked(name, reply) for reply in replies]
 
@@ -352,6 +373,44 @@ class Scripts:
                 raise self._unexpected("claim_run", reply)
             out.append(Reply(status, reply[1:]))
         return out
+
+    def seed_and_claim_run(self, *, seed: Sequence[tuple[str, bytes]],
+                           claim: dict[str, Any]) -> tuple[Reply, Reply]:
+        """seed_ledger then claim_run for one run, in one MULTI/EXEC on a single server:
+        both land or neither. (On a cluster, where scripts cannot share a transaction, the
+        seed is sent first: a crash in between leaves a ledger no run reads.) Both are safe
+        to resend: the claim's request id answers "ok" again, and the seed writes nothing
+        once the run exists."""
+        keys: RunKeys = claim["keys"]
+        seed_keys = [keys.run, keys.steps]
+        seed_args: list[str | bytes | int] = [x for pair in seed for x in pair]
+        claim_keys, claim_args = self._claim_run_call(**claim)
+        if isinstance(self.client, RedisCluster):
+            seeded = self.call("seed_ledger", seed_keys, seed_args)
+            claimed = self.call("claim_run", claim_keys, claim_args)
+        else:
+            scripts = (self.scripts["seed_ledger"], self.scripts["claim_run"])
+
+            def send() -> list[Any]:
+                # EVAL with the sources, not EVALSHA: inside MULTI a script missing from
+                # the server's cache fails alone at EXEC while the other one runs, and a
+                # claim that landed without its seed would be a rerun without its ledger.
+                pipe = self.client.pipeline(transaction=True)
+                pipe.eval(scripts[0].source, len(seed_keys), *seed_keys, *seed_args)
+                pipe.eval(scripts[1].source, len(claim_keys), *claim_keys, *claim_args)
+                return list(pipe.execute(raise_on_error=False))
+
+            replies = self._resending(send)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            seeded = self._checked("seed_ledger", replies[0])
+            claimed = self._checked("claim_run", replies[1])
+        if _s(seeded[0]) not in ("ok", "exists", "corrupt"):
+            raise self._unexpected("seed_ledger", seeded)
+        if _s(claimed[0]) not in ("ok", "exists", "corrupt"):
+            raise self._unexpected("claim_run", claimed)
+        return Reply(_s(seeded[0]), seeded[1:]), Reply(_s(claimed[0]), claimed[1:])
 
     def start_attempt(self, *, keys: RunKeys, run_id: str, attempt: int, ttl_ms: int,
                       worker: str, final_cancel: bytes, final_timeout: bytes,
@@ -687,9 +746,22 @@ class Scripts:
 
     # -- deployment --------------------------------------------------------------------
 
-    def ensure_meta(self, *, meta_key: str, buckets: int, layout: int) -> tuple[bool, str, str]:
-        reply = self.call("ensure_meta", [meta_key], [buckets, layout])
-        status = _s(reply[0])
-        if status not in ("ok", "mismatch"):
+    def ensure_meta(self, *, meta_key: str, buckets: int, layout: int,
+                    lanes: int) -> MetaReply:
+        reply = self.call("ensure_meta", [meta_key], [buckets, layout, lanes])
+        if len(reply) != 4 or not reply[0]:
             raise self._unexpected("ensure_meta", reply)
-        return status == "ok", _s(reply[1]), _s(reply[2])
+        return MetaReply(*(_s(v) for v in reply))
+
+    def begin_grow(self, *, meta_key: str, workers_key: str, buckets: int,
+                   to: int) -> list[str]:
+        reply = [_s(v) for v in self.call("begin_grow", [meta_key, workers_key], [buckets, to])]
+        if reply[0] not in ("ok", "workers", "changed"):
+            raise self._unexpected("begin_grow", reply)
+        return reply
+
+    def finish_grow(self, *, meta_key: str, buckets: int, layout: int, moved: int) -> None:
+        reply = [_s(v) for v in self.call("finish_grow", [meta_key], [buckets, layout, moved])]
+        if reply[0] not in ("ok", "done"):
+            raise self._unexpected("finish_grow", reply)
+

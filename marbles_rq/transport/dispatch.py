@@ -507,6 +507,26 @@ def deliveries_exist(conn: redis.Redis, prefix: str, ids: list[tuple[str, int]],
     return [bool(n) for n in pipe.execute()]
 
 
+def queue_depths(conn: redis.Redis, prefix: str,
+                 rq_prefix: str | None = None) -> dict[str, tuple[int, int]]:
+    """{marbles queue: (deliveries queued, deliveries popped and not completed)} of every RQ
+    queue of deployment `prefix` that RQ knows (its set of queues) in the lane keyspace
+    `rq_prefix` (None: RQ's own), in two round trips."""
+    queue_class = lane_classes(rq_prefix)[0]
+    mine = queue_class.redis_queue_namespace_prefix + rq_queue_name(prefix, "")
+    keys = sorted(k for k in map(_s, conn.smembers(queue_class.redis_queues_keys))
+                  if k.startswith(mine))
+    if not keys:
+        return {}
+    pipe = conn.pipeline(transaction=False)
+    for key in keys:
+        pipe.llen(key)
+        pipe.llen(IntermediateQueue.get_intermediate_queue_key(key))
+    lengths = pipe.execute()
+    return {key.removeprefix(mine): (int(lengths[2 * i]), int(lengths[2 * i + 1]))
+            for i, key in enumerate(keys)}
+
+
 @dataclass
 class InFlight:
     """Reads the deliveries RQ holds between a worker's pop and the run's start: the

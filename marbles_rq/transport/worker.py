@@ -39,6 +39,7 @@ import redis
 from rq import SimpleWorker, Worker, worker_registration
 from rq.utils import now as rq_now
 
+from .. import metrics
 from ..engine.execute import Engine, configure
 from ..errors import RedisUnavailableError
 from .dispatch import (
@@ -192,6 +193,7 @@ class _AbandonOnHorseDeath:
     def handle_work_horse_killed(self, job: Any, retpid: int, ret_val: int, rusage: Any) -> None:
         from ..engine.execute import engine
 
+        metrics.horse_died()
         try:
             run_id, attempt = job.args
             status = engine().runs.abandon(run_id, int(attempt), self.name)
@@ -211,6 +213,8 @@ class MarblesWorker(_RedisErrorsOut, _MarblesMaintenance, _AbandonOnHorseDeath,
 
     def main_work_horse(self, job: Any, queue: Any) -> None:
         die_with_parent(self._marbles_parent)
+        # One horse at a time per worker: each takes over its predecessor's metric files.
+        metrics.name_process(f"horse-{self._marbles_parent}")
         super().main_work_horse(job, queue)
 
 
@@ -282,8 +286,10 @@ def work(engine: Engine, cls: type[Any], queues: list[str], rq: Lanes | redis.Re
             return  # asked before RQ's loop installed its own handlers
         except RedisTrouble as trouble:
             failure: BaseException | None = trouble.cause
+            metrics.redis_error(trouble.cause)
         except (redis.RedisError, RedisUnavailableError) as exc:
             failure = exc
+            metrics.redis_error(exc)
         else:
             if burst or _asked_to_stop(worker):
                 return
@@ -359,6 +365,8 @@ def run_pool(engine: Engine, queues: list[str], rq: Lanes | redis.Redis, *, size
         pid = os.fork()
         if pid == 0:
             die_with_parent(supervisor)
+            # A slot is refilled only once its last process was reaped: one writer per name.
+            metrics.name_process(f"pool-{supervisor}-{slot}")
             os.close(wake_r)
             os.close(wake_w)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):

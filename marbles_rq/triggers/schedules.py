@@ -39,6 +39,7 @@ import msgspec
 import redis
 from cronsim import CronSim, CronSimError
 
+from .. import metrics
 from ..engine.authoring import REGISTRY, DefinitionError, Registry, WorkflowDef, _where
 from ..engine.ops import RunRequest, enqueue_many
 from ..engine.runs import TERMINAL, RunStore
@@ -841,9 +842,13 @@ class ScheduleDuty:
             if self._fenced(ctl, reply):
                 return
         self.stats.fired += len(claimed)
-        if self.measure:
+        if self.measure or metrics.enabled():
             fired_ms = ctl.server_ms()
-            self.stats.lateness_ms += [fired_ms - f.nominal_ms for f in claimed]
+            late = [fired_ms - f.nominal_ms for f in claimed]
+            if self.measure:
+                self.stats.lateness_ms += late
+            for f, ms in zip(claimed, late, strict=True):
+                metrics.schedule_late(f.definition.workflow, ms / 1000)
         for f in claimed:
             log.info("schedule %s: fired run %s", f.definition.key,
                      f.definition.run_id(f.nominal_ms))

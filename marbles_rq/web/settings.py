@@ -14,7 +14,8 @@ from ..transport.lanes import Lanes
 
 @dataclass
 class WebSettings(Settings):
-    _lock: Any = field(default_factory=threading.Lock, repr=False)
+    # Reentrant: rq() reads the deployment's recorded keyspace through reader().
+    _lock: Any = field(default_factory=threading.RLock, repr=False)
 
     @classmethod
     def of(cls, settings: Settings) -> WebSettings:

@@ -1,0 +1,47 @@
+"""`marbles-rq rerun RUN [--from-step PATH] [--id NEW_ID]` (see engine/rerun.py)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..engine.rerun import rerun as rerun_run
+from ..terminal import safe
+from . import Settings
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--from-step", "from_step", default=None, metavar="PATH",
+              help="Execute from this step (a ledger key `path#n` as `status` shows it, or a "
+                   "path for its first call); the results of the steps recorded before it "
+                   "are copied and not executed again. Default: from the top.")
+@click.option("--id", "new_id", default=None, help="The new run's id (default random); the "
+              "same id again returns that run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new run as JSON.")
+@click.pass_obj
+def rerun(settings: Settings, run_id: str, from_step: str | None, new_id: str | None,
+          as_json: bool) -> None:
+    """A new run of a finished run's workflow, with its recorded input; it records which run
+    it reruns (`status` shows it). A run that has not finished is refused."""
+    settings.load_source()
+    runs = settings.runs()
+    result = rerun_run(runs, settings.rq(), run_id, from_step=from_step, new_id=new_id)
+    if as_json:
+        view = runs.get(result.run_id)
+        data = {} if view is None else view.to_json()
+        click.echo(json.dumps({"created": result.created, "copied_steps": result.copied,
+                               **data}, indent=2))
+        return
+    if not result.created:
+        click.echo(safe(f"run {result.run_id} exists already ({result.record.name}, "
+                        f"{result.status}); nothing written"))
+        return
+    where = f"from step {result.from_step}" if result.from_step else "from the top"
+    copied = (f"; {len(result.copied)} step results copied, not executed again: "
+              + ", ".join(result.copied[:10]) + (" ..." if len(result.copied) > 10 else "")
+              if result.copied else "")
+    click.echo(safe(f"run {result.run_id} queued: rerun of {result.source} {where}"
+                    f"{copied}" + ("" if result.dispatched else
+                                   "; the controller will dispatch it")))

@@ -1,0 +1,124 @@
+"""Rerun: a new run of a finished run's workflow with its recorded input, from the top or
+from a step. For the CLI (`marbles-rq rerun`) and the dashboard:
+
+    rerun(runs, rq, "order-42", from_step="checkout.charge#0", new_id="order-42-again")
+
+With `from_step`, the new run's ledger starts with the recorded results of the steps that
+finished before that step in the old run, so a replay returns them instead of executing
+them; that step and everything after it executes. "Before" is the ledger's order: the
+order in which the steps' results were recorded. Steps nested inside `from_step` (its own
+children) are not copied, since rerunning a step reruns its body; the steps that enclose it
+finish after it, so they are not copied either and their bodies run again, replaying their
+earlier children from the copied entries. Durable timers recorded before it are copied too
+(their due time has passed: they fire at once), and so are child runs started before it
+(the new run gathers the same children's results). Answers to questions are not part of
+the ledger: a question asked before the step is asked again.
+
+Only a finished run (succeeded, failed, cancelled) can be rerun: the ledger of a run that
+still executes is still being written, and two live runs of the same work is what a user
+asking for a rerun of a running run rarely means (cancel it first).
+
+The new run and its copied ledger are written together (lua/seed_ledger.lua, in one
+transaction with claim_run), and its first delivery is enqueued in the same call when the
+store and RQ share one Redis: a crash leaves either nothing or the whole new run.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import msgspec
+import redis
+
+from ..store.ids import check_id
+from ..store.records import RunRecord, StepRecord
+from ..transport import dispatch
+from ..transport.lanes import RQLike, as_lanes
+from .authoring import REGISTRY, InputError, Registry
+from .runs import TERMINAL, RunNotFoundError, RunStore, RunView
+
+
+class RerunError(InputError):
+    """A rerun that cannot be made as asked (a run still executing, an unknown step);
+    nothing was written. Bad input for the CLI: exit 2."""
+
+    code = "rerun_refused"
+
+
+@dataclass(frozen=True)
+class Rerun:
+    run_id: str
+    created: bool  # False: a run with the new id existed; it was returned as it is
+    status: str
+    source: str  # the run it reruns
+    from_step: str | None  # the ledger key it reran from, None for from the top
+    copied: list[str]  # ledger keys copied from the old run
+    dispatched: bool
+    record: RunRecord
+
+
+def step_key(view: RunView, path: str) -> str:
+    """The ledger key `path` names in `view`: `<path>#<n>` as given, or a bare path, which
+    means its first call (`#0`). Raises RerunError listing the steps when there is none."""
+    keys = [s.key for s in view.steps if not s.name.startswith("|")]
+    wanted = path if "#" in path else f"{path}#0"
+    if wanted in keys:
+        return wanted
+    listed = ", ".join(keys[:20]) + (" ..." if len(keys) > 20 else "")
+    raise RerunError(f"run {view.record.id} has no step {path!r} (its steps: "
+                     f"{listed or 'none'})")
+
+
+def ledger_before(view: RunView, key: str) -> list[StepRecord]:
+    """The finished entries recorded before step `key`, less the ones nested inside it."""
+    ordered = view.steps  # RunStore sorts the ledger by when each entry was recorded
+    position = next(i for i, s in enumerate(ordered) if s.key == key)
+    inside = key + "."
+    return [s for s in ordered[:position]
+            if s.status in ("succeeded", "waiting") and not s.key.startswith(inside)]
+
+
+def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = None,
+          new_id: str | None = None, registry: Registry = REGISTRY) -> Rerun:
+    """Record and enqueue a rerun of `run_id` (see the module's note). Raises
+    RunNotFoundError, RerunError, InvalidIdError or UnknownWorkflowError with nothing
+    written. The same `new_id` again returns the existing run (`created` False)."""
+    check_id(run_id, "run id")
+    target = uuid.uuid4().hex if new_id is None else check_id(new_id, "new run id")
+    view = runs.get(run_id)
+    if view is None:
+        raise RunNotFoundError(f"no run with id {run_id!r}")
+    if view.status not in TERMINAL:
+        raise RerunError(f"run {run_id} is {view.status}; only a finished run can be rerun "
+                         f"(cancel it first, or wait for it)")
+    old = view.record
+    definition = registry.workflow(old.name)
+    # The recorded input, checked against the workflow as it is now: a rerun of a run whose
+    # input no longer fits would only fail in the worker.
+    _, recorded_input = definition.parse_input(bytes(old.input))
+    key = step_key(view, from_step) if from_step is not None else None
+    copied = ledger_before(view, key) if key is not None else []
+    record = RunRecord(version=1, id=target, name=definition.name, queue=old.queue,
+                       input=msgspec.Raw(recorded_input),
+                       requested_at_ms=int(time.time() * 1000),
+                       timeout_s=definition.timeout_s,
+                       max_deliveries=definition.max_deliveries,
+                       retention_s=definition.retention_s, rerun_of=old.id,
+                       rerun_from_step=key or "")
+    lanes = as_lanes(rq, runs.keys)
+    shared = lanes.same_server(runs.client)
+    push = (dispatch.delivery_push(shared, runs.keys.prefix, record.queue, record.id, 1)
+            if shared is not None else None)
+    recorded = runs.record_seeded(record, copied, push)
+    dispatched = recorded.enqueued
+    if recorded.created and push is None:
+        try:
+            lanes.enqueue(record.queue, record.id, 1)  # on the run's lane
+            dispatched = True
+        except redis.RedisError:
+            dispatched = False  # recorded: the controller dispatches it
+    return Rerun(recorded.record.id, recorded.created, recorded.status, old.id, key,
+                 [s.key for s in copied] if recorded.created else [], dispatched,
+                 recorded.record)

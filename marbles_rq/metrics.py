@@ -1,0 +1,520 @@
+"""Prometheus metrics: every definition, the endpoint, and how forked processes report.
+
+Off unless a process asks (``--metrics-port`` on ``controller`` and ``worker``, or the
+``web`` command calling `serve_metrics` / `asgi_app`): until `enable` is called every
+recording function below is one test of a module global, so the engine's hot paths pay
+nothing when metrics are off and a few microseconds when they are on.
+
+Forked processes. A forking worker executes each delivery in a work-horse, and ``--pool N``
+in N executor processes; what they count must reach the worker's one endpoint. They use
+prometheus-client's multiprocess mode: every process writes its values to memory-mapped
+files in one directory (``PROMETHEUS_MULTIPROC_DIR``), and the endpoint, served by the
+worker's parent (the supervisor with ``--pool``), sums the files of all of them at scrape
+time. Values survive the process that wrote them (a horse killed -9 loses nothing it
+wrote), so nothing is sent to the parent and nothing is lost with a child.
+
+The files are named after a process *identity*, not its pid: a horse writes as
+``horse-<worker pid>`` and an executor as ``pool-<supervisor pid>-<slot>``. Horses of one
+worker run one at a time, and an executor's slot is refilled only after its previous
+process was reaped, so one identity never has two live writers, and a new horse (or a
+restarted executor) takes over its predecessor's file and counts on from its values. With
+pids, a forking worker would leave one set of files per delivery (40 a second at full
+speed) and every scrape would read them all. No metric uses a live gauge mode, so there is
+nothing for `mark_process_dead` to remove.
+
+The directory is ``/dev/shm/marbles-rq-metrics.<uid>.<bind>.<port>`` (under
+``MARBLES_METRICS_DIR`` if set; in the temp directory where /dev/shm is missing or not
+writable): one per endpoint, emptied when the endpoint starts (after its port is bound, so
+only the process holding the port cleans it). A restarted worker therefore starts its
+counters at zero, which Prometheus reads as a counter reset, as for any restarted process.
+
+Labels are low-cardinality by design: workflow, queue, status, outcome, cause, kind;
+never a run id or a step key.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import socket
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from .errors import ConfigError, RedisUnavailableError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+# prometheus_client is imported only by `enable` and the endpoint (it costs ~70 ms): every
+# command imports this module through the engine, and most never turn metrics on.
+
+PORT_ENV, BIND_ENV = "MARBLES_METRICS_PORT", "MARBLES_METRICS_BIND"
+DIR_ENV = "MARBLES_METRICS_DIR"  # where a worker's multiprocess files go (see _base_dirs)
+DEFAULT_BIND = "127.0.0.1"
+SCRAPE_TIMEOUT_S = 1.0  # the controller's scrape-time reads of Redis give up after this
+
+# Buckets, in seconds. Steps are user code (milliseconds to an hour); a run lasts from its
+# enqueue to its settle, waits included (up to days); a controller pass is milliseconds;
+# lateness is what a timer or a schedule fires after its due time.
+STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0, 300.0, 900.0, 3600.0)
+RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+               3600.0, 21600.0, 86400.0, 604800.0)
+PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0, 10.0)
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                    60.0, 300.0)
+
+REDIS_ERROR_KINDS = ("timeout", "connection", "oom", "readonly", "other")
+REDELIVERY_CAUSES = ("lease_expired", "worker_lost", "delivery_lost", "delivery_failed",
+                     "not_in_rq")
+
+
+class Metrics:
+    """Every metric of marbles-rq (README, "Metrics"). Built by `enable`, once per process
+    tree; `registry` is None in multiprocess mode (the endpoint reads the files instead)."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        from prometheus_client import Counter, Histogram
+
+        def counter(name: str, doc: str, labels: Iterable[str] = ()) -> Counter:
+            return Counter(name, doc, list(labels), registry=registry)
+
+        def histogram(name: str, doc: str, labels: Iterable[str],
+                      buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, list(labels), buckets=buckets, registry=registry)
+
+        self.runs_enqueued = counter(
+            "marbles_rq_runs_enqueued_total", "Runs recorded by this process (a repeated id "
+            "that found its run is not counted).", ["workflow", "queue"])
+        self.runs_started = counter(
+            "marbles_rq_runs_started_total", "Executions started: a run's first delivery, a "
+            "redelivery and a resumption after a wait each count.", ["workflow"])
+        self.runs_finished = counter(
+            "marbles_rq_runs_finished_total", "Runs settled by a worker, by final status "
+            "(succeeded, failed, cancelled).", ["workflow", "status"])
+        self.run_seconds = histogram(
+            "marbles_rq_run_duration_seconds", "From a run's enqueue to its settle (queueing, "
+            "waits and redeliveries included), by final status.", ["workflow", "status"],
+            RUN_BUCKETS)
+        self.step_seconds = histogram(
+            "marbles_rq_step_duration_seconds", "One try of a step's function (a replayed "
+            "step is not a try), by outcome (succeeded, retried, failed).",
+            ["workflow", "outcome"], STEP_BUCKETS)
+        self.redeliveries = counter(
+            "marbles_rq_redeliveries_total", "Deliveries the controller enqueued again, by "
+            "cause: lease_expired, worker_lost, delivery_lost (popped, never started), "
+            "delivery_failed (refused by a worker), not_in_rq (recorded, missing in RQ).",
+            ["queue", "cause"])
+        self.lease_expirations = counter(
+            "marbles_rq_lease_expirations_total", "Execution leases the controller found "
+            "expired, by what it did: redelivered, cancelled, gave_up.", ["outcome"])
+        self.horse_deaths = counter(
+            "marbles_rq_horse_deaths_total", "Work-horses that died before reporting their "
+            "delivery's outcome (killed, crashed).")
+        self.pass_seconds = histogram(
+            "marbles_rq_controller_pass_seconds", "One pass of the elected controller "
+            "(reaping, lost workers, dispatch checks, lost deliveries, retention, duties).",
+            (), PASS_BUCKETS)
+        self.schedule_lateness = histogram(
+            "marbles_rq_schedule_lateness_seconds", "How long after its nominal time a "
+            "schedule occurrence was fired (server clock).", ["workflow"], LATENESS_BUCKETS)
+        self.timer_lateness = histogram(
+            "marbles_rq_timer_lateness_seconds", "How long after its due time a sleeping run "
+            "was woken (server clock).", (), LATENESS_BUCKETS)
+        self.redis_errors = counter(
+            "marbles_rq_redis_errors_total", "Redis errors met, by kind (timeout, connection, "
+            "oom, readonly, other); a resent script call counts each failed send.", ["kind"])
+
+
+_M: Metrics | None = None
+_REGISTRY: CollectorRegistry | None = None
+_LOCK = threading.Lock()
+# (metric name, label values) -> child: a dict lookup instead of `labels()`, which locks
+# and validates its arguments at every call (~3 us). Races only create a child twice.
+_CHILDREN: dict[tuple[str, ...], Any] = {}
+_FORK_LOCK = threading.Lock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_FORK_LOCK.acquire, after_in_parent=_FORK_LOCK.release,
+                        after_in_child=_FORK_LOCK.release)
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    key = (metric._name, *labels)
+    child = _CHILDREN.get(key)
+    if child is None:
+        child = _CHILDREN[key] = metric.labels(*labels)
+    return child
+
+
+def enabled() -> bool:
+    return _M is not None
+
+
+# -- recording (each a no-op while metrics are off) --------------------------------------------
+
+
+def run_enqueued(workflow: str, queue: str) -> None:
+    if _M is not None:
+        _child(_M.runs_enqueued, workflow, queue).inc()
+
+
+def run_started(workflow: str) -> None:
+    if _M is not None:
+        _child(_M.runs_started, workflow).inc()
+
+
+def run_finished(workflow: str, status: str, seconds: float) -> None:
+    if _M is not None:
+        _child(_M.runs_finished, workflow, status).inc()
+        _child(_M.run_seconds, workflow, status).observe(max(0.0, seconds))
+
+
+def step_tried(workflow: str, outcome: str, seconds: float) -> None:
+    if _M is not None:
+        _child(_M.step_seconds, workflow, outcome).observe(seconds)
+
+
+def redelivered(queue: str, cause: str) -> None:
+    if _M is not None:
+        _M.redeliveries.labels(queue, cause).inc()
+
+
+def redelivered_many(queue: str, cause: str, count: int) -> None:
+    if _M is not None and count:
+        _M.redeliveries.labels(queue, cause).inc(count)
+
+
+def lease_expired(outcome: str) -> None:
+    if _M is not None:
+        _M.lease_expirations.labels(outcome).inc()
+
+
+def horse_died() -> None:
+    if _M is not None:
+        _M.horse_deaths.inc()
+
+
+def controller_pass(seconds: float) -> None:
+    if _M is not None:
+        _M.pass_seconds.observe(seconds)
+
+
+def schedule_late(workflow: str, seconds: float) -> None:
+    if _M is not None:
+        _M.schedule_lateness.labels(workflow).observe(max(0.0, seconds))
+
+
+def timer_late(seconds: float) -> None:
+    if _M is not None:
+        _M.timer_lateness.observe(max(0.0, seconds))
+
+
+def redis_error_kind(exc: BaseException) -> str:
+    """timeout | connection | oom | readonly | other. (redis-py turns some error codes into
+    classes and strips the code from the message; others keep it as the first word.)"""
+    if isinstance(exc, redis.TimeoutError):
+        return "timeout"
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return "oom"
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        return "readonly"
+    if isinstance(exc, redis.ConnectionError | RedisUnavailableError):  # LOADING is one too
+        return "connection"
+    text = str(exc)
+    if text.startswith("OOM"):
+        return "oom"
+    if text.startswith("READONLY"):
+        return "readonly"
+    return "other"
+
+
+def redis_error(exc: BaseException) -> None:
+    """Count a Redis error once, however many handlers it passes through on its way up
+    (a script call counts it, then the worker's or controller's loop sees it again)."""
+    if _M is None:
+        return
+    for seen in (exc, exc.__cause__):  # a wrapper (RedisUnavailableError) of a counted one
+        if seen is not None and getattr(seen, "_marbles_counted", False):
+            return
+    with contextlib.suppress(AttributeError):
+        exc._marbles_counted = True  # type: ignore[attr-defined]
+    # The one metric a background thread records in a process that forks (a forking
+    # worker's liveness thread): a fork while that thread held prometheus-client's value
+    # lock would leave the horse's copy locked forever. Forks wait for this lock instead.
+    with _FORK_LOCK:
+        _child(_M.redis_errors, redis_error_kind(exc)).inc()
+
+
+# -- turning metrics on --------------------------------------------------------------------------
+
+
+_IDENTITY: tuple[int, str] | None = None  # (pid, identity) of a named process
+
+
+def _process_identity() -> str:
+    """The name of this process's files in multiprocess mode (see the module's docstring).
+    A process nobody named (a fork we do not know of) writes under its pid."""
+    pid = os.getpid()
+    named = _IDENTITY
+    return named[1] if named is not None and named[0] == pid else str(pid)
+
+
+def name_process(identity: str) -> None:
+    """Call first thing in a forked child that records metrics (a horse, an executor): its
+    values go to the files of `identity`, which it takes over from a dead predecessor."""
+    global _IDENTITY
+    _IDENTITY = (os.getpid(), identity)
+    _close_inherited_listener()
+
+
+def enable(*, multiprocess_dir: Path | None = None) -> CollectorRegistry:
+    """Build every metric (once) and return the registry an endpoint serves. With
+    `multiprocess_dir`, values live in files there (forked children count too); the
+    directory must exist and be empty."""
+    global _M, _REGISTRY
+    with _LOCK:
+        if _REGISTRY is not None:
+            return _REGISTRY
+        from prometheus_client import CollectorRegistry, disable_created_metrics, values
+
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created`: scrape noise
+        registry = CollectorRegistry(auto_describe=True)
+        if multiprocess_dir is not None:
+            from prometheus_client import multiprocess
+
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(multiprocess_dir)
+            values.ValueClass = values.MultiProcessValue(  # type: ignore[no-untyped-call]
+                process_identifier=_process_identity)
+            multiprocess.MultiProcessCollector(  # type: ignore[no-untyped-call]
+                registry, path=str(multiprocess_dir))
+            _M = Metrics(None)
+        else:
+            # In-process values, whatever PROMETHEUS_MULTIPROC_DIR the environment has.
+            values.ValueClass = values.MutexValue
+            from prometheus_client import ProcessCollector
+
+            ProcessCollector(registry=registry)
+            _M = Metrics(registry)
+        _REGISTRY = registry
+        return registry
+
+
+def registry() -> CollectorRegistry:
+    """The registry an endpoint serves (enabling metrics in-process if nobody did)."""
+    return _REGISTRY if _REGISTRY is not None else enable()
+
+
+def add_collector(collector: Any) -> None:
+    """Register a scrape-time collector (the controller's queue depths) with the endpoint."""
+    registry().register(collector)
+
+
+def asgi_app() -> Callable[..., Any]:
+    """An ASGI app answering scrapes, for an ASGI server to mount (the web dashboard:
+    ``app.mount("/metrics", metrics.asgi_app())``)."""
+    from prometheus_client import make_asgi_app
+
+    return make_asgi_app(registry())
+
+
+# -- the endpoint --------------------------------------------------------------------------------
+
+
+@dataclass
+class MetricsServer:
+    bind: str
+    port: int
+    server: Any
+    thread: threading.Thread
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+_SERVER: MetricsServer | None = None
+
+
+def _close_inherited_listener() -> None:
+    """A forked child must not keep the parent's listening socket open: after the parent
+    dies, a child that outlived it would hold the port and its successor could not bind."""
+    global _SERVER
+    if _SERVER is not None:
+        with contextlib.suppress(OSError):
+            _SERVER.server.socket.close()
+        _SERVER = None
+
+
+def bind_endpoint(port: int, bind: str = DEFAULT_BIND) -> Any:
+    """Bind the endpoint's socket, or raise ConfigError naming why (one line; exit 2)."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--metrics-port {port}: expected 1..65535")
+
+    class Server(ThreadingWSGIServer):
+        pass
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # a scrape is not news
+            pass
+
+    try:
+        # IPv4 or IPv6, as the address is (what prometheus-client's own server does).
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        Server.address_family, addr = family, str(sockaddr[0])
+        # The app is set once the registry exists (after the port is known to be ours).
+        return make_server(addr, port, lambda env, start: [], Server, handler_class=Quiet)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ConfigError(f"--metrics-port {port}: cannot listen on {bind}:{port} ({why})"
+                          ) from None
+
+
+def serve_metrics(port: int, bind: str = DEFAULT_BIND, *,
+                  multiprocess: bool = False) -> MetricsServer:
+    """Serve /metrics on bind:port from a daemon thread and turn metrics on. With
+    `multiprocess` (a worker: forked horses or executors), values go through files in
+    this endpoint's own directory, emptied now. Raises ConfigError (exit 2) when the port
+    cannot be bound."""
+    global _SERVER
+    from prometheus_client import make_wsgi_app
+
+    httpd = bind_endpoint(port, bind)
+    try:
+        directory = multiprocess_dir(bind, port) if multiprocess else None
+        reg = enable(multiprocess_dir=directory)
+    except BaseException:
+        httpd.server_close()
+        raise
+    httpd.set_app(make_wsgi_app(reg))
+    thread = threading.Thread(target=httpd.serve_forever, name="marbles-metrics", daemon=True)
+    thread.start()
+    _SERVER = MetricsServer(bind, port, httpd, thread)
+    return _SERVER
+
+
+def _base_dirs() -> list[Path]:
+    """Where multiprocess files may go, best first: MARBLES_METRICS_DIR if set; else memory
+    (/dev/shm, a tmpfs: a value written to a file on disk costs a page fault after each
+    writeback, measured at several microseconds a write), then the temp directory."""
+    given = os.environ.get(DIR_ENV)
+    if given:
+        return [Path(given)]
+    shm = Path("/dev/shm")
+    return [shm, Path(tempfile.gettempdir())] if shm.is_dir() else [
+        Path(tempfile.gettempdir())]
+
+
+def multiprocess_dir(bind: str, port: int) -> Path:
+    """This endpoint's directory for multiprocess files, created private (0700) and
+    emptied. Refused if it is not a directory of ours (a planted link in a shared tmp)."""
+    safe = re.sub(r"[^A-Za-z0-9.-]", "_", bind)
+    name = f"marbles-rq-metrics.{os.getuid()}.{safe}.{port}"
+    bases = _base_dirs()
+    for i, base in enumerate(bases):
+        path = base / name
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:  # not writable here (a hardened unit): the next base
+            if i + 1 < len(bases):
+                continue
+            raise ConfigError(f"cannot create {path} for metrics files: {exc}") from None
+        break
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise ConfigError(f"{path} is not a directory of this user; remove it")
+    _empty(path)
+    owner = os.getpid()
+
+    def remove() -> None:  # at a clean exit of the endpoint's process, not of a fork of it
+        if os.getpid() == owner:
+            with contextlib.suppress(OSError):
+                _empty(path)
+                path.rmdir()
+
+    atexit.register(remove)
+    return path
+
+
+def _empty(path: Path) -> None:
+    for entry in path.iterdir():
+        if entry.suffix == ".db":
+            entry.unlink()
+
+
+# -- scrape-time gauges (the controller) --------------------------------------------------------
+
+
+class StoreGauges:
+    """Queue depths and waiting runs, read from Redis when scraped: one pipelined read of
+    each Redis, on connections of their own that give up after SCRAPE_TIMEOUT_S (a slow
+    Redis costs the scrape its gauges, never the controller's loop a stall). A failed read
+    is counted in marbles_rq_redis_errors_total and its gauges are left out."""
+
+    def __init__(self, read_queues: Callable[[], dict[tuple[str, str], tuple[int, int]]],
+                 read_waiting: Callable[[], tuple[int, int]]) -> None:
+        self.read_queues, self.read_waiting = read_queues, read_waiting
+
+    def describe(self) -> list[Any]:
+        return []  # collected only when scraped, never at registration
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            queues = self.read_queues()
+        except redis.RedisError as exc:
+            redis_error(exc)
+        else:
+            depth = GaugeMetricFamily(
+                "marbles_rq_queue_depth", "Deliveries waiting in an RQ queue of this "
+                "deployment, per lane (the queue list's length).", labels=["queue", "lane"])
+            flight = GaugeMetricFamily(
+                "marbles_rq_queue_in_flight", "Deliveries a worker popped from the queue and "
+                "has not completed (the queue's intermediate list).", labels=["queue", "lane"])
+            for (name, lane), (queued, popped) in sorted(queues.items()):
+                depth.add_metric([name, lane], queued)
+                flight.add_metric([name, lane], popped)
+            yield depth
+            yield flight
+        try:
+            waiting, questions = self.read_waiting()
+        except redis.RedisError as exc:
+            redis_error(exc)
+        else:
+            yield GaugeMetricFamily(
+                "marbles_rq_waiting_runs", "Runs parked with a time the controller looks at "
+                "them again (a timer, a question's timeout, a child to check).",
+                value=waiting)
+            yield GaugeMetricFamily(
+                "marbles_rq_open_questions", "Questions and approvals asked and not yet "
+                "answered.", value=questions)
+
+
+def scrape_client(client: Any) -> Any:
+    """A client to `client`'s server whose reads give up after SCRAPE_TIMEOUT_S (a cluster
+    client is used as it is: its own timeout applies)."""
+    if not isinstance(client, redis.Redis):
+        return client
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, "socket_timeout": SCRAPE_TIMEOUT_S,
+              "socket_connect_timeout": SCRAPE_TIMEOUT_S}
+    kwargs.pop("retry", None)
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=2, **kwargs))
