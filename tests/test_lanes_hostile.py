@@ -1,10 +1,11 @@
-"""Lanes attacked by a careless operator: a process started with another --lane-count than the
-deployment's. Its deliveries must never go, silently, to a keyspace no worker reads.
+"""Lanes attacked by a careless operator: a process started with another --lane-count (or
+another RQ_KEY_PREFIX) than the deployment's. Its deliveries must never go, silently, to a
+keyspace no worker reads.
 
-The deployment's lane count is not recorded yet (the meta hash holds the bucket count and
-the layout only; recording the lane count there is being added on another branch), so a
-process with the wrong count is not refused: the tests below are strict xfails, to turn into
-plain tests once it lands. Real redis-server, real `marbles-rq` processes, real kill -9."""
+Since the lane count is recorded in the meta hash (main, layout 2), a process given another
+count is refused; RQ_KEY_PREFIX is not recorded, so a process with another one is not: that
+case is a strict xfail, to turn into a plain test once it is. Real redis-server, real
+`marbles-rq` processes, real kill -9."""
 
 from __future__ import annotations
 
@@ -19,15 +20,14 @@ from redis.crc import key_slot
 
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
-from marbles_rq.store.keys import Keyspace
+from marbles_rq.store.keys import DEFAULT_BUCKETS, Keyspace
 from tests.procs import Procs, wait_for
 from tests.redis_procs import RedisCluster
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "lane_workflows.py",)
-NOT_RECORDED = ("the deployment's lane count (and RQ keyspace) is not recorded in the meta hash "
-                "yet, so a "
-                "process with another --lane-count is not refused")
+NOT_RECORDED = ("RQ_KEY_PREFIX (the RQ keyspace of a one-lane deployment) is not recorded in "
+                "the meta hash, so a process with another one is not refused")
 
 
 def _procs(url: str, dir: Path, lanes: int) -> Procs:
@@ -37,7 +37,7 @@ def _procs(url: str, dir: Path, lanes: int) -> Procs:
 
 
 def _run_id(lanes: int, lane: int, prefix: str) -> str:
-    keys = Keyspace("mrq", 64, lanes)
+    keys = Keyspace("mrq", DEFAULT_BUCKETS, lanes)
     return next(f"{prefix}{i}" for i in range(10_000) if keys.lane_of(f"{prefix}{i}") == lane)
 
 
@@ -45,7 +45,6 @@ def _refused(done: subprocess.CompletedProcess[str]) -> bool:
     return done.returncode == 2 and "lane" in done.stderr.lower()
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_RECORDED)
 @pytest.mark.parametrize("created, other", [(3, 1), (1, 3)])
 def test_enqueue_with_another_lane_count_is_refused(redis_server: object, tmp_path: Path,
                                                     created: int, other: int) -> None:
@@ -67,11 +66,11 @@ def test_enqueue_with_another_lane_count_is_refused(redis_server: object, tmp_pa
     raw.close()
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_RECORDED)
 @pytest.mark.parametrize("lanes, controller_env", [
-    (3, {"MARBLES_LANE_COUNT": "1"}),  # MARBLES_LANE_COUNT forgotten in its unit file
-    (1, {"RQ_KEY_PREFIX": "{other}"}),  # RQ_KEY_PREFIX left over from another deployment
-], ids=["lane-count", "rq-key-prefix"])
+    pytest.param(3, {"MARBLES_LANE_COUNT": "1"}, id="lane-count"),  # a stale unit file
+    pytest.param(1, {"RQ_KEY_PREFIX": "{other}"}, id="rq-key-prefix",  # another deployment's
+                 marks=pytest.mark.xfail(strict=True, reason=NOT_RECORDED)),
+])
 def test_a_controller_configured_otherwise_never_strands_a_redelivery(
         redis_server: object, tmp_path: Path, lanes: int,
         controller_env: dict[str, str]) -> None:
@@ -97,7 +96,7 @@ def test_a_controller_configured_otherwise_never_strands_a_redelivery(
         try:
             ctl.wait_log("elected controller", timeout=30)
         except AssertionError:
-            if not ctl.alive() and ctl.returncode() == 2:
+            if not ctl.alive() and ctl.returncode == 2:
                 return  # refused at start: nothing can be stranded
             raise
         procs.observer.wait_status(rid, "succeeded", timeout=60)
