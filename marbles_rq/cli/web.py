@@ -31,11 +31,13 @@ def web(settings: Settings, bind: str, port: int, log_level: str, metrics_port: 
 
     from ..web.app import create_app
     from ..web.security import TOKEN_ENV, Guard, check_bind, is_loopback
+    from ..web.server import HeaderDeadlineH11
     from ..web.settings import WebSettings
     from ..web.webhooks import Webhooks, secrets_from_env
 
     token = os.environ.get(TOKEN_ENV) or None
     check_bind(bind, token)  # before anything else: a refused start touches nothing
+    secrets = secrets_from_env()
     if metrics_port is not None:
         from ..metrics import serve_metrics
 
@@ -43,7 +45,9 @@ def web(settings: Settings, bind: str, port: int, log_level: str, metrics_port: 
     settings = WebSettings.of(settings)
     settings.load_source()
     guard = Guard(token, public=not is_loopback(bind))
-    app = create_app(settings, guard, Webhooks(secrets_from_env(), settings))
+    webhooks = Webhooks(secrets, settings)
+    webhooks.check()
+    app = create_app(settings, guard, webhooks)
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -62,5 +66,6 @@ def web(settings: Settings, bind: str, port: int, log_level: str, metrics_port: 
     click.echo(f"marbles-rq web: dashboard on http://{host}:{sock.getsockname()[1]}/ ({mode})",
                err=True)
     config = uvicorn.Config(app, log_level=log_level, access_log=log_level == "debug",
-                            timeout_graceful_shutdown=2, proxy_headers=False)
+                            timeout_graceful_shutdown=2, proxy_headers=False,
+                            http=HeaderDeadlineH11)
     uvicorn.Server(config).run(sockets=[sock])

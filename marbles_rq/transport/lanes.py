@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import weakref
 from collections import defaultdict
@@ -319,13 +320,14 @@ class Lanes:
     def parse_indexes(self, text: str) -> list[int]:
         """The lanes named by `--lanes`: ``all`` or a comma-separated list of indexes."""
         text = text.strip()
-        if text == "all":
+        if text.lower() == "all":
             return list(range(self.count))
-        try:
-            picked = [int(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            picked = []
-        if not picked or any(not 0 <= i < self.count for i in picked):
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        # ASCII digits only: int() would also read "0_1" as 1, "+1", "-0" or other scripts'
+        # digits, and a typo for "0,1" would silently serve lane 1 alone.
+        picked = [int(part) for part in parts if re.fullmatch(r"[0-9]{1,4}", part)]
+        if not picked or len(picked) != len(parts) or any(not 0 <= i < self.count
+                                                          for i in picked):
             raise ConfigError(f"invalid --lanes {text!r}: expected 'all' or lane numbers "
                               f"from 0 to {self.count - 1}, comma-separated")
         return list(dict.fromkeys(picked))

@@ -9,10 +9,12 @@ thread pool, because every store call is blocking redis-py.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,9 +25,10 @@ import anyio
 import jinja2
 import markupsafe
 import redis
+from redis.exceptions import RedisClusterException
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import (
     HTMLResponse,
     JSONResponse,
@@ -42,7 +45,7 @@ from ..engine.authoring import REGISTRY, InputError
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.runs import STATUSES, TERMINAL, RunNotFoundError
 from ..engine.waits import AlreadyAnsweredError, WaitStore
-from ..errors import InvalidIdError, MarblesError
+from ..errors import InvalidIdError, MarblesError, RedisUnavailableError
 from ..store.ids import check_id
 from ..store.redis_errors import one_line
 from ..triggers.events import Events
@@ -50,8 +53,15 @@ from ..triggers.monitors import MONITORS, list_monitors
 from ..triggers.schedules import SCHEDULES, UnknownScheduleError, list_schedules
 from . import reads
 from .actions import Actions
-from .security import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, Guard, new_csrf
-from .webhooks import Webhooks
+from .security import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    SESSION_COOKIE,
+    Guard,
+    loopback_host_header,
+    new_csrf,
+)
+from .webhooks import BODY_TIMEOUT_S, Webhooks
 
 log = logging.getLogger("marbles_rq.web")
 
@@ -153,13 +163,23 @@ def _local(target: str | None, default: str) -> str:
     return target
 
 
+# Redis cannot be reached (or the store could not be opened because of it): 503, retry later.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisUnavailableError)
+# Anything else Redis or the store may raise while a page reads: still a page, never a 500.
+TROUBLE = (redis.RedisError, RedisClusterException, MarblesError)
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, MarblesError) else one_line(exc)
+
+
 def _wants_json(request: Request) -> bool:
     return "application/json" in request.headers.get("accept", "")
 
 
 # -- the app ---------------------------------------------------------------------------------
 
-def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = None) -> Starlette:
+def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = None) -> Any:
     web = Web(settings, guard, webhooks or Webhooks({}, settings))
 
     def readable(fn: Callable[[Request], Response]) -> Callable[[Request], Response]:
@@ -171,9 +191,13 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
                 return PlainTextResponse("sign in first: reads need the token here", 401)
             try:
                 return fn(request)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except UNREACHABLE as exc:
                 return web.render(request, "error.html", 503,
-                                  message=f"Redis is not answering: {one_line(exc)}")
+                                  message=f"Redis is not answering: {_why(exc)}")
+            except TROUBLE as exc:  # a refusal, a cluster without a master, a mismatch
+                log.warning("%s: %s", request.url.path, _why(exc))
+                return web.render(request, "error.html", 503,
+                                  message=f"cannot read this page now: {_why(exc)}")
         return endpoint
 
     # -- pages -----------------------------------------------------------------------------
@@ -300,29 +324,45 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         "system": lambda r: web.fragment("_system.html", **system_context()),
     }
 
+    shared = SharedRenders()
+    streams = StreamSlots(MAX_STREAMS)
+
     async def live(request: Request) -> Response:
         if not guard.may_read(request):
             return PlainTextResponse("sign in first", 401)
-        render = fragments.get(request.path_params["page"])
+        page = request.path_params["page"]
+        render = fragments.get(page)
         if render is None:
             return PlainTextResponse("no such page", 404)
+        # What the fragment depends on: clients asking the same thing share one render a
+        # second, however many of them are connected.
+        q = request.query_params
+        key = (page, request.url.query if page == "runs" else q.get("id", "") if page == "run"
+               else "", request.cookies.get(CSRF_COOKIE, ""))
+        if not streams.take():
+            return _too_many()
 
         async def stream() -> AsyncIterator[str]:
             last = ""
+            quiet_since = time.monotonic()
             yield "retry: 2000\n\n"
             while not await request.is_disconnected():
                 try:
-                    html = await run_in_threadpool(render, request)
-                except (redis.RedisError, MarblesError) as exc:
-                    yield _sse("problem", one_line(exc))
+                    html = await shared.get(key, lambda: render(request))
+                except TROUBLE as exc:
+                    yield _sse("problem", _why(exc))
                 else:
                     digest = hashlib.sha256(html.encode()).hexdigest()
                     if digest != last:
                         last = digest
+                        quiet_since = time.monotonic()
                         yield _sse("refresh", html)
+                if time.monotonic() - quiet_since > HEARTBEAT_S:
+                    quiet_since = time.monotonic()
+                    yield ": still here\n\n"  # a peer gone without a FIN is found out
                 await anyio.sleep(LIVE_EVERY_S)
 
-        return _stream(stream())
+        return _stream(stream(), streams)
 
     async def run_output(request: Request) -> Response:
         if not guard.may_read(request):
@@ -333,27 +373,40 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
             return PlainTextResponse(str(exc), 400)
         after = (request.headers.get("last-event-id") or request.query_params.get("after")
                  or "0-0")
+        if not _ENTRY_ID.fullmatch(after):  # else Redis refuses it, four times a second
+            return PlainTextResponse(f"invalid output entry id {after[:40]!r}: expected "
+                                     f"<ms>-<seq>", 400)
+
+        if not streams.take():
+            return _too_many()
 
         async def stream() -> AsyncIterator[str]:
             nonlocal after
+            quiet_since = time.monotonic()
             yield "retry: 2000\n\n"
             while not await request.is_disconnected():
                 try:
-                    rows = await run_in_threadpool(reads.output_after, settings, run_id, after)
-                except (redis.RedisError, MarblesError) as exc:
-                    yield _sse("problem", one_line(exc))
+                    rows = await run_in_threadpool(reads.output_after, settings, run_id,
+                                                   after)
+                except TROUBLE as exc:
+                    yield _sse("problem", _why(exc))
                     rows = []
                 for entry_id, kind, text, at_ms in rows:
                     after = entry_id
-                    yield _sse("line", json.dumps({"id": entry_id, "type": kind, "text": text,
+                    quiet_since = time.monotonic()
+                    yield _sse("line", json.dumps({"id": entry_id, "type": kind,
+                                                   "text": text,
                                                    "at": reads.iso(at_ms)[11:]}), entry_id)
                     if kind == "final":
                         yield _sse("final", kind)
-                        return  # the page closes its stream on it; nothing follows a final
+                        return  # the page closes its stream on it; nothing follows
+                if time.monotonic() - quiet_since > HEARTBEAT_S:
+                    quiet_since = time.monotonic()
+                    yield ": still here\n\n"
                 if not rows:
                     await anyio.sleep(0.25)
 
-        return _stream(stream())
+        return _stream(stream(), streams)
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -373,11 +426,13 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
             return _write_reply(request, target, False, str(exc), 404)
         except AlreadyAnsweredError as exc:
             return _write_reply(request, target, False, str(exc), 409)
+        except RedisUnavailableError as exc:
+            return _write_reply(request, target, False, str(exc), 503)
         except (InputError, InvalidIdError) as exc:
             return _write_reply(request, target, False, str(exc), 400)
         except MarblesError as exc:
             return _write_reply(request, target, False, str(exc), 409)
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             return _write_reply(request, target, False, f"Redis: {one_line(exc)}", 503)
         if isinstance(message, tuple):  # (where to go now, what to say): a rerun
             target, message = message
@@ -478,10 +533,72 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         Route("/logout", logout, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return Starlette(routes=routes)
+    return LoopbackHosts(Starlette(routes=routes)) if not guard.public else Starlette(
+        routes=routes)
+
+
+class LoopbackHosts:
+    """Bound to loopback (reads need nothing), answer only requests whose Host names the
+    loopback: a browser pointed here by DNS rebinding sends the attacker's host name, and
+    would otherwise read every run as its own origin. Webhooks (POST /events/<source>) are
+    exempt: their signature is their credential, and a proxy may forward them as they came."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not (scope["method"] == "POST"
+                                            and scope["path"].startswith("/events/")):
+            host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+            if not loopback_host_header(host):
+                response = PlainTextResponse(
+                    "this dashboard is bound to loopback and answers only for localhost, "
+                    "127.0.0.1 or [::1] (to serve another host name, bind it with "
+                    "MARBLES_WEB_TOKEN set)", 403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 MAX_FORM = 64 * 1024
+MAX_STREAMS = 128  # live connections (SSE) at once; more are refused (503), pages still load
+HEARTBEAT_S = 15.0  # a comment on a quiet stream, so a vanished client's stream ends
+
+
+class SharedRenders:
+    """One render of a live fragment per key and second, shared by every stream that asks
+    for it meanwhile (a hundred idle tabs, or a hundred idle scripts, cost one render)."""
+
+    def __init__(self) -> None:
+        self._last: dict[Any, tuple[float, asyncio.Future[str]]] = {}
+
+    async def get(self, key: Any, render: Callable[[], str]) -> str:
+        now = time.monotonic()
+        hit = self._last.get(key)
+        if hit is None or now - hit[0] >= LIVE_EVERY_S * 0.9:
+            if len(self._last) > 1000:
+                self._last = {k: v for k, v in self._last.items() if now - v[0] < 5}
+            hit = self._last[key] = (now, asyncio.ensure_future(run_in_threadpool(render)))
+        return await asyncio.shield(hit[1])
+
+
+class StreamSlots:
+    def __init__(self, size: int) -> None:
+        self.size, self.used = size, 0
+
+    def take(self) -> bool:
+        if self.used >= self.size:
+            return False
+        self.used += 1
+        return True
+
+    def give(self) -> None:
+        self.used -= 1
+
+
+def _too_many() -> Response:
+    return PlainTextResponse(f"too many live connections (at most {MAX_STREAMS}): reload "
+                             f"later", 503, headers={"Retry-After": "10"})
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -491,10 +608,14 @@ async def _form(request: Request) -> dict[str, str]:
     if kind not in ("", "application/x-www-form-urlencoded"):
         return {}
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM:
-            return {}
+    try:
+        with anyio.fail_after(BODY_TIMEOUT_S):  # a form trickled in (slowloris) is dropped
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_FORM:
+                    return {}
+    except (TimeoutError, ClientDisconnect):
+        return {}
     try:
         pairs = parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=50)
     except (UnicodeDecodeError, ValueError):
@@ -516,14 +637,36 @@ def _write_reply(request: Request, target: str, ok: bool, message: str, status: 
     return _redirect_flash(target, ok, message)
 
 
+_SSE_LINES = re.compile(r"\r\n|\r|\n")
+_ENTRY_ID = re.compile(r"[0-9]{1,19}-[0-9]{1,19}")
+
+
 def _sse(event: str, data: str, entry_id: str | None = None) -> str:
     lines = [f"event: {event}"]
     if entry_id:
         lines.append(f"id: {entry_id}")
-    lines += [f"data: {line}" for line in data.split("\n")]
+    # Every line break SSE knows (CR LF, CR, LF) starts a new data line: a bare CR in a
+    # question or an error (text the page escapes, but does not strip) would otherwise end
+    # the field and let the rest be read as one of its own ("event: ...", "retry: ...").
+    lines += [f"data: {line}" for line in _SSE_LINES.split(data)]
     return "\n".join(lines) + "\n\n"
 
 
-def _stream(gen: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(gen, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+class _SlotStream(StreamingResponse):
+    """An event stream that gives its slot back however it ends (even when the client left
+    before its first byte, and the generator never started)."""
+
+    slots: StreamSlots
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slots.give()
+
+
+def _stream(gen: AsyncIterator[str], slots: StreamSlots) -> StreamingResponse:
+    response = _SlotStream(gen, media_type="text/event-stream",
+                           headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    response.slots = slots
+    return response

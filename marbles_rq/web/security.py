@@ -42,11 +42,42 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve anywhere
 
 
+def loopback_host_header(value: str) -> bool:
+    """A Host header that names this machine's loopback (localhost, 127.x.y.z, [::1]), with
+    or without a port. On loopback, where reads need nothing, any other name is a browser
+    led there by DNS rebinding (a page of evil.example whose name now resolves to
+    127.0.0.1): its own origin, so the same-origin policy would let it read every run."""
+    host = value.strip().lower()
+    if host.startswith("["):
+        name, _, rest = host[1:].partition("]")
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return False
+    else:
+        name, _, port = host.partition(":")
+        if port and not port.isdigit():
+            return False
+    if name.endswith("."):
+        name = name[:-1]
+    return name == "localhost" or is_loopback_address(name)
+
+
+def is_loopback_address(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def check_bind(host: str, token: str | None) -> None:
     """Refuse (ConfigError, exit 2) what would expose runs without a credential."""
     if token is not None and len(token) < MIN_TOKEN:
         raise ConfigError(f"{TOKEN_ENV} is too short: use at least {MIN_TOKEN} characters "
                           f"(e.g. `openssl rand -hex 24`)")
+    if token is not None and not all("!" <= c <= "~" for c in token):
+        # A space or a character outside printable ASCII cannot survive an Authorization
+        # header (trimmed, or read as latin-1): the bearer form would never match.
+        raise ConfigError(f"{TOKEN_ENV} holds a space, a control or a non-ASCII character: "
+                          f"use printable ASCII only (e.g. `openssl rand -hex 24`)")
     if token is None and not is_loopback(host):
         raise ConfigError(f"refusing to bind {host} without a token: set {TOKEN_ENV} (reads "
                           f"and writes then need it), or bind 127.0.0.1")

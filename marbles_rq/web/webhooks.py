@@ -23,8 +23,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 import msgspec
 import redis
+from redis.exceptions import RedisClusterException
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -32,12 +34,14 @@ from starlette.responses import JSONResponse, Response
 from ..cli import Settings
 from ..engine.authoring import InputError
 from ..engine.ops import max_payload
-from ..errors import InvalidIdError
+from ..errors import ConfigError, InvalidIdError, RedisUnavailableError
 from ..store.redis_errors import one_line
 from ..triggers.events import SOURCE_PATTERN, TRIGGERS, Events
 
 SECRET_ENV_PREFIX = "MARBLES_WEBHOOK_SECRET_"
 SIGNATURE_HEADER = "x-marbles-signature"
+MIN_SECRET = 16
+BODY_TIMEOUT_S = 15.0  # the whole body, once the headers are in
 ENVELOPE_SLACK = 4096  # the envelope's own bytes (id, type, keys) on top of the payload limit
 
 
@@ -48,9 +52,27 @@ def secret_env(source: str) -> str:
 def secrets_from_env(environ: Mapping[str, str] | None = None) -> dict[str, bytes]:
     """{env suffix: secret} of every MARBLES_WEBHOOK_SECRET_* variable that is set."""
     environ = os.environ if environ is None else environ
-    return {name[len(SECRET_ENV_PREFIX):]: value.encode()
-            for name, value in environ.items()
-            if name.startswith(SECRET_ENV_PREFIX) and value}
+    found = {name[len(SECRET_ENV_PREFIX):]: value.encode()
+             for name, value in environ.items()
+             if name.startswith(SECRET_ENV_PREFIX) and value}
+    for suffix, value in found.items():
+        # No source maps to a name with a lower-case letter (or nothing after the prefix):
+        # such a secret would be listed as configured, and its source answered 404.
+        if not re.fullmatch(r"[A-Z0-9_]+", suffix):
+            raise ConfigError(f"{SECRET_ENV_PREFIX}{suffix} names no event source: the source "
+                              f"is upper-cased with every character outside A-Z 0-9 turned "
+                              f"into _ (source {suffix.lower()!r} -> "
+                              f"{secret_env(suffix.lower() or 'name')})")
+        if len(value) < MIN_SECRET:
+            # One captured request is enough to guess a short key offline.
+            raise ConfigError(f"{SECRET_ENV_PREFIX}{suffix} is too short: use at least "
+                              f"{MIN_SECRET} characters (e.g. `openssl rand -hex 24`)")
+    return found
+
+
+def declared_sources() -> set[str]:
+    """The sources the loaded triggers (@on_event) declare."""
+    return {trigger.source for trigger in TRIGGERS.by_key.values()}
 
 
 def sign(secret: bytes, body: bytes) -> str:
@@ -72,9 +94,30 @@ class Webhooks:
         return sorted(self.secrets)
 
     def secret(self, source: str) -> bytes | None:
+        """The secret of `source`, if it is a source this server accepts: the one spelling
+        of its variable's name in lower case (`MARBLES_WEBHOOK_SECRET_GITHUB` -> `github`),
+        or a source a trigger declares. The signature covers the body, not the URL: were
+        every spelling that maps to the variable accepted (`GitHub`, `GITHUB`, `git_hub`
+        ...), one captured request could be replayed as a new event under each of them."""
         if not SOURCE_PATTERN.fullmatch(source):
             return None
-        return self.secrets.get(secret_env(source)[len(SECRET_ENV_PREFIX):])
+        suffix = secret_env(source)[len(SECRET_ENV_PREFIX):]
+        if source != suffix.lower() and source not in declared_sources():
+            return None
+        return self.secrets.get(suffix)
+
+    def check(self) -> None:
+        """Refuse (ConfigError) two declared sources that share one secret: a request signed
+        for one would be accepted, as a new event, by the other."""
+        by_suffix: dict[str, list[str]] = {}
+        for source in sorted(declared_sources()):
+            by_suffix.setdefault(secret_env(source)[len(SECRET_ENV_PREFIX):], []).append(source)
+        for suffix, sources in by_suffix.items():
+            if len(sources) > 1 and suffix in self.secrets:
+                raise ConfigError(
+                    f"event sources {' and '.join(map(repr, sources))} share "
+                    f"{SECRET_ENV_PREFIX}{suffix}: a request signed for one would be accepted "
+                    f"by the other; rename one of them")
 
     async def endpoint(self, request: Request) -> Response:
         source = request.path_params["source"]
@@ -88,12 +131,15 @@ class Webhooks:
             return _refuse(413, f"the body is larger than {limit} bytes")
         body = bytearray()
         try:
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:  # a lying or absent Content-Length: stop reading here
-                    return _refuse(413, f"the body is larger than {limit} bytes")
+            with anyio.fail_after(BODY_TIMEOUT_S):  # a body trickled in (slowloris) ends here
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limit:  # a lying or absent Content-Length: stop here
+                        return _refuse(413, f"the body is larger than {limit} bytes")
         except ClientDisconnect:
             return _refuse(400, "the client went away")
+        except TimeoutError:
+            return _refuse(408, f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s")
         given = request.headers.get(SIGNATURE_HEADER, "")
         if not given:
             return _refuse(401, "missing signature (X-Marbles-Signature: sha256=<hex>)")
@@ -111,8 +157,10 @@ class Webhooks:
             sent = await run_in_threadpool(self._send, source, envelope)
         except (InputError, InvalidIdError) as exc:
             return _refuse(400, str(exc))
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             return _refuse(503, f"Redis: {one_line(exc)}")
+        except RedisUnavailableError as exc:  # the store could not even be opened
+            return _refuse(503, str(exc))
         reply: dict[str, Any] = {"event": sent.key, "created": sent.created, "state": sent.state,
                                  "workflow": sent.workflow or None, "run": sent.run_id or None}
         return JSONResponse(reply, status_code=202 if sent.created else 200)
@@ -125,4 +173,6 @@ class Webhooks:
 
 
 def _refuse(status: int, message: str) -> Response:
-    return JSONResponse({"error": message}, status_code=status)
+    # The body may be unread (413, 408): close rather than parse what follows as a request.
+    headers = {"Connection": "close"} if status in (408, 413) else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
