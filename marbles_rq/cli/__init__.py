@@ -24,7 +24,7 @@ from ..errors import (
 )
 from ..store import RedisStore, open_store
 from ..store.connection import DEFAULT_URL, URL_ENV, check_url, connect, refused, unavailable
-from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
+from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, MAX_LANES, Keyspace
 
 EXIT_PROBLEM, EXIT_INPUT, EXIT_REDIS = 1, 2, 3
 DEBUG_ENV = "MARBLES_DEBUG"
@@ -37,6 +37,7 @@ class Settings:
     buckets: int
     source: str | None = None
     rq_url: str | None = None
+    lanes: int = 1
     _store: RedisStore | None = field(default=None, repr=False)
     _reader: RedisStore | None = field(default=None, repr=False)
     _loaded: bool = field(default=False, repr=False)
@@ -66,7 +67,8 @@ class Settings:
 
     def store(self) -> RedisStore:
         if self._store is None:
-            self._store = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets)
+            self._store = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets,
+                                     lanes=self.lanes)
         return self._store
 
     def reader(self) -> RedisStore:
@@ -75,12 +77,12 @@ class Settings:
             return self._store
         if self._reader is None:
             self._reader = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets,
-                                      read_only=True)
+                                      read_only=True, lanes=self.lanes)
         return self._reader
 
     @property
     def keys(self) -> Keyspace:
-        return Keyspace(self.prefix, self.buckets)
+        return Keyspace(self.prefix, self.buckets, self.lanes)
 
 
 @click.group()
@@ -93,6 +95,9 @@ class Settings:
 @click.option("--source", envvar="MARBLES_SOURCE", default=None,
               help="Workflow definitions: a module path, a file, or a folder of modules "
                    "(env MARBLES_SOURCE).")
+@click.option("--lanes", envvar="MARBLES_LANES", default=1, show_default=True,
+              type=click.IntRange(1, MAX_LANES),
+              help="Lanes: shards of the buckets that controllers share (env MARBLES_LANES).")
 @click.option("--rq-url", envvar="MARBLES_RQ_URL", default=None,
               help="Redis for RQ's queues if not the store's (required when the store is a "
                    "cluster; env MARBLES_RQ_URL).")
@@ -100,9 +105,9 @@ class Settings:
               help=f"Show the traceback of an unexpected error (env {DEBUG_ENV}=1).")
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: str | None,
-        rq_url: str | None, debug: bool) -> None:
+        lanes: int, rq_url: str | None, debug: bool) -> None:
     """Durable workflows on Redis with RQ workers."""
-    ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url)
+    ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url, lanes)
 
 
 def _register() -> None:

@@ -359,7 +359,8 @@ class Dev:
         env = {k: v for k, v in os.environ.items() if k != "MARBLES_RQ_URL"}
         env.update(MARBLES_REDIS_URL=self.url, MARBLES_SOURCE=self.settings.source or "",
                    MARBLES_PREFIX=self.settings.prefix,
-                   MARBLES_BUCKETS=str(self.settings.buckets), PYTHONUNBUFFERED="1")
+                   MARBLES_BUCKETS=str(self.settings.buckets),
+                   MARBLES_LANES=str(self.settings.lanes), PYTHONUNBUFFERED="1")
         return env
 
     def _spawn(self, child: Child) -> None:

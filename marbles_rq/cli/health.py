@@ -30,7 +30,7 @@ from ..terminal import safe
 from . import EXIT_PROBLEM, Settings
 
 # Global options of `marbles-rq` that take a value: skipped when finding a subcommand.
-_VALUED = {"--redis-url", "--prefix", "--buckets", "--source", "--rq-url"}
+_VALUED = {"--redis-url", "--prefix", "--buckets", "--lanes", "--source", "--rq-url"}
 
 
 def _s(value: Any) -> str:

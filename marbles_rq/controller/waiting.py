@@ -76,6 +76,13 @@ class WaitingDuty:
                                             name="marbles-waiting", daemon=True)
             self._thread.start()
 
+    def close(self) -> None:
+        """The controller stopped leading this lane (its stop event is set): wait for the
+        thread to finish what it was doing, so the lease is released after its last write."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
     def _serve(self, ctl: Controller, epoch: int) -> None:
         try:
             while ctl.leads(epoch):

@@ -141,7 +141,8 @@ class Store(Protocol):
                      epoch: int | None = None) -> EffectOutcome: ...
     def purge(self, owner: str, *, batch_size: int = 100,
               max_batches: int | None = None) -> int: ...
-    def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Lease | LeaseHolder: ...
+    def acquire_lease(self, name: str, token: str, ttl_ms: int, *,
+                      floor: int = 0) -> Lease | LeaseHolder: ...
     def renew_lease(self, lease: Lease) -> Lease | None: ...
     def release_lease(self, lease: Lease) -> bool: ...
 
@@ -361,7 +362,10 @@ class RedisStore:
 
     # -- leases ------------------------------------------------------------------------------
 
-    def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Lease | LeaseHolder:
+    def acquire_lease(self, name: str, token: str, ttl_ms: int, *,
+                      floor: int = 0) -> Lease | LeaseHolder:
+        """Take lease `name` (or learn its holder). `floor`: a fresh epoch is above it (see
+        lua/acquire_lease.lua)."""
         check_id(name, "lease name")
         if ttl_ms <= 0:
             raise MarblesError("a lease needs ttl_ms > 0")
@@ -369,7 +373,7 @@ class RedisStore:
         reply = self.scripts.acquire_lease(lease_key=self.keys.lease(name),
                                            epoch_key=self.keys.lease_epoch(name),
                                            since_key=self.keys.lease_since(name),
-                                           token=token, ttl_ms=ttl_ms)
+                                           token=token, ttl_ms=ttl_ms, floor=floor)
         if not reply.held:
             return LeaseHolder(reply.epoch, reply.holder or "", reply.ttl_ms)
         return Lease(name, token, reply.epoch, ttl_ms, started + ttl_ms / 1000)
@@ -447,12 +451,14 @@ def _s(value: Any) -> str:
 
 
 def open_store(url: str | None = None, *, prefix: str = DEFAULT_PREFIX,
-               buckets: int = DEFAULT_BUCKETS, read_only: bool = False) -> RedisStore:
+               buckets: int = DEFAULT_BUCKETS, read_only: bool = False,
+               lanes: int = 1) -> RedisStore:
     """Connect, check the bucket count, and return the store. One clear error otherwise.
     `read_only`: for reading commands; records nothing (see RedisStore)."""
     client = connect(url)
     try:
-        return RedisStore(client, Keyspace(prefix, buckets), url=url or "", read_only=read_only)
+        return RedisStore(client, Keyspace(prefix, buckets, lanes), url=url or "",
+                          read_only=read_only)
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
         raise unavailable(url or "", exc) from None
     except redis.ResponseError as exc:
