@@ -82,15 +82,13 @@ class Sharing:
                                       ttl_ms=self.ttl_ms)
 
     def _beat_loop(self) -> None:
-        failing = False
         while not self.stop_event.is_set():
             try:
                 self.beat()
-                failing = False
             except (redis.RedisError, RedisUnavailableError, OSError) as exc:
-                if not failing:  # the main loop logs the outage; one line here
-                    log.warning("controller registration beat failed (%s)", one_line(exc))
-                failing = True
+                # The main loop meets the same Redis and logs it (once, with its back-off);
+                # a lapsed registration only lets the others count one controller fewer.
+                log.debug("controller registration beat failed (%s)", one_line(exc))
             self.stop_event.wait(self.ttl_ms / 4000)
 
     def live(self, now_ms: int) -> list[str]:
@@ -202,7 +200,7 @@ class Sharing:
                 for lane in sorted(self.led):
                     if self.stop_event.is_set():
                         break
-                    if not self._step(lane):
+                    if not self.led[lane].step():
                         self._drop(lane)
                 if backoff:
                     log.info("Redis answers again; carrying on")
@@ -219,19 +217,6 @@ class Sharing:
                 self.stop_event.wait(backoff)
             self.stop_event.wait(self.interval_s)
         self.shutdown()
-
-    def _step(self, lane: int) -> bool:
-        """One pass of one lane; an error that is not an outage costs only this lane's pass
-        (the others carry on)."""
-        ctl = self.led[lane]
-        try:
-            return ctl.step()
-        except Exception as exc:
-            if _outage(exc):
-                raise
-            ctl._warn_once(f"lane:{lane}", "lane %s: pass failed (%s); carrying on", lane,
-                           one_line(exc))
-            return ctl.lease is not None
 
     def shutdown(self) -> None:
         """Hand every lane back and leave the registry, so the others take over at once."""

@@ -1,0 +1,344 @@
+"""Controllers that share lanes (issue 10, item 7): real redis-server (and a real 3-master
+cluster), real controller and worker processes, real signals.
+
+- three controllers on six lanes split them 2/2/2; after kill -9 of one (and of the worker
+  executing a run of one of its lanes) its lanes move to the other two within the lease,
+  the run is redelivered exactly once, and every run of every lane ends once with each
+  effect once; schedules and durable timers fire once across the kill;
+- the same on a 3-master cluster with three lanes;
+- lanes and the earlier controller lease: an older controller holding `controller` keeps
+  lane-sharing controllers out; a fence left by another epoch counter is stepped over;
+- a pass over idle lanes costs a bounded number of commands, and reads what is due only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import redis
+
+from marbles_rq.controller.loop import Controller
+from marbles_rq.controller.share import Sharing
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store import Lease, LeaseHolder, open_store
+from marbles_rq.store.keys import Keyspace
+from marbles_rq.transport.dispatch import rq_connection
+from tests import kill_workflows as zw
+from tests.procs import KILL_SOURCE, REPO_ROOT, Proc, Procs, wait_for
+from tests.redis_procs import RedisServer
+
+TTL_MS = 2000
+FLOW_SOURCE = REPO_ROOT / "tests" / "flow_workflows.py"
+SCHED = REPO_ROOT / "tests" / "sched_sources"
+FIRED = "sx:fired"        # tests/sched_sources/flows.py: one entry per scheduled run
+EFFECTS = "fl:effects"    # tests/flow_workflows.py: one entry per effect step executed
+
+
+def _pid(token: str | None) -> int | None:
+    """The pid in a controller token ``host:pid:random:lanes``."""
+    if token is None:
+        return None
+    pid = token.split(":")[1]
+    return int(pid) if pid.isdigit() else None
+
+
+def holders(client: redis.Redis, keys: Keyspace) -> list[int | None]:
+    """The pid of the controller holding each lane's lease, or None."""
+    values = [client.get(keys.lease(keys.lane_lease(lane))) for lane in range(keys.lanes)]
+    return [None if v is None else _pid((v.decode() if isinstance(v, bytes) else str(v))
+                                        .partition("|")[2]) for v in values]
+
+
+def wait_split(client: redis.Redis, keys: Keyspace, pids: Iterable[int], per: int, *,
+               timeout: float, procs: Procs) -> list[int | None]:
+    """Wait until every lane is held and each of `pids` holds exactly `per` lanes."""
+    pids = sorted(pids)
+
+    def even() -> list[int | None] | None:
+        held = holders(client, keys)
+        counts = Counter(held)
+        return held if None not in counts and all(counts[p] == per for p in pids) and sum(
+            counts[p] for p in pids) == keys.lanes else None
+
+    return wait_for(even, timeout=timeout, what=f"lanes split {per} each over {pids}",
+                    context=lambda: f"holders {holders(client, keys)}\n{procs.report()}")
+
+
+def ids_per_lane(keys: Keyspace, per_lane: int, stem: str) -> dict[int, list[str]]:
+    """Run ids, `per_lane` of them in each lane."""
+    out: dict[int, list[str]] = {lane: [] for lane in range(keys.lanes)}
+    n = 0
+    while any(len(v) < per_lane for v in out.values()):
+        rid = f"{stem}-{n}"
+        n += 1
+        lane = keys.lane_of(rid)
+        if len(out[lane]) < per_lane:
+            out[lane].append(rid)
+    return out
+
+
+def _kill_group(proc: Proc) -> None:
+    """kill -9 a forking worker and its horse (its process group), and reap it."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.popen.wait(timeout=10)
+
+
+def _scenario(procs: Procs, client: redis.Redis, keys: Keyspace, *, controllers: int,
+              per: int) -> None:
+    """Controllers share the lanes; kill -9 one with a worker executing a run of its lane;
+    everything ends once."""
+    ctls = [procs.controller(lease_ms=TTL_MS, ready=False) for _ in range(controllers)]
+    victim_worker = procs.worker(lease_ms=TTL_MS)
+    procs.worker(lease_ms=TTL_MS, pool=3)
+    held = wait_split(client, keys, [c.pid for c in ctls], per, timeout=30, procs=procs)
+    print(f"[lanes] split {held}")
+
+    obs = procs.observer
+    runs = ids_per_lane(keys, 2, "ln")
+    for ids in runs.values():
+        for rid in ids:
+            procs.enqueue("zchain", {"steps": 3, "sleep_s": 0.3}, rid)
+    timers = ids_per_lane(keys, 1, "tm")
+    for ids in timers.values():
+        procs.enqueue("fl_timer", {"seconds": 1.5}, ids[0])
+
+    # The run to strand: on the forking worker, in a lane of the controller we kill.
+    victim = ctls[0]
+    lanes_of_victim = [lane for lane, pid in enumerate(held) if pid == victim.pid]
+    target = f"ln-target-{lanes_of_victim[0]}"
+    n = 0
+    while keys.lane_of(target) != lanes_of_victim[0]:
+        n += 1
+        target = f"ln-target-{lanes_of_victim[0]}-{n}"
+
+    def on_victim_worker() -> bool:
+        view = obs.view(target)
+        return view is not None and view.status == "running" and view.worker is not None \
+            and view.worker.endswith(f".{victim_worker.pid}")
+
+    # Enqueue until the forking worker (not the pool) takes it: each try is another id.
+    for attempt_no in range(20):
+        rid = f"{target}-{attempt_no}"
+        while keys.lane_of(rid) != lanes_of_victim[0]:
+            rid += "x"
+        target = rid
+        procs.enqueue("zchain", {"steps": 4, "sleep_s": 0.6}, target)
+        obs.wait_step_started(target, "zchain.zlink#0", attempt=1)
+        if on_victim_worker():
+            break
+        obs.wait_final(target)  # another worker's: it ends normally and is checked below
+        runs.setdefault(lanes_of_victim[0], []).append(target)
+    else:
+        raise AssertionError("the forking worker never took a run")
+    obs.wait_step_started(target, "zchain.zlink#1", attempt=1)
+
+    killed_at = time.monotonic()
+    victim.kill9()
+    _kill_group(victim_worker)
+    procs.worker(lease_ms=TTL_MS)
+    survivors = [c.pid for c in ctls[1:]]
+    after = wait_split(client, keys, survivors, keys.lanes // len(survivors),
+                       timeout=4 * TTL_MS / 1000 + 10, procs=procs)
+    moved_s = time.monotonic() - killed_at
+    print(f"[lanes] lanes of the killed controller moved in {moved_s:.2f} s "
+          f"(lease {TTL_MS} ms): {after}")
+    # Its leases lapse within the lease; the others take them at their next look (every
+    # pass while a lane is unled). Generous on a shared machine.
+    assert moved_s < 2 * TTL_MS / 1000 + 3, moved_s
+
+    obs.wait_final(target, timeout=60)
+    view = obs.view(target)
+    assert view is not None and view.status == "succeeded", obs.dump(target)
+    redelivered = [e for e in obs.events(target) if e.type == "redelivered"]
+    assert view.attempt == 2 and len(redelivered) == 1, obs.dump(target)
+
+    everything = [target] + [r for ids in runs.values() for r in ids]
+    for rid in set(everything):
+        obs.wait_final(rid, timeout=60)
+    receipts = Counter(obs.lrange(zw.RECEIPTS_KEY))
+    for rid in set(everything):
+        view = obs.view(rid)
+        assert view is not None and view.status == "succeeded", obs.dump(rid)
+        steps = 4 if rid == target else 3
+        for i in range(steps):
+            assert receipts[f"{rid}:zchain.zlink#{i}"] == 1, (rid, receipts)
+        events = obs.events(rid)
+        assert len([e for e in events if e.type == "final"]) == 1, obs.dump(rid)
+        assert view.attempt == 1 + len([e for e in events if e.type == "redelivered"])
+    assert sum(receipts.values()) == sum(4 if r == target else 3 for r in set(everything))
+
+    for ids in timers.values():
+        obs.wait_final(ids[0], timeout=60)
+        assert obs.status(ids[0]) == "succeeded", obs.dump(ids[0])
+    effects = Counter(obs.lrange(EFFECTS))
+    for ids in timers.values():
+        # Each effect step once, unless its execution vanished mid-step (then twice at
+        # most, as any step): a timer's wake is one delivery, never two.
+        assert effects[f"{ids[0]}:before"] >= 1 and effects[f"{ids[0]}:after"] >= 1
+        view = obs.view(ids[0])
+        assert view is not None
+        woken = [e for e in obs.events(ids[0]) if e.type == "attempt_started"]
+        assert effects[f"{ids[0]}:after"] == 1 or len(woken) > 2, obs.dump(ids[0])
+
+
+def _schedules_fired_once(client: redis.Redis, before: int, procs: Procs) -> None:
+    """The 20 interval schedules kept firing after the kill, and no occurrence twice."""
+    wait_for(lambda: client.llen(FIRED) >= before + 40, timeout=60,
+             what="schedules firing after the kill", context=procs.report)
+    fired = [x.decode() for x in client.lrange(FIRED, 0, -1)]
+    counts = Counter(fired)
+    assert max(counts.values()) == 1, counts.most_common(3)
+    assert len({rid.split(":")[1] for rid in fired}) == 20
+
+
+def test_three_controllers_share_six_lanes_and_take_over_a_killed_ones(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    procs = Procs(redis_server.url, tmp_path / "procs",
+                  sources=(KILL_SOURCE, FLOW_SOURCE, SCHED / "flows.py", SCHED / "many.py"))
+    procs.env["MARBLES_LANES"] = "6"
+    keys = Keyspace(lanes=6)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        _scenario(procs, client, keys, controllers=3, per=2)
+        _schedules_fired_once(client, client.llen(FIRED), procs)
+        # Each of the six lanes was led by one controller at a time: every lane's epoch
+        # grew by one per election (a lane moves at most twice here).
+        for lane in range(6):
+            epoch = int(client.get(keys.lease_epoch(keys.lane_lease(lane))) or 0)
+            assert 1 <= epoch <= 4, (lane, epoch)
+    finally:
+        procs.stop_all()
+        print(procs.report(lines=60))
+
+
+def test_controllers_share_three_lanes_on_a_cluster(
+        cluster_url: str, redis_server: RedisServer, tmp_path: Path) -> None:
+    """The store on 3 masters (RQ on a standalone Redis, as the README says), three lanes,
+    three controllers: one lane each; kill -9 of one moves its lane; nothing lost or
+    doubled."""
+    procs = Procs(cluster_url, tmp_path / "procs", sources=(KILL_SOURCE, FLOW_SOURCE))
+    procs.env["MARBLES_LANES"] = "3"
+    procs.env["MARBLES_RQ_URL"] = redis_server.url
+    keys = Keyspace(lanes=3)
+    store = open_store(cluster_url, lanes=3)
+    client = store.client
+    # The lanes' leases live in their first buckets' slots: spread over the masters.
+    nodes = {client.get_node_from_key(keys.lease(keys.lane_lease(lane))).name
+             for lane in range(3)}
+    print(f"[lanes] lane leases on {len(nodes)} masters")
+    try:
+        _scenario(procs, client, keys, controllers=3, per=1)
+    finally:
+        procs.stop_all()
+        print(procs.report(lines=60))
+
+
+# -- in process, against a real Redis ----------------------------------------------------------
+
+
+def _runs(url: str, *, buckets: int = 64, lanes: int = 1, prefix: str = "mrq") -> RunStore:
+    return RunStore(open_store(url, prefix=prefix, buckets=buckets, lanes=lanes))
+
+
+def test_an_older_controller_holding_the_controller_lease_keeps_lanes_unled(
+        redis_url: str) -> None:
+    runs = _runs(redis_url, lanes=4)
+    rq = rq_connection(redis_url)
+    older = runs.store.acquire_lease("controller", "oldhost:42:abcdef12", 10_000)
+    assert isinstance(older, Lease)
+    share = Sharing(runs, rq, lease_ms=2000)
+    share.balance()
+    assert share.led == {}  # an earlier version leads every bucket: not one lane here
+    runs.store.release_lease(older)
+    share.balance()
+    assert sorted(share.led) == [0, 1, 2, 3]  # alone: all four
+    other = Sharing(runs, rq, lease_ms=2000)
+    other.beat()
+    share.beat()
+    share.balance()  # two controllers: share 2, two lanes handed back
+    assert len(share.led) == 2
+    other.balance()
+    assert len(other.led) == 2 and not set(other.led) & set(share.led)
+    share.shutdown()
+    other.shutdown()
+    assert all(h is None for h in holders(runs.client, runs.keys))
+
+
+def test_a_fence_from_another_epoch_counter_is_stepped_over_once(redis_url: str) -> None:
+    """Lanes split after a single-lane deployment: lane 1's buckets hold fences from the
+    `controller` counter (epoch 40); lane 1's own counter starts at 1. Its first leader
+    is refused, gives the lease back, and takes an epoch above the fences."""
+    runs = _runs(redis_url, lanes=2)
+    keys = runs.keys
+    for bucket in keys.lane_buckets(1):
+        runs.client.hset(keys.controller_fence(bucket), "epoch", 40)
+    ctl = Controller(runs, rq_connection(redis_url), lane=1, lease_ms=5000)
+    assert ctl.lead() and ctl.epoch == 1
+    ctl.recover()
+    assert ctl.lease is None  # refused: stepped down and released
+    assert isinstance(runs.store.lease_holder(keys.lane_lease(1)), type(None))
+    assert ctl.step()  # leads again, above the fence, and recovers
+    assert ctl.epoch == 41
+    assert all(int(runs.client.hget(keys.controller_fence(b), "epoch") or 0) == 41
+               for b in keys.lane_buckets(1))
+    # Lane 0's fences were never touched by lane 1.
+    assert all(runs.client.hget(keys.controller_fence(b), "epoch") is None
+               for b in keys.lane_buckets(0))
+    held = runs.store.acquire_lease(keys.lane_lease(1), "someone-else", 5000)
+    assert isinstance(held, LeaseHolder) and held.epoch == 41
+    ctl.release()
+
+
+def _commands(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items()
+               if k not in ("cmdstat_info", "cmdstat_config|resetstat"))
+
+
+def test_a_pass_over_idle_lanes_costs_commands_per_bucket_and_what_is_due(
+        redis_url: str) -> None:
+    """One pass per lane, nothing due: a bounded number of commands per bucket (one read
+    of each due index, one server clock per pass). With runs due in one lane, only that
+    lane's pass grows, by what is due."""
+    buckets, lanes = 256, 8
+    runs = _runs(redis_url, buckets=buckets, lanes=lanes)
+    rq = rq_connection(redis_url)
+    ctls = [Controller(runs, rq, lane=k, lease_ms=30_000) for k in range(lanes)]
+    for ctl in ctls:
+        assert ctl.lead()
+        ctl.recover()
+        ctl.pass_once()  # the first prune pass
+    client = redis.Redis.from_url(redis_url)
+    client.config_resetstat()
+    for ctl in ctls:
+        ctl.pass_once()
+    per_pass = _commands(client)
+    per_bucket = per_pass / buckets
+    print(f"[cost] idle: {per_pass} commands for a pass over {lanes} lanes of "
+          f"{buckets // lanes} buckets ({per_bucket:.2f} per bucket)")
+    # Each lane: one TIME, one ZRANGEBYSCORE of the leases and one of the dispatch checks
+    # per bucket; RQ's in-flight lists (a few commands).
+    assert per_pass <= 2 * buckets + lanes * 12, per_pass
+
+    # 300 dispatch checks due in lane 3 (of runs that are gone: each check reads the run
+    # and drops the entry): that lane's pass grows by what is due, a few commands each.
+    keys = runs.keys
+    ids = [r for r in (f"due-{n}" for n in range(5000)) if keys.lane_of(r) == 3][:300]
+    for rid in ids:
+        client.zadd(keys.run_dispatch(keys.bucket_of(rid)), {rid: 0})
+    client.config_resetstat()
+    ctls[3].pass_once()
+    lane3 = _commands(client)
+    client.config_resetstat()
+    ctls[4].pass_once()
+    idle = _commands(client)
+    print(f"[cost] lane 3 with 300 due: {lane3} commands; an idle lane: {idle}")
+    assert idle <= 2 * buckets // lanes + 12
+    # per check: the HMGET of the run, dispatch_done (EVALSHA and what it calls inside)
+    assert idle + 300 <= lane3 <= idle + 6 * 300
+    assert all(client.zcard(keys.run_dispatch(b)) == 0 for b in keys.lane_buckets(3))
