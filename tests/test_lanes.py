@@ -13,6 +13,7 @@ cluster), real controller and worker processes, real signals.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -344,3 +345,42 @@ def test_a_pass_over_idle_lanes_costs_commands_per_bucket_and_what_is_due(
     # per check: the HMGET of the run, dispatch_done (EVALSHA and what it calls inside)
     assert idle + 300 <= lane3 <= idle + 6 * 300
     assert all(client.zcard(keys.run_dispatch(b)) == 0 for b in keys.lane_buckets(3))
+
+
+def test_leader_doctor_and_health_show_who_leads_each_lane(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    procs = Procs(redis_server.url, tmp_path / "procs", sources=(KILL_SOURCE,))
+    procs.env["MARBLES_LANES"] = "4"
+    keys = Keyspace(lanes=4)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        done = procs.cli("leader", "--json")
+        assert done.returncode == 1 and json.loads(done.stdout)["unled"] == [0, 1, 2, 3]
+        done = procs.cli("doctor", "--json")
+        assert done.returncode == 0, done.stderr  # an unled lane is a warning
+        lanes = [c for c in json.loads(done.stdout)["checks"] if c["node"] == "controller"]
+        assert [c["value"] for c in lanes] == ["no controller leads"] * 4
+        assert procs.cli("health", "controller").returncode == 1
+
+        first = procs.controller(lease_ms=TTL_MS, ready=False)
+        wait_split(client, keys, [first.pid], timeout=20, procs=procs)
+        second = procs.controller(lease_ms=TTL_MS, ready=False)
+        held = wait_split(client, keys, [first.pid, second.pid], timeout=20, procs=procs)
+        done = procs.cli("leader", "--json")
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert data["unled"] == []
+        assert [r["holder"].split(":")[1] for r in data["lanes"]] == [str(p) for p in held]
+        assert [r["buckets"] for r in data["lanes"]] == [[0, 15], [16, 31], [32, 47], [48, 63]]
+        text = procs.cli("doctor").stdout
+        assert text.count("led by ") == 4, text
+        health = procs.cli("health", "controller")
+        # Both controllers run on this host: together they lead all four.
+        assert health.returncode == 0 and "leads 4 of 4 lanes" in health.stdout, health
+        assert str(first.pid) in health.stdout and str(second.pid) in health.stdout
+        # A graceful stop hands the lanes back at once: the other one leads all four.
+        second.stop()
+        wait_split(client, keys, [first.pid], timeout=4 * TTL_MS / 1000, procs=procs)
+    finally:
+        procs.stop_all()
+        print(procs.report())

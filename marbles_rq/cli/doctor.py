@@ -9,7 +9,14 @@ import click
 import redis
 
 from ..store.connection import refused, unavailable
-from ..store.doctor import check_durability, problem_line, problems, report, warnings
+from ..store.doctor import (
+    Check,
+    check_durability,
+    problem_line,
+    problems,
+    report,
+    warnings,
+)
 from . import Settings
 
 
@@ -27,6 +34,8 @@ def doctor(settings: Settings, as_json: bool) -> None:
         raise unavailable(url, exc) from None
     except redis.ResponseError as exc:  # e.g. INFO denied by an ACL: say so, not "unreachable"
         raise refused(exc, doctor_hint=False) from None
+    if settings.lanes > 1:
+        checks += _lane_checks(settings)
     bad = problems(checks)
     if as_json:
         click.echo(json.dumps({"redis_url": _redacted(url), **report(checks)}, indent=2))
@@ -42,6 +51,23 @@ def doctor(settings: Settings, as_json: bool) -> None:
             click.echo("ok: acknowledged writes survive a crash and are never evicted")
     if bad:
         sys.exit(1)
+
+
+def _lane_checks(settings: Settings) -> list[Check]:
+    """One line per lane: who leads it. An unled lane is a warning (no controller started
+    yet, or a takeover under way), since doctor also runs before the controllers start."""
+    from ..controller.share import lane_leaders
+
+    checks = []
+    for ll in lane_leaders(settings.reader()):
+        value = (f"led by {ll.holder} (epoch {ll.info.epoch})" if ll.info is not None
+                 else "no controller leads")
+        checks.append(Check("controller", f"lane {ll.lane} (buckets {ll.buckets.start}-"
+                            f"{ll.buckets.stop - 1})", value, "led", ll.info is not None,
+                            "warning", "nothing in its buckets is redelivered, dispatched, "
+                            "woken or fired until a controller takes it (start one, or see "
+                            "'marbles-rq leader')"))
+    return checks
 
 
 def _redacted(url: str) -> str:

@@ -33,12 +33,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from ..engine.runs import RunStore
 from ..errors import RedisUnavailableError
+from ..store import LeaseInfo, RedisStore
 from ..store.redis_errors import one_line
 from .duties import Duty
 from .loop import MAX_BACKOFF_S, Controller, _outage, new_token
@@ -234,6 +236,30 @@ class Sharing:
         except (redis.RedisError, RedisUnavailableError) as exc:
             log.warning("could not leave the controller registry (%s); it lapses",
                         one_line(exc))
+
+
+@dataclass(frozen=True)
+class LaneLeader:
+    """Who leads a lane, for `leader`, `doctor` and `health controller`."""
+
+    lane: int
+    buckets: range
+    info: LeaseInfo | None  # None: no controller leads it
+
+    @property
+    def holder(self) -> str | None:
+        """``host:pid`` of the leading controller (from its token), or None."""
+        if self.info is None:
+            return None
+        host, _, rest = self.info.token.partition(":")
+        return f"{host}:{rest.partition(':')[0]}"
+
+
+def lane_leaders(store: RedisStore) -> list[LaneLeader]:
+    """Each lane's leader, read without writing (one read per lane)."""
+    keys = store.keys
+    return [LaneLeader(lane, keys.lane_buckets(lane), store.lease_holder(keys.lane_lease(lane)))
+            for lane in range(keys.lanes)]
 
 
 def _s(value: Any) -> str:

@@ -22,7 +22,6 @@ import redis
 from ..engine.runs import DISPATCH_GRACE_MS, TERMINAL
 from ..errors import MarblesError
 from ..store.redis_errors import one_line
-from ..transport import dispatch
 
 if TYPE_CHECKING:
     from .loop import Controller
@@ -191,11 +190,9 @@ class WaitingDuty:
                 deliveries[_s(reply.values[1])].append((run_id, int(reply.values[0])))
         count = 0
         for queue_name, batch in deliveries.items():
-            try:
-                dispatch.enqueue_deliveries(ctl.rq, keys.prefix, queue_name, batch)
-            except redis.RedisError as exc:  # their dispatch checks stay due: retried
-                log.warning("enqueueing %s woken runs on %s failed (%s); the dispatch check "
-                            "retries", len(batch), queue_name, one_line(exc))
+            # Through the controller's enqueue (the one place it reaches RQ); a failure
+            # leaves their dispatch checks due: retried.
+            ctl._enqueue_many(queue_name, batch)
             count += len(batch)
         if count:
             self.stats.woken += count
