@@ -10,9 +10,10 @@ process leads (its share: lanes / controllers, at least one), with every duty th
 `marbles-rq controller` keeps, unthreaded so that one pass does all of them (redelivery,
 lost workers, dispatch checks, RQ's in-flight deliveries, inbound events, waiting runs,
 schedules, monitors), wins their leases, recovers, makes a warm-up pass, then `--passes`
-passes with nothing due. "commands" is the sum of INFO commandstats calls (commands a
-script calls inside count too) after CONFIG RESETSTAT, divided by the passes; "Redis ms" is
-the server's own time for them; "wall ms" includes this process's Python.
+passes with nothing due. "commands/pass" is the median over the passes of the INFO
+commandstats calls of one pass (after CONFIG RESETSTAT; commands a script calls inside count
+too), "max" the largest (a pass that also prunes: every 5 s); "Redis ms" is the server's own
+time for the median pass; "wall ms" the median pass in this process, Python included.
 
 Run it with PYTHONPATH pointing at an older checkout to measure that code: a Controller
 without lanes is measured with one lane only. Nothing asserts; it prints.
@@ -77,22 +78,28 @@ def measure(url: str, *, buckets: int, lanes: int, controllers: int, passes: int
         ctl.recover()
         ctl.pass_once()  # warm: scripts loaded, first prune and scans made
     client = redis.Redis.from_url(url)
-    walls = []
-    client.config_resetstat()
+    walls, calls, usecs = [], [], []
     for _ in range(passes):
+        client.config_resetstat()
         started = time.perf_counter()
         for ctl in ctls:
             ctl.pass_once()
         walls.append((time.perf_counter() - started) * 1000)
-    calls, usec = commands(client)
+        n, usec = commands(client)
+        calls.append(n)
+        usecs.append(usec)
     for ctl in ctls:
         if ctl.lease is not None:
             store.release_lease(ctl.lease)
             ctl.lease = None
     led = sum(len(ctl.buckets) for ctl in ctls) if HAS_LANES else buckets
     return {"lanes": lanes, "controllers": controllers, "led_lanes": len(ctls),
-            "led_buckets": led, "commands": calls / passes, "redis_ms": usec / passes / 1000,
-            "wall_ms": sorted(walls)[len(walls) // 2]}
+            "led_buckets": led, "commands": median(calls), "max": max(calls),
+            "redis_ms": median(usecs) / 1000, "wall_ms": median(walls)}
+
+
+def median(values: list[Any]) -> Any:
+    return sorted(values)[len(values) // 2]
 
 
 def main() -> None:
@@ -111,7 +118,7 @@ def main() -> None:
             print(f"redis {info['redis_version']}, buckets {args.buckets}, passes "
                   f"{args.passes}, code {'with' if HAS_LANES else 'without'} lanes "
                   f"({Path(inspect.getfile(Controller)).parent.parent.parent})")
-            print(f"{'lanes':>5} {'ctls':>4} {'led':>9} {'commands/pass':>14} "
+            print(f"{'lanes':>5} {'ctls':>4} {'led':>9} {'commands/pass':>14} {'max':>6} "
                   f"{'per bucket':>10} {'Redis ms':>9} {'wall ms':>8}")
             n = 0
             for lanes in lane_counts:
@@ -124,7 +131,7 @@ def main() -> None:
                                   prefix=f"b{n}")
                     print(f"{row['lanes']:>5} {row['controllers']:>4} "
                           f"{row['led_lanes']:>3}/{row['led_buckets']:<5} "
-                          f"{row['commands']:>14.1f} "
+                          f"{row['commands']:>14} {row['max']:>6} "
                           f"{row['commands'] / row['led_buckets']:>10.2f} "
                           f"{row['redis_ms']:>9.2f} {row['wall_ms']:>8.1f}")
         finally:
