@@ -384,3 +384,25 @@ def test_leader_doctor_and_health_show_who_leads_each_lane(
     finally:
         procs.stop_all()
         print(procs.report())
+
+
+def test_batched_scripts_go_in_one_pipeline_per_master_on_a_cluster(cluster_url: str) -> None:
+    """call_many on a cluster: grouped by master, pipelined there; a call that fails on its
+    keys comes back as its own error (errors=True), the others are applied."""
+    runs = RunStore(open_store(cluster_url, lanes=3))
+    keys, scripts = runs.keys, runs.scripts
+    fences = [keys.controller_fence(b) for b in range(keys.buckets)]
+    runs.client.hset(fences[7], "epoch", 9)
+    replies = scripts.raise_fences(fences, 5)
+    assert replies[7] == ("fenced", 9)
+    assert all(r == ("ok", 0) for i, r in enumerate(replies) if i != 7)
+    assert all(int(runs.client.hget(f, "epoch")) == (9 if i == 7 else 5)
+               for i, f in enumerate(fences))
+    # Every master got its share of the calls (the fences spread over all three).
+    calls = {node.name: int(node.redis_connection.info("commandstats").get(
+        "cmdstat_evalsha", {}).get("calls", 0)) for node in runs.client.get_primaries()}
+    assert len(calls) == 3 and all(n > 0 for n in calls.values()), calls
+    runs.client.set(fences[3], "not a hash")
+    out = scripts.call_many("raise_fence", [([f], [6]) for f in fences[:5]], errors=True)
+    assert isinstance(out[3], redis.ResponseError) and "WRONGTYPE" in str(out[3])
+    assert [o[0] for i, o in enumerate(out) if i != 3] == [b"ok"] * 4
