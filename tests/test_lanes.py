@@ -25,10 +25,12 @@ import redis
 
 from marbles_rq.controller.loop import Controller
 from marbles_rq.controller.share import Sharing
+from marbles_rq.engine.ops import RunRequest, enqueue
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import Lease, LeaseHolder, open_store
 from marbles_rq.store.keys import Keyspace
 from marbles_rq.transport.dispatch import rq_connection
+from tests import flow_workflows  # noqa: F401  (registers fl_timer for the enqueue here)
 from tests import kill_workflows as zw
 from tests.procs import KILL_SOURCE, REPO_ROOT, Proc, Procs, wait_for
 from tests.redis_procs import RedisServer
@@ -129,20 +131,21 @@ def _scenario(procs: Procs, client: redis.Redis, keys: Keyspace, *, controllers:
     # Enqueue until the forking worker (not the pool) takes one: each try is another id.
     for n in range(20):
         target = id_in_lane(keys, lane, f"ln-target-{n}")
-        procs.enqueue("zchain", {"steps": 6, "sleep_s": 0.6}, target)
-        steps[target] = 6
+        procs.enqueue("zchain", {"steps": 8, "sleep_s": 0.6}, target)
+        steps[target] = 8
         obs.wait_step_started(target, "zchain.zlink#0", attempt=1)
         if on_victim_worker(target):
             break
     else:
         raise AssertionError("the forking worker never took a run")
-    # One durable timer per lane, parked now and due around the takeover: each fires once,
-    # in lanes that keep their leader and in those that move.
+    # One durable timer per lane, parked about now and due around the takeover: each fires
+    # once, in lanes that keep their leader and in those that move.
+    # In this process: six CLI starts would take longer than the run we are about to strand.
     timers = ids_per_lane(keys, 1, "tm")
+    rq = rq_connection(procs.env.get("MARBLES_RQ_URL") or procs.url)
     for ids in timers.values():
-        procs.enqueue("fl_timer", {"seconds": TTL_MS / 1000 + 0.5}, ids[0])
-    for ids in timers.values():
-        obs.wait_status(ids[0], "waiting", "succeeded", timeout=30)
+        timer_input = json.dumps({"seconds": TTL_MS / 1000 + 0.5}).encode()
+        enqueue(obs.runs, rq, RunRequest("fl_timer", timer_input, ids[0]))
     obs.wait_step_started(target, "zchain.zlink#1", attempt=1)
     assert obs.status(target) == "running", obs.dump(target)
 
