@@ -301,6 +301,18 @@ def test_a_fence_from_another_epoch_counter_is_stepped_over_once(redis_url: str)
     assert isinstance(held, LeaseHolder) and held.epoch == 41
     ctl.release()
 
+    # An equal epoch from another counter is no better: lane 1 of a fresh prefix, whose
+    # fences an older controller (epoch 1 of the `controller` counter) wrote.
+    runs = _runs(redis_url, lanes=2, prefix="eq")
+    for bucket in runs.keys.lane_buckets(1):
+        runs.client.hset(runs.keys.controller_fence(bucket), "epoch", 1)
+    ctl = Controller(runs, rq_connection(redis_url), lane=1, lease_ms=5000)
+    assert ctl.lead() and ctl.epoch == 1
+    ctl.recover()
+    assert ctl.lease is None
+    assert ctl.step() and ctl.epoch == 2
+    ctl.release()
+
 
 def _commands(client: redis.Redis) -> int:
     stats = client.info("commandstats")
@@ -403,6 +415,7 @@ def test_batched_scripts_go_in_one_pipeline_per_master_on_a_cluster(cluster_url:
     assert all(r == ("ok", 0) for i, r in enumerate(replies) if i != 7)
     assert all(int(runs.client.hget(f, "epoch")) == (9 if i == 7 else 5)
                for i, f in enumerate(fences))
+    assert scripts.raise_fences(fences[:2], 6) == [("ok", 5), ("ok", 5)]
     # Every master got its share of the calls (the fences spread over all three).
     calls = {node.name: int(node.redis_connection.info("commandstats").get(
         "cmdstat_evalsha", {}).get("calls", 0)) for node in runs.client.get_primaries()}
@@ -411,3 +424,61 @@ def test_batched_scripts_go_in_one_pipeline_per_master_on_a_cluster(cluster_url:
     out = scripts.call_many("raise_fence", [([f], [6]) for f in fences[:5]], errors=True)
     assert isinstance(out[3], redis.ResponseError) and "WRONGTYPE" in str(out[3])
     assert [o[0] for i, o in enumerate(out) if i != 3] == [b"ok"] * 4
+    assert [int(o[1]) for i, o in enumerate(out) if i != 3] == [6, 6, 5, 5]
+
+
+OLD_CONTROLLER = """
+import os, signal, socket, sys, uuid, logging
+from marbles_rq.controller.loop import Controller
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store import open_store
+from marbles_rq.transport.dispatch import rq_connection
+logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+url = sys.argv[1]
+# A controller as every version before lanes ran it: one Controller over every bucket,
+# under the `controller` lease, with a token of host:pid:random (no lane mark).
+ctl = Controller(RunStore(open_store(url)), rq_connection(url), lease_ms=2000, interval_s=0.2,
+                 token=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+signal.signal(signal.SIGTERM, lambda *_: ctl.stop_event.set())
+ctl.run()
+"""
+
+
+def test_an_older_controller_process_and_lane_sharing_ones_never_both_lead(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """During an upgrade to lanes, an older controller (one lease, every bucket) still runs:
+    the new ones lead no lane while it leads; once it stops, they take every lane."""
+    import subprocess
+    import sys
+
+    procs = Procs(redis_server.url, tmp_path / "procs", sources=(KILL_SOURCE,))
+    procs.env["MARBLES_LANES"] = "4"
+    keys = Keyspace(lanes=4)
+    client = redis.Redis.from_url(redis_server.url)
+    log = (tmp_path / "old.log").open("wb")
+    old = subprocess.Popen([sys.executable, "-c", OLD_CONTROLLER, redis_server.url],
+                           env=procs.env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: holders(client, keys)[0] == old.pid, timeout=20,
+                 what="the older controller to lead")
+        new = procs.controller(lease_ms=TTL_MS, ready=False)
+        new.wait_log("a controller of an earlier version", timeout=20)
+        # For a few of its looks it leads nothing, and the older one keeps the lease.
+        deadline = time.monotonic() + 3 * TTL_MS / 1000
+        while time.monotonic() < deadline:
+            assert holders(client, keys) == [old.pid, None, None, None]
+            time.sleep(0.1)
+        old.send_signal(signal.SIGTERM)  # it releases the lease as it stops
+        old.wait(timeout=20)
+        wait_split(client, keys, [new.pid], timeout=4 * TTL_MS / 1000, procs=procs)
+        procs.enqueue("zchain", {"steps": 1}, "after-upgrade")
+        procs.worker(lease_ms=TTL_MS)
+        assert procs.observer.wait_status("after-upgrade", "succeeded", timeout=30)
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait()
+        log.close()
+        procs.stop_all()
+        print((tmp_path / "old.log").read_text(errors="replace")[-3000:])
+        print(procs.report())

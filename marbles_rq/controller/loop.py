@@ -563,18 +563,21 @@ class Controller:
 
         A bucket whose fence holds a newer epoch was written by a newer leader of this lane
         -- or, after the lanes were split or merged, by a leader whose epoch came from
-        another lane's counter (each lane counts its own). Either way this lease is given
-        back and the next acquisition takes an epoch above every fence seen (the floor of
-        lua/acquire_lease.lua): a newer leader that still holds the lease keeps it, and a
-        stale fence no longer blocks the lane for good."""
+        another lane's counter (each lane counts its own). One that holds this very epoch
+        was written under another counter too, since a fresh epoch was never handed out
+        before: equal epochs would let both controllers' writes through. Either way this
+        lease is given back and the next acquisition takes an epoch above every fence seen
+        (the floor of lua/acquire_lease.lua): a newer leader that still holds the lease
+        keeps it, and a stale fence no longer blocks the lane nor shares its epoch."""
         assert self.lease is not None
+        epoch = self.lease.epoch
         fences = [self.keys.controller_fence(b) for b in self.buckets]
-        seen = [epoch for status, epoch in self.runs.scripts.raise_fences(fences,
-                                                                           self.lease.epoch)
-                if status == "fenced"]
+        seen = [held for _, held in self.runs.scripts.raise_fences(fences, epoch)
+                if held >= epoch]
         if seen:
-            log.warning("a bucket of lane %s holds a newer controller epoch (%s > %s); "
-                        "stepping down", self.lane, max(seen), self.lease.epoch)
+            log.warning("a bucket of lane %s holds controller epoch %s (this one: %s), from "
+                        "a newer leader or another epoch counter; stepping down", self.lane,
+                        max(seen), epoch)
             self._floor = max(self._floor, *seen)
             self.release()
             return

@@ -504,8 +504,8 @@ class Scripts:
                            ("redelivered", "gave_up", "moved", "fenced", "corrupt"))
 
     def raise_fences(self, fence_keys: list[str], ctl_epoch: int) -> list[tuple[str, int]]:
-        """raise_fence on each bucket fence, pipelined (per node on a cluster): ("ok", 0)
-        or ("fenced", the newer epoch the fence holds) for each."""
+        """raise_fence on each bucket fence, pipelined (per node on a cluster): ("ok", the
+        epoch the fence held before) or ("fenced", the newer epoch it holds) for each."""
         replies = self.call_many("raise_fence", [([k], [ctl_epoch]) for k in fence_keys])
         return [(_s(r[0]), int(r[1]) if len(r) > 1 else 0) for r in replies]
 
