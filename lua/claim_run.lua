@@ -20,9 +20,10 @@ ARGV[6] max_deliveries  give up after this many deliveries (poison runs)
 ARGV[7] grace_ms        how long the enqueuer has before the controller dispatches it
 ARGV[8] event           JSON data of the "queued" output event
 ARGV[9] retention_ms    how long the run is kept after it finishes, then pruned
-ARGV[10] job_id         with KEYS[5..7]: delivery 1's RQ job id, pushed on the queue list
-ARGV[11] fields         with KEYS[5..7]: how many field, value pairs follow
-ARGV[12..]              with KEYS[5..7]: the job hash: field, value, ... (Job.to_dict of the
+ARGV[10] lane           the run's lane (transport/lanes.py): every delivery goes through it
+ARGV[11] job_id         with KEYS[5..7]: delivery 1's RQ job id, pushed on the queue list
+ARGV[12] fields         with KEYS[5..7]: how many field, value pairs follow
+ARGV[13..]              with KEYS[5..7]: the job hash: field, value, ... (Job.to_dict of the
                         delivery's job, built by RQ in marbles_rq/transport/dispatch.py)
 Returns:
   {"ok", created_ms, enqueued}  recorded by this call (or an earlier send of it); enqueued:
@@ -59,7 +60,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', run, 'doc', doc, 'req', req, 'queue', ARGV[4], 'status', 'queued',
   'attempt', 1, 'epoch', 0, 'created_ms', now_ms, 'timeout_ms', ARGV[5],
-  'max_deliveries', ARGV[6], 'retention_ms', ARGV[9])
+  'max_deliveries', ARGV[6], 'retention_ms', ARGV[9], 'lane', ARGV[10])
 redis.call('ZADD', listing, now_ms, run_id)
 redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[7]), run_id)
 redis.call('XADD', out, '*', 't', 'queued', 'a', 1, 'd', ARGV[8])
@@ -70,9 +71,9 @@ if not job then return {'ok', now_ms, 0} end
 if redis.call('EXISTS', job) == 1 then return {'ok', now_ms, 0} end
 -- The id first: RPUSH is the only write here that can fail (a queue key of another type);
 -- no worker can pop it before the hash exists (a script runs alone).
-local pushed = redis.pcall('RPUSH', queue, ARGV[10])
+local pushed = redis.pcall('RPUSH', queue, ARGV[11])
 if type(pushed) == 'table' and pushed.err then return {'ok', now_ms, 0} end
-local n = tonumber(ARGV[11])
-redis.call('HSET', job, unpack(ARGV, 12, 11 + 2 * n))
+local n = tonumber(ARGV[12])
+redis.call('HSET', job, unpack(ARGV, 13, 12 + 2 * n))
 redis.pcall('SADD', queues, queue)
 return {'ok', now_ms, 1}

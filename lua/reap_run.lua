@@ -8,6 +8,7 @@ KEYS[3] dispatch zset   <tag>:dispatch
 KEYS[4] output stream   <tag>:out:<run id>
 KEYS[5] bucket fence    <tag>:ctl                {epoch}: the newest controller seen here
 KEYS[6] finished zset   <tag>:finished
+KEYS[7] redeliveries    <tag>:redelivered        {<run id>#a<attempt>: server ms}, last hour
 ARGV[1] run_id
 ARGV[2] ctl_epoch       the calling controller's lease epoch
 ARGV[3] grace_ms        the dispatch check comes due after this long
@@ -25,10 +26,11 @@ Returns:
   {"fenced", epoch}                 a newer controller acts on this bucket; nothing written
   {"corrupt", reason}               the run's hash is unreadable; nothing written
 Writes: HSET KEYS[1] (+ HINCRBY epoch); ZREM KEYS[2]; ZADD KEYS[3]; XADD KEYS[4]; HSET KEYS[5];
-  ZADD KEYS[6] when settled
+  ZADD KEYS[6] when settled; ZADD + ZREMRANGEBYSCORE KEYS[7] when redelivered
 ]]
 local run, leases, dispatch, out, fence, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
+local redeliveries = KEYS[7]
 local run_id, ctl_epoch = ARGV[1], tonumber(ARGV[2])
 
 local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
@@ -92,4 +94,7 @@ if lost_worker ~= '' then
 end
 redis.call('XADD', out, '*', 't', 'redelivered', 'a', attempt + 1,
   'd', cjson.encode(redelivered))
+-- The dashboard's "redeliveries in the last hour": kept for an hour, trimmed here.
+redis.call('ZADD', redeliveries, now_ms, run_id .. '#a' .. (attempt + 1))
+redis.call('ZREMRANGEBYSCORE', redeliveries, '-inf', now_ms - 3600000)
 return {'redelivered', attempt + 1, r[5]}

@@ -8,6 +8,7 @@ KEYS[2] dispatch zset   <tag>:dispatch
 KEYS[3] output stream   <tag>:out:<run id>
 KEYS[4] bucket fence    <tag>:ctl                {epoch}: the newest controller seen here
 KEYS[5] finished zset   <tag>:finished
+KEYS[6] redeliveries    <tag>:redelivered        {<run id>#a<attempt>: server ms}, last hour
 ARGV[1] run_id
 ARGV[2] attempt         the delivery found lost
 ARGV[3] ctl_epoch       the calling controller's lease epoch
@@ -19,9 +20,11 @@ Returns:
   {"moved"}                         the run started or changed meanwhile; nothing written
   {"fenced", epoch}                 a newer controller acts on this bucket; nothing written
   {"corrupt", reason}               the run's hash is unreadable; nothing written
-Writes: HSET/HINCRBY KEYS[1]; ZADD/ZREM KEYS[2]; XADD KEYS[3]; HSET KEYS[4]; ZADD KEYS[5]
+Writes: HSET/HINCRBY KEYS[1]; ZADD/ZREM KEYS[2]; XADD KEYS[3]; HSET KEYS[4]; ZADD KEYS[5];
+  ZADD + ZREMRANGEBYSCORE KEYS[6] when redelivered
 ]]
 local run, dispatch, out, fence, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local redeliveries = KEYS[6]
 local run_id, attempt, ctl_epoch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0  -- garbage reads as 0
 if seen > ctl_epoch then return {'fenced', seen} end
@@ -55,4 +58,7 @@ redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[4]), run_id)
 redis.call('XADD', out, '*', 't', 'redelivered', 'a', attempt + 1,
   'd', '{"previous":' .. attempt .. ',"attempt":' .. (attempt + 1)
     .. ',"reason":"delivery lost before it started"}')
+-- The dashboard's "redeliveries in the last hour": kept for an hour, trimmed here.
+redis.call('ZADD', redeliveries, now_ms, run_id .. '#a' .. (attempt + 1))
+redis.call('ZREMRANGEBYSCORE', redeliveries, '-inf', now_ms - 3600000)
 return {'redelivered', attempt + 1, r[3]}

@@ -453,6 +453,8 @@ class RedisCluster:
     def __init__(self, *, dir: Path, nodes: list[RedisServer]) -> None:
         self.dir: Path = Path(dir).resolve()
         self.nodes: list[RedisServer] = nodes
+        self.masters = len(nodes)
+        self.replicas = 0
 
     @classmethod
     def start(
@@ -461,10 +463,12 @@ class RedisCluster:
         dir: Path,
         conf: Path | None = DEFAULT_CONF,
         masters: int = 3,
+        replicas: int = 0,
         extra_args: Sequence[str] = (),
         timeout: float = 30.0,
     ) -> RedisCluster:
-        """Start ``masters`` nodes under ``dir/node<i>/``, create the cluster, wait until ready."""
+        """Start ``masters * (1 + replicas)`` nodes under ``dir/node<i>/``, create the cluster
+        (``replicas`` replicas per master), wait until ready."""
         if masters < 3:
             raise ValueError("redis-cli --cluster create needs at least 3 masters")
         redis_binary("redis-cli")
@@ -477,8 +481,10 @@ class RedisCluster:
         ]  # fmt: skip
         nodes: list[RedisServer] = []
         cluster = cls(dir=dir, nodes=nodes)
+        cluster.masters = masters
+        cluster.replicas = replicas
         try:
-            for i in range(masters):
+            for i in range(masters * (1 + replicas)):
                 # port=None: a free port whose bus port (+10000) is free too, retried on a race
                 nodes.append(RedisServer.start(dir=dir / f"node{i}", conf=conf, extra_args=args))
             cluster._create(timeout)
@@ -522,7 +528,7 @@ class RedisCluster:
             redis_binary("redis-cli"),
             "--cluster", "create",
             *(f"{HOST}:{p}" for p in self.ports),
-            "--cluster-replicas", "0",
+            "--cluster-replicas", str(self.replicas),
             "--cluster-yes",
         ]  # fmt: skip
         try:
@@ -607,13 +613,37 @@ class RedisCluster:
         if covered != CLUSTER_SLOTS:
             return f"{covered} of {CLUSTER_SLOTS} slots covered"
         owners = {port for _, _, port in first}
-        if owners != set(self.ports):
-            return f"slot owners {sorted(owners)} != nodes {self.ports}"
+        if len(owners) != self.masters or not owners <= set(self.ports):
+            return f"slot owners {sorted(owners)}: expected {self.masters} of {self.ports}"
         return None
+
+    def master_of_slot(self, slot: int) -> RedisServer:
+        """The node serving ``slot`` now (as the first node that answers sees it)."""
+        for node in self.nodes:
+            view = self._node_view(node)
+            if isinstance(view, str):
+                continue
+            for start, end, port in view[1]:
+                if start <= slot <= end:
+                    return next(n for n in self.nodes if n.port == port)
+        raise RedisStartError(f"no node serves slot {slot}")
+
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        """A replica of ``master`` (the cluster must have replicas)."""
+        for node in self.nodes:
+            if node is master:
+                continue
+            info = _fast_client(node.port, node.password).info("replication")
+            if info.get("role") == "slave" and int(info.get("master_port", 0)) == master.port:
+                return node
+        raise RedisStartError(f"no replica of {master.port}")
 
     def flushall(self) -> None:
         """FLUSHALL + FUNCTION FLUSH + SCRIPT FLUSH on every master."""
         for node in self.nodes:
+            if self.replicas and _fast_client(node.port, node.password).info(
+                    "replication").get("role") != "master":
+                continue
             node.flushall()
 
     def stop(self) -> None:

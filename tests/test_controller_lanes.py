@@ -207,7 +207,7 @@ def test_three_controllers_share_six_lanes_and_take_over_a_killed_ones(
         redis_server: RedisServer, tmp_path: Path) -> None:
     procs = Procs(redis_server.url, tmp_path / "procs",
                   sources=(KILL_SOURCE, FLOW_SOURCE, SCHED / "flows.py", SCHED / "many.py"))
-    procs.env["MARBLES_LANES"] = "6"
+    procs.env["MARBLES_LANE_COUNT"] = "6"
     keys = Keyspace(lanes=6)
     client = redis.Redis.from_url(redis_server.url)
     try:
@@ -229,7 +229,7 @@ def test_controllers_share_three_lanes_on_a_cluster(
     three controllers: one lane each; kill -9 of one moves its lane; nothing lost or
     doubled."""
     procs = Procs(cluster_url, tmp_path / "procs", sources=(KILL_SOURCE, FLOW_SOURCE))
-    procs.env["MARBLES_LANES"] = "3"
+    procs.env["MARBLES_LANE_COUNT"] = "3"
     procs.env["MARBLES_RQ_URL"] = redis_server.url
     procs.env["MARBLES_TEST_EFFECTS_URL"] = redis_server.url  # the workflows' receipts
     keys = Keyspace(lanes=3)
@@ -367,7 +367,7 @@ def test_a_pass_over_idle_lanes_costs_commands_per_bucket_and_what_is_due(
 def test_leader_doctor_and_health_show_who_leads_each_lane(
         redis_server: RedisServer, tmp_path: Path) -> None:
     procs = Procs(redis_server.url, tmp_path / "procs", sources=(KILL_SOURCE,))
-    procs.env["MARBLES_LANES"] = "4"
+    procs.env["MARBLES_LANE_COUNT"] = "4"
     keys = Keyspace(lanes=4)
     client = redis.Redis.from_url(redis_server.url)
     try:
@@ -452,7 +452,7 @@ def test_an_older_controller_process_and_lane_sharing_ones_never_both_lead(
     import sys
 
     procs = Procs(redis_server.url, tmp_path / "procs", sources=(KILL_SOURCE,))
-    procs.env["MARBLES_LANES"] = "4"
+    procs.env["MARBLES_LANE_COUNT"] = "4"
     keys = Keyspace(lanes=4)
     client = redis.Redis.from_url(redis_server.url)
     log = (tmp_path / "old.log").open("wb")

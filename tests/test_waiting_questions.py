@@ -530,7 +530,8 @@ def test_an_answer_after_the_timeout_is_refused_even_before_the_controller_acts(
 def test_a_cancelled_waiting_run_never_wakes(procs: Procs) -> None:
     procs.start(workers=1)
     obs = procs.observer
-    enqueue(procs, "wq_question", {"key": "k", "timeout_s": 3.0}, "gone")
+    # A timeout long enough that a loaded machine cancels before it fires.
+    enqueue(procs, "wq_question", {"key": "k", "timeout_s": 8.0}, "gone")
     wait_parked(obs, "gone", "question")
     assert ("gone", "k") in feed_keys(procs)
 
@@ -544,7 +545,7 @@ def test_a_cancelled_waiting_run_never_wakes(procs: Procs) -> None:
 
     # Past its timeout: a later run's timeout as long, asked after this one's, has fired
     # (the controller wakes due runs oldest first), so this one's was due too.
-    enqueue(procs, "wq_question", {"key": "k", "timeout_s": 3.0}, "witness")
+    enqueue(procs, "wq_question", {"key": "k", "timeout_s": 8.0}, "witness")
     final(obs, "witness", "failed")
     assert obs.status("gone") == "cancelled"
     types = event_types(obs, "gone")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import redis
@@ -24,9 +24,12 @@ from ..errors import (
 )
 from ..store import RedisStore, open_store
 from ..store.connection import DEFAULT_URL, URL_ENV, check_url, connect, refused, unavailable
-from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, MAX_LANES, Keyspace
+from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
 
 EXIT_PROBLEM, EXIT_INPUT, EXIT_REDIS = 1, 2, 3
+if TYPE_CHECKING:
+    from ..transport.lanes import Lanes
+
 DEBUG_ENV = "MARBLES_DEBUG"
 
 
@@ -38,6 +41,7 @@ class Settings:
     source: str | None = None
     rq_url: str | None = None
     lanes: int = 1
+    _lanes: Lanes | None = field(default=None, repr=False)
     _store: RedisStore | None = field(default=None, repr=False)
     _reader: RedisStore | None = field(default=None, repr=False)
     _loaded: bool = field(default=False, repr=False)
@@ -54,13 +58,16 @@ class Settings:
     def runs(self, *, read_only: bool = False) -> RunStore:
         return RunStore(self.reader() if read_only else self.store())
 
-    def rq(self) -> redis.Redis:
-        from ..transport.dispatch import rq_connection
+    def rq(self) -> Lanes:
+        """The deployment's lanes: RQ's queues, on --rq-url or the store's Redis."""
+        from ..transport.lanes import open_lanes
 
-        url = self.rq_url or self.redis_url
-        if self.rq_url:
-            check_url(self.rq_url)  # one line that hides its password, as for --redis-url
-        return rq_connection(url)
+        if self._lanes is None:
+            url = self.rq_url or self.redis_url
+            if self.rq_url:
+                check_url(self.rq_url)  # one line that hides its password, as for --redis-url
+            self._lanes = open_lanes(url, self.keys)
+        return self._lanes
 
     def client(self) -> Any:
         return connect(self.redis_url)
@@ -77,7 +84,7 @@ class Settings:
             return self._store
         if self._reader is None:
             self._reader = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets,
-                                      read_only=True, lanes=self.lanes)
+                                      lanes=self.lanes, read_only=True)
         return self._reader
 
     @property
@@ -92,32 +99,33 @@ class Settings:
               help="Key prefix of this deployment (env MARBLES_PREFIX).")
 @click.option("--buckets", envvar="MARBLES_BUCKETS", default=DEFAULT_BUCKETS, show_default=True,
               type=int, help="Bucket count, fixed per deployment (env MARBLES_BUCKETS).")
+@click.option("--lane-count", "lanes", envvar="MARBLES_LANE_COUNT", default=1,
+              show_default=True, type=int,
+              help="Lane count, fixed per deployment: RQ keyspaces (one per cluster master) "
+                   "and controller shards (env MARBLES_LANE_COUNT).")
 @click.option("--source", envvar="MARBLES_SOURCE", default=None,
               help="Workflow definitions: a module path, a file, or a folder of modules "
                    "(env MARBLES_SOURCE).")
-@click.option("--lanes", envvar="MARBLES_LANES", default=1, show_default=True,
-              type=click.IntRange(1, MAX_LANES),
-              help="Lanes: shards of the buckets that controllers share (env MARBLES_LANES).")
 @click.option("--rq-url", envvar="MARBLES_RQ_URL", default=None,
-              help="Redis for RQ's queues if not the store's (required when the store is a "
-                   "cluster; env MARBLES_RQ_URL).")
+              help="Redis for RQ's queues if not the store's: a server, or a cluster "
+                   "(redis+cluster://) whose lanes follow their masters (env MARBLES_RQ_URL).")
 @click.option("--debug", is_flag=True,
               help=f"Show the traceback of an unexpected error (env {DEBUG_ENV}=1).")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, source: str | None,
-        lanes: int, rq_url: str | None, debug: bool) -> None:
+def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int, lanes: int,
+        source: str | None, rq_url: str | None, debug: bool) -> None:
     """Durable workflows on Redis with RQ workers."""
     ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url, lanes)
 
 
 def _register() -> None:
-    from . import control, dev, doctor, events, health, procs, runs, schedules, waits
+    from . import control, dev, doctor, events, health, procs, runs, schedules, waits, web
 
     for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
                     waits.answer, waits.approve, waits.reject, waits.feed, waits.pause,
                     waits.resume, procs.worker, procs.controller, doctor.doctor,
                     control.leader, control.roll, control.list_cmd, events.events,
-                    schedules.schedules, dev.dev, health.health):
+                    schedules.schedules, dev.dev, health.health, web.web):
         cli.add_command(command)
 
 

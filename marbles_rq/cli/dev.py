@@ -360,7 +360,7 @@ class Dev:
         env.update(MARBLES_REDIS_URL=self.url, MARBLES_SOURCE=self.settings.source or "",
                    MARBLES_PREFIX=self.settings.prefix,
                    MARBLES_BUCKETS=str(self.settings.buckets),
-                   MARBLES_LANES=str(self.settings.lanes), PYTHONUNBUFFERED="1")
+                   MARBLES_LANE_COUNT=str(self.settings.lanes), PYTHONUNBUFFERED="1")
         return env
 
     def _spawn(self, child: Child) -> None:

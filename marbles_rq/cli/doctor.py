@@ -8,6 +8,7 @@ import sys
 import click
 import redis
 
+from ..errors import MarblesError
 from ..store.connection import refused, unavailable
 from ..store.doctor import (
     Check,
@@ -17,6 +18,7 @@ from ..store.doctor import (
     report,
     warnings,
 )
+from ..store.redis_errors import one_line
 from . import Settings
 
 
@@ -49,6 +51,7 @@ def doctor(settings: Settings, as_json: bool) -> None:
             click.echo(f"warning: {problem_line(check)}", err=True)
         if not bad:
             click.echo("ok: acknowledged writes survive a crash and are never evicted")
+        _report_lanes(settings)
     if bad:
         sys.exit(1)
 
@@ -68,6 +71,24 @@ def _lane_checks(settings: Settings) -> list[Check]:
                             "woken or fired until a controller takes it (start one, or see "
                             "'marbles-rq leader')"))
     return checks
+def _report_lanes(settings: Settings) -> None:
+    """Which lanes live workers serve; a lane none serves is a warning (its runs wait)."""
+    from ..transport.liveness import lane_workers
+
+    try:
+        served = lane_workers(settings.runs(read_only=True))
+    except (redis.RedisError, MarblesError) as exc:
+        click.echo(f"warning: cannot read the workers' lanes: {one_line(exc)}", err=True)
+        return
+    click.echo(f"lanes: {len(served)}")
+    for lane, workers in served.items():
+        click.echo(f"  lane {lane}: {len(workers)} live worker(s)"
+                   + (f" ({', '.join(sorted(workers)[:5])}{', ...' if len(workers) > 5 else ''})"
+                      if workers else ""))
+    for lane, workers in served.items():
+        if not workers:
+            click.echo(f"warning: lane {lane} has no live worker: its runs wait (start "
+                       f"'marbles-rq worker --lanes {lane}' or '--lanes all')", err=True)
 
 
 def _redacted(url: str) -> str:

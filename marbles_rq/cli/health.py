@@ -30,7 +30,7 @@ from ..terminal import safe
 from . import EXIT_PROBLEM, Settings
 
 # Global options of `marbles-rq` that take a value: skipped when finding a subcommand.
-_VALUED = {"--redis-url", "--prefix", "--buckets", "--lanes", "--source", "--rq-url"}
+_VALUED = {"--redis-url", "--prefix", "--buckets", "--lane-count", "--source", "--rq-url"}
 
 
 def _s(value: Any) -> str:
@@ -151,7 +151,7 @@ def worker_health(settings: Settings) -> None:
     pid is a live marbles-rq worker process here."""
     from ..transport.dispatch import rq_queue_name, rq_worker_keys
 
-    rq = settings.rq()
+    rq = settings.rq().registration
     here = socket.gethostname()
     queue_prefix = rq_queue_name(settings.prefix, "")
     workers_key, worker_prefix = rq_worker_keys()

@@ -41,7 +41,10 @@ def _check_redis(settings: Settings, allow_unsafe: bool) -> None:
     require_durable(settings.store().client, allow_unsafe=allow_unsafe)
     if settings.rq_url and settings.rq_url != settings.redis_url:
         try:
-            require_durable(settings.rq(), allow_unsafe=allow_unsafe)
+            lanes = settings.rq()
+            for conn in {id(c): c for c in [lanes.registration,
+                                            *(lane.conn for lane in lanes.lanes)]}.values():
+                require_durable(conn, allow_unsafe=allow_unsafe)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Name RQ's Redis: the store's URL, which the generic handler would name, works.
             raise unavailable(settings.rq_url, exc) from None
@@ -68,16 +71,20 @@ def _queue_names(queues: str) -> list[str]:
               show_default=True, help="Lease of a running execution; renewed every third.")
 @click.option("--allow-unsafe-redis", is_flag=True,
               help="Start even if Redis could lose acknowledged writes (logged loudly).")
+@click.option("--lanes", "lanes_text", default="all", show_default=True,
+              help="The lanes to serve: 'all' or lane numbers, comma-separated. Each executor "
+                   "serves its own lane first and helps the others when it is empty.")
 @click.option("--log-level", type=LOG_LEVELS, default="INFO", show_default=True)
 @click.pass_obj
 def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease_ms: int,
-           allow_unsafe_redis: bool, log_level: str) -> None:
+           lanes_text: str, allow_unsafe_redis: bool, log_level: str) -> None:
     """Execute run deliveries from RQ queues."""
     from ..engine.authoring import REGISTRY
     from ..engine.execute import Engine, Limits
     from ..transport.worker import MarblesWorker, run_pool, work
 
     names = _queue_names(queues)
+    serve = settings.rq().parse_indexes(lanes_text)
     # A worker without workflows would take deliveries only to fail every one of them.
     if not settings.source:
         raise ConfigError("a worker needs --source (env MARBLES_SOURCE): the workflows it runs")
@@ -91,9 +98,11 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
     logging.getLogger("marbles_rq.transport.worker").info(
         "workflows: %s", ", ".join(sorted(REGISTRY.workflows)))
     if pool:
-        run_pool(engine, names, settings.rq(), size=pool, burst=burst, logging_level=log_level)
+        run_pool(engine, names, settings.rq(), size=pool, burst=burst, logging_level=log_level,
+                 serve=serve)
     else:
-        work(engine, MarblesWorker, names, settings.rq(), burst=burst, logging_level=log_level)
+        work(engine, MarblesWorker, names, settings.rq(), burst=burst, logging_level=log_level,
+             serve=serve)
 
 
 @click.command()

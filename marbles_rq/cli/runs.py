@@ -87,7 +87,7 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2))
         return
     _echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}")
-    _echo(f"  queue {data['queue']}  created {data['created_at']}  started "
+    _echo(f"  queue {data['queue']}  lane {data['lane']}  created {data['created_at']}  started "
                f"{data['started_at'] or '-'}  finished {data['finished_at'] or '-'}")
     if data["worker"] and data["status"] == "running":
         _echo(f"  worker {data['worker']}")

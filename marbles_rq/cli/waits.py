@@ -15,7 +15,6 @@ from ..errors import MarblesError
 from ..store.ids import check_id
 from ..store.redis_errors import one_line
 from ..terminal import safe
-from ..transport import dispatch
 from . import Settings
 
 
@@ -26,7 +25,7 @@ def _waits(settings: Settings, *, read_only: bool = False) -> WaitStore:
 def _enqueue(settings: Settings, runs: RunStore, run_id: str, attempt: int, queue: str) -> str:
     """Enqueue the woken run's delivery now; the controller dispatches it if this fails."""
     try:
-        dispatch.enqueue_delivery(settings.rq(), runs.keys.prefix, queue, run_id, attempt)
+        settings.rq().enqueue(queue, run_id, attempt)
     except redis.RedisError as exc:
         return f"; the controller will dispatch it ({one_line(exc)})"
     return ""

@@ -38,6 +38,7 @@ from ..store import Lease
 from ..store.keys import CONTROLLER_LEASE
 from ..store.redis_errors import is_outage, one_line
 from ..transport import dispatch
+from ..transport.lanes import Lanes, as_lanes
 from ..transport.liveness import WORKER_BEAT_S, WORKER_TTL_MS
 from .duties import RECOVERY_ORDER, Duty
 
@@ -80,13 +81,14 @@ class Stats:
 
 
 class Controller:
-    def __init__(self, runs: RunStore, rq: redis.Redis, *, lease_ms: int = 10_000,
+    def __init__(self, runs: RunStore, rq: Lanes | redis.Redis, *, lease_ms: int = 10_000,
                  interval_s: float = 0.5, lost_after_s: float = LOST_AFTER_S,
                  dispatch_budget: int = DISPATCH_BUDGET, duties: Sequence[Duty] = (),
                  lane: int = 0, token: str | None = None) -> None:
-        self.runs, self.rq = runs, rq
+        self.runs = runs
         self.store = runs.store
         self.keys = runs.keys
+        self.rq = as_lanes(rq, runs.keys)
         self.lease_ms, self.interval_s = lease_ms, interval_s
         self.lost_after_s = lost_after_s
         self.dispatch_budget = dispatch_budget
@@ -103,7 +105,10 @@ class Controller:
         self._lost_seen: set[tuple[str, int]] = set()  # lost workers handled (lanes > 1)
         self.stats = Stats()
         self.stop_event = threading.Event()
-        self.in_flight = dispatch.InFlight(rq, self.keys.prefix)
+        # Its own lane's deliveries in flight only: each lane is its own RQ keyspace, read
+        # by that lane's controller.
+        self.in_flight = [dispatch.InFlight(rq_lane.conn, self.keys.prefix, rq_lane.rq_prefix)
+                          for rq_lane in self.rq.lanes if rq_lane.index == lane]
         self._lost: dict[tuple[str, int], float] = {}  # popped, unstarted -> first seen
         self._failed: set[tuple[str, int]] = set()  # failed in RQ; kept until resolved
         self._next_prune = 0.0
@@ -234,7 +239,7 @@ class Controller:
 
     def _enqueue(self, queue_name: str, run_id: str, attempt: int) -> bool:
         try:
-            return dispatch.enqueue_delivery(self.rq, self.keys.prefix, queue_name, run_id, attempt)
+            return self.rq.enqueue(queue_name, run_id, attempt)
         except redis.RedisError as exc:  # the dispatch entry stays; a later pass retries
             log.warning("run %s attempt %s: enqueue failed (%s); will retry", run_id, attempt,
                         one_line(exc))
@@ -244,7 +249,7 @@ class Controller:
         """Enqueue deliveries (run id, attempt) of one queue in one round trip; False when
         it failed (their dispatch checks stay due: a later pass retries)."""
         try:
-            dispatch.enqueue_deliveries(self.rq, self.keys.prefix, queue_name, batch)
+            self.rq.enqueue_many(queue_name, batch)
         except redis.RedisError as exc:
             log.warning("enqueueing %s deliveries on %s failed (%s); will retry", len(batch),
                         queue_name, one_line(exc))
@@ -301,7 +306,7 @@ class Controller:
             forget = []
         if forget:
             self.runs.scripts.forget_workers(workers_key=self.keys.workers, workers=forget,
-                                             cutoff_ms=cutoff)
+                                             cutoff_ms=cutoff, lanes_key=self.keys.worker_lanes)
         return done
 
     def _executing(self) -> list[tuple[str, str]]:
@@ -410,8 +415,7 @@ class Controller:
                 queued.append((run_id, int(st[1]), _s(st[2] or b"default")))
             else:  # missing, running or settled: nothing left to dispatch
                 checked.append((run_id, ""))
-        exists = dispatch.deliveries_exist(self.rq, self.keys.prefix,
-                                            [(rid, a) for rid, a, _ in queued])
+        exists = self.rq.deliveries_exist([(rid, a) for rid, a, _ in queued])
         missing: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for (run_id, attempt, queue_name), present in zip(queued, exists, strict=True):
             if present:
@@ -452,7 +456,19 @@ class Controller:
         waiting, gone) is over: what its worker left in the intermediate list is taken out
         (`InFlight.forget`). One still running under that delivery is left alone."""
         assert self.lease is not None
-        popped_ids, failed_ids = self.in_flight.job_ids()
+        popped_ids: set[str] = set()
+        failed_ids: set[str] = set()
+        for lane in self.in_flight:
+            try:
+                popped, failed = lane.job_ids()
+            except redis.RedisError as exc:  # one lane's node away: the others go on
+                if is_outage(exc) and len(self.in_flight) == 1:
+                    raise
+                self._warn_once(f"in-flight:{lane.rq_prefix}", "cannot read lane %s's "
+                                "deliveries in flight (%s)", lane.rq_prefix, one_line(exc))
+                continue
+            popped_ids |= popped
+            failed_ids |= failed
         popped_job: dict[tuple[str, int], str] = {}
         for job_id in popped_ids:
             parsed = self._parse(job_id)
@@ -490,7 +506,8 @@ class Controller:
                 done += 1
         self._lost = still
         if over:
-            self.in_flight.forget(over)
+            for lane in self.in_flight:
+                lane.forget(over)
         return done
 
     def _parse(self, job_id: str) -> tuple[str, int] | None:

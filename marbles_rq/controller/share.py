@@ -42,6 +42,7 @@ from ..engine.runs import RunStore
 from ..errors import RedisUnavailableError
 from ..store import LeaseInfo, RedisStore
 from ..store.redis_errors import one_line
+from ..transport.lanes import RQLike
 from .duties import Duty
 from .loop import MAX_BACKOFF_S, Controller, _outage, new_token
 
@@ -56,7 +57,7 @@ class Sharing:
     """One controller process: registers, takes its share of the lanes, leads each of them
     with a `Controller` of that lane, hands lanes back above its share."""
 
-    def __init__(self, runs: RunStore, rq: redis.Redis, *, lease_ms: int = 10_000,
+    def __init__(self, runs: RunStore, rq: RQLike, *, lease_ms: int = 10_000,
                  interval_s: float = 0.5, duties: Callable[[], Sequence[Duty]] = tuple,
                  **options: Any) -> None:
         self.runs, self.rq = runs, rq

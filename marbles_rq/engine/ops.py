@@ -16,6 +16,7 @@ from ..errors import InvalidIdError
 from ..store.ids import check_id
 from ..store.records import RunRecord
 from ..transport import dispatch
+from ..transport.lanes import RQLike, as_lanes
 from .authoring import REGISTRY, InputError, Registry, queue_problem
 from .runs import Recorded, RunStore
 
@@ -108,28 +109,29 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
                      retention_s=definition.retention_s)
 
 
-def enqueue(runs: RunStore, rq: redis.Redis, request: RunRequest,
+def enqueue(runs: RunStore, rq: RQLike, request: RunRequest,
             registry: Registry = REGISTRY) -> Enqueued:
     """Record the run (journal first), then enqueue its first delivery: in one script call
     when the store and RQ share one standalone Redis, else in two round trips. The same run
     id again returns the existing run and enqueues nothing."""
     record = prepare(request, registry)
     prefix = runs.keys.prefix
-    if dispatch.same_server(runs.client, rq):
-        push = dispatch.delivery_push(rq, prefix, record.queue, record.id, 1)
+    lanes = as_lanes(rq, runs.keys)
+    if (shared := lanes.same_server(runs.client)) is not None:
+        push = dispatch.delivery_push(shared, prefix, record.queue, record.id, 1)
         recorded = runs.record(record, push)
         return _result(recorded, dispatched=recorded.enqueued)
     recorded = runs.record(record)
     if not recorded.created:
         return _result(recorded, dispatched=False)
     try:
-        dispatch.enqueue_delivery(rq, runs.keys.prefix, record.queue, record.id, 1)
+        lanes.enqueue(record.queue, record.id, 1)
     except redis.RedisError:
         return _result(recorded, dispatched=False)  # the controller dispatches it
     return _result(recorded, dispatched=True)
 
 
-def enqueue_many(runs: RunStore, rq: redis.Redis, requests: list[RunRequest],
+def enqueue_many(runs: RunStore, rq: RQLike, requests: list[RunRequest],
                  registry: Registry = REGISTRY) -> list[Enqueued]:
     """Validate all, then per chunk of 500: record it and enqueue its new runs, in one round
     trip when the store and RQ share one standalone Redis, else recorded in one and enqueued
@@ -138,10 +140,11 @@ def enqueue_many(runs: RunStore, rq: redis.Redis, requests: list[RunRequest],
     records = [prepare(r, registry) for r in requests]
     out: list[Enqueued] = []
     prefix = runs.keys.prefix
-    if dispatch.same_server(runs.client, rq):
+    lanes = as_lanes(rq, runs.keys)
+    if (shared := lanes.same_server(runs.client)) is not None:
         for start in range(0, len(records), ENQUEUE_CHUNK):
             chunk = records[start:start + ENQUEUE_CHUNK]
-            pushes = [dispatch.delivery_push(rq, prefix, r.queue, r.id, 1) for r in chunk]
+            pushes = [dispatch.delivery_push(shared, prefix, r.queue, r.id, 1) for r in chunk]
             out += [_result(r, dispatched=r.enqueued)
                     for r in runs.record_chunk(chunk, pushes)]
         return out
@@ -154,7 +157,7 @@ def enqueue_many(runs: RunStore, rq: redis.Redis, requests: list[RunRequest],
         dispatched = True
         try:
             for queue_name, batch in fresh.items():
-                dispatch.enqueue_deliveries(rq, runs.keys.prefix, queue_name, batch)
+                lanes.enqueue_many(queue_name, batch)
         except redis.RedisError:
             dispatched = False  # recorded: the controller dispatches them
         out += [_result(r, dispatched=r.created and dispatched) for r in recorded]

@@ -152,6 +152,7 @@ class RunView:
     wait_for: dict[str, Any] | None = None
     wait_since_ms: int | None = None
     pause_requested: bool = False
+    lane: int = 0  # the lane its deliveries go through (recorded when it was enqueued)
 
     def to_json(self) -> dict[str, Any]:
         def iso(ms: int | None) -> str | None:
@@ -165,6 +166,7 @@ class RunView:
 
         return {
             "id": self.record.id, "name": self.record.name, "queue": self.record.queue,
+            "lane": self.lane,
             "status": self.status, "attempt": self.attempt,
             "created_at": iso(self.created_ms), "started_at": iso(self.started_ms),
             "finished_at": iso(self.finished_ms),
@@ -227,7 +229,8 @@ class RunStore:
                     timeout_ms=int(record.timeout_s * 1000),
                     max_deliveries=record.max_deliveries, grace_ms=DISPATCH_GRACE_MS,
                     event=event(name=record.name, queue=record.queue),
-                    retention_ms=int(record.retention_s * 1000))
+                    retention_ms=int(record.retention_s * 1000),
+                    lane=self.keys.lane_of(record.id))
 
     def _recorded(self, record: RunRecord, reply: Any) -> Recorded:
         if reply.status == "corrupt":
@@ -483,7 +486,7 @@ class RunStore:
             note=_s(f[b"note"]) if f.get(b"note") else None,
             wait_reason=_s(f[b"wait_reason"]) if f.get(b"wait_reason") else None,
             wait_for=_json_or_none(f.get(b"wait_for")), wait_since_ms=num("wait_since"),
-            pause_requested=f.get(b"pause") == b"1")
+            pause_requested=f.get(b"pause") == b"1", lane=num("lane") or 0)
 
     def list_runs(self, *, limit: int = 50, status: str | None = None,
              name: str | None = None) -> list[RunView]:

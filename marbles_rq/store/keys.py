@@ -48,6 +48,7 @@ class RunKeys:
     feed: str
     reports: str
     report_index: str
+    redeliveries: str
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,11 @@ class Keyspace:
     def workers(self) -> str:
         """Sorted set: worker name -> when it is lost (server ms) unless it beats again."""
         return f"{{{self.prefix}}}:workers"
+
+    @property
+    def worker_lanes(self) -> str:
+        """Hash: worker name -> the lanes it serves ("0,2"), written with its liveness beat."""
+        return f"{{{self.prefix}}}:worker_lanes"
 
     # -- claimed records (kind + id) -----------------------------------------------------
 
@@ -227,6 +233,12 @@ class Keyspace:
         ReportRecord JSON."""
         return f"{self.tag_of(run_id)}:reports:{run_id}"
 
+    def redeliveries(self, bucket: int) -> str:
+        """Sorted set: ``<run id>#a<attempt>`` -> when the controller redelivered that run as
+        that attempt (server ms); entries older than an hour are trimmed by the scripts that
+        add them (reap_run, redispatch_run). The dashboard counts them."""
+        return f"{self.tag(bucket)}:redelivered"
+
     def report_index(self, bucket: int) -> str:
         """Sorted set: reports ``<run id>|<key>`` in the bucket -> when reported (ms)."""
         return f"{self.tag(bucket)}:reportidx"
@@ -240,7 +252,8 @@ class Keyspace:
                        finished=self.run_finished(bucket), effects=self.effect_index(run_id),
                        waits=self.run_waits(bucket), asks=self.asks(run_id),
                        feed=self.feed(bucket), reports=self.reports(run_id),
-                       report_index=self.report_index(bucket))
+                       report_index=self.report_index(bucket),
+                       redeliveries=self.redeliveries(bucket))
 
     # -- events: an inbound event's hash and its bucket's indexes share the event's tag --------
 

@@ -451,8 +451,8 @@ def _s(value: Any) -> str:
 
 
 def open_store(url: str | None = None, *, prefix: str = DEFAULT_PREFIX,
-               buckets: int = DEFAULT_BUCKETS, read_only: bool = False,
-               lanes: int = 1) -> RedisStore:
+               buckets: int = DEFAULT_BUCKETS, lanes: int = 1,
+               read_only: bool = False) -> RedisStore:
     """Connect, check the bucket count, and return the store. One clear error otherwise.
     `read_only`: for reading commands; records nothing (see RedisStore)."""
     client = connect(url)

@@ -381,13 +381,14 @@ class Scripts:
     @staticmethod
     def _claim_run_call(keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
                         timeout_ms: int, max_deliveries: int, grace_ms: int,
-                        event: bytes, retention_ms: int, push: JobPush | None = None
+                        event: bytes, retention_ms: int, lane: int = 0,
+                        push: JobPush | None = None
                         ) -> tuple[list[str], list[str | bytes | int]]:
         """`push`: also enqueue the run's first delivery, in the same call (the store and
         RQ share one standalone Redis)."""
         call_keys = [keys.run, keys.listing, keys.dispatch, keys.output]
         args: list[str | bytes | int] = [run_id, doc, request_id, queue, timeout_ms,
-                                         max_deliveries, grace_ms, event, retention_ms]
+                                         max_deliveries, grace_ms, event, retention_ms, lane]
         if push is not None:
             call_keys += push.keys()
             args += push.args()
@@ -395,11 +396,11 @@ class Scripts:
 
     def claim_run(self, *, keys: RunKeys, run_id: str, doc: bytes, request_id: str, queue: str,
                   timeout_ms: int, max_deliveries: int, grace_ms: int, event: bytes,
-                  retention_ms: int, push: JobPush | None = None) -> Reply:
+                  retention_ms: int, lane: int = 0, push: JobPush | None = None) -> Reply:
         """{"ok", created_ms, enqueued} | {"exists", doc, status} | {"corrupt", reason}."""
         return self._reply("claim_run", *self._claim_run_call(
             keys, run_id, doc, request_id, queue, timeout_ms, max_deliveries, grace_ms, event,
-            retention_ms, push), ("ok", "exists", "corrupt"))
+            retention_ms, lane, push), ("ok", "exists", "corrupt"))
 
     def claim_runs(self, calls: list[dict[str, Any]]) -> list[Reply]:
         """claim_run for many runs in one round trip and one fsync (see call_many)."""
@@ -471,7 +472,8 @@ class Scripts:
         """worker: "" to reap an expired lease; a lost worker's name to reap its run."""
         return self._reply(
             "reap_run",
-            [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished],
+            [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished,
+             keys.redeliveries],
             [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up, worker],
             ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced", "corrupt"))
 
@@ -499,7 +501,8 @@ class Scripts:
     def redispatch_run(self, *, keys: RunKeys, run_id: str, attempt: int, ctl_epoch: int,
                        grace_ms: int, final_gave_up: bytes) -> Reply:
         return self._reply("redispatch_run",
-                           [keys.run, keys.dispatch, keys.output, keys.fence, keys.finished],
+                           [keys.run, keys.dispatch, keys.output, keys.fence, keys.finished,
+                            keys.redeliveries],
                            [run_id, attempt, ctl_epoch, grace_ms, final_gave_up],
                            ("redelivered", "gave_up", "moved", "fenced", "corrupt"))
 
@@ -601,20 +604,23 @@ class Scripts:
 
     # -- worker liveness ---------------------------------------------------------------
 
-    def beat_worker(self, *, workers_key: str, worker: str, ttl_ms: int) -> int:
-        """The worker is alive for ttl_ms more; returns until when (server ms)."""
-        reply = self.call("beat_worker", [workers_key], [worker, ttl_ms])
+    def beat_worker(self, *, workers_key: str, worker: str, ttl_ms: int,
+                    lanes_key: str | None = None, lanes: str = "") -> int:
+        """The worker is alive for ttl_ms more (and serves `lanes`); returns until when
+        (server ms)."""
+        keys = [workers_key] if lanes_key is None else [workers_key, lanes_key]
+        reply = self.call("beat_worker", keys, [worker, ttl_ms, lanes])
         if _s(reply[0]) != "ok":
             raise self._unexpected("beat_worker", reply)
         return int(reply[1])
 
     def forget_workers(self, *, workers_key: str, workers: Sequence[str],
-                       cutoff_ms: int | None) -> list[str]:
+                       cutoff_ms: int | None, lanes_key: str | None = None) -> list[str]:
         """forget_worker for each (pipelined): ok | kept for each. cutoff_ms None removes
         them whatever their time."""
         cutoff = "" if cutoff_ms is None else cutoff_ms
-        replies = self.call_many("forget_worker", [([workers_key], [w, cutoff])
-                                                   for w in workers])
+        keys = [workers_key] if lanes_key is None else [workers_key, lanes_key]
+        replies = self.call_many("forget_worker", [(keys, [w, cutoff]) for w in workers])
         return [_s(r[0]) for r in replies]
 
     # -- the transport ----------------------------------------------------------------

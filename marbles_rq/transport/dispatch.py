@@ -52,6 +52,7 @@ from ..errors import ConfigError, MarblesError
 from ..store.connection import socket_timeout_from_env
 from ..store.ids import ID_PATTERN
 from ..store.scripts import JobPush, Scripts
+from .lanes import lane_classes
 from .serializer import JSONSerializer
 
 ENTRY = "marbles_rq.engine.execute.execute_delivery"
@@ -338,9 +339,11 @@ def rq_connection(url: str) -> redis.Redis:
         raise ConfigError(f"invalid RQ Redis URL: {exc}") from None
 
 
-def queue(conn: redis.Redis, prefix: str, name: str) -> Queue:
-    return MarblesQueue(rq_queue_name(prefix, name), connection=conn, serializer=JSONSerializer,
-                        job_class=MarblesJob)
+def queue(conn: redis.Redis, prefix: str, name: str, rq_prefix: str | None = None) -> Queue:
+    """The RQ queue of marbles queue `name`, in the lane keyspace `rq_prefix` (None: RQ's)."""
+    queue_class, job_class = lane_classes(rq_prefix)
+    return queue_class(rq_queue_name(prefix, name), connection=conn,  # type: ignore[no-any-return]
+                       serializer=JSONSerializer, job_class=job_class)
 
 
 def same_server(store_client: Any, conn: Any) -> bool:
@@ -360,12 +363,12 @@ def same_server(store_client: Any, conn: Any) -> bool:
 
 
 def _rq_built_push(conn: redis.Redis, prefix: str, queue_name: str, run_id: str,
-                   attempt: int) -> JobPush:
+                   attempt: int, rq_prefix: str | None = None) -> JobPush:
     """The delivery's job as RQ builds it: Queue.create_job (status queued, enqueued now),
     its hash as Job.to_dict gives it (what RQ's own enqueue writes, less its empty fields;
     Job.fetch reads back the same job), and RQ's key names. (`data` is zlib-compressed here;
     the template writes it uncompressed, which Job.restore reads alike.)"""
-    q = queue(conn, prefix, queue_name)
+    q = queue(conn, prefix, queue_name, rq_prefix)
     job = q.create_job(ENTRY, args=(run_id, attempt), job_id=delivery_id(prefix, run_id, attempt),
                        timeout=-1, result_ttl=RESULT_TTL_S, failure_ttl=FAILURE_TTL_S,
                        status=JobStatus.QUEUED)
@@ -397,6 +400,7 @@ class _Template:
     slots: dict[str, int]  # per-delivery field -> index of its value in `fields`
     queue_key: str
     queues_key: str
+    job_class: type[MarblesJob]
 
     def push(self, prefix: str, run_id: str, attempt: int) -> JobPush:
         args = (run_id, attempt)
@@ -410,27 +414,28 @@ class _Template:
         for name, index in self.slots.items():
             fields[index] = values[name]
         job_id = delivery_id(prefix, run_id, attempt)
-        return JobPush(job_key=MarblesJob.key_for(job_id), queue_key=self.queue_key,
+        return JobPush(job_key=self.job_class.key_for(job_id), queue_key=self.queue_key,
                        queues_key=self.queues_key, job_id=job_id, fields=tuple(fields))
 
 
-_TEMPLATES: dict[tuple[str, str], _Template | None] = {}
+_TEMPLATES: dict[tuple[str, str, str | None], _Template | None] = {}
 
 
-def _template(conn: redis.Redis, prefix: str, queue_name: str) -> _Template | None:
+def _template(conn: redis.Redis, prefix: str, queue_name: str,
+              rq_prefix: str | None = None) -> _Template | None:
     """The template of a queue's deliveries, checked once against a job RQ builds: if the
     two differ anywhere but in the timestamps and data's compression (another rq version),
     None, and every delivery is built by RQ."""
-    key = (prefix, queue_name)
+    key = (prefix, queue_name, rq_prefix)
     if key not in _TEMPLATES:
-        built = _rq_built_push(conn, prefix, queue_name, "template-check", 1)
+        built = _rq_built_push(conn, prefix, queue_name, "template-check", 1, rq_prefix)
         names = built.fields[0::2]
         slots = {n: 2 * names.index(n) + 1 for n in _PER_DELIVERY if n in names}
         fields = list(built.fields)
         for index in slots.values():
             fields[index] = ""
         found: _Template | None = _Template(tuple(fields), slots, built.queue_key,
-                                            built.queues_key)
+                                            built.queues_key, lane_classes(rq_prefix)[1])
         assert found is not None
         fast = list(found.push(prefix, "template-check", 1).fields)
         expected = list(built.fields)
@@ -454,15 +459,15 @@ def _decompressed(data: str | bytes) -> bytes:
 
 
 def delivery_push(conn: redis.Redis, prefix: str, queue_name: str, run_id: str,
-                  attempt: int) -> JobPush:
+                  attempt: int, rq_prefix: str | None = None) -> JobPush:
     """Delivery `attempt` of run `run_id` as RQ enqueues it: the hash RQ's enqueue writes for
     the job Queue.create_job builds (Job.to_dict, less its empty fields, `data`
     uncompressed; Job.fetch reads back the same job), and RQ's key names; a script writes
     it. The queue's template (checked against a job RQ built) fills in the per-delivery
     fields; without one, RQ builds each job."""
-    template = _template(conn, prefix, queue_name)
+    template = _template(conn, prefix, queue_name, rq_prefix)
     if template is None:
-        return _rq_built_push(conn, prefix, queue_name, run_id, attempt)
+        return _rq_built_push(conn, prefix, queue_name, run_id, attempt, rq_prefix)
     return template.push(prefix, run_id, attempt)
 
 
@@ -477,24 +482,28 @@ def _scripts(conn: redis.Redis) -> Scripts:
 
 
 def enqueue_delivery(conn: redis.Redis, prefix: str, queue_name: str, run_id: str,
-                     attempt: int) -> bool:
-    """Enqueue one delivery in one round trip; False if RQ already holds a job with its id."""
+                     attempt: int, *, rq_prefix: str | None = None) -> bool:
+    """Enqueue one delivery in one round trip on `conn`, in the lane keyspace `rq_prefix`
+    (None: RQ's own); False if RQ already holds a job with its id."""
     return _scripts(conn).enqueue_delivery(delivery_push(conn, prefix, queue_name, run_id,
-                                                         attempt))
+                                                         attempt, rq_prefix))
 
 
 def enqueue_deliveries(conn: redis.Redis, prefix: str, queue_name: str,
-                       runs: list[tuple[str, int]]) -> None:
+                       runs: list[tuple[str, int]], *, rq_prefix: str | None = None) -> None:
     """Enqueue many deliveries in one round trip (a job id RQ holds already is left alone)."""
     if runs:
-        _scripts(conn).enqueue_deliveries([delivery_push(conn, prefix, queue_name, rid, attempt)
-                                           for rid, attempt in runs])
+        _scripts(conn).enqueue_deliveries([
+            delivery_push(conn, prefix, queue_name, rid, attempt, rq_prefix)
+            for rid, attempt in runs])
 
 
-def deliveries_exist(conn: redis.Redis, prefix: str, ids: list[tuple[str, int]]) -> list[bool]:
+def deliveries_exist(conn: redis.Redis, prefix: str, ids: list[tuple[str, int]], *,
+                     rq_prefix: str | None = None) -> list[bool]:
+    job_class = lane_classes(rq_prefix)[1]
     pipe = conn.pipeline(transaction=False)
     for rid, attempt in ids:
-        pipe.exists(Job.key_for(delivery_id(prefix, rid, attempt)))
+        pipe.exists(job_class.key_for(delivery_id(prefix, rid, attempt)))
     return [bool(n) for n in pipe.execute()]
 
 
@@ -513,6 +522,7 @@ class InFlight:
 
     conn: redis.Redis
     prefix: str
+    rq_prefix: str | None = None  # the lane keyspace (None: RQ's own)
     failed_seen: dict[str, float] = field(default_factory=dict)  # failed key -> last score
     # popped job id -> the intermediate list it was read from (None: a started registry)
     popped_from: dict[str, str | None] = field(default_factory=dict)
@@ -520,8 +530,10 @@ class InFlight:
     def job_ids(self, lookback_s: float = 3600.0) -> tuple[set[str], set[str]]:
         """Job ids of this deployment's queues: (popped and maybe not started, failed since
         the last call). A failed job is reported once; the caller keeps what it must."""
-        mine = Queue.redis_queue_namespace_prefix + rq_queue_name(self.prefix, "")
-        queues = sorted(k for k in map(_s, self.conn.smembers(Queue.redis_queues_keys))
+        queue_class = lane_classes(self.rq_prefix)[0]
+        namespace = queue_class.redis_queue_namespace_prefix
+        mine = namespace + rq_queue_name(self.prefix, "")
+        queues = sorted(k for k in map(_s, self.conn.smembers(queue_class.redis_queues_keys))
                         if k.startswith(mine))
         self.popped_from = {}
         if not queues:
@@ -529,18 +541,18 @@ class InFlight:
         now = time.time()
         pipe = self.conn.pipeline(transaction=False)
         for key in queues:
-            name = key.removeprefix(Queue.redis_queue_namespace_prefix)
-            failed = FailedJobRegistry.key_template.format(name)
+            name = key.removeprefix(namespace)
+            failed = self._registry("failed", name)
             # A failed entry scores its expiry (fail time + failure_ttl): newer fails score higher.
             since = self.failed_seen.get(failed, now + FAILURE_TTL_S - lookback_s)
             pipe.lrange(IntermediateQueue.get_intermediate_queue_key(key), 0, -1)
-            pipe.zrange(StartedJobRegistry.key_template.format(name), 0, -1)
+            pipe.zrange(self._registry("wip", name), 0, -1)
             pipe.zrangebyscore(failed, f"({since}", "+inf", withscores=True)
         replies = pipe.execute(raise_on_error=False)
         newly_failed: set[str] = set()
         for i, key in enumerate(queues):
             intermediate, started, failed = replies[3 * i: 3 * i + 3]
-            name = key.removeprefix(Queue.redis_queue_namespace_prefix)
+            name = key.removeprefix(namespace)
             if not isinstance(started, Exception):
                 for member in started:
                     self.popped_from.setdefault(_s(member).rsplit(":", 1)[0], None)
@@ -549,9 +561,16 @@ class InFlight:
                 self.popped_from.update((_s(j), inter) for j in intermediate)
             if not isinstance(failed, Exception) and failed:
                 newly_failed.update(_s(j) for j, _ in failed)
-                self.failed_seen[FailedJobRegistry.key_template.format(name)] = max(
+                self.failed_seen[self._registry("failed", name)] = max(
                     score for _, score in failed)
         return set(self.popped_from), newly_failed
+
+    def _registry(self, kind: str, name: str) -> str:
+        """The key of RQ's `kind` registry (wip: started, failed) of queue `name`."""
+        if self.rq_prefix is None:
+            template = {"wip": StartedJobRegistry, "failed": FailedJobRegistry}[kind]
+            return template.key_template.format(name)
+        return f"{self.rq_prefix}:{kind}:{name}"
 
     def forget(self, job_ids: Iterable[str]) -> int:
         """Take deliveries whose runs have moved on (started again under a newer delivery,
@@ -562,10 +581,11 @@ class InFlight:
         targets = [(j, inter) for j in job_ids if (inter := self.popped_from.get(j))]
         if not targets:
             return 0
+        job_class = lane_classes(self.rq_prefix)[1]
         pipe = self.conn.pipeline(transaction=False)
         for job_id, inter in targets:
             pipe.lrem(inter, 0, job_id)
-            pipe.delete(Job.key_for(job_id))
+            pipe.delete(job_class.key_for(job_id))
         replies = pipe.execute(raise_on_error=False)
         return sum(r for r in replies[0::2] if isinstance(r, int))
 

@@ -23,7 +23,7 @@ A delivery's outcome:
   delivery was stale): cleaned up as above;
 * refused (not a delivery of this deployment, or a planted field; MarblesJob): RQ's own
   failure path (failed registry, job status and result), then taken out of the
-  intermediate list;
+  intermediate list; in a lane's keyspace (transport/lanes.py), logged and deleted;
 * interrupted (the entry point raised: a Redis error, the store unavailable, a bug; or the
   horse died): logged, and nothing is written to RQ. It never shows up as a failure in RQ's
   registries, and its entry stays in the intermediate list: the controller redelivers a run
@@ -63,8 +63,8 @@ log = logging.getLogger("marbles_rq.transport.worker")
 HEARTBEAT_EVERY_S = 15.0  # RQ's worker hash lives worker_ttl + 60 s (480 s by default)
 SUSPENSION_CHECK_EVERY_S = 1.0
 
-DONE, FAILED, INTERRUPTED = "done", "failed", "interrupted"
-EXIT_CODES = {DONE: 0, FAILED: 70, INTERRUPTED: 71}  # a forked horse's outcome
+DONE, FAILED, INTERRUPTED, REFUSED = "done", "failed", "interrupted", "refused"
+EXIT_CODES = {DONE: 0, FAILED: 70, INTERRUPTED: 71, REFUSED: 72}  # a forked horse's outcome
 
 
 def _describe(exc: BaseException) -> str:
@@ -87,8 +87,9 @@ class LeanWorker:
     death_penalty_class: Any
     queue_class: Any
 
-    # deliveries completed, cleaned up with the next pop: (intermediate key, job id, delete)
-    _lean_done: list[tuple[str, str, bool]] | None = None
+    # deliveries completed, cleaned up with the next pop on their lane's connection:
+    # (queue, job id, delete)
+    _lean_done: list[tuple[Any, str, bool]] | None = None
     _lean_next_beat = 0.0
     _lean_next_suspension_check = 0.0
     _lean_idle = False
@@ -154,8 +155,10 @@ class LeanWorker:
                 continue
             queue, job_id = popped
             try:
-                job = self.job_class.fetch(job_id, connection=self.connection,
-                                           serializer=self.serializer)
+                # The queue's own job class and connection: a queue of another lane lives in
+                # that lane's keyspace, maybe on another node.
+                job = queue.job_class.fetch(job_id, connection=queue.connection,
+                                            serializer=self.serializer)
             except NoSuchJobError:  # gone meanwhile (RQ skips it too)
                 self._lean_cleanup(queue, job_id, delete=False)
                 continue
@@ -168,47 +171,56 @@ class LeanWorker:
             return job, queue
 
     def _lean_pop(self, block: float | None) -> tuple[Any, str] | None:
-        """Move one job id from the first non-empty queue (priority order) into its
-        intermediate list; the cleanups of completed deliveries go with the first LMOVE.
-        `block` None: do not wait; else wait up to that long (BLMOVE on the first queue;
-        for several queues at most MULTI_QUEUE_BLOCK_S, then the caller sweeps again)."""
+        """Move one job id from the first non-empty queue (priority order; the worker's own
+        lane first within a priority) into its intermediate list; the cleanups of completed
+        deliveries go with the first LMOVE on their connection. `block` None: do not wait;
+        else wait up to that long (BLMOVE on the first queue; for several queues at most
+        MULTI_QUEUE_BLOCK_S, then the caller sweeps again)."""
         queues = self._ordered_queues
-        for i, queue in enumerate(queues):
-            pipe = self.connection.pipeline(transaction=False)
-            if i == 0:
-                self._lean_flush(pipe)
+        for queue in queues:
+            pipe = queue.connection.pipeline(transaction=False)
+            self._lean_flush(pipe, queue.connection)
             pipe.lmove(queue.key, queue.intermediate_queue_key)
             replies = pipe.execute()
-            if i == 0:
-                self._lean_done = []
+            self._lean_flushed(queue.connection)
             if replies[-1] is not None:
                 return queue, as_text(replies[-1])
         if block is None:
             return None
         first = queues[0]
         wait = block if len(queues) == 1 else min(block, MULTI_QUEUE_BLOCK_S)
-        found = self.connection.blmove(first.key, first.intermediate_queue_key,
-                                       max(wait, 0.01))  # type: ignore[arg-type]  # a float is fine
+        found = first.connection.blmove(first.key, first.intermediate_queue_key,
+                                        max(wait, 0.01))  # a float is fine
         return None if found is None else (first, as_text(found))
 
     def _lean_cleanup(self, queue: Any, job_id: str, *, delete: bool) -> None:
         if self._lean_done is None:
             self._lean_done = []
-        self._lean_done.append((queue.intermediate_queue_key, job_id, delete))
+        self._lean_done.append((queue, job_id, delete))
 
-    def _lean_flush(self, pipe: Any) -> None:
-        for intermediate, job_id, delete in self._lean_done or ():
-            pipe.lrem(intermediate, 1, job_id)
-            if delete:
-                pipe.delete(self.job_class.key_for(job_id))
+    def _lean_flush(self, pipe: Any, conn: Any) -> None:
+        """Queue on `pipe` the cleanups of completed deliveries whose queue lives on `conn`
+        (taken off the list once the pipe succeeded: `_lean_flushed`)."""
+        for queue, job_id, delete in self._lean_done or ():
+            if queue.connection is conn:
+                pipe.lrem(queue.intermediate_queue_key, 1, job_id)
+                if delete:
+                    pipe.delete(queue.job_class.key_for(job_id))
+
+    def _lean_flushed(self, conn: Any) -> None:
+        if self._lean_done:
+            self._lean_done = [d for d in self._lean_done if d[0].connection is not conn]
 
     def teardown(self) -> None:
         """Clean up what completed before RQ's teardown (the worker stops)."""
         if self._lean_done and not self.is_horse:  # type: ignore[attr-defined]
             try:
-                with self.connection.pipeline(transaction=False) as pipe:
-                    self._lean_flush(pipe)
-                    pipe.execute()
+                for conn in {id(q.connection): q.connection
+                             for q, _, _ in self._lean_done}.values():
+                    with conn.pipeline(transaction=False) as pipe:
+                        self._lean_flush(pipe, conn)
+                        pipe.execute()
+                    self._lean_flushed(conn)
                 self._lean_done = []
             except redis.RedisError as exc:  # the controller takes the entries out later
                 log.warning("worker %s: could not clean up %s completed deliveries (%s)",
@@ -237,6 +249,11 @@ class LeanWorker:
             exc_info = sys.exc_info()
             job.ended_at = rq_now()
             self.handle_exception(job, *exc_info)  # type: ignore[attr-defined]
+            if getattr(queue, "lane_prefix", None) is not None:
+                # RQ's failure path writes its registries in RQ's own keyspace, another slot
+                # than this lane's on a cluster: a refused job of a lane is logged (above)
+                # and dropped.
+                return REFUSED
             self.handle_job_failure(job, queue=queue,  # type: ignore[attr-defined]
                                     exc_string=format_exc_info(exc_info))
             return FAILED
@@ -244,8 +261,8 @@ class LeanWorker:
         return DONE
 
     def _lean_completed(self, job: Any, queue: Any, outcome: str) -> None:
-        if outcome in (DONE, FAILED):
-            self._lean_cleanup(queue, job.id, delete=outcome == DONE)
+        if outcome in (DONE, FAILED, REFUSED):
+            self._lean_cleanup(queue, job.id, delete=outcome != FAILED)
 
 
 def _log_interrupted(job_id: str, cause: BaseException) -> None:
@@ -326,6 +343,8 @@ class LeanForkingWorker(LeanWorker):
                 return DONE  # EXIT_FENCED: the run has moved on; this delivery is over
             if code == EXIT_CODES[FAILED]:
                 return FAILED
+            if code == EXIT_CODES[REFUSED]:
+                return REFUSED
             if code == EXIT_CODES[INTERRUPTED]:
                 return INTERRUPTED
         # Killed, or crashed outside the delivery's code: nothing wrote an outcome.

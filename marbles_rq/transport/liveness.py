@@ -40,8 +40,10 @@ class WorkerBeat:
     """Beats for one worker name from a daemon thread until stopped."""
 
     def __init__(self, runs: RunStore, name: str, *, every_s: float = WORKER_BEAT_S,
-                 ttl_ms: int = WORKER_TTL_MS) -> None:
+                 ttl_ms: int = WORKER_TTL_MS, lanes: list[int] | None = None) -> None:
         self.runs, self.name = runs, name
+        self.lanes = ",".join(map(str, lanes if lanes is not None
+                                  else range(runs.keys.lanes)))
         self.every_s, self.ttl_ms = every_s, ttl_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"beat-{name}", daemon=True)
@@ -56,7 +58,9 @@ class WorkerBeat:
             started = time.monotonic()
             try:
                 self.runs.scripts.beat_worker(workers_key=self.runs.keys.workers,
-                                              worker=self.name, ttl_ms=self.ttl_ms)
+                                              worker=self.name, ttl_ms=self.ttl_ms,
+                                              lanes_key=self.runs.keys.worker_lanes,
+                                              lanes=self.lanes)
                 if self._failing:
                     log.info("worker %s: liveness beats reach Redis again", self.name)
                 self._failing = False
@@ -77,21 +81,50 @@ class WorkerBeat:
         if forget:
             try:
                 self.runs.scripts.forget_workers(workers_key=self.runs.keys.workers,
-                                                 workers=[self.name], cutoff_ms=None)
+                                                 workers=[self.name], cutoff_ms=None,
+                                                 lanes_key=self.runs.keys.worker_lanes)
             except (redis.RedisError, RedisUnavailableError, OSError) as exc:
                 log.info("worker %s: could not take it off the liveness index (%s); it lapses",
                          self.name, one_line(exc))
 
 
 @contextlib.contextmanager
-def beating(runs: RunStore, name: str, *, idle: Callable[[], bool]) -> Iterator[WorkerBeat]:
+def beating(runs: RunStore, name: str, *, idle: Callable[[], bool],
+            lanes: list[int] | None = None) -> Iterator[WorkerBeat]:
     """Beat for worker `name` while the block runs. A block that ends normally with the worker
     `idle` (no horse left) takes the name off the index; any other end lets it lapse, so the
     controller redelivers what was executing under it within WORKER_TTL_MS."""
-    beat = WorkerBeat(runs, name).start()
+    beat = WorkerBeat(runs, name, lanes=lanes).start()
     try:
         yield beat
     except BaseException:
         beat.stop(forget=False)
         raise
     beat.stop(forget=idle())
+
+
+def lane_workers(runs: RunStore) -> dict[int, list[str]]:
+    """Lane -> the live workers that serve it (from their liveness beats), for every lane of
+    the deployment; an empty list is a lane whose runs wait for a worker."""
+    secs, micros = runs.store.client.time()
+    now_ms = int(secs) * 1000 + int(micros) // 1000
+    pipe = runs.store.client.pipeline(transaction=False)  # one slot: {<prefix>}
+    pipe.zrangebyscore(runs.keys.workers, "-inf", "+inf", withscores=True)
+    pipe.hgetall(runs.keys.worker_lanes)
+    alive, served = pipe.execute()
+    out: dict[int, list[str]] = {k: [] for k in range(runs.keys.lanes)}
+    lanes_of = {_s(k): _s(v) for k, v in served.items()}
+    for name, until in alive:
+        if until < now_ms:
+            continue  # lapsed: lost
+        worker = _s(name)
+        # A worker of an earlier version beats without its lanes: it serves lane 0's keyspace.
+        for part in lanes_of.get(worker, "0").split(","):
+            if part.isdigit() and int(part) in out:
+                out[int(part)].append(worker)
+    return out
+
+
+def _s(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+

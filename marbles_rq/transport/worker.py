@@ -46,9 +46,8 @@ from .dispatch import (
     MarblesQueue,
     RefusedJobError,
     clean_registries,
-    enqueue_delivery,
-    rq_queue_name,
 )
+from .lanes import Lanes, as_lanes
 from .lean import LeanForkingWorker, LeanSimpleWorker
 from .liveness import beating
 from .serializer import JSONSerializer
@@ -172,6 +171,8 @@ class _MarblesMaintenance:
 
     def clean_registries(self) -> None:
         for queue in self.queues:
+            if getattr(queue, "lane_prefix", None) is not None:
+                continue  # a lane's keyspace: no registries are written there to clean
             if queue.acquire_maintenance_lock():  # one worker per queue at a time
                 self.log.info("Worker %s: cleaning registries for queue: %s", self.name,
                               queue.name)
@@ -218,11 +219,25 @@ class MarblesSimpleWorker(_RedisErrorsOut, _MarblesMaintenance, LeanSimpleWorker
     """Executes deliveries in its own process (no fork per run), on the lean path."""
 
 
-def build_worker(cls: type[Any], queues: list[str], conn: redis.Redis, prefix: str,
-                 name: str | None = None) -> Any:
-    return cls([rq_queue_name(prefix, q) for q in queues], connection=conn,
-               serializer=JSONSerializer, job_class=MarblesJob, queue_class=MarblesQueue,
-               name=name or worker_name())
+def build_worker(cls: type[Any], queues: list[str], lanes: Lanes, prefix: str,
+                 name: str | None = None, *, serve: list[int] | None = None,
+                 home: int | None = None) -> Any:
+    """An RQ worker registered in RQ's own keyspace, popping from queues `queues` (priority
+    order) of the lanes `serve` (default all): within one priority its `home` lane first
+    (blocking there when idle), then the others, so an idle executor helps a busy lane."""
+    served = serve if serve is not None else list(range(lanes.count))
+    first = home if home is not None else served[0]
+    order = [first, *(k for k in served if k != first)]
+    worker = cls([lanes.lane(k).queue(prefix, q) for q in queues for k in order],
+                 connection=lanes.registration, serializer=JSONSerializer,
+                 job_class=MarblesJob, queue_class=MarblesQueue, name=name or worker_name())
+    # RQ raises its own connection's socket timeout above its blocking pop's (Worker.
+    # _set_connection); a lane on another connection blocks there too.
+    for lane in {id(lane.conn): lane for lane in lanes.lanes}.values():
+        options = lane.conn.connection_pool.connection_kwargs
+        if (options.get("socket_timeout") or 0) < worker.connection_timeout:
+            options["socket_timeout"] = worker.connection_timeout
+    return worker
 
 
 def _describe(exc: BaseException) -> str:
@@ -242,23 +257,26 @@ def _asked_to_stop(worker: Any) -> bool:
     return bool(worker._stop_requested or worker._shutdown_requested_date is not None)
 
 
-def work(engine: Engine, cls: type[Any], queues: list[str], conn: redis.Redis, *,
-         burst: bool, logging_level: str = "INFO") -> None:
+def work(engine: Engine, cls: type[Any], queues: list[str], rq: Lanes | redis.Redis, *,
+         burst: bool, logging_level: str = "INFO", serve: list[int] | None = None,
+         home: int | None = None) -> None:
     """Run one worker until asked to stop. A Redis error of any kind is one log line; the
     worker is rebuilt (under a new name) after a capped exponential backoff."""
     backoff = Backoff()
     prefix = engine.runs.keys.prefix
+    lanes = as_lanes(rq, engine.runs.keys)
     while True:
         started = time.monotonic()
         name = worker_name()
         worker: Any = None
         try:
             engine.runs.client.ping()  # the store may be another Redis than RQ's
-            worker = build_worker(cls, queues, conn, prefix, name)
+            worker = build_worker(cls, queues, lanes, prefix, name, serve=serve, home=home)
             engine.worker_name = name
-            engine.deliver = functools.partial(enqueue_delivery, conn, prefix)
+            engine.deliver = lanes.enqueue
             configure(engine)
-            with beating(engine.runs, name, idle=functools.partial(_no_horse, worker)):
+            with beating(engine.runs, name, idle=functools.partial(_no_horse, worker),
+                         lanes=serve):
                 worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
         except _StopAsked:
             return  # asked before RQ's loop installed its own handlers
@@ -316,11 +334,13 @@ def _kill_orphaned_horse(worker: Any) -> None:
             os.waitpid(pid, 0)
 
 
-def run_pool(engine: Engine, queues: list[str], conn: redis.Redis, *, size: int, burst: bool,
-             logging_level: str = "INFO") -> None:
+def run_pool(engine: Engine, queues: list[str], rq: Lanes | redis.Redis, *, size: int,
+             burst: bool, logging_level: str = "INFO", serve: list[int] | None = None) -> None:
     """N non-forking executors under a supervisor that restarts any that die: at once if it
     had run for HEALTHY_S, else after a capped exponential backoff per slot, so executors
-    that die at birth are not respawned in a tight loop."""
+    that die at birth are not respawned in a tight loop. Executor i's home lane is the i-th
+    of the served lanes, round robin; each helps the others when its own is empty."""
+    served = serve if serve is not None else list(range(as_lanes(rq, engine.runs.keys).count))
     supervisor = os.getpid()
     children: dict[int, tuple[int, float]] = {}  # pid -> (slot, started)
     pending: dict[int, float] = {}  # slot -> when to respawn it (monotonic)
@@ -344,8 +364,9 @@ def run_pool(engine: Engine, queues: list[str], conn: redis.Redis, *, size: int,
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             try:
-                work(engine, MarblesSimpleWorker, queues, conn, burst=burst,
-                     logging_level=logging_level)
+                work(engine, MarblesSimpleWorker, queues, rq, burst=burst,
+                     logging_level=logging_level, serve=served,
+                     home=served[slot % len(served)])
             except BaseException:
                 logging.getLogger("marbles_rq.transport.worker").exception("pool executor crashed")
                 os._exit(1)

@@ -46,6 +46,7 @@ from ..errors import CorruptRecordError, InvalidIdError, UnsupportedRecordVersio
 from ..store import RedisStore, new_request_id
 from ..store.records import EventRecord, decode, encode
 from ..store.redis_errors import is_outage, one_line
+from ..transport.lanes import RQLike
 
 if TYPE_CHECKING:
     from ..controller.loop import Controller
@@ -233,7 +234,7 @@ class EventView:
 class Events:
     """Inbound events in the store: journal, start, list. `rq` is needed only to start."""
 
-    def __init__(self, runs: RunStore, rq: redis.Redis | None = None, *,
+    def __init__(self, runs: RunStore, rq: RQLike | None = None, *,
                  registry: Registry = REGISTRY, triggers: Triggers = TRIGGERS) -> None:
         self.runs, self.rq = runs, rq
         self.store: RedisStore = runs.store
@@ -386,7 +387,7 @@ class Events:
         return views
 
 
-def send_event(runs: RunStore, rq: redis.Redis, source: str, event_id: str, *, type: str = "",
+def send_event(runs: RunStore, rq: RQLike, source: str, event_id: str, *, type: str = "",
                payload: bytes = b"null") -> Sent:
     """`marbles-rq events send` in Python: `Events(runs, rq).send(...)` with the triggers
     declared by the loaded modules."""

@@ -58,6 +58,7 @@ from ..engine.runs import RunStore
 from ..errors import InvalidIdError, MarblesError
 from ..store import RedisStore
 from ..store.redis_errors import is_outage, one_line
+from ..transport.lanes import RQLike
 
 if TYPE_CHECKING:
     from ..controller.loop import Controller
@@ -322,7 +323,7 @@ class _State:
 class Poller:
     """Polls monitors against the store; `ctl_epoch` 0 means a manual roll (not fenced)."""
 
-    def __init__(self, runs: RunStore, rq: redis.Redis, *, registry: Registry = REGISTRY,
+    def __init__(self, runs: RunStore, rq: RQLike, *, registry: Registry = REGISTRY,
                  monitors: Monitors = MONITORS) -> None:
         self.runs, self.rq = runs, rq
         self.store: RedisStore = runs.store
@@ -481,7 +482,7 @@ def _baseline(key: str, stored: bytes | None) -> dict[str, Any] | None:
 
 # -- a manual roll and the listing (for the CLI) -------------------------------------------
 
-def roll_monitor(runs: RunStore, rq: redis.Redis, key: str, *, registry: Registry = REGISTRY,
+def roll_monitor(runs: RunStore, rq: RQLike, key: str, *, registry: Registry = REGISTRY,
                  monitors: Monitors = MONITORS) -> Outcome:
     """Poll monitor `key` once, now, in this process (not fenced: a roll racing the
     controller's poll is decided by the monitor's revision, and a launch keeps its run id).

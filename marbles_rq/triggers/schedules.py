@@ -45,6 +45,7 @@ from ..engine.runs import TERMINAL, RunStore
 from ..errors import MarblesError
 from ..store.redis_errors import is_outage, one_line
 from ..store.scripts import Reply
+from ..transport.lanes import RQLike
 
 if TYPE_CHECKING:
     from ..controller.loop import Controller
@@ -460,7 +461,7 @@ class RollResult:
         return f"[schedule] {self.key} fired run {self.run_id}"
 
 
-def roll_schedule(runs: RunStore, rq: redis.Redis, key: str, *,
+def roll_schedule(runs: RunStore, rq: RQLike, key: str, *,
                   registry: ScheduleRegistry | None = None, holder: str | None = None,
                   workflows: Registry = REGISTRY) -> RollResult:
     """One forced tick of schedule `key` under its lock: claim an occurrence at the server's

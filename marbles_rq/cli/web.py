@@ -1,0 +1,59 @@
+"""`marbles-rq web`: the dashboard and signed webhooks (see marbles_rq/web)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import click
+
+from ..errors import ConfigError
+from . import Settings
+
+
+@click.command()
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Beyond loopback, MARBLES_WEB_TOKEN must be set.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8700, show_default=True,
+              help="Port to listen on (0: any free port; the URL is printed).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True)
+@click.pass_obj
+def web(settings: Settings, bind: str, port: int, log_level: str) -> None:
+    """Serve the dashboard and POST /events/<source> webhooks. Writes (cancel, pause,
+    resume, rerun, answers, schedule pause) need MARBLES_WEB_TOKEN; without it the dashboard
+    is read-only, and only loopback may be bound."""
+    import uvicorn
+
+    from ..web.app import create_app
+    from ..web.security import TOKEN_ENV, Guard, check_bind, is_loopback
+    from ..web.settings import WebSettings
+    from ..web.webhooks import Webhooks, secrets_from_env
+
+    token = os.environ.get(TOKEN_ENV) or None
+    check_bind(bind, token)  # before anything else: a refused start touches nothing
+    settings = WebSettings.of(settings)
+    settings.load_source()
+    guard = Guard(token, public=not is_loopback(bind))
+    app = create_app(settings, guard, Webhooks(secrets_from_env(), settings))
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bind, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: "
+                        "%(message)s")
+    host = f"[{bind}]" if ":" in bind else bind
+    mode = "reads and writes need the token" if guard.public else (
+        "reads open on loopback; writes need the token" if token else
+        f"read-only: set {TOKEN_ENV} to allow writes")
+    click.echo(f"marbles-rq web: dashboard on http://{host}:{sock.getsockname()[1]}/ ({mode})",
+               err=True)
+    config = uvicorn.Config(app, log_level=log_level, access_log=log_level == "debug",
+                            timeout_graceful_shutdown=2, proxy_headers=False)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,529 @@
+"""The dashboard's ASGI app: `create_app(settings, ...)`.
+
+Pages are rendered on the server (Jinja2, autoescaped: everything a run wrote is text, never
+markup). Each page's live part is a fragment that /sse/<page> renders again every second and
+sends when it changed; a run's output is its own stream (/sse/run/<id>/output), appended as
+it grows, like `marbles-rq watch`. Endpoints are plain functions that Starlette runs in its
+thread pool, because every store call is blocking redis-py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode
+
+import anyio
+import jinja2
+import markupsafe
+import redis
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..cli import Settings
+from ..engine.authoring import REGISTRY, InputError
+from ..engine.paging import Cursor, Filters, RunPager
+from ..engine.runs import STATUSES, TERMINAL, RunNotFoundError
+from ..engine.waits import AlreadyAnsweredError, WaitStore
+from ..errors import InvalidIdError, MarblesError
+from ..store.ids import check_id
+from ..store.redis_errors import one_line
+from ..triggers.events import Events
+from ..triggers.monitors import MONITORS, list_monitors
+from ..triggers.schedules import SCHEDULES, UnknownScheduleError, list_schedules
+from . import reads
+from .actions import Actions
+from .security import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, Guard, new_csrf
+from .webhooks import Webhooks
+
+log = logging.getLogger("marbles_rq.web")
+
+HERE = Path(__file__).parent
+FLASH_COOKIE = "mrq_flash"
+PAGE_SIZE = 50
+LIVE_EVERY_S = 1.0
+WINDOWS = {"15m": 15 * 60_000, "1h": 3_600_000, "24h": 86_400_000, "7d": 7 * 86_400_000}
+
+
+class Web:
+    """The app's state: settings (Redis, source), the guard, the templates."""
+
+    def __init__(self, settings: Settings, guard: Guard, webhooks: Webhooks) -> None:
+        self.settings = settings
+        self.guard = guard
+        self.webhooks = webhooks
+        self.actions = Actions(settings)
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,  # every value is text: a run id or an output line is never markup
+            trim_blocks=True, lstrip_blocks=True)
+        self.env.globals.update(iso=reads.iso, ago=reads.ago, duration=reads.duration,
+                                pretty=reads.pretty, statuses=STATUSES, terminal=TERMINAL)
+        self.env.globals["when"] = _when
+        self.env.filters["qs"] = lambda d: urlencode({k: v for k, v in d.items() if v})
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def render(self, request: Request, template: str, status_code: int = 200,
+               **context: Any) -> HTMLResponse:
+        csrf = request.cookies.get(CSRF_COOKIE) or ""
+        fresh = not csrf
+        if fresh:
+            csrf = new_csrf()
+        flash = _read_flash(request)
+        for name in ("live", "live_query", "error", "login", "next"):
+            context.setdefault(name, "")
+        html = self.env.get_template(template).render(
+            request=request, csrf=csrf, csrf_field=CSRF_FIELD, flash=flash,
+            signed_in=self.guard.authenticated(request), writable=self.guard.writable,
+            now_ms=int(time.time() * 1000), nav=request.url.path, **context)
+        response = HTMLResponse(html, status_code=status_code)
+        if fresh:
+            response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict",
+                                path="/")
+        if flash is not None:
+            response.delete_cookie(FLASH_COOKIE, path="/")
+        _headers(response)
+        return response
+
+    def fragment(self, template: str, **context: Any) -> str:
+        return self.env.get_template(template).render(
+            now_ms=int(time.time() * 1000), writable=self.guard.writable, **context)
+
+
+def _when(ms: int | None) -> markupsafe.Markup:
+    """A time that live.js shows as "5s ago" (UTC on hover). The markup itself does not
+    change as time passes, so a live fragment is sent again only when its data changed."""
+    if ms is None:
+        return markupsafe.Markup("-")
+    return markupsafe.Markup('<time data-ago="{}" title="{} UTC">{}</time>').format(
+        ms, reads.iso(ms), reads.iso(ms)[5:19])
+
+
+def _headers(response: Response) -> None:
+    # No inline script runs (only /static/live.js), no framing (clickjacking on the
+    # buttons), no sniffing: a second line of defence behind escaping.
+    response.headers["Content-Security-Policy"] = (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "same-origin"
+    response.headers["Cache-Control"] = "no-store"
+
+
+def _read_flash(request: Request) -> dict[str, Any] | None:
+    raw = request.cookies.get(FLASH_COOKIE)
+    if not raw:
+        return None
+    try:
+        value = json.loads(base64.urlsafe_b64decode(raw.encode()))
+    except (ValueError, TypeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _flash(response: Response, ok: bool, message: str) -> None:
+    raw = base64.urlsafe_b64encode(json.dumps({"ok": ok, "msg": message[:500]}).encode())
+    response.set_cookie(FLASH_COOKIE, raw.decode(), max_age=60, httponly=True,
+                        samesite="strict", path="/")
+
+
+def _local(target: str | None, default: str) -> str:
+    """A redirect target that stays on this server (no //host, no scheme)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return default
+    return target
+
+
+def _wants_json(request: Request) -> bool:
+    return "application/json" in request.headers.get("accept", "")
+
+
+# -- the app ---------------------------------------------------------------------------------
+
+def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = None) -> Starlette:
+    web = Web(settings, guard, webhooks or Webhooks({}, settings))
+
+    def readable(fn: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        def endpoint(request: Request) -> Response:
+            if not guard.may_read(request):
+                if request.method == "GET" and not request.url.path.startswith("/sse/"):
+                    return RedirectResponse("/login?" + urlencode(
+                        {"next": request.url.path}), status_code=303)
+                return PlainTextResponse("sign in first: reads need the token here", 401)
+            try:
+                return fn(request)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                return web.render(request, "error.html", 503,
+                                  message=f"Redis is not answering: {one_line(exc)}")
+        return endpoint
+
+    # -- pages -----------------------------------------------------------------------------
+
+    def runs_context(request: Request) -> dict[str, Any]:
+        q = request.query_params
+        status = q.get("status") or None
+        if status not in STATUSES:
+            status = None
+        window = q.get("window") or ""
+        since = None
+        if window in WINDOWS:
+            since = int(time.time() * 1000) - WINDOWS[window]
+        filters = Filters(status=status, workflow=q.get("workflow") or None,
+                          queue=q.get("queue") or None, since_ms=since)
+        try:
+            after = Cursor.decode(q.get("after"))
+        except ValueError:
+            after = None
+        t0 = time.perf_counter()
+        page = RunPager(settings.runs(read_only=True)).page(limit=PAGE_SIZE, after=after,
+                                                             filters=filters)
+        took_ms = (time.perf_counter() - t0) * 1000
+        params = {"status": status or "", "workflow": filters.workflow or "",
+                  "queue": filters.queue or "", "window": window if since else ""}
+        return dict(page=page, params=params, took_ms=took_ms, first=after is None,
+                    workflows=sorted(REGISTRY.workflows), windows=list(WINDOWS))
+
+    @readable
+    def runs_page(request: Request) -> Response:
+        search = (request.query_params.get("id") or "").strip()
+        if search:
+            try:
+                check_id(search, "run id")
+            except InvalidIdError as exc:
+                return _redirect_flash("/runs", False, str(exc))
+            if settings.runs(read_only=True).get(search) is not None:
+                return RedirectResponse(f"/runs/{search}", status_code=303)
+            return _redirect_flash("/runs", False, f"no run with id {search!r}")
+        ctx = runs_context(request)
+        response = web.render(request, "runs.html", title="Runs", live="runs",
+                              live_query=request.url.query, **ctx)
+        # What the page's reads cost, for a browser's network panel and the bench.
+        response.headers["Server-Timing"] = f"runs;dur={ctx['took_ms']:.1f}"
+        return response
+
+    @readable
+    def run_page(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            page = reads.run_page(settings, check_id(run_id, "run id"))
+        except InvalidIdError as exc:
+            return web.render(request, "error.html", 400, message=str(exc))
+        if page is None:
+            return web.render(request, "error.html", 404,
+                              message=f"no run with id {run_id!r} (finished runs are pruned "
+                                      f"once their retention ends)")
+        return web.render(request, "run.html", title=f"Run {run_id}", live="run",
+                          live_query=urlencode({"id": run_id}), run=page, run_id=run_id)
+
+    def feed_context() -> dict[str, Any]:
+        waits = WaitStore(settings.runs(read_only=True))
+        return dict(questions=waits.feed(200), reports=waits.reports(30))
+
+    @readable
+    def feed_page(request: Request) -> Response:
+        return web.render(request, "feed.html", title="Feed", live="feed", live_query="",
+                          **feed_context())
+
+    def schedules_context() -> dict[str, Any]:
+        return dict(schedules=list_schedules(settings.runs(read_only=True), SCHEDULES,
+                                             sources_known=bool(settings.source)))
+
+    @readable
+    def schedules_page(request: Request) -> Response:
+        return web.render(request, "schedules.html", title="Schedules", live="schedules",
+                          live_query="", **schedules_context())
+
+    def monitors_context() -> dict[str, Any]:
+        return dict(monitors=list_monitors(settings.reader(), MONITORS))
+
+    @readable
+    def monitors_page(request: Request) -> Response:
+        return web.render(request, "monitors.html", title="Monitors", live="monitors",
+                          live_query="", **monitors_context())
+
+    def events_context() -> dict[str, Any]:
+        return dict(events=Events(settings.runs(read_only=True)).recent(100),
+                    sources=sorted(web.webhooks.sources()))
+
+    @readable
+    def events_page(request: Request) -> Response:
+        return web.render(request, "events.html", title="Events", live="events",
+                          live_query="", **events_context())
+
+    def system_context() -> dict[str, Any]:
+        return dict(system=reads.system(settings))
+
+    @readable
+    def system_page(request: Request) -> Response:
+        return web.render(request, "system.html", title="System", live="system",
+                          live_query="", **system_context())
+
+    # -- live fragments --------------------------------------------------------------------
+
+    def run_fragment(request: Request) -> str:
+        run_id = check_id(request.query_params.get("id", ""), "run id")
+        page = reads.run_page(settings, run_id)
+        if page is None:
+            return "<p class=empty>This run is gone (pruned).</p>"
+        return web.fragment("_run.html", run=page, run_id=run_id,
+                            csrf=request.cookies.get(CSRF_COOKIE, ""), csrf_field=CSRF_FIELD)
+
+    fragments: dict[str, Callable[[Request], str]] = {
+        "runs": lambda r: web.fragment("_runs.html", **runs_context(r)),
+        "run": run_fragment,
+        "feed": lambda r: web.fragment("_feed.html", csrf=r.cookies.get(CSRF_COOKIE, ""),
+                                       csrf_field=CSRF_FIELD, **feed_context()),
+        "schedules": lambda r: web.fragment("_schedules.html",
+                                            csrf=r.cookies.get(CSRF_COOKIE, ""),
+                                            csrf_field=CSRF_FIELD, **schedules_context()),
+        "monitors": lambda r: web.fragment("_monitors.html", **monitors_context()),
+        "events": lambda r: web.fragment("_events.html", **events_context()),
+        "system": lambda r: web.fragment("_system.html", **system_context()),
+    }
+
+    async def live(request: Request) -> Response:
+        if not guard.may_read(request):
+            return PlainTextResponse("sign in first", 401)
+        render = fragments.get(request.path_params["page"])
+        if render is None:
+            return PlainTextResponse("no such page", 404)
+
+        async def stream() -> AsyncIterator[str]:
+            last = ""
+            yield "retry: 2000\n\n"
+            while not await request.is_disconnected():
+                try:
+                    html = await run_in_threadpool(render, request)
+                except (redis.RedisError, MarblesError) as exc:
+                    yield _sse("problem", one_line(exc))
+                else:
+                    digest = hashlib.sha256(html.encode()).hexdigest()
+                    if digest != last:
+                        last = digest
+                        yield _sse("refresh", html)
+                await anyio.sleep(LIVE_EVERY_S)
+
+        return _stream(stream())
+
+    async def run_output(request: Request) -> Response:
+        if not guard.may_read(request):
+            return PlainTextResponse("sign in first", 401)
+        try:
+            run_id = check_id(request.path_params["run_id"], "run id")
+        except InvalidIdError as exc:
+            return PlainTextResponse(str(exc), 400)
+        after = (request.headers.get("last-event-id") or request.query_params.get("after")
+                 or "0-0")
+
+        async def stream() -> AsyncIterator[str]:
+            nonlocal after
+            yield "retry: 2000\n\n"
+            while not await request.is_disconnected():
+                try:
+                    rows = await run_in_threadpool(reads.output_after, settings, run_id, after)
+                except (redis.RedisError, MarblesError) as exc:
+                    yield _sse("problem", one_line(exc))
+                    rows = []
+                for entry_id, kind, text, at_ms in rows:
+                    after = entry_id
+                    yield _sse("line", json.dumps({"id": entry_id, "type": kind, "text": text,
+                                                   "at": reads.iso(at_ms)[11:]}), entry_id)
+                    if kind == "final":
+                        yield _sse("final", kind)
+                        return  # the page closes its stream on it; nothing follows a final
+                if not rows:
+                    await anyio.sleep(0.25)
+
+        return _stream(stream())
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def write(request: Request, do: Callable[[dict[str, str]], str | tuple[str, str]],
+                    back: str) -> Response:
+        form = await _form(request)
+        refusal = guard.write_refusal(request, form.get(CSRF_FIELD))
+        target = _local(form.get("next"), back)
+        if refusal is not None:
+            if _wants_json(request) or guard._bearer(request) is not None:
+                return JSONResponse({"ok": False, "error": refusal}, status_code=403)
+            return web.render(request, "error.html", 403, message=f"refused: {refusal}",
+                              login=True, next=target)
+        try:
+            message = await run_in_threadpool(do, form)
+        except (RunNotFoundError, UnknownScheduleError) as exc:
+            return _write_reply(request, target, False, str(exc), 404)
+        except AlreadyAnsweredError as exc:
+            return _write_reply(request, target, False, str(exc), 409)
+        except (InputError, InvalidIdError) as exc:
+            return _write_reply(request, target, False, str(exc), 400)
+        except MarblesError as exc:
+            return _write_reply(request, target, False, str(exc), 409)
+        except redis.RedisError as exc:
+            return _write_reply(request, target, False, f"Redis: {one_line(exc)}", 503)
+        if isinstance(message, tuple):  # (where to go now, what to say): a rerun
+            target, message = message
+        return _write_reply(request, target, True, message, 200)
+
+    def run_action(name: str) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            run_id = request.path_params["run_id"]
+
+            def do(form: dict[str, str]) -> str | tuple[str, str]:
+                if name == "rerun":
+                    new_id, message = web.actions.rerun(run_id)
+                    return f"/runs/{quote(new_id)}", message
+                if name == "answer":
+                    key = form.get("key", "")
+                    decision = form.get("decision")
+                    if decision in ("approve", "reject"):
+                        return web.actions.answer(
+                            run_id, key, {"approved": decision == "approve",
+                                          "note": form.get("note") or None},
+                            kind="approval", what="approved" if decision == "approve"
+                            else "rejected")
+                    value = form.get("value", "")
+                    return web.actions.answer(run_id, key, value, kind="question",
+                                              what=f"answered {value!r}")
+                action: Callable[[str], str] = getattr(web.actions, name)
+                return action(run_id)
+
+            return await write(request, do, f"/runs/{run_id}")
+        return endpoint
+
+    def schedule_action(paused: bool) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            key = request.path_params["key"]
+            return await write(request, lambda form: web.actions.pause_schedule(key, paused),
+                               "/schedules")
+        return endpoint
+
+    # -- signing in ------------------------------------------------------------------------
+
+    def login_page(request: Request) -> Response:
+        return web.render(request, "login.html", title="Sign in",
+                          next=_local(request.query_params.get("next"), "/runs"))
+
+    async def login(request: Request) -> Response:
+        from .security import csrf_refusal
+
+        form = await _form(request)
+        target = _local(form.get("next"), "/runs")
+        refusal = csrf_refusal(request, form.get(CSRF_FIELD))
+        if refusal is None and not guard.token_ok(form.get("token", "")):
+            refusal = ("this dashboard is read-only: no token is configured"
+                       if not guard.writable else "wrong token")
+        if refusal is not None:
+            return web.render(request, "login.html", 403, title="Sign in", next=target,
+                              error=refusal)
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(SESSION_COOKIE, guard.session_cookie(), httponly=True,
+                            samesite="strict", path="/")
+        _flash(response, True, "signed in")
+        return response
+
+    async def logout(request: Request) -> Response:
+        from .security import csrf_refusal
+
+        form = await _form(request)
+        if csrf_refusal(request, form.get(CSRF_FIELD)) is not None:
+            return PlainTextResponse("refused", 403)
+        response = RedirectResponse("/runs", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    def home(request: Request) -> Response:
+        return RedirectResponse("/runs", status_code=303)
+
+    def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    routes = [
+        Route("/", home),
+        Route("/healthz", healthz),
+        Route("/runs", runs_page),
+        Route("/runs/{run_id}", run_page),
+        *[Route(f"/runs/{{run_id}}/{name}", run_action(name), methods=["POST"])
+          for name in ("cancel", "pause", "resume", "rerun", "answer")],
+        Route("/feed", feed_page),
+        Route("/schedules", schedules_page),
+        Route("/schedules/{key}/pause", schedule_action(True), methods=["POST"]),
+        Route("/schedules/{key}/resume", schedule_action(False), methods=["POST"]),
+        Route("/monitors", monitors_page),
+        Route("/events", events_page),
+        Route("/events/{source}", web.webhooks.endpoint, methods=["POST"]),
+        Route("/system", system_page),
+        Route("/sse/run/{run_id}/output", run_output),
+        Route("/sse/{page}", live),
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+MAX_FORM = 64 * 1024
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A urlencoded form (the only kind the pages send), at most MAX_FORM bytes; anything
+    else reads as empty, which every write then refuses (no CSRF value)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in ("", "application/x-www-form-urlencoded"):
+        return {}
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            return {}
+    try:
+        pairs = parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=50)
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return dict(pairs)
+
+
+def _redirect_flash(target: str, ok: bool, message: str) -> Response:
+    response = RedirectResponse(target, status_code=303)
+    _flash(response, ok, message)
+    return response
+
+
+def _write_reply(request: Request, target: str, ok: bool, message: str, status: int
+                 ) -> Response:
+    if _wants_json(request) or request.headers.get("authorization"):
+        return JSONResponse({"ok": ok, "message" if ok else "error": message},
+                            status_code=status)
+    return _redirect_flash(target, ok, message)
+
+
+def _sse(event: str, data: str, entry_id: str | None = None) -> str:
+    lines = [f"event: {event}"]
+    if entry_id:
+        lines.append(f"id: {entry_id}")
+    lines += [f"data: {line}" for line in data.split("\n")]
+    return "\n".join(lines) + "\n\n"
+
+
+def _stream(gen: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(gen, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

@@ -1,0 +1,226 @@
+"""What the dashboard's pages read, built on the CLI's read paths (RunStore.get/output,
+WaitStore, Events, list_schedules, list_monitors, lease_holder) plus a few counters that
+cost one pipelined round trip over the buckets (ZCARD of the per-bucket indexes)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cli import Settings
+from ..cli.runs import format_event
+from ..controller.loop import LEASE_NAME
+from ..engine.runs import TERMINAL, OutputEvent, RunView
+from ..engine.waits import Question, Report, WaitStore
+from ..transport import dispatch
+
+OUTPUT_SHOWN = 2000  # output lines rendered with the page; later ones arrive live
+
+
+def iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}"
+
+
+def ago(ms: int | None, now_ms: int | None = None) -> str:
+    if ms is None:
+        return "-"
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    delta = (now_ms - ms) // 1000
+    future = delta < 0
+    s = abs(delta)
+    text = (f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+            if s < 172800 else f"{s // 86400}d")
+    return f"in {text}" if future else f"{text} ago"
+
+
+def duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms // 60000} min {ms % 60000 // 1000} s"
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+@dataclass
+class StepTry:
+    step: str
+    attempt: int
+    started_ms: int | None
+    ended_ms: int | None
+    outcome: str  # running | succeeded | failed | retrying | interrupted
+    error: str = ""
+    run_attempt: int = 0
+
+    @property
+    def duration_ms(self) -> int | None:
+        if self.started_ms is None or self.ended_ms is None:
+            return None
+        return max(0, self.ended_ms - self.started_ms)
+
+
+@dataclass
+class RunPage:
+    view: RunView
+    data: dict[str, Any]
+    questions: list[Question]
+    reports: list[Report]
+    lines: list[tuple[str, str, str]]  # (entry id, type, text)
+    last_id: str
+    tries: list[StepTry] = field(default_factory=list)
+    truncated: bool = False
+
+
+def timeline(events: list[OutputEvent], finished: bool) -> list[StepTry]:
+    """Each try of each step, from the output journal: its start (when it really started,
+    `started_ms`) to its outcome, with the delivery (attempt) it ran in."""
+    open_: dict[str, StepTry] = {}
+    tries: list[StepTry] = []
+    for ev in events:
+        d = ev.data if isinstance(ev.data, dict) else {}
+        step = str(d.get("step", ""))
+        if ev.type == "step_started":
+            start = d.get("started_ms") if isinstance(d.get("started_ms"), int) else ev.at_ms
+            t = StepTry(step, int(d.get("attempt") or 1), start, None, "running",
+                        run_attempt=ev.attempt)
+            open_[step] = t
+            tries.append(t)
+        elif ev.type in ("step_succeeded", "step_failed", "step_retry") and step in open_:
+            t = open_.pop(step)
+            t.ended_ms = ev.at_ms
+            t.outcome = {"step_succeeded": "succeeded", "step_failed": "failed",
+                         "step_retry": "retrying"}[ev.type]
+            t.error = str(d.get("error") or "")
+        elif ev.type in ("redelivered", "parked", "final"):
+            # What was running when the execution vanished, parked or settled ended there.
+            for t in open_.values():
+                t.outcome = "parked" if ev.type == "parked" else "interrupted"
+                t.ended_ms = ev.at_ms if ev.type == "parked" else None
+            open_.clear()
+    if finished:
+        for t in open_.values():
+            t.outcome = "interrupted"
+    return tries
+
+
+def run_page(settings: Settings, run_id: str) -> RunPage | None:
+    runs = settings.runs(read_only=True)
+    view = runs.get(run_id)
+    if view is None:
+        return None
+    waits = WaitStore(runs)
+    events = runs.output(run_id, count=OUTPUT_SHOWN)
+    lines = [(ev.id, ev.type, _line(ev)) for ev in events]
+    return RunPage(view, view.to_json(), waits.questions(run_id), waits.run_reports(run_id),
+                   lines, events[-1].id if events else "0-0",
+                   timeline(events, view.status in TERMINAL),
+                   truncated=len(events) >= OUTPUT_SHOWN)
+
+
+def _line(ev: OutputEvent) -> str:
+    text = format_event(ev)
+    return text.split(" ", 1)[1] if " " in text else text  # the page shows its own stamp
+
+
+def output_after(settings: Settings, run_id: str, after: str,
+                 count: int = 500) -> list[tuple[str, str, str, int]]:
+    """(id, type, text, at ms) of the output entries after `after`."""
+    events = settings.runs(read_only=True).output(run_id, after=after, count=count)
+    return [(ev.id, ev.type, _line(ev), ev.at_ms) for ev in events]
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    name: str
+    alive: bool
+    lost_in_ms: int
+    running: list[tuple[str, str]]  # (run id, workflow)
+
+
+@dataclass(frozen=True)
+class System:
+    leader: Any
+    server_ms: int
+    workers: list[WorkerRow]
+    queues: list[tuple[str, int]]
+    counts: dict[str, int]
+    redeliveries_hour: int | None
+
+
+def system(settings: Settings) -> System:
+    reader = settings.reader()
+    client = reader.client
+    keys = settings.keys
+    secs, micros = client.time()
+    server_ms = int(secs) * 1000 + int(micros) // 1000
+    pipe = client.pipeline(transaction=False)
+    pipe.zrange(keys.workers, 0, -1, withscores=True)
+    indexes = {"runs": lambda b: keys.listing("run", b), "executing": keys.run_leases,
+               "waiting_due": keys.run_waits, "open_questions": keys.feed,
+               "dispatch_checks": keys.run_dispatch, "finished_kept": keys.run_finished}
+    for key_of in indexes.values():
+        for b in range(keys.buckets):
+            pipe.zcard(key_of(b))
+    for b in range(keys.buckets):
+        pipe.zrange(keys.run_leases(b), 0, -1)
+    replies = pipe.execute()
+    workers_raw, rest = replies[0], replies[1:]
+    counts = {}
+    for i, name in enumerate(indexes):
+        counts[name] = sum(int(n) for n in rest[i * keys.buckets:(i + 1) * keys.buckets])
+    executing = [_s(r) for part in rest[len(indexes) * keys.buckets:] for r in part]
+    pipe = client.pipeline(transaction=False)
+    for rid in executing:
+        pipe.hmget(keys.run(rid), ["worker", "doc"])
+    by_worker: dict[str, list[tuple[str, str]]] = {}
+    for rid, (worker, doc) in zip(executing, pipe.execute(), strict=True):
+        if worker is None:
+            continue
+        try:
+            name = str(json.loads(doc)["name"]) if doc else "?"
+        except (ValueError, KeyError, TypeError):
+            name = "?"
+        by_worker.setdefault(_s(worker), []).append((rid, name))
+    workers = [WorkerRow(_s(w), int(score) > server_ms, int(score) - server_ms,
+                         sorted(by_worker.pop(_s(w), [])))
+               for w, score in workers_raw]
+    # Runs whose worker no longer beats (or predates liveness) still show, under its name.
+    workers += [WorkerRow(w, False, 0, sorted(r)) for w, r in sorted(by_worker.items())]
+    return System(reader.lease_holder(LEASE_NAME), server_ms, workers,
+                  queue_depths(settings), counts, redeliveries_last_hour(settings, server_ms))
+
+
+def queue_depths(settings: Settings) -> list[tuple[str, int]]:
+    """(marbles queue, deliveries waiting in its RQ queues, summed over the lanes) for this
+    deployment's queues."""
+    head = dispatch.rq_queue_name(settings.keys.prefix, "")
+    depth: dict[str, int] = {}
+    for lane in settings.rq().lanes:
+        for q in lane.queue_class.all(connection=lane.conn):
+            if q.name.startswith(head):
+                name = q.name[len(head):]
+                depth[name] = depth.get(name, 0) + int(lane.conn.llen(q.key))
+    return sorted(depth.items())
+
+
+def redeliveries_last_hour(settings: Settings, server_ms: int) -> int:
+    """Redeliveries (a vanished execution, a delivery lost in RQ) in the hour before
+    `server_ms`, from the per-bucket index the controller's scripts keep for an hour."""
+    keys = settings.keys
+    pipe = settings.reader().client.pipeline(transaction=False)
+    for b in range(keys.buckets):
+        pipe.zcount(keys.redeliveries(b), server_ms - 3_600_000, "+inf")
+    return sum(int(n) for n in pipe.execute())
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
