@@ -136,8 +136,8 @@ class Controller:
                 if self.keys.lanes == 1:
                     log.info("elected controller, epoch %s", got.epoch)
                 else:
-                    log.info("leading lane %s (buckets %s-%s), epoch %s", self.lane,
-                             self.buckets.start, self.buckets.stop - 1, got.epoch)
+                    log.info("elected controller of lane %s (buckets %s-%s), epoch %s",
+                             self.lane, self.buckets.start, self.buckets.stop - 1, got.epoch)
         return self.lease is not None and time.monotonic() < self.lease.valid_until
 
     # -- helpers ------------------------------------------------------------------------------
