@@ -254,6 +254,7 @@ def test_cluster_failover_during_runs_loses_nothing(lane_cluster: RedisCluster,
             assert redis.Redis(port=replica.port).execute_command("CLUSTER", "FAILOVER")
             wait_for(lambda r=replica: _replication(r.port).get("role") == "master",
                      timeout=30, what=f"replica {replica.port} to take over from {port}")
+            lane_cluster.wait_ready()  # every node's slot map shows the new master
         after = {lane: _lane_master_port(lane_cluster, lane) for lane in range(LANES)}
         assert all(after[k] != before[k] for k in range(LANES)), (before, after)
         for rid in ids:
