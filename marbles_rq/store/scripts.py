@@ -471,11 +471,15 @@ class Scripts:
                  final_cancel: bytes, final_gave_up: bytes, worker: str = "") -> Reply:
         """worker: "" to reap an expired lease; a lost worker's name to reap its run."""
         return self._reply(
-            "reap_run",
-            [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished,
-             keys.redeliveries],
+            "reap_run", self._reap_keys(keys),
             [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up, worker],
             ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced", "corrupt"))
+
+    @staticmethod
+    def _reap_keys(keys: RunKeys) -> list[str]:
+        """reap_run's KEYS (one list for the single and the batched call)."""
+        return [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished,
+                keys.redeliveries]
 
     def reap_runs(self, calls: list[tuple[RunKeys, str, int, int, bytes, bytes, str]]
                   ) -> list[Reply | redis.ResponseError]:
@@ -485,8 +489,7 @@ class Scripts:
         statuses = ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced",
                     "corrupt")
         replies = self.call_many("reap_run", [
-            ([k.run, k.leases, k.dispatch, k.output, k.fence, k.finished],
-             [rid, epoch, grace, cancel, gave_up, worker])
+            (self._reap_keys(k), [rid, epoch, grace, cancel, gave_up, worker])
             for k, rid, epoch, grace, cancel, gave_up, worker in calls], errors=True)
         out: list[Reply | redis.ResponseError] = []
         for reply in replies:
