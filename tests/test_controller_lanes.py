@@ -180,6 +180,11 @@ def _scenario(procs: Procs, client: redis.Redis, keys: Keyspace, *, controllers:
         assert len([e for e in events if e.type == "final"]) == 1, obs.dump(rid)
         assert view.attempt == 1 + len([e for e in events if e.type == "redelivered"])
     assert sum(receipts.values()) == sum(steps.values()), receipts  # no effect twice
+    # The redelivery came from the reaper, and no controller script failed on the way (a
+    # failed reap still gets a run redelivered, later, by the dispatch check: not enough).
+    logs = "".join(p.text() for p in procs.procs if p.role == "controller")
+    assert "redelivering as attempt 2" in logs
+    assert "script failed" not in logs and "Traceback" not in logs
 
     for ids in timers.values():
         obs.wait_final(ids[0], timeout=60)
