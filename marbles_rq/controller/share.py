@@ -158,6 +158,17 @@ class Sharing:
             self.runs.scripts.forget_workers(workers_key=self.keys.controllers, workers=gone,
                                              cutoff_ms=now_ms - FORGET_GONE_AFTER_MS)
 
+    def _older_leads(self) -> bool:
+        """With several lanes and lane 0 led elsewhere: does a controller of an earlier
+        version hold its lease now? One read per pass, so that such a controller and this
+        one act together for one pass at most, not until the next look (whose epochs come
+        from different counters and could be equal: the fences would let both through)."""
+        if self.keys.lanes == 1 or 0 in self.led:
+            return False
+        value = self.runs.client.get(self.keys.lease(self.keys.lane_lease(0)))
+        holder = None if value is None else _s(value).partition("|")[2]
+        return holder is not None and not holder.endswith(LANE_MARK) and holder != self._older
+
     def hand_back(self, lane: int, why: str) -> None:
         """Stop leading `lane` between passes: its duty threads stop first, then its lease
         is released, so its next leader starts at once and finds nothing half done here."""
@@ -197,7 +208,8 @@ class Sharing:
         backoff = 0.0
         while not self.stop_event.is_set():
             try:
-                if self._eager or time.monotonic() >= self._next_balance:
+                if self._eager or time.monotonic() >= self._next_balance \
+                        or self._older_leads():
                     self._next_balance = time.monotonic() + self.balance_every_s
                     self.balance()
                 for lane in sorted(self.led):
