@@ -31,7 +31,10 @@ HOLD_S = 60.0  # a hold point blocks this long at most (the test kills it long b
 
 
 def _client() -> redis.Redis:
-    return redis.Redis.from_url(os.environ.get("MARBLES_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    # MARBLES_TEST_EFFECTS_URL: where the effects go when the store is a cluster (whose URL
+    # a plain client cannot open), e.g. tests/test_lanes.py's cluster test.
+    return redis.Redis.from_url(os.environ.get("MARBLES_TEST_EFFECTS_URL") or os.environ.get(
+        "MARBLES_REDIS_URL", "redis://127.0.0.1:6379/0"))
 
 
 def server_ms(client: redis.Redis | None = None) -> int:

@@ -322,10 +322,13 @@ def _kill_leftovers() -> None:
 class Observer:
     """Reads a run's state, output journal and Redis lists, and waits on them."""
 
-    def __init__(self, redis_url: str, context: Callable[[], str] | None = None) -> None:
+    def __init__(self, redis_url: str, context: Callable[[], str] | None = None, *,
+                 effects_url: str | None = None) -> None:
+        """`effects_url`: where the test workflows write their effects and markers, if not
+        the store (a cluster store: see MARBLES_TEST_EFFECTS_URL in tests/kill_workflows.py)."""
         self.url = redis_url
         self.runs = RunStore(open_store(redis_url))
-        self.client = redis.Redis.from_url(redis_url, decode_responses=True,
+        self.client = redis.Redis.from_url(effects_url or redis_url, decode_responses=True,
                                            socket_timeout=3, socket_connect_timeout=2)
         self.context = context
 
@@ -452,7 +455,8 @@ class Procs:
     @property
     def observer(self) -> Observer:
         if self._observer is None:
-            self._observer = Observer(self.url, context=self.report)
+            self._observer = Observer(self.url, context=self.report,
+                                      effects_url=self.env.get("MARBLES_TEST_EFFECTS_URL"))
         return self._observer
 
     def base_argv(self) -> list[str]:

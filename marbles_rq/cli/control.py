@@ -26,8 +26,11 @@ def _iso(ms: int | None) -> str | None:
               "nobody leads).")
 @click.pass_obj
 def leader(settings: Settings, as_json: bool) -> None:
-    """Show the controller that leads now: its host and pid, its epoch, since when. Exit 1
-    when nobody leads (no controller, or the last one's lease ran out)."""
+    """Show the controller that leads now: its host and pid, its epoch, since when; with
+    several lanes, each lane's. Exit 1 when nobody leads (a lane, with several)."""
+    if settings.keys.lanes > 1:
+        _lane_leaders(settings, as_json)
+        return
     info = settings.reader().lease_holder(LEASE_NAME)
     if info is None:
         click.echo("null" if as_json else "no controller leads")
@@ -42,6 +45,32 @@ def leader(settings: Settings, as_json: bool) -> None:
         return
     click.echo(safe(f"leader {data['holder']}  epoch {info.epoch}  since {data['since'] or '-'}"
                     f"  lease left {info.ttl_ms} ms"))
+
+
+def _lane_leaders(settings: Settings, as_json: bool) -> None:
+    from ..controller.share import lane_leaders
+
+    leaders = lane_leaders(settings.reader())
+    rows: list[dict[str, Any]] = [
+        {"lane": ll.lane, "buckets": [ll.buckets.start, ll.buckets.stop - 1],
+         "holder": ll.holder,
+         **({} if ll.info is None else {
+             "epoch": ll.info.epoch, "since": _iso(ll.info.since_ms),
+             "token": ll.info.token, "lease_left_ms": ll.info.ttl_ms})}
+        for ll in leaders]
+    unled = [ll.lane for ll in leaders if ll.info is None]
+    if as_json:
+        click.echo(json.dumps({"lanes": rows, "unled": unled}, indent=2))
+    else:
+        for row in rows:
+            where = f"lane {row['lane']:>3} (buckets {row['buckets'][0]}-{row['buckets'][1]})"
+            if row["holder"] is None:
+                click.echo(f"{where}  no controller leads")
+            else:
+                click.echo(safe(f"{where}  leader {row['holder']}  epoch {row['epoch']}  since "
+                                f"{row['since'] or '-'}  lease left {row['lease_left_ms']} ms"))
+    if unled:
+        sys.exit(1)
 
 
 @click.command()

@@ -10,7 +10,14 @@ import redis
 
 from ..errors import MarblesError
 from ..store.connection import refused, unavailable
-from ..store.doctor import check_durability, problem_line, problems, report, warnings
+from ..store.doctor import (
+    Check,
+    check_durability,
+    problem_line,
+    problems,
+    report,
+    warnings,
+)
 from ..store.redis_errors import one_line
 from . import Settings
 
@@ -29,6 +36,8 @@ def doctor(settings: Settings, as_json: bool) -> None:
         raise unavailable(url, exc) from None
     except redis.ResponseError as exc:  # e.g. INFO denied by an ACL: say so, not "unreachable"
         raise refused(exc, doctor_hint=False) from None
+    if settings.keys.lanes > 1:
+        checks += _lane_checks(settings)
     bad = problems(checks)
     if as_json:
         click.echo(json.dumps({"redis_url": _redacted(url), **report(checks)}, indent=2))
@@ -47,6 +56,21 @@ def doctor(settings: Settings, as_json: bool) -> None:
         sys.exit(1)
 
 
+def _lane_checks(settings: Settings) -> list[Check]:
+    """One line per lane: who leads it. An unled lane is a warning (no controller started
+    yet, or a takeover under way), since doctor also runs before the controllers start."""
+    from ..controller.share import lane_leaders
+
+    checks = []
+    for ll in lane_leaders(settings.reader()):
+        value = (f"led by {ll.holder} (epoch {ll.info.epoch})" if ll.info is not None
+                 else "no controller leads")
+        checks.append(Check("controller", f"lane {ll.lane} (buckets {ll.buckets.start}-"
+                            f"{ll.buckets.stop - 1})", value, "led", ll.info is not None,
+                            "warning", "nothing in its buckets is redelivered, dispatched, "
+                            "woken or fired until a controller takes it (start one, or see "
+                            "'marbles-rq leader')"))
+    return checks
 def _report_lanes(settings: Settings) -> None:
     """Which lanes live workers serve; a lane none serves is a warning (its runs wait)."""
     from ..transport.liveness import lane_workers

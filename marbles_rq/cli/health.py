@@ -124,6 +124,9 @@ def controller_health(settings: Settings, as_json: bool) -> None:
     store.client.ping()
     here = socket.gethostname()
     mine = local_processes("controller")
+    if settings.keys.lanes > 1:
+        _lanes_health(store, here, mine)
+        return
     info = store.lease_holder(LEASE_NAME)
     if not mine:
         _unhealthy(f"no marbles-rq controller process runs on this host ({here})")
@@ -139,6 +142,27 @@ def controller_health(settings: Settings, as_json: bool) -> None:
         return
     _healthy(f"controller pid {', '.join(map(str, mine))} waits; {host}:{pid} "
              f"leads (epoch {info.epoch})")
+
+
+def _lanes_health(store: Any, here: str, mine: list[int]) -> None:
+    """Several lanes: healthy when a controller process runs here and every lane is led
+    (by it or by another); it says which lanes it leads."""
+    from ..controller.share import lane_leaders
+
+    if not mine:
+        _unhealthy(f"no marbles-rq controller process runs on this host ({here})")
+    leaders = lane_leaders(store)
+    unled = [ll.lane for ll in leaders if ll.info is None]
+    if unled:
+        _unhealthy(f"no controller leads lane{'s' if len(unled) > 1 else ''} "
+                   f"{', '.join(map(str, unled))} (controller pid {', '.join(map(str, mine))} "
+                   f"runs here; a lane is taken within one lease)")
+    local = {f"{here}:{pid}" for pid in mine}
+    ours = [ll.lane for ll in leaders if ll.holder in local]
+    others = sorted({ll.holder or "" for ll in leaders if ll.holder not in local})
+    click.echo(safe(f"ok: controller pid {', '.join(map(str, mine))} leads "
+                    f"{len(ours)} of {len(leaders)} lanes ({', '.join(map(str, ours)) or '-'})"
+                    + (f"; the others: {', '.join(others)}" if others else "")))
 
 
 @health.command("worker")

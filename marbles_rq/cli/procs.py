@@ -138,9 +138,10 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
 @click.pass_obj
 def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_redis: bool,
                log_level: str, metrics_port: int | None, metrics_bind: str) -> None:
-    """Elect one controller; it redelivers vanished executions and dispatches recorded runs."""
-    from ..controller import Controller
+    """Lead a fair share of the lanes (with one lane: one elected controller, the others
+    wait); redeliver vanished executions, dispatch recorded runs, fire schedules."""
     from ..controller.duties import default_duties
+    from ..controller.share import Sharing
 
     if metrics_port is not None:
         from ..metrics import serve_metrics
@@ -149,13 +150,13 @@ def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_
     _logging(log_level)
     settings.load_source()  # schedules, triggers and monitors are declared beside workflows
     _check_redis(settings, allow_unsafe_redis)
-    ctl = Controller(settings.runs(), settings.rq(), lease_ms=lease_ms, interval_s=interval,
-                     duties=default_duties())
+    ctl = Sharing(settings.runs(), settings.rq(), lease_ms=lease_ms, interval_s=interval,
+                  duties=default_duties)
     if metrics_port is not None:
         from ..controller.gauges import store_gauges
         from ..metrics import add_collector
 
-        add_collector(store_gauges(ctl))
+        add_collector(store_gauges(settings.runs(), settings.rq()))
 
     def stop(_signum: int, _frame: Any) -> None:
         ctl.stop_event.set()

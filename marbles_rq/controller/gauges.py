@@ -9,19 +9,24 @@ from typing import TYPE_CHECKING, Any
 
 from ..metrics import StoreGauges, scrape_client
 from ..transport import dispatch
+from ..transport.lanes import as_lanes
 
 if TYPE_CHECKING:
-    from .loop import Controller
+    from ..engine.runs import RunStore
+    from ..transport.lanes import RQLike
 
 
-def store_gauges(ctl: Controller) -> StoreGauges:
-    keys = ctl.keys
+def store_gauges(runs: RunStore, rq: RQLike) -> StoreGauges:
+    """Gauges read from the store and RQ at scrape time, over every lane (any controller
+    process may serve them, whichever lanes it leads)."""
+    keys = runs.keys
+    lanes_all = as_lanes(rq, keys)
     # One scrape client per distinct connection: every lane of a standalone Redis shares one.
     clients: dict[int, Any] = {}
     lanes = [(lane.index, lane.rq_prefix,
               clients.setdefault(id(lane.conn), scrape_client(lane.conn)))
-             for lane in ctl.rq.lanes]
-    store = scrape_client(ctl.store.client)
+             for lane in lanes_all.lanes]
+    store = scrape_client(runs.store.client)
 
     def queues() -> dict[tuple[str, str], tuple[int, int]]:
         depths: dict[tuple[str, str], tuple[int, int]] = {}

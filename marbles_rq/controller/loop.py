@@ -1,11 +1,13 @@
-"""`marbles-rq controller`: one elected controller redelivers runs whose execution vanished,
-dispatches runs that were recorded but never reached RQ, redelivers deliveries lost inside
-RQ, and prunes finished runs past their retention. A second controller waits and takes over
-when the first one's lease lapses.
+"""`marbles-rq controller`: the controller of a lane redelivers runs whose execution
+vanished, dispatches runs that were recorded but never reached RQ, redelivers deliveries
+lost inside RQ, and prunes finished runs past their retention, in the buckets of its lane.
+With one lane (the default) there is one such controller and a second one waits and takes
+over when the first one's lease lapses; with several, controllers share the lanes
+(controller/share.py).
 
-Election is a lease with a fencing epoch; correctness comes from the fence: every write the
-controller makes to a run (reap_run, redispatch_run) checks, in the bucket it changes, that
-no newer controller has written there.
+Election is a lease per lane with a fencing epoch; correctness comes from the fence: every
+write the controller makes to a run (reap_run, redispatch_run) checks, in the bucket it
+changes, that no newer controller of that lane has written there.
 
 Every pass costs what is due or in flight, never what is queued: leases that expired,
 dispatch checks that came due (each run is checked once, after the enqueuer's grace), the
@@ -35,6 +37,7 @@ from ..engine.flowctl import release_vanished
 from ..engine.runs import DISPATCH_GRACE_MS, RunStore, event
 from ..errors import RedisUnavailableError
 from ..store import Lease
+from ..store.keys import CONTROLLER_LEASE
 from ..store.redis_errors import is_outage, one_line
 from ..transport import dispatch
 from ..transport.lanes import Lanes, as_lanes
@@ -43,7 +46,7 @@ from .duties import RECOVERY_ORDER, Duty
 
 log = logging.getLogger("marbles_rq.controller")
 
-LEASE_NAME = "controller"
+LEASE_NAME = CONTROLLER_LEASE  # lane 0's lease: the one lease of a single-lane deployment
 REAP_BATCH = 200          # expired leases read per bucket per pass
 LOST_WORKERS_BATCH = 100  # lost workers handled per pass
 # Lost workers are believed only after this long in contact with Redis (since the controller
@@ -58,6 +61,11 @@ PRUNE_EVERY_S = 5.0
 RECOVERY_BATCH = 5_000    # dispatch checks per round while recovering
 RECOVERY_ROUNDS = 1_000   # at most 5,000,000 entries; the rest are due in later passes
 LOST_AFTER_S = 5.0        # a popped delivery whose run has not started by then was lost
+# With several lanes, each lane's controller handles a lost worker's runs in its own buckets,
+# so nobody may take the worker off the liveness index at once: lane 0's controller does,
+# this long after it was lost (every lane's leader has seen it by then; a run in a lane
+# nobody led that long is reaped when its lease expires).
+FORGET_LOST_AFTER_MS = 30_000
 MAX_BACKOFF_S = 30.0
 WARN_AGAIN_S = 600.0      # repeat a warning about the same bad key at most this often
 REAP_CANCELLED = event(status="cancelled", reason="cancel requested; its execution had vanished")
@@ -77,7 +85,8 @@ class Stats:
 class Controller:
     def __init__(self, runs: RunStore, rq: Lanes | redis.Redis, *, lease_ms: int = 10_000,
                  interval_s: float = 0.5, lost_after_s: float = LOST_AFTER_S,
-                 dispatch_budget: int = DISPATCH_BUDGET, duties: Sequence[Duty] = ()) -> None:
+                 dispatch_budget: int = DISPATCH_BUDGET, duties: Sequence[Duty] = (),
+                 lane: int = 0, token: str | None = None) -> None:
         self.runs = runs
         self.store = runs.store
         self.keys = runs.keys
@@ -85,12 +94,23 @@ class Controller:
         self.lease_ms, self.interval_s = lease_ms, interval_s
         self.lost_after_s = lost_after_s
         self.dispatch_budget = dispatch_budget
-        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # The lane this controller leads: its buckets are all it reads and writes, fenced by
+        # its lane's epoch. One lane (the default) is every bucket under the `controller`
+        # lease, as before lanes.
+        self.lane = lane
+        self.buckets: range = self.keys.lane_buckets(lane)
+        self.lease_name = self.keys.lane_lease(lane)
+        self.token = token or new_token()
         self.lease: Lease | None = None
+        self._floor = 0  # a fresh epoch must be above this (see recover)
+        self._leading = False
+        self._lost_seen: set[tuple[str, int]] = set()  # lost workers handled (lanes > 1)
         self.stats = Stats()
         self.stop_event = threading.Event()
-        self.in_flight = [dispatch.InFlight(lane.conn, self.keys.prefix, lane.rq_prefix)
-                          for lane in self.rq.lanes]
+        # Its own lane's deliveries in flight only: each lane is its own RQ keyspace, read
+        # by that lane's controller.
+        self.in_flight = [dispatch.InFlight(rq_lane.conn, self.keys.prefix, rq_lane.rq_prefix)
+                          for rq_lane in self.rq.lanes if rq_lane.index == lane]
         self._lost: dict[tuple[str, int], float] = {}  # popped, unstarted -> first seen
         self._failed: set[tuple[str, int]] = set()  # failed in RQ; kept until resolved
         self._next_prune = 0.0
@@ -101,7 +121,7 @@ class Controller:
     # -- election -----------------------------------------------------------------------------
 
     def lead(self) -> bool:
-        """Hold the controller lease; True while this process may act."""
+        """Hold this lane's controller lease; True while this process may act on it."""
         now = time.monotonic()
         if self.lease is not None and now < self.lease.valid_until - self.lease_ms / 3000:
             return True  # renew only every third of the lease
@@ -111,10 +131,15 @@ class Controller:
                 log.warning("lost the controller lease (epoch %s)", self.lease.epoch)
             self.lease = renewed
         if self.lease is None:
-            got = self.store.acquire_lease(LEASE_NAME, self.token, self.lease_ms)
+            got = self.store.acquire_lease(self.lease_name, self.token, self.lease_ms,
+                                           floor=self._floor)
             if isinstance(got, Lease):
                 self.lease = got
-                log.info("elected controller, epoch %s", got.epoch)
+                if self.keys.lanes == 1:
+                    log.info("elected controller, epoch %s", got.epoch)
+                else:
+                    log.info("elected controller of lane %s (buckets %s-%s), epoch %s",
+                             self.lane, self.buckets.start, self.buckets.stop - 1, got.epoch)
         return self.lease is not None and time.monotonic() < self.lease.valid_until
 
     # -- helpers ------------------------------------------------------------------------------
@@ -137,7 +162,7 @@ class Controller:
         cost what is due. An unreadable index is skipped (one warning); a member that
         belongs to another bucket is removed, since no script would ever touch it."""
         pipe = self.store.client.pipeline(transaction=False)
-        buckets = range(self.keys.buckets)
+        buckets = self.buckets
         for bucket in buckets:
             pipe.zrangebyscore(key_of(bucket), "-inf", now_ms, start=0, num=per_bucket)
         due: list[tuple[int, str]] = []
@@ -182,7 +207,7 @@ class Controller:
         """The lowest score over the per-bucket index `key_of(bucket)` (one pipelined
         read): when a duty's thread has something due next."""
         pipe = self.store.client.pipeline(transaction=False)
-        for bucket in range(self.keys.buckets):
+        for bucket in self.buckets:
             pipe.zrange(key_of(bucket), 0, 0, withscores=True)
         scores = [int(found[0][1]) for found in pipe.execute(raise_on_error=False)
                   if isinstance(found, list) and found]
@@ -222,16 +247,24 @@ class Controller:
                         one_line(exc))
             return False
 
+    def _enqueue_many(self, queue_name: str, batch: list[tuple[str, int]]) -> bool:
+        """Enqueue deliveries (run id, attempt) of one queue in one round trip; False when
+        it failed (their dispatch checks stay due: a later pass retries)."""
+        try:
+            self.rq.enqueue_many(queue_name, batch)
+        except redis.RedisError as exc:
+            log.warning("enqueueing %s deliveries on %s failed (%s); will retry", len(batch),
+                        queue_name, one_line(exc))
+            return False
+        return True
+
     # -- reaping ------------------------------------------------------------------------------
 
-    def reap(self) -> int:
+    def reap(self, now_ms: int | None = None) -> int:
         """Redeliver every run whose lease expired (attempt + 1, same run id)."""
-        done = 0
-        for _, run_id in self.due(self.keys.run_leases, self.server_ms(), REAP_BATCH):
-            done += self._reap_one(run_id)
-            if self.lease is None:
-                break
-        return done
+        now_ms = self.server_ms() if now_ms is None else now_ms
+        return self._reap([(run_id, "") for _, run_id in
+                           self.due(self.keys.run_leases, now_ms, REAP_BATCH)])
 
     def _liveness_trusted(self) -> bool:
         """Lapsed beats mean lost workers only once the controller has been in steady
@@ -245,28 +278,43 @@ class Controller:
         worker costs one look at the worker of every executing run (rare: a crash)."""
         asked = time.monotonic()
         now = self.server_ms()
-        lost = {_s(w) for w in self.store.client.zrangebyscore(
-            self.keys.workers, "-inf", now, start=0, num=LOST_WORKERS_BATCH)}
-        if not lost:
+        lapsed: Any = self.store.client.zrangebyscore(
+            self.keys.workers, "-inf", now, start=0, num=LOST_WORKERS_BATCH, withscores=True)
+        found = {(_s(w), int(score)) for w, score in lapsed}
+        if not found:
+            self._lost_seen.clear()
             return 0
         if time.monotonic() - asked > STALL_S:
             self._in_contact_since = time.monotonic()
             return 0
+        # With several lanes a lost worker stays on the index for a while (see
+        # FORGET_LOST_AFTER_MS): look at the executing runs once per worker lost.
+        lost = {w for w, score in found if (w, score) not in self._lost_seen}
         done = 0
-        for run_id, worker in self._executing():
-            if worker in lost:
+        if lost:
+            mine = [(run_id, worker) for run_id, worker in self._executing() if worker in lost]
+            for run_id, worker in mine:
                 log.warning("run %s: its worker %s is lost (no liveness beat)", run_id, worker)
-                done += self._reap_one(run_id, worker)
-                if self.lease is None:
-                    return done
-        self.runs.scripts.forget_workers(workers_key=self.keys.workers, workers=sorted(lost),
-                                         cutoff_ms=now, lanes_key=self.keys.worker_lanes)
+            done = self._reap(mine)
+            if self.lease is None:
+                return done
+        self._lost_seen = found
+        if self.keys.lanes == 1:
+            forget, cutoff = sorted(w for w, _ in found), now
+        elif self.lane == 0:
+            cutoff = now - FORGET_LOST_AFTER_MS
+            forget = sorted(w for w, score in found if score <= cutoff)
+        else:
+            forget = []
+        if forget:
+            self.runs.scripts.forget_workers(workers_key=self.keys.workers, workers=forget,
+                                             cutoff_ms=cutoff, lanes_key=self.keys.worker_lanes)
         return done
 
     def _executing(self) -> list[tuple[str, str]]:
         """(run id, worker) of every run holding a lease, read in pipelines."""
         pipe = self.store.client.pipeline(transaction=False)
-        for bucket in range(self.keys.buckets):
+        for bucket in self.buckets:
             pipe.zrange(self.keys.run_leases(bucket), 0, -1)
         ids = [_s(rid) for part in pipe.execute(raise_on_error=False)
                if not isinstance(part, Exception) for rid in part]
@@ -284,49 +332,83 @@ class Controller:
     def _reap_one(self, run_id: str, worker: str = "") -> int:
         """reap_run for one run (worker: a lost worker's name, or "" for an expired lease);
         1 if it was redelivered."""
-        assert self.lease is not None
-        reply = self._run_script(run_id, functools.partial(
-            self.runs.scripts.reap_run, keys=self.keys.run_keys(run_id), run_id=run_id,
-            ctl_epoch=self.lease.epoch, grace_ms=DISPATCH_GRACE_MS, final_cancel=REAP_CANCELLED,
-            final_gave_up=REAP_GAVE_UP, worker=worker))
-        if self._handled(run_id, reply):
+        return self._reap([(run_id, worker)])
+
+    def _reap(self, items: list[tuple[str, str]]) -> int:
+        """reap_run for (run id, worker) pairs in one pipeline (one per master on a
+        cluster), then their redeliveries enqueued in one round trip per queue; returns how
+        many were redelivered. A run whose script fails costs only its own turn (see
+        _run_script); a fenced reply steps this lane down after the batch."""
+        if not items:
             return 0
-        if not worker and reply.status in ("redelivered", "cancelled", "gave_up"):
-            metrics.lease_expired(reply.status)
-        if reply.status == "redelivered":
-            attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
-            log.info("run %s: execution vanished (%s); redelivering as attempt %s", run_id,
-                     f"worker {worker} lost" if worker else "lease expired", attempt)
-            if len(reply.values) > 2 and reply.values[2]:
-                # Flow control: free the vanished execution's concurrency slot now.
-                release_vanished(self.runs, run_id, attempt - 1, _s(reply.values[2]))
-            self._enqueue(queue_name, run_id, attempt)
-            self.stats.redelivered += 1
-            metrics.redelivered(queue_name, "worker_lost" if worker else "lease_expired")
-            return 1
-        if reply.status == "gave_up" and len(reply.values) > 1 and reply.values[1]:
-            release_vanished(self.runs, run_id, int(reply.values[0]), _s(reply.values[1]))
-        if reply.status in ("cancelled", "gave_up"):
-            log.info("run %s: %s", run_id, reply.status)
-            self.stats.settled += 1
-        return 0
+        assert self.lease is not None
+        epoch = self.lease.epoch
+        replies = self.runs.scripts.reap_runs([
+            (self.keys.run_keys(run_id), run_id, epoch, DISPATCH_GRACE_MS, REAP_CANCELLED,
+             REAP_GAVE_UP, worker) for run_id, worker in items])
+        deliveries: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        done = 0
+        fenced: tuple[str, Any] | None = None
+        for (run_id, worker), reply in zip(items, replies, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                if is_outage(reply):
+                    raise reply
+                self._warn_once(f"script:{run_id}", "run %s: a script failed on its keys (%s); "
+                                "skipped", run_id, one_line(reply))
+                continue
+            if reply.status == "fenced":
+                fenced = fenced or (run_id, reply.values[0])
+                continue
+            if reply.status == "corrupt":
+                self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
+                continue
+            if not worker and reply.status in ("redelivered", "cancelled", "gave_up"):
+                metrics.lease_expired(reply.status)
+            if reply.status == "redelivered":
+                attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
+                log.info("run %s: execution vanished (%s); redelivering as attempt %s", run_id,
+                         f"worker {worker} lost" if worker else "lease expired", attempt)
+                if len(reply.values) > 2 and reply.values[2]:
+                    # Flow control: free the vanished execution's concurrency slot now.
+                    release_vanished(self.runs, run_id, attempt - 1, _s(reply.values[2]))
+                deliveries[queue_name].append((run_id, attempt))
+                self.stats.redelivered += 1
+                metrics.redelivered(queue_name, "worker_lost" if worker else "lease_expired")
+                done += 1
+            elif reply.status in ("cancelled", "gave_up"):
+                if reply.status == "gave_up" and len(reply.values) > 1 and reply.values[1]:
+                    release_vanished(self.runs, run_id, int(reply.values[0]),
+                                     _s(reply.values[1]))
+                log.info("run %s: %s", run_id, reply.status)
+                self.stats.settled += 1
+        for queue_name, batch in deliveries.items():
+            if len(batch) == 1:
+                self._enqueue(queue_name, *batch[0])
+            else:
+                self._enqueue_many(queue_name, batch)
+        if fenced is not None:
+            self.step_down(f"a newer controller (epoch {_s(fenced[1])}) acts on run "
+                           f"{fenced[0]}")
+        return done
 
     # -- dispatching --------------------------------------------------------------------------
 
-    def dispatch(self, budget: int | None = None) -> int:
+    def dispatch(self, budget: int | None = None, now_ms: int | None = None) -> int:
         """One round of dispatch checks (see `_dispatch_round`); returns how many
         deliveries it enqueued."""
-        return self._dispatch_round(budget)[1]
+        return self._dispatch_round(budget, now_ms)[1]
 
-    def _dispatch_round(self, budget: int | None = None) -> tuple[int, int]:
+    def _dispatch_round(self, budget: int | None = None,
+                        now_ms: int | None = None) -> tuple[int, int]:
         """Each recorded delivery is checked once, after the enqueuer's grace: enqueue it if
         RQ has no job for it (a crash between recording and enqueueing, a failed enqueue, a
         deferral), then drop the check. At most `dispatch_budget` checks per pass; the
         missing deliveries are enqueued in one pipeline per queue. Returns (checks made,
         deliveries enqueued)."""
         budget = budget or self.dispatch_budget
-        per_bucket = 2 * -(-budget // self.keys.buckets)
-        due = self.due(self.keys.run_dispatch, self.server_ms(), per_bucket, budget)
+        per_bucket = 2 * -(-budget // len(self.buckets))
+        due = self.due(self.keys.run_dispatch, self.server_ms() if now_ms is None else now_ms,
+                       per_bucket, budget)
         if not due:
             return 0, 0
         pipe = self.store.client.pipeline(transaction=False)
@@ -353,12 +435,8 @@ class Controller:
                 missing[queue_name].append((run_id, attempt))
         done = 0
         for queue_name, batch in missing.items():
-            try:
-                self.rq.enqueue_many(queue_name, batch)
-            except redis.RedisError as exc:  # the checks stay due; a later pass retries
-                log.warning("enqueueing %s deliveries on %s failed (%s); will retry",
-                            len(batch), queue_name, one_line(exc))
-                continue
+            if not self._enqueue_many(queue_name, batch):
+                continue  # the checks stay due; a later pass retries
             for run_id, attempt in batch:
                 if len(batch) <= 20:
                     log.info("run %s: dispatched attempt %s (it was not in RQ)", run_id,
@@ -446,7 +524,12 @@ class Controller:
         return done
 
     def _parse(self, job_id: str) -> tuple[str, int] | None:
-        return dispatch.parse_delivery_id(self.keys.prefix, job_id)
+        """(run id, attempt) of a delivery of this lane's buckets (RQ's keyspace may hold
+        other lanes' deliveries: their controllers judge those), else None."""
+        parsed = dispatch.parse_delivery_id(self.keys.prefix, job_id)
+        if parsed is None or self.keys.bucket_of(parsed[0]) not in self.buckets:
+            return None
+        return parsed
 
     def _redispatch(self, run_id: str, attempt: int, cause: str) -> bool:
         assert self.lease is not None
@@ -476,7 +559,7 @@ class Controller:
     def prune(self, budget: int = PRUNE_BUDGET) -> int:
         """Remove finished runs whose retention ended, with everything they stored."""
         due = self.due(self.keys.run_finished, self.server_ms(),
-                        2 * -(-budget // self.keys.buckets), budget)
+                       2 * -(-budget // len(self.buckets)), budget)
         if not due:
             return 0
         pipe = self.store.client.pipeline(transaction=False)
@@ -504,15 +587,30 @@ class Controller:
         return self.lease.epoch if self.lease is not None else 0
 
     def recover(self) -> None:
-        """On winning the lease, before anything new: claim every bucket (so a paused
-        ex-leader that wakes has its writes refused everywhere), then finish what the
+        """On winning the lease, before anything new: claim every bucket of the lane (so a
+        paused ex-leader that wakes has its writes refused everywhere), then finish what the
         previous leader left, kind by kind in the seed's order (RECOVERY_ORDER); one log line
-        per kind with its count and the time it took."""
+        per kind with its count and the time it took.
+
+        A bucket whose fence holds a newer epoch was written by a newer leader of this lane
+        -- or, after the lanes were split or merged, by a leader whose epoch came from
+        another lane's counter (each lane counts its own). One that holds this very epoch
+        was written under another counter too, since a fresh epoch was never handed out
+        before: equal epochs would let both controllers' writes through. Either way this
+        lease is given back and the next acquisition takes an epoch above every fence seen
+        (the floor of lua/acquire_lease.lua): a newer leader that still holds the lease
+        keeps it, and a stale fence no longer blocks the lane nor shares its epoch."""
         assert self.lease is not None
-        fences = [self.keys.controller_fence(b) for b in range(self.keys.buckets)]
-        if "fenced" in self.runs.scripts.raise_fences(fences, self.lease.epoch):
-            log.warning("a newer controller holds a bucket; stepping down")
-            self.lease = None
+        epoch = self.lease.epoch
+        fences = [self.keys.controller_fence(b) for b in self.buckets]
+        seen = [held for _, held in self.runs.scripts.raise_fences(fences, epoch)
+                if held >= epoch]
+        if seen:
+            log.warning("a bucket of lane %s holds controller epoch %s (this one: %s), from "
+                        "a newer leader or another epoch counter; stepping down", self.lane,
+                        max(seen), epoch)
+            self._floor = max(self._floor, *seen)
+            self.release()
             return
         steps: list[tuple[str, Callable[[], int]]] = [("children", self._recover_dispatch)]
         steps += [(duty.kind, functools.partial(duty.recover, self)) for duty in self.duties]
@@ -545,9 +643,11 @@ class Controller:
         return done
 
     def pass_once(self) -> None:
-        """One pass as the leader: reaping first, so nothing waits behind dispatch checks."""
+        """One pass as the leader: reaping first, so nothing waits behind dispatch checks.
+        One read of the server clock serves the pass's reads of what is due."""
         started = time.monotonic()
-        self.reap()
+        now_ms = self.server_ms()
+        self.reap(now_ms)
         if self.lease is None:
             return
         if time.monotonic() - started > STALL_S:
@@ -556,7 +656,7 @@ class Controller:
             self.reap_lost_workers()
             if self.lease is None:
                 return
-        self.dispatch()
+        self.dispatch(now_ms=now_ms)
         self.find_lost()
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + PRUNE_EVERY_S
@@ -572,26 +672,48 @@ class Controller:
                 self._warn_once(f"duty:{duty.kind}", "%s failed (%s); carrying on", duty.kind,
                                 one_line(exc))
 
+    def step(self) -> bool:
+        """Lead (or keep leading) this lane and make one pass; on winning the lease,
+        recover first. True while it leads."""
+        if not self.lead():
+            if self._leading:
+                self._leading = False
+                log.warning("no longer the controller%s; waiting to take over",
+                            f" of lane {self.lane}" if self.keys.lanes > 1 else "")
+            return False
+        if not self._leading:
+            log.info("recovering: dispatching recorded runs, reaping expired leases")
+            self._in_contact_since = None  # a new leader: see LIVENESS_GRACE_S
+            self.recover()
+            if self.lease is None:
+                return False
+        self._leading = True
+        if self._in_contact_since is None:
+            self._in_contact_since = time.monotonic()
+        began = time.perf_counter()
+        self.pass_once()
+        metrics.controller_pass(time.perf_counter() - began)
+        return self.lease is not None
+
+    def release(self) -> None:
+        """Give the lease back (compare-and-delete) so another controller may lead at once;
+        a failure only lets it lapse."""
+        lease, self.lease = self.lease, None
+        self._leading = False
+        if lease is None:
+            return
+        try:
+            self.store.release_lease(lease)
+        except (redis.RedisError, RedisUnavailableError) as exc:
+            log.warning("could not release the controller lease (%s); it lapses",
+                        one_line(exc))
+
     def run(self) -> None:
         log.info("controller %s started (lease %s ms)", self.token, self.lease_ms)
-        leading = False
         backoff = 0.0
         while not self.stop_event.is_set():
             try:
-                if self.lead():
-                    if not leading:
-                        log.info("recovering: dispatching recorded runs, reaping expired leases")
-                        self._in_contact_since = None  # a new leader: see LIVENESS_GRACE_S
-                        self.recover()
-                    leading = True
-                    if self._in_contact_since is None:
-                        self._in_contact_since = time.monotonic()
-                    began = time.perf_counter()
-                    self.pass_once()
-                    metrics.controller_pass(time.perf_counter() - began)
-                elif leading:
-                    leading = False
-                    log.warning("no longer the controller; waiting to take over")
+                self.step()
                 if backoff:
                     log.info("Redis answers again; carrying on")
                 backoff = 0.0
@@ -602,6 +724,7 @@ class Controller:
                 self._in_contact_since = None
                 if isinstance(exc, redis.RedisError):
                     metrics.redis_error(exc)
+                self._leading = self._leading and self.lease is not None
                 backoff = min(MAX_BACKOFF_S, backoff * 2 or 1.0)
                 what = "Redis error" if _outage(exc) or isinstance(
                     exc, redis.RedisError) else "error"
@@ -615,6 +738,13 @@ class Controller:
             except (redis.RedisError, RedisUnavailableError) as exc:
                 log.warning("could not release the controller lease (%s); it lapses",
                             one_line(exc))
+
+
+def new_token() -> str:
+    """A controller process's token: ``<host>:<pid>:<random>`` (health and `leader` read the
+    host and pid), then ``:lanes``, which tells a controller that shares lanes from one of an
+    earlier version (see controller/share.py)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:lanes"
 
 
 def _outage(exc: BaseException) -> bool:

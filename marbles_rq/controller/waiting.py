@@ -76,6 +76,13 @@ class WaitingDuty:
                                             name="marbles-waiting", daemon=True)
             self._thread.start()
 
+    def close(self) -> None:
+        """The controller stopped leading this lane (its stop event is set): wait for the
+        thread to finish what it was doing, so the lease is released after its last write."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
     def _serve(self, ctl: Controller, epoch: int) -> None:
         try:
             while ctl.leads(epoch):
@@ -194,11 +201,9 @@ class WaitingDuty:
                 metrics.timer_late((woken_ms - due_ms) / 1000)
         count = 0
         for queue_name, batch in deliveries.items():
-            try:
-                ctl.rq.enqueue_many(queue_name, batch)
-            except redis.RedisError as exc:  # their dispatch checks stay due: retried
-                log.warning("enqueueing %s woken runs on %s failed (%s); the dispatch check "
-                            "retries", len(batch), queue_name, one_line(exc))
+            # Through the controller's enqueue (the one place it reaches RQ); a failure
+            # leaves their dispatch checks due: retried.
+            ctl._enqueue_many(queue_name, batch)
             count += len(batch)
         if count:
             self.stats.woken += count

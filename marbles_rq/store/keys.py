@@ -104,6 +104,12 @@ def _v2_tags(prefix: str, buckets: int) -> tuple[str, ...]:
                                    _middle(slot_range(b, buckets))) + "}"
                  for b in range(buckets))
 
+# The controller's lease. With one lane it is the only lease; with several it is lane 0's,
+# so a controller of an earlier version (which knows only this lease) waits while lane 0 is
+# led, as it waited for a leader before.
+CONTROLLER_LEASE = "controller"
+_LANE_LEASE = re.compile(r"controller\.lane(\d{3})")
+
 
 @dataclass(frozen=True)
 class RunKeys:
@@ -172,6 +178,18 @@ class Keyspace:
         """The buckets of `lane` (contiguous)."""
         b, n = self.buckets, self.lanes
         return range(-(-lane * b // n), -(-(lane + 1) * b // n))
+
+    def lane_lease(self, lane: int) -> str:
+        """The name of the controller lease of `lane`: ``controller`` for lane 0 (the lease
+        of every earlier version), ``controller.laneNNN`` for the others, kept in the tag of
+        the lane's first bucket (see `lease`)."""
+        return CONTROLLER_LEASE if lane == 0 else f"{CONTROLLER_LEASE}.lane{lane:03d}"
+
+    @property
+    def controllers(self) -> str:
+        """Sorted set: controller token -> when it is gone unless it beats again (server
+        ms): who shares the lanes."""
+        return f"{{{self.prefix}}}:controllers"
 
     def lane_rq_prefix(self, lane: int) -> str | None:
         """The RQ keyspace (what RQ_KEY_PREFIX would be) of `lane`; None for a deployment of
@@ -397,15 +415,23 @@ class Keyspace:
 
     # -- leases ---------------------------------------------------------------------------
 
+    def _lease_tag(self, name: str) -> str:
+        # A lane's lease lives in the tag of the lane's first bucket: on a cluster it sits
+        # with (some of) the buckets it governs, and lanes' leases spread over the masters.
+        lane = _LANE_LEASE.fullmatch(name)
+        if lane is not None and 0 < int(lane[1]) < self.lanes:
+            return self.tag(self.lane_buckets(int(lane[1])).start)
+        return self.tag_of(name)
+
     def lease(self, name: str) -> str:
-        return f"{self.tag_of(name)}:lease:{name}"
+        return f"{self._lease_tag(name)}:lease:{name}"
 
     def lease_epoch(self, name: str) -> str:
-        return f"{self.tag_of(name)}:epoch:{name}"
+        return f"{self._lease_tag(name)}:epoch:{name}"
 
     def lease_since(self, name: str) -> str:
         """String ``<epoch>|<server ms>``: when the lease's current epoch was acquired."""
-        return f"{self.tag_of(name)}:since:{name}"
+        return f"{self._lease_tag(name)}:since:{name}"
 
     # -- the agent namespace (one tag) ----------------------------------------------------
 

@@ -246,7 +246,8 @@ class MemoryStore:
 
     # -- leases ------------------------------------------------------------------------------
 
-    def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Lease | LeaseHolder:
+    def acquire_lease(self, name: str, token: str, ttl_ms: int, *,
+                      floor: int = 0) -> Lease | LeaseHolder:
         check_id(name, "lease name")
         if ttl_ms <= 0:
             raise MarblesError("a lease needs ttl_ms > 0")
@@ -256,7 +257,7 @@ class MemoryStore:
             if cur is not None and cur.expires > now and cur.token != token:
                 return LeaseHolder(cur.epoch, cur.token, int((cur.expires - now) * 1000))
             if cur is None or cur.expires <= now:
-                self.epochs[name] = self.epochs.get(name, 0) + 1
+                self.epochs[name] = max(self.epochs.get(name, 0), floor) + 1
                 cur = _Lease(self.epochs[name], token, 0.0)
                 self.leases[name] = cur
             cur.expires = now + ttl_ms / 1000

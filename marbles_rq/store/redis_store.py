@@ -146,7 +146,8 @@ class Store(Protocol):
                      epoch: int | None = None) -> EffectOutcome: ...
     def purge(self, owner: str, *, batch_size: int = 100,
               max_batches: int | None = None) -> int: ...
-    def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Lease | LeaseHolder: ...
+    def acquire_lease(self, name: str, token: str, ttl_ms: int, *,
+                      floor: int = 0) -> Lease | LeaseHolder: ...
     def renew_lease(self, lease: Lease) -> Lease | None: ...
     def release_lease(self, lease: Lease) -> bool: ...
 
@@ -410,7 +411,10 @@ class RedisStore:
 
     # -- leases ------------------------------------------------------------------------------
 
-    def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Lease | LeaseHolder:
+    def acquire_lease(self, name: str, token: str, ttl_ms: int, *,
+                      floor: int = 0) -> Lease | LeaseHolder:
+        """Take lease `name` (or learn its holder). `floor`: a fresh epoch is above it (see
+        lua/acquire_lease.lua)."""
         check_id(name, "lease name")
         if ttl_ms <= 0:
             raise MarblesError("a lease needs ttl_ms > 0")
@@ -418,7 +422,7 @@ class RedisStore:
         reply = self.scripts.acquire_lease(lease_key=self.keys.lease(name),
                                            epoch_key=self.keys.lease_epoch(name),
                                            since_key=self.keys.lease_since(name),
-                                           token=token, ttl_ms=ttl_ms)
+                                           token=token, ttl_ms=ttl_ms, floor=floor)
         if not reply.held:
             return LeaseHolder(reply.epoch, reply.holder or "", reply.ttl_ms)
         return Lease(name, token, reply.epoch, ttl_ms, started + ttl_ms / 1000)

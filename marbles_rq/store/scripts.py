@@ -190,21 +190,55 @@ class Scripts:
         return self._checked(name, reply)
 
     def call_many(self, name: str, calls: list[tuple[list[str], list[str | bytes | int]]],
-                  *, transaction: bool = False) -> list[list[Any]]:
-        """Many calls of one script in one round trip on a single server; one by one on a
-        cluster, where scripts cannot be pipelined. Each call must be safe to resend (request
-        ids), because a failed pipeline is resent whole.
+                  *, transaction: bool = False, errors: bool = False) -> list[Any]:
+        """Many calls of one script in one round trip on a single server, and in one round
+        trip per master on a cluster (redis-py's cluster pipeline refuses scripts, so the
+        calls are grouped by the master of their slot and pipelined on that master's
+        connection; per slot with `transaction`, since MULTI/EXEC on a cluster takes one
+        slot). Each call must be safe to resend (request ids), because a failed pipeline is
+        resent whole.
 
         Redis reads a long pipeline in chunks (16 KiB) and, with appendfsync always, fsyncs
         after each chunk that wrote. `transaction` wraps the calls in MULTI/EXEC: they run
         together at EXEC, with one fsync for all (as RQ's enqueue_many), and hold the server
-        meanwhile; for batches that are written, not read, in a hurry."""
-        if isinstance(self.client, RedisCluster) or len(calls) < 2:
-            return [self.call(name, keys, args) for keys, args in calls]
+        meanwhile; for batches that are written, not read, in a hurry.
+
+        `errors`: a call that failed on its keys (a script error, a key of the wrong type)
+        is returned in its place as the exception, so one bad call costs only itself; else
+        the first one is raised."""
+        replies: list[Any]
+        if len(calls) < 2:
+            replies = []
+            for keys, args in calls:  # one call: no pipeline to group
+                try:
+                    replies.append(self.call(name, keys, args))
+                except redis.ResponseError as exc:
+                    if not errors:
+                        raise
+                    replies.append(exc)
+            return replies
+        if isinstance(self.client, RedisCluster):
+            replies = self._call_per_node(name, calls, transaction=transaction)
+        else:
+            replies = self._pipelined(self.client, name, calls, transaction=transaction)
+        out: list[Any] = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                metrics.redis_error(reply)
+                if not errors or not isinstance(reply, redis.ResponseError):
+                    raise reply
+                out.append(reply)
+            else:
+                out.append(self._checked(name, reply))
+        return out
+
+    def _pipelined(self, client: Any, name: str,
+                   calls: list[tuple[list[str], list[str | bytes | int]]], *,
+                   transaction: bool) -> list[Any]:
         script = self.scripts[name]
 
         def pipelined() -> list[Any]:
-            pipe = self.client.pipeline(transaction=transaction)
+            pipe = client.pipeline(transaction=transaction)
             for keys, args in calls:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
             return list(pipe.execute(raise_on_error=False))
@@ -212,20 +246,46 @@ class Scripts:
         def send() -> list[Any]:
             replies = pipelined()
             if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-                self.client.script_load(script.source)  # cache was empty; all were refused
+                client.script_load(script.source)  # cache was empty; all were refused
                 replies = pipelined()
             return replies
 
         try:
-            replies = self._resending(send)
+            return self._resending(send)
         except redis.RedisError as exc:
             metrics.redis_error(exc)
             raise
-        for reply in replies:
-            if isinstance(reply, Exception):
-                metrics.redis_error(reply)
-                raise reply
-        return [self._checked(name, reply) for reply in replies]
+
+    def _call_per_node(self, name: str, calls: list[tuple[list[str], list[str | bytes | int]]],
+                       *, transaction: bool) -> list[Any]:
+        """call_many on a cluster: one pipeline per master (per slot for a transaction). A
+        call the master answers MOVED or ASK to (a slot being moved, a failover) is sent
+        again alone through the cluster client, which follows the redirection."""
+        cluster: Any = self.client  # redis-py's cluster routing calls are untyped
+        groups: dict[Any, list[int]] = {}
+        for i, (keys, _) in enumerate(calls):
+            slot = cluster.keyslot(keys[0])
+            node = cluster.get_node_from_key(keys[0])
+            groups.setdefault((node.name, slot) if transaction else node.name, []).append(i)
+        replies: list[Any] = [None] * len(calls)
+        for indexes in groups.values():
+            part = [calls[i] for i in indexes]
+            node = cluster.get_node_from_key(part[0][0][0])
+            try:
+                got = self._pipelined(cluster.get_redis_connection(node), name, part,
+                                      transaction=transaction)
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                got = [None] * len(part)  # that master failed or moved: one by one below
+            for i, reply in zip(indexes, got, strict=True):
+                if reply is None or (isinstance(reply, redis.ResponseError) and str(
+                        reply).startswith(("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"))):
+                    keys, args = calls[i]
+                    try:
+                        reply = self.call(name, keys, args)
+                    except redis.ResponseError as exc:
+                        reply = exc
+                replies[i] = reply
+        return replies
 
     def _unexpected(self, name: str, reply: list[Any]) -> ScriptReplyError:
         return ScriptReplyError(f"{name} replied {reply!r}")
@@ -305,8 +365,9 @@ class Scripts:
     # -- leases ------------------------------------------------------------------------
 
     def acquire_lease(self, *, lease_key: str, epoch_key: str, since_key: str, token: str,
-                      ttl_ms: int) -> LeaseReply:
-        reply = self.call("acquire_lease", [lease_key, epoch_key, since_key], [token, ttl_ms])
+                      ttl_ms: int, floor: int = 0) -> LeaseReply:
+        reply = self.call("acquire_lease", [lease_key, epoch_key, since_key],
+                          [token, ttl_ms, floor])
         status = _s(reply[0])
         if status == "ok":
             return LeaseReply(True, int(reply[1]), token, int(reply[2]))
@@ -476,11 +537,35 @@ class Scripts:
                  final_cancel: bytes, final_gave_up: bytes, worker: str = "") -> Reply:
         """worker: "" to reap an expired lease; a lost worker's name to reap its run."""
         return self._reply(
-            "reap_run",
-            [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished,
-             keys.redeliveries],
+            "reap_run", self._reap_keys(keys),
             [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up, worker],
             ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced", "corrupt"))
+
+    @staticmethod
+    def _reap_keys(keys: RunKeys) -> list[str]:
+        """reap_run's KEYS (one list for the single and the batched call)."""
+        return [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished,
+                keys.redeliveries]
+
+    def reap_runs(self, calls: list[tuple[RunKeys, str, int, int, bytes, bytes, str]]
+                  ) -> list[Reply | redis.ResponseError]:
+        """reap_run for many (keys, run id, ctl epoch, grace ms, final cancel, final gave up,
+        worker), pipelined (per master on a cluster); a call that failed on its keys is
+        returned as its error, so one broken run costs only itself."""
+        statuses = ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced",
+                    "corrupt")
+        replies = self.call_many("reap_run", [
+            (self._reap_keys(k), [rid, epoch, grace, cancel, gave_up, worker])
+            for k, rid, epoch, grace, cancel, gave_up, worker in calls], errors=True)
+        out: list[Reply | redis.ResponseError] = []
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                out.append(reply)
+                continue
+            if _s(reply[0]) not in statuses:
+                raise self._unexpected("reap_run", reply)
+            out.append(Reply(_s(reply[0]), reply[1:]))
+        return out
 
     def redispatch_run(self, *, keys: RunKeys, run_id: str, attempt: int, ctl_epoch: int,
                        grace_ms: int, final_gave_up: bytes) -> Reply:
@@ -490,10 +575,11 @@ class Scripts:
                            [run_id, attempt, ctl_epoch, grace_ms, final_gave_up],
                            ("redelivered", "gave_up", "moved", "fenced", "corrupt"))
 
-    def raise_fences(self, fence_keys: list[str], ctl_epoch: int) -> list[str]:
-        """raise_fence on each bucket fence, pipelined: ok | fenced for each."""
+    def raise_fences(self, fence_keys: list[str], ctl_epoch: int) -> list[tuple[str, int]]:
+        """raise_fence on each bucket fence, pipelined (per node on a cluster): ("ok", the
+        epoch the fence held before) or ("fenced", the newer epoch it holds) for each."""
         replies = self.call_many("raise_fence", [([k], [ctl_epoch]) for k in fence_keys])
-        return [_s(r[0]) for r in replies]
+        return [(_s(r[0]), int(r[1]) if len(r) > 1 else 0) for r in replies]
 
     def fail_corrupt(self, *, keys: RunKeys, run_id: str, error: bytes, event: bytes,
                      retention_ms: int) -> Reply:

@@ -25,7 +25,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -328,10 +328,12 @@ class Events:
         status = self._mark(key, ctl_epoch, "started")
         return "started" if status == "ok" else status
 
-    def pending(self, *, due_ms: int | None, per_bucket: int) -> list[str]:
-        """Pending event keys (all of them when `due_ms` is None, else those due by then)."""
+    def pending(self, *, due_ms: int | None, per_bucket: int,
+                buckets: Iterable[int] | None = None) -> list[str]:
+        """Pending event keys (all of them when `due_ms` is None, else those due by then),
+        in `buckets` (default: all)."""
         pipe = self.store.client.pipeline(transaction=False)
-        for bucket in range(self.keys.buckets):
+        for bucket in range(self.keys.buckets) if buckets is None else buckets:
             pipe.zrangebyscore(self.keys.event_pending(bucket), "-inf",
                                "+inf" if due_ms is None else due_ms, start=0, num=per_bucket)
         out: list[str] = []
@@ -434,8 +436,8 @@ class EventsDuty:
         events, done = self._events(ctl), 0
         seen: set[str] = set()
         while True:
-            keys = [k for k in events.pending(due_ms=None, per_bucket=RECOVER_BATCH)
-                    if k not in seen]
+            keys = [k for k in events.pending(due_ms=None, per_bucket=RECOVER_BATCH,
+                                              buckets=ctl.buckets) if k not in seen]
             if not keys:
                 return done
             seen.update(keys)
@@ -453,14 +455,15 @@ class EventsDuty:
             return
         self._next_scan = now + SCAN_EVERY_S
         events = self._events(ctl)
-        keys = events.pending(due_ms=ctl.server_ms(), per_bucket=PER_BUCKET)
+        keys = events.pending(due_ms=ctl.server_ms(), per_bucket=PER_BUCKET,
+                              buckets=ctl.buckets)
         if keys:
             self._start(ctl, events, keys)
 
     def prune(self, ctl: Controller, budget: int = PRUNE_BUDGET) -> int:
         """Remove events received more than the retention ago (pending ones stay)."""
         cutoff = ctl.server_ms() - self.retention_ms
-        due = ctl.due(ctl.keys.event_listing, cutoff, 2 * -(-budget // ctl.keys.buckets),
+        due = ctl.due(ctl.keys.event_listing, cutoff, 2 * -(-budget // len(ctl.buckets)),
                       budget)
         done = 0
         for _, key in due:

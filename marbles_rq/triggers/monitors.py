@@ -566,6 +566,8 @@ class MonitorsDuty:
             return 0
         armed = 0
         for key in sorted(self.monitors.by_key):
+            if ctl.keys.bucket_of(key) not in ctl.buckets:
+                continue  # another lane's: its controller arms it
             status = self._arm(ctl, key, "arm")
             if status == "fenced":
                 ctl.step_down("a newer controller acts on monitors")
@@ -608,6 +610,13 @@ class MonitorsDuty:
                 self._pool = ThreadPoolExecutor(POLL_THREADS, thread_name_prefix="monitor")
             poller = Poller(ctl.runs, ctl.rq, registry=self.registry, monitors=self.monitors)
             self._running[key] = self._pool.submit(self._poll, poller, key, ctl.epoch)
+
+    def close(self) -> None:
+        """The controller stopped leading this lane: polls not started are dropped (they
+        stay due for the lane's next leader); one in flight finishes, fenced by its epoch."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     @staticmethod
     def _poll(poller: Poller, key: str, epoch: int) -> Outcome:

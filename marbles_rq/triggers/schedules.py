@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -380,10 +380,11 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def registered_keys(runs: RunStore) -> list[str]:
-    """Every schedule key recorded in Redis (a controller registered it, or it was paused)."""
+def registered_keys(runs: RunStore, buckets: Iterable[int] | None = None) -> list[str]:
+    """Every schedule key recorded in Redis (a controller registered it, or it was paused),
+    in `buckets` (default: all)."""
     pipe = runs.client.pipeline(transaction=False)
-    for bucket in range(runs.keys.buckets):
+    for bucket in range(runs.keys.buckets) if buckets is None else buckets:
         pipe.zrange(runs.keys.schedule_index(bucket), 0, -1)
     return sorted(_s(k) for found in pipe.execute() for k in found)
 
@@ -566,6 +567,8 @@ class ScheduleDuty:
         epoch = ctl.epoch
         declared = {}
         for key, definition in sorted(self.registry.schedules.items()):
+            if keys.bucket_of(key) not in ctl.buckets:
+                continue  # another lane's: its controller registers it
             problem = self._problem(definition)
             if problem is not None:
                 log.error("schedule %s: %s; it does not fire", key, problem)
@@ -595,7 +598,7 @@ class ScheduleDuty:
             if reply.status != "same":
                 log.info("schedule %s (%s -> %s): %s", key, definition.label,
                          definition.workflow, reply.status)
-        for key in registered_keys(ctl.runs):
+        for key in registered_keys(ctl.runs, ctl.buckets):
             if key not in declared:
                 reply = ctl.runs.scripts.retire_schedule(keys=keys.schedule_keys(key), key=key,
                                                          ctl_epoch=epoch)
@@ -621,7 +624,7 @@ class ScheduleDuty:
         keys = ctl.keys
         cutoff = ctl.server_ms() - older_than_ms
         pipe = ctl.store.client.pipeline(transaction=False)
-        for bucket in range(keys.buckets):
+        for bucket in ctl.buckets:
             pipe.zrangebyscore(keys.occurrences_open(bucket), "-inf", cutoff, start=0,
                                num=DUE_BATCH)
         occ_ids = [_s(o) for found in pipe.execute() for o in found]
@@ -690,6 +693,13 @@ class ScheduleDuty:
                                             name="marbles-schedules", daemon=True)
             self._thread.start()
 
+    def close(self) -> None:
+        """The controller stopped leading this lane (its stop event is set): wait for the
+        thread to finish what it was doing, so the lease is released after its last write."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
     def _serve(self, ctl: Controller, epoch: int) -> None:
         """Fire what is due, then sleep until the soonest due time (at most 1 s, at least
         5 ms so that due schedules are taken in batches), while this epoch leads. The pass
@@ -714,12 +724,12 @@ class ScheduleDuty:
         keys = ctl.keys
         now_ms = ctl.server_ms()
         pipe = ctl.store.client.pipeline(transaction=False)
-        for bucket in range(keys.buckets):
+        for bucket in ctl.buckets:
             pipe.zrangebyscore(keys.schedule_due(bucket), "-inf", now_ms, start=0,
                                num=DUE_BATCH, withscores=True)
         due: list[tuple[str, int]] = []
         results = pipe.execute(raise_on_error=False)
-        for bucket, found in zip(range(keys.buckets), results, strict=True):
+        for bucket, found in zip(ctl.buckets, results, strict=True):
             if isinstance(found, Exception):
                 if is_outage(found):
                     raise found

@@ -38,7 +38,7 @@ from marbles_rq.engine.runs import TERMINAL, RunStore
 from marbles_rq.engine.waits import AlreadyAnsweredError, WaitStore
 from marbles_rq.errors import MarblesError
 from marbles_rq.store import open_store
-from marbles_rq.transport import dispatch
+from marbles_rq.transport.lanes import open_lanes
 from marbles_rq.triggers.events import Events
 from tests.chaos import history as h
 from tests.chaos import workloads  # registers the workflows and the trigger to submit
@@ -58,6 +58,9 @@ assert workloads.SOURCE == SOURCE
 NOW = time.monotonic
 RETRY_FOR_S = 90.0  # a submission keeps trying this long through Redis outages
 TARGET_WAIT_S = 3.0  # a fault waits this long for a busy target before taking any
+# Lanes of the deployment under test (MARBLES_CHAOS_LANES; 1 by default): with several, the
+# controllers share them, each lane with its own lease, epoch and RQ keyspace.
+LANES = int(os.environ.get("MARBLES_CHAOS_LANES", "1"))
 STARTUP_EXCUSE_S = 15.0  # an exit 3 (Redis unreachable at start) this soon after a Redis kill
 
 
@@ -188,7 +191,8 @@ class Harness:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MARBLES_")}
         path = env.get("PYTHONPATH", "")
         env.update(MARBLES_REDIS_URL=self.url, MARBLES_SOURCE=SOURCE, PYTHONUNBUFFERED="1",
-                   PYTHONPATH=str(REPO_ROOT) + (os.pathsep + path if path else ""))
+                   PYTHONPATH=str(REPO_ROOT) + (os.pathsep + path if path else ""),
+                   MARBLES_LANE_COUNT=str(LANES))
         return env
 
     def base_argv(self) -> list[str]:
@@ -201,8 +205,8 @@ class Harness:
 
     def _connect(self) -> None:
         self.redis = ChaosRedis.start(dir=self.dir / "redis")
-        self.runs = RunStore(open_store(self.url))
-        self.rq = dispatch.rq_connection(self.url)
+        self.runs = RunStore(open_store(self.url, lanes=LANES))
+        self.rq = open_lanes(self.url, self.runs.keys)
         self.waits = WaitStore(self.runs)
         self.events = Events(self.runs, self.rq)
 
@@ -640,8 +644,7 @@ class Harness:
                 return "refused"
             if done.woken_attempt:
                 with contextlib.suppress(redis.RedisError):
-                    dispatch.enqueue_delivery(self.rq, self.runs.keys.prefix, done.queue,
-                                              run_id, done.woken_attempt)
+                    self.rq.enqueue(done.queue, run_id, done.woken_attempt)
             return "accepted"
 
         def cli() -> str:
