@@ -37,49 +37,80 @@ Returns:
                               KEYS[5..7] were given
   {"exists", doc, status}     a run with this id exists already; nothing written
   {"corrupt", reason}         an index key of the bucket holds another type; nothing written
-Writes: HSET KEYS[1]; ZADD KEYS[2]; ZADD KEYS[3]; XADD KEYS[4]; with KEYS[5..7], unless
-  KEYS[5] exists or KEYS[6] is not a list: RPUSH KEYS[6]; HSET KEYS[5]; SADD KEYS[7]
+Writes: XADD KEYS[4] (its id's milliseconds are created_ms: the server clock, no TIME);
+  ZADD KEYS[2]; HSET KEYS[1]; with KEYS[5..7], unless KEYS[5] exists or KEYS[6] is not a
+  list: RPUSH KEYS[6], HSET KEYS[5], SADD KEYS[7] if the list was empty, and the run hash's
+  field "enq" = 1 (delivery 1 was enqueued with the record); else ZADD KEYS[3] (the dispatch check: a delivery enqueued by this call
+  needs none, as recording and enqueueing cannot be parted)
 ]]
 local run, listing, dispatch, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local run_id, doc, req = ARGV[1], ARGV[2], ARGV[3]
 local job, queue, queues = KEYS[5], KEYS[6], KEYS[7]
 
-local existing = redis.call('HMGET', run, 'doc', 'req', 'status', 'created_ms')
+local existing = redis.call('HMGET', run, 'doc', 'req', 'status', 'created_ms', 'enq')
 if existing[1] then
   if existing[2] == req then
-    local found = job and redis.call('EXISTS', job) or 0
+    local found = existing[5] == '1' and 1 or (job and redis.call('EXISTS', job) or 0)
     return {'ok', tonumber(existing[4]), found}
   end
   return {'exists', existing[1], existing[3]}
 end
 
--- Redis does not roll a script back when a command fails: check the key types first, so a
--- broken index cannot leave a recorded run that nothing will ever dispatch.
-for k, want in pairs({[listing] = 'zset', [dispatch] = 'zset', [out] = 'stream'}) do
-  local kind = redis.call('TYPE', k).ok
-  if kind ~= 'none' and kind ~= want then return {'corrupt', k .. ' holds a ' .. kind} end
+-- Redis does not roll a script back when a command fails. The writes that can fail (a key of
+-- the bucket holding another type) go first, with pcall, each undone if a later one fails:
+-- a broken index cannot leave a recorded run that nothing will ever dispatch.
+local function broken(k)
+  return {'corrupt', k .. ' holds a ' .. redis.call('TYPE', k).ok}
 end
-
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', run, 'doc', doc, 'req', req, 'queue', ARGV[4], 'status', 'queued',
-  'attempt', 1, 'epoch', 0, 'created_ms', now_ms, 'timeout_ms', ARGV[5],
-  'max_deliveries', ARGV[6], 'retention_ms', ARGV[9], 'lane', ARGV[10])
-local limit = ARGV[job and (13 + 2 * tonumber(ARGV[12])) or 11]
-if limit and limit ~= '' then redis.call('HSET', run, 'limit', limit) end
-redis.call('ZADD', listing, now_ms, run_id)
-redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[7]), run_id)
-redis.call('XADD', out, '*', 't', 'queued', 'a', 1, 'd', ARGV[8])
-if not job then return {'ok', now_ms, 0} end
+local id = redis.pcall('XADD', out, '*', 't', 'queued', 'a', 1, 'd', ARGV[8])
+if type(id) == 'table' then return broken(out) end
+local function undo_out()
+  redis.call('XDEL', out, id)
+  if redis.call('XLEN', out) == 0 then redis.call('DEL', out) end
+end
+local now_ms = tonumber(string.match(id, '^%d+'))
+local listed = redis.pcall('ZADD', listing, now_ms, run_id)
+if type(listed) == 'table' then
+  undo_out()
+  return broken(listing)
+end
 -- As RQ's unique enqueue: a job id RQ holds already is left alone (the controller's dispatch
 -- check sees it there). A queue key of another type is left to the controller's dispatch,
 -- which reports it: the run is recorded either way.
-if redis.call('EXISTS', job) == 1 then return {'ok', now_ms, 0} end
--- The id first: RPUSH is the only write here that can fail (a queue key of another type);
--- no worker can pop it before the hash exists (a script runs alone).
-local pushed = redis.pcall('RPUSH', queue, ARGV[11])
-if type(pushed) == 'table' and pushed.err then return {'ok', now_ms, 0} end
-local n = tonumber(ARGV[12])
-redis.call('HSET', job, unpack(ARGV, 13, 12 + 2 * n))
-redis.pcall('SADD', queues, queue)
-return {'ok', now_ms, 1}
+local enqueued, pushed = 0, nil
+if job and redis.call('EXISTS', job) == 0 then
+  -- The id first: RPUSH is the only RQ write here that can fail (a queue key of another
+  -- type); no worker can pop it before the hash exists (a script runs alone).
+  pushed = redis.pcall('RPUSH', queue, ARGV[11])
+  if type(pushed) ~= 'table' then enqueued = 1 end
+end
+if enqueued == 0 then
+  local checked = redis.pcall('ZADD', dispatch, now_ms + tonumber(ARGV[7]), run_id)
+  if type(checked) == 'table' then
+    redis.call('ZREM', listing, run_id)
+    undo_out()
+    return broken(dispatch)
+  end
+end
+local fields = {'doc', doc, 'req', req, 'queue', ARGV[4], 'status', 'queued', 'attempt', 1,
+  'epoch', 0, 'created_ms', now_ms, 'timeout_ms', ARGV[5], 'max_deliveries', ARGV[6],
+  'retention_ms', ARGV[9], 'lane', ARGV[10]}
+if enqueued == 1 then  -- start_attempt then knows there is no dispatch check to remove
+  fields[#fields + 1] = 'enq'
+  fields[#fields + 1] = 1
+end
+local limit = ARGV[job and (13 + 2 * tonumber(ARGV[12])) or 11]
+if limit and limit ~= '' then  -- flow control: start_attempt reads it
+  fields[#fields + 1] = 'limit'
+  fields[#fields + 1] = limit
+end
+redis.call('HSET', run, unpack(fields))
+if enqueued == 1 then
+  local n = tonumber(ARGV[12])
+  redis.call('HSET', job, unpack(ARGV, 13, 12 + 2 * n))
+  -- RQ's enqueue adds the queue to its set of queues every time; here only when the list was
+  -- empty (new, or emptied): a queue that holds jobs was added when its first one came, and
+  -- the workers add the queues they serve with each registration renewal (transport/lean.py).
+  if pushed == 1 then redis.pcall('SADD', queues, queue) end
+end
+return {'ok', now_ms, enqueued}

@@ -1,5 +1,5 @@
 #!lua
---[[ commit_step: record a step attempt's outcome in the ledger, and extend the lease. Steps
+--[[ commit_step: record a step attempt's outcome in the ledger (and extend the lease if asked). Steps
 whose start was deferred (a step with no retries starts without a round trip of its own)
 have their start written here too, before the outcome: a step costs this one script.
 KEYS[1] run hash        <tag>:run:<run id>
@@ -12,7 +12,8 @@ ARGV[3] record          StepRecord JSON (succeeded with its result, or failed wi
 ARGV[4] event_type      step_succeeded | step_failed | step_retry
 ARGV[5] event           JSON data of the output event
 ARGV[6] run_id
-ARGV[7] ttl_ms          the lease is extended to now + ttl_ms
+ARGV[7] ttl_ms          the lease is extended to now + ttl_ms; 0 = not extended (the
+                        execution's watchdog renewed it lately)
 ARGV[8] seq             this execution's write number; one already applied is not rewritten
   then any number of (step_key, record, event) triples: deferred starts (StepRecord JSON
   with status running, "step_started" event data), written first, in order
@@ -25,20 +26,26 @@ Returns:
                           must stop. A resend after the deadline answers this too.
   {"stale", epoch}        a newer execution owns the run; nothing written
   {"settled", status}     the run is finished; nothing written
-Writes (a fresh ok/cancelled/paused): HSET KEYS[2]; HSET KEYS[1] wseq; ZADD XX KEYS[3];
-  XADD KEYS[4]; (a fresh timed_out: the deferred starts and wseq only)
+Writes (a fresh ok/cancelled/paused): HSET KEYS[1] wseq; one HSET KEYS[2] (the deferred
+  starts and the outcome; a start of the outcome's own step is overwritten in the same
+  command, as it would be by the next); XADD KEYS[4] per start and for the outcome; ZADD XX
+  KEYS[3] if ARGV[7] > 0 (now: the outcome event's id, the server clock). A fresh
+  timed_out: the deferred starts and wseq only. TIME is read only when the run has a
+  deadline.
 ]]
 local run, steps, leases, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq', 'deadline_ms',
   'pause')
 if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then return {'settled', r[2] or ''} end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- A step that ends after the run's deadline is not recorded: the run fails RunTimeout, even
 -- when the lease watchdog that would have said so is gone.
 local deadline = tonumber(r[6] or '0')
-local late = deadline > 0 and now_ms > deadline
+local late = false
+if deadline > 0 then
+  local t = redis.call('TIME')
+  late = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > deadline
+end
 if tonumber(ARGV[8]) <= tonumber(r[5] or '0') then  -- a resend
   if late then return {'timed_out'} end
   if r[3] == '1' then return {'cancelled'} end
@@ -46,14 +53,27 @@ if tonumber(ARGV[8]) <= tonumber(r[5] or '0') then  -- a resend
   return {'ok'}
 end
 redis.call('HSET', run, 'wseq', ARGV[8])
+local records = {}
 for i = 9, #ARGV - 2, 3 do
-  redis.call('HSET', steps, ARGV[i], ARGV[i + 1])
+  records[#records + 1] = ARGV[i]
+  records[#records + 1] = ARGV[i + 1]
+end
+if not late then
+  records[#records + 1] = ARGV[2]
+  records[#records + 1] = ARGV[3]
+end
+for i = 1, #records, 2000 do  -- one command unless there are over a thousand records
+  redis.call('HSET', steps, unpack(records, i, math.min(i + 1999, #records)))
+end
+for i = 9, #ARGV - 2, 3 do
   redis.call('XADD', out, '*', 't', 'step_started', 'a', r[4], 'd', ARGV[i + 2])
 end
 if late then return {'timed_out'} end
-redis.call('HSET', steps, ARGV[2], ARGV[3])
-redis.call('ZADD', leases, 'XX', now_ms + tonumber(ARGV[7]), ARGV[6])
-redis.call('XADD', out, '*', 't', ARGV[4], 'a', r[4], 'd', ARGV[5])
+local id = redis.call('XADD', out, '*', 't', ARGV[4], 'a', r[4], 'd', ARGV[5])
+if tonumber(ARGV[7]) > 0 then
+  redis.call('ZADD', leases, 'XX', tonumber(string.match(id, '^%d+')) + tonumber(ARGV[7]),
+    ARGV[6])
+end
 if r[3] == '1' then return {'cancelled'} end
 if r[7] == '1' then return {'paused'} end
 return {'ok'}

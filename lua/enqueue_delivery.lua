@@ -13,7 +13,7 @@ Returns:
   {"ok"}                  enqueued
   {"exists"}              RQ holds a job with this id already; nothing written
   an error                KEYS[2] holds another type than a list; nothing written
-Writes (only for "ok"): RPUSH KEYS[2]; HSET KEYS[1]; SADD KEYS[3]
+Writes (only for "ok"): RPUSH KEYS[2]; HSET KEYS[1]; SADD KEYS[3] if the list was empty
 ]]
 local job, queue, queues = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', job) == 1 then return {'exists'} end
@@ -25,5 +25,8 @@ if type(pushed) == 'table' and pushed.err then
 end
 local n = tonumber(ARGV[2])
 redis.call('HSET', job, unpack(ARGV, 3, 2 + 2 * n))
-redis.pcall('SADD', queues, queue)
+-- RQ's enqueue adds the queue to its set of queues every time; here only when the list was
+-- empty (new, or emptied): a queue that holds jobs was added when its first one came, and
+-- the workers add the queues they serve with each registration renewal (transport/lean.py).
+if pushed == 1 then redis.pcall('SADD', queues, queue) end
 return {'ok'}

@@ -17,8 +17,11 @@ Returns:
   {"stale", epoch}                     a newer execution owns the run; nothing written
   {"timed_out"}                        "succeeded" asked after the run's deadline; nothing
                                        written (the caller settles it failed: RunTimeout)
-Writes (only for "ok"): HSET + HINCRBY epoch KEYS[1]; ZREM KEYS[2], KEYS[3]; XADD KEYS[4];
-  ZADD KEYS[5]
+Writes (only for "ok"): XADD KEYS[4] (its id's milliseconds are finished_ms: the server
+  clock; TIME is read first only to check the deadline of a run that has one); one HSET
+  KEYS[1] (the epoch + 1 with the terminal record); ZREM KEYS[2]; ZADD KEYS[5]. Not KEYS[3]:
+  a running run has no dispatch check (start_attempt removed it, and each script that
+  writes one moves the run out of "running" or to a new epoch).
 ]]
 local run, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'result', 'error', 'attempt',
@@ -30,16 +33,20 @@ if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then
   return redis.error_reply('settle_run: run is ' .. tostring(r[2]) .. ', not running')
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms
 local deadline = tonumber(r[6] or '0')
-if ARGV[2] == 'succeeded' and deadline > 0 and now_ms > deadline then return {'timed_out'} end
+if ARGV[2] == 'succeeded' and deadline > 0 then
+  local t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if now_ms > deadline then return {'timed_out'} end
+end
+local id = redis.call('XADD', out, '*', 't', 'final', 'a', r[5], 'd', ARGV[5])
+-- The event's id is at or after the server clock (a stream's ids never go back).
+now_ms = math.max(now_ms or 0, tonumber(string.match(id, '^%d+')))
+-- The epoch + 1 fences the execution itself: an effect claimed after the terminal record is
+-- refused.
 redis.call('HSET', run, 'status', ARGV[2], 'finished_ms', now_ms, 'result', ARGV[3],
-  'error', ARGV[4])
--- Fences the execution itself: an effect claimed after the terminal record is refused.
-redis.call('HINCRBY', run, 'epoch', 1)
+  'error', ARGV[4], 'epoch', tonumber(r[1]) + 1)
 redis.call('ZREM', leases, ARGV[6])
-redis.call('ZREM', dispatch, ARGV[6])
 redis.call('ZADD', finished, now_ms + tonumber(r[7] or '604800000'), ARGV[6])
-redis.call('XADD', out, '*', 't', 'final', 'a', r[5], 'd', ARGV[5])
 return {'ok', now_ms}

@@ -34,14 +34,20 @@ Returns:
                               claim_run: "<limit>|<limit id>|<label>") and ARGV[8] is not
                               "1": take a slot, then start again; nothing written
 Writes: only for a fresh ok, cancelled, timed_out or paused (HSET/HINCRBY KEYS[1], ZADD/ZREM
-  KEYS[3], ZREM KEYS[4], XADD KEYS[5], ZADD KEYS[6] when settled)
+  KEYS[3], ZREM KEYS[4], XADD KEYS[5], ZADD KEYS[6] when settled). A fresh ok: XADD KEYS[5]
+  (its id's milliseconds are the start time: the server clock, no TIME unless a lease or a
+  deadline must be checked first), one HSET KEYS[1], ZADD KEYS[3], and ZREM KEYS[4] unless
+  the run never started and its first delivery was enqueued with its record (field "enq":
+  no dispatch check was written). The ledger is not read for a run that never started
+  (epoch 0: nothing can have written it).
 ]]
 local run, steps, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
 local run_id, attempt, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local r = redis.pcall('HMGET', run, 'doc', 'status', 'attempt', 'epoch', 'cancel',
-  'deadline_ms', 'timeout_ms', 'start_token', 'retention_ms', 'pause', 'limit')
+  'deadline_ms', 'timeout_ms', 'start_token', 'retention_ms', 'pause', 'started_ms', 'note',
+  'enq', 'limit', 'holds')
 if r.err then return {'corrupt', 'the run key is not a hash'} end
 if not r[1] then return {'missing'} end
 local status = r[2]
@@ -62,14 +68,22 @@ if status ~= 'queued' and status ~= 'running' then
 end
 if attempt ~= tonumber(r[3]) then return {'stale_attempt', tonumber(r[3])} end
 
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease_until = tonumber(redis.call('ZSCORE', leases, run_id) or '0')
+local deadline = tonumber(r[6] or '0')
+-- The server clock: read here only when a lease or a deadline must be checked before any
+-- write; a fresh start takes it from its attempt_started event's id.
+local now_ms
+if status == 'running' or deadline > 0 then
+  local t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 if status == 'running' and r[8] == ARGV[7] then  -- our own start, resent
   return {'ok', tonumber(r[4]), r[1], tonumber(r[6] or '0'), redis.call('HGETALL', steps),
     now_ms}
 end
-if status == 'running' and lease_until > now_ms then return {'busy', tonumber(r[4])} end
+if status == 'running' then
+  local lease_until = tonumber(redis.call('ZSCORE', leases, run_id) or '0')
+  if lease_until > now_ms then return {'busy', tonumber(r[4])} end
+end
 
 local function settle(final_status, error_json, final_event)
   redis.call('HSET', run, 'status', final_status, 'finished_ms', now_ms)
@@ -82,17 +96,25 @@ local function settle(final_status, error_json, final_event)
   redis.call('ZADD', finished, now_ms + tonumber(r[9] or '604800000'), run_id)
   redis.call('XADD', out, '*', 't', 'final', 'a', attempt, 'd', final_event)
 end
+local function clock()
+  if not now_ms then
+    local t = redis.call('TIME')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_ms
+end
 if r[5] == '1' then
+  clock()
   settle('cancelled', nil, ARGV[5])
   return {'cancelled'}
 end
-local deadline = tonumber(r[6] or '0')
 if deadline > 0 and now_ms > deadline then
   settle('failed', '{"type":"RunTimeout","message":"the run passed its timeout"}', ARGV[6])
   return {'timed_out'}
 end
 
 if r[10] == '1' then
+  clock()
   redis.call('HSET', run, 'status', 'waiting', 'wait_reason', 'paused', 'wait_for', '{}',
     'wait_since', now_ms, 'wake_at', 0)
   redis.call('HINCRBY', run, 'epoch', 1)
@@ -105,19 +127,27 @@ end
 
 -- Flow control: after every check that settles or parks without running (those need no
 -- slot), before the first write of a real start.
-if r[11] and r[11] ~= '' and ARGV[8] ~= '1' then return {'needs_slot', r[11]} end
+if r[14] and r[14] ~= '' and ARGV[8] ~= '1' then return {'needs_slot', r[14]} end
 
-local epoch = redis.call('HINCRBY', run, 'epoch', 1)
-redis.call('HSET', run, 'status', 'running', 'worker', ARGV[4], 'start_token', ARGV[7],
-  'wseq', 0)
-redis.call('HDEL', run, 'note', 'holds')
+local epoch = tonumber(r[4] or '0') + 1
+local id = redis.call('XADD', out, '*', 't', 'attempt_started', 'a', attempt,
+  'd', cjson.encode({epoch = epoch, worker = ARGV[4]}))
+-- The event's id is at or after the server clock (a stream's ids never go back).
+now_ms = math.max(now_ms or 0, tonumber(string.match(id, '^%d+')))
+local fields = {'epoch', epoch, 'status', 'running', 'worker', ARGV[4], 'start_token', ARGV[7],
+  'wseq', 0}
 if deadline == 0 and tonumber(r[7] or '0') > 0 then
   deadline = now_ms + tonumber(r[7])
-  redis.call('HSET', run, 'deadline_ms', deadline)
+  fields[#fields + 1] = 'deadline_ms'
+  fields[#fields + 1] = deadline
 end
-if not redis.call('HGET', run, 'started_ms') then redis.call('HSET', run, 'started_ms', now_ms) end
+if not r[11] then
+  fields[#fields + 1] = 'started_ms'
+  fields[#fields + 1] = now_ms
+end
+redis.call('HSET', run, unpack(fields))
+if r[12] or r[15] then redis.call('HDEL', run, 'note', 'holds') end
 redis.call('ZADD', leases, now_ms + ttl_ms, run_id)
-redis.call('ZREM', dispatch, run_id)
-redis.call('XADD', out, '*', 't', 'attempt_started', 'a', attempt,
-  'd', cjson.encode({epoch = epoch, worker = ARGV[4]}))
-return {'ok', epoch, r[1], deadline, redis.call('HGETALL', steps), now_ms}
+local fresh = r[4] == '0' and attempt == 1
+if not (fresh and r[13] == '1') then redis.call('ZREM', dispatch, run_id) end
+return {'ok', epoch, r[1], deadline, fresh and {} or redis.call('HGETALL', steps), now_ms}

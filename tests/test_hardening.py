@@ -620,9 +620,19 @@ def test_a_broken_index_key_records_nothing_and_costs_only_its_bucket(redis_url:
     runs.client.set(keys.run_dispatch(broken), "not a sorted set")
     from marbles_rq.errors import CorruptRecordError
 
+    # Recorded without its delivery (RQ elsewhere): the dispatch check is written, and fails.
     with pytest.raises(CorruptRecordError, match="dispatch holds a string"):
+        runs.record(prepare(RunRequest("hx_noop", b"null", "victim-1")))
+    assert not runs.client.exists(keys.run("victim-1"))  # nothing recorded, nothing stranded
+    assert not runs.client.exists(keys.output("victim-1"))
+    # Enqueued with its record (one Redis), a run needs no dispatch check; the run listing
+    # is written on every path.
+    runs.client.set(keys.listing("run", broken), "not a sorted set")
+    with pytest.raises(CorruptRecordError, match="idx:run holds a string"):
         ops.enqueue(runs, rq, RunRequest("hx_noop", b"null", "victim-1"))
     assert not runs.client.exists(keys.run("victim-1"))  # nothing recorded, nothing stranded
+    assert not runs.client.exists(keys.output("victim-1"))
+    assert rq.llen("rq:queue:mrq.default") == 0
     # A garbage controller fence in another bucket does not make a healthy run "corrupt".
     healthy = next(f"h-{i}" for i in range(1000) if keys.bucket_of(f"h-{i}") != broken)
     runs.client.hset(keys.controller_fence(keys.bucket_of(healthy)), "epoch", "not a number")

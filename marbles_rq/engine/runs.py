@@ -108,6 +108,10 @@ class Execution:
     flags_at: float = field(default_factory=time.monotonic)
     # The concurrency slot this execution holds (engine/flowctl.Slot), renewed with its lease.
     slot: Any = None
+    # When (monotonic, before the send) the lease was last set: start_attempt, a renewal, or
+    # a commit that extended it. A commit extends it only when the watchdog's renewals
+    # (every third of the lease) fell behind: past half the lease.
+    lease_at: float = field(default_factory=time.monotonic)
 
     def server_now_ms(self) -> int:
         """The server clock now, as far as this process can tell without asking: never
@@ -332,7 +336,7 @@ class RunStore:
             return Started("corrupt", detail=str(exc))
         return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
                                        int(deadline_ms), ledger, server_ms=int(server_ms),
-                                       mono_at_start=sent))
+                                       mono_at_start=sent, lease_at=sent))
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
         """Write a step's start before it runs, checking cancel, pause and the deadline:
@@ -392,12 +396,15 @@ class RunStore:
             ex.starts.clear()
             ex.seq += 1
             sent = time.monotonic()
+            extend = sent - ex.lease_at > ex.ttl_ms / 2000
             status = self.scripts.commit_step(
                 keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
-                event_type=event_type, event=data, run_id=ex.run_id, ttl_ms=ex.ttl_ms,
-                seq=ex.seq, starts=starts).status
+                event_type=event_type, event=data, run_id=ex.run_id,
+                ttl_ms=ex.ttl_ms if extend else 0, seq=ex.seq, starts=starts).status
             if status == "ok":
                 ex.flags_at = sent
+                if extend:
+                    ex.lease_at = sent
             return status
 
     def write(self, ex: Execution, type: str, data: bytes, *,
@@ -416,10 +423,13 @@ class RunStore:
             return status
 
     def renew(self, ex: Execution) -> str:
-        status = self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,
-                                            run_id=ex.run_id).status
-        if status == "ok" and ex.slot is not None:
-            ex.slot.renew()  # the slot's expiry follows the lease's
+        sent = time.monotonic()
+        status: str = self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,
+                                                 run_id=ex.run_id).status
+        if status == "ok":
+            ex.lease_at = sent
+            if ex.slot is not None:
+                ex.slot.renew()  # the slot's expiry follows the lease's
         return status
 
     def settle(self, ex: Execution, status: str, *, result: bytes | None = None,

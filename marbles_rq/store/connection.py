@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import redis
@@ -92,6 +93,15 @@ def check_url(url: str) -> SplitResult:
     return parts
 
 
+# No CLIENT SETINFO on connecting: redis-py sends LIB-NAME and LIB-VER as two round trips on
+# every new connection (a forked work-horse opens one per run), and redis-py 7+ looks its
+# own version up in the installed package metadata for every Connection it builds (tens of
+# milliseconds in a horse on a loaded machine). Every client marbles-rq builds takes these.
+NO_CLIENT_INFO: dict[str, Any] = (
+    {"driver_info": None} if hasattr(redis, "DriverInfo")
+    else {"lib_name": None, "lib_version": None})
+
+
 def connect(url: str | None = None, *, socket_timeout: float | None = None,
             connect_timeout: float = 2.0) -> Client:
     """A client for `url`: ``redis://``, ``rediss://``, ``unix://``, or
@@ -109,6 +119,7 @@ def connect(url: str | None = None, *, socket_timeout: float | None = None,
         # connection per run, and both would be round trips on its hot path. A dead
         # connection is found by the call itself, which scripts.py resends safely.
         protocol=2,
+        **NO_CLIENT_INFO,
     )
     try:
         if parts.scheme in CLUSTER_SCHEMES:

@@ -167,6 +167,17 @@ def encode(record: Record) -> bytes:
     return _encoder.encode(record)
 
 
+def warm_decoders() -> None:
+    """Build every record type's decoder now (msgspec reads a type's annotations once per
+    process): a forking worker calls this before its first fork, so no horse pays it."""
+    todo: list[type[Any]] = [Record]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if isinstance(cls.__struct_config__.tag, str) and cls not in _decoders:
+            _decoders[cls] = msgspec.json.Decoder(cls)
+
+
 def decode(cls: type[R], data: bytes, key: str) -> R:
     """Decode `data` as `cls`; `key` names where it came from in every error."""
     decoder = _decoders.get(cls)

@@ -49,7 +49,7 @@ from rq.utils import get_call_string, utcformat
 from rq.utils import now as rq_now
 
 from ..errors import ConfigError, MarblesError
-from ..store.connection import socket_timeout_from_env
+from ..store.connection import NO_CLIENT_INFO, socket_timeout_from_env
 from ..store.ids import ID_PATTERN
 from ..store.scripts import JobPush, Scripts
 from .lanes import lane_classes
@@ -334,7 +334,8 @@ def rq_connection(url: str) -> redis.Redis:
         # RESP2 as the store's clients: no HELLO round trip on each new connection (a forked
         # horse opens its own).
         return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=2,
-                                    socket_timeout=socket_timeout_from_env(), protocol=2)
+                                    socket_timeout=socket_timeout_from_env(), protocol=2,
+                                    **NO_CLIENT_INFO)
     except ValueError as exc:
         raise ConfigError(f"invalid RQ Redis URL: {exc}") from None
 

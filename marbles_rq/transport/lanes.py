@@ -37,7 +37,13 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from ..errors import ConfigError
-from ..store.connection import CLUSTER_SCHEMES, check_url, redact, socket_timeout_from_env
+from ..store.connection import (
+    CLUSTER_SCHEMES,
+    NO_CLIENT_INFO,
+    check_url,
+    redact,
+    socket_timeout_from_env,
+)
 from ..store.keys import Keyspace
 
 log = logging.getLogger("marbles_rq.transport.lanes")
@@ -94,7 +100,7 @@ class ClusterMap:
         errors: list[str] = []
         for host, port in list(self._known):
             client = redis.Redis(host=host, port=port, retry=Retry(NoBackoff(), 0),
-                                 protocol=2, **self.options)
+                                 protocol=2, **NO_CLIENT_INFO, **self.options)
             try:
                 table = client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
             except redis.RedisError as exc:
@@ -192,7 +198,7 @@ def slot_client(url: str, slot: int) -> redis.Redis:
     pool = redis.ConnectionPool(
         connection_class=SlotMasterSSLConnection if ssl else SlotMasterConnection,
         slot_master=SlotMaster(cluster, slot), retry=Retry(NoBackoff(), 0), protocol=2,
-        **kwargs)
+        **NO_CLIENT_INFO, **kwargs)
     cluster.track(pool)
     return redis.Redis(connection_pool=pool)
 

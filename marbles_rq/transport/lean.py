@@ -13,9 +13,10 @@ Nothing else per delivery: no execution records, no started or finished registry
 no job or execution heartbeats, no job status, result or counters, no dependents check, no
 worker state or current-job writes. The worker's registration (RQ's worker hash, which
 ``rq info``, rq-dashboard and ``marbles-rq health worker`` read) is renewed at most every
-HEARTBEAT_EVERY_S, and the suspension flag (``rq suspend``) read at most every
-SUSPENSION_CHECK_EVERY_S. RQ's queues, ``rq info`` and rq-dashboard still see the queues,
-their lengths and the workers; a delivery that completed leaves no job behind.
+HEARTBEAT_EVERY_S, with the queues it serves added to RQ's set of queues, and the suspension
+flag (``rq suspend``) read at most every SUSPENSION_CHECK_EVERY_S. RQ's queues, ``rq info``
+and rq-dashboard still see the queues, their lengths and the workers; a delivery that
+completed leaves no job behind.
 
 A delivery's outcome:
 
@@ -125,8 +126,27 @@ class LeanWorker:
             return
         with self.connection.pipeline(transaction=False) as pipe:
             super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
+            self._lean_register_queues(pipe, self.connection)
             pipe.execute()
         self._lean_next_beat = now + HEARTBEAT_EVERY_S
+        for conn in {id(q.connection): q.connection for q in self.queues
+                     if q.connection is not self.connection}.values():
+            try:  # a lane's queues, in its keyspace on its node
+                with conn.pipeline(transaction=False) as pipe:
+                    self._lean_register_queues(pipe, conn)
+                    pipe.execute()
+            except redis.RedisError as exc:  # the next renewal registers them
+                log.debug("worker %s: cannot register its queues (%s)", self.name,
+                          _describe(exc))
+
+    def _lean_register_queues(self, pipe: Any, conn: Any) -> None:
+        """The queues served on `conn` in their RQ set of queues, as RQ's enqueue adds them:
+        a delivery's enqueue adds its queue only when the list was empty (claim_run,
+        enqueue_delivery), and the controller finds the deliveries in flight through that
+        set."""
+        for queue in self.queues:
+            if queue.connection is conn:
+                pipe.sadd(queue.redis_queues_keys, queue.key)
 
     def check_for_suspension(self, burst: bool) -> None:
         now = time.monotonic()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import gc
 import logging
 import os
 import select
@@ -42,6 +43,7 @@ from rq.utils import now as rq_now
 from .. import metrics
 from ..engine.execute import Engine, configure
 from ..errors import RedisUnavailableError
+from ..store.records import warm_decoders
 from .dispatch import (
     MarblesJob,
     MarblesQueue,
@@ -77,13 +79,16 @@ class Backoff:
         self.failures = 0
 
 
+@functools.cache
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """SIGKILL this process when its parent dies (Linux); exit now if it already has."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: fencing still refuses an orphan's writes
-        pass
+    # Not Linux: fencing still refuses an orphan's writes.
+    with contextlib.suppress(OSError, AttributeError):
+        _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(1)
 
@@ -203,11 +208,27 @@ class _AbandonOnHorseDeath:
             log.warning("could not expire the lease of a dead horse's run: %s", exc)
 
 
+def _before_first_fork() -> None:
+    """What every horse would otherwise do for itself: build the records' decoders, find
+    libc; then move what the worker holds by now out of the garbage collector's reach
+    (gc.freeze), so a collection in a horse does not walk, and copy, the worker's heap."""
+    warm_decoders()
+    with contextlib.suppress(OSError):
+        _libc()
+    gc.collect()
+    gc.freeze()
+
+
 class MarblesWorker(_RedisErrorsOut, _MarblesMaintenance, _AbandonOnHorseDeath,
                     LeanForkingWorker, Worker):
     """RQ's forking Worker on the lean path, whose horses die with it."""
 
+    _marbles_forked = False
+
     def fork_work_horse(self, job: Any, queue: Any) -> None:
+        if not self._marbles_forked:
+            _before_first_fork()
+            self._marbles_forked = True
         self._marbles_parent = os.getpid()
         super().fork_work_horse(job, queue)
 
