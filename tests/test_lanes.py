@@ -218,8 +218,9 @@ def test_cluster_lanes_each_on_their_master_and_kill9_redelivers_in_the_lane(
         workers[1].kill9()
         wait_for(lambda: any(e.type == "redelivered" for e in _events(runs, victim_id)),
                  timeout=60, what="the redelivery")
-        doctor = procs.cli("doctor")
-        assert "warning: lane 1 has no live worker" in doctor.stderr, doctor.stderr
+        # Once its liveness beat lapses (3 s), doctor says lane 1 has no worker.
+        wait_for(lambda: "warning: lane 1 has no live worker" in procs.cli("doctor").stderr,
+                 timeout=30, what="doctor to report lane 1 without a worker")
         replacement = _worker(procs, "1")
         _exactly_once(runs, victim_id, 4)
         assert _served_by(procs, runs, victim_id) is replacement
