@@ -328,10 +328,14 @@ class RunStore:
         epoch, doc, deadline_ms, flat, server_ms = reply.values
         ledger = {}
         try:
+            record = decode(RunRecord, doc, keys.run)
+            if not flat and record.rerun_from_step:
+                # start_attempt skips the ledger of a run that never started; a rerun's was
+                # seeded with the steps it does not execute again (engine/rerun.py).
+                flat = [x for kv in self.client.hgetall(keys.steps).items() for x in kv]
             for i in range(0, len(flat), 2):
                 key = _s(flat[i])
                 ledger[key] = decode(StepRecord, flat[i + 1], f"{keys.steps}#{key}")
-            record = decode(RunRecord, doc, keys.run)
         except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
             return Started("corrupt", detail=str(exc))
         return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
