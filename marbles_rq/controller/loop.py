@@ -722,13 +722,8 @@ class Controller:
                 # script error -- or a bug: one line, back off, carry on. The lease may lapse
                 # meanwhile; the fence keeps a successor and this process from acting twice.
                 self._in_contact_since = None
-                if isinstance(exc, redis.RedisError):
-                    metrics.redis_error(exc)
                 self._leading = self._leading and self.lease is not None
-                backoff = min(MAX_BACKOFF_S, backoff * 2 or 1.0)
-                what = "Redis error" if _outage(exc) or isinstance(
-                    exc, redis.RedisError) else "error"
-                log.error("%s (%s); retrying in %.0f s", what, one_line(exc), backoff)
+                backoff = backing_off(exc, backoff)
                 self.stop_event.wait(backoff)
             self.stop_event.wait(self.interval_s)
         if self.lease is not None:
@@ -745,6 +740,16 @@ def new_token() -> str:
     host and pid), then ``:lanes``, which tells a controller that shares lanes from one of an
     earlier version (see controller/share.py)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:lanes"
+
+
+def backing_off(exc: BaseException, backoff: float) -> float:
+    """A pass failed: count and log it in one line; the next backoff (doubling, capped)."""
+    if isinstance(exc, redis.RedisError):
+        metrics.redis_error(exc)
+    backoff = min(MAX_BACKOFF_S, backoff * 2 or 1.0)
+    what = "Redis error" if _outage(exc) or isinstance(exc, redis.RedisError) else "error"
+    log.error("%s (%s); retrying in %.0f s", what, one_line(exc), backoff)
+    return backoff
 
 
 def _outage(exc: BaseException) -> bool:

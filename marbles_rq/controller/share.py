@@ -44,7 +44,7 @@ from ..store import LeaseInfo, RedisStore
 from ..store.redis_errors import one_line
 from ..transport.lanes import RQLike
 from .duties import Duty
-from .loop import MAX_BACKOFF_S, Controller, _outage, new_token
+from .loop import Controller, backing_off, new_token
 
 log = logging.getLogger("marbles_rq.controller")
 
@@ -225,10 +225,7 @@ class Sharing:
                 # the fences keep successors and this process from acting twice.
                 for ctl in self.led.values():
                     ctl._in_contact_since = None
-                backoff = min(MAX_BACKOFF_S, backoff * 2 or 1.0)
-                what = "Redis error" if _outage(exc) or isinstance(
-                    exc, redis.RedisError) else "error"
-                log.error("%s (%s); retrying in %.0f s", what, one_line(exc), backoff)
+                backoff = backing_off(exc, backoff)
                 self.stop_event.wait(backoff)
             self.stop_event.wait(self.interval_s)
         self.shutdown()
