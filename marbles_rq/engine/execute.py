@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import hashlib
 import logging
+import math
 import os
 import threading
 import time
@@ -289,6 +290,13 @@ class RunContext:
         A reservation, not a transaction with the effect: a crash between this claim and
         the effect leaves the effect undone. Where the target system takes an idempotency
         key, give it `idempotency_key` instead; that is exactly-once end to end."""
+        if self.ex.starts:
+            # A step whose start waits for its commit (or the watchdog) writes it first: a
+            # receipt never names a step the ledger does not show started, even if the run
+            # is settled (cancelled, reaped) before that commit.
+            started = self._store(self.runs.write_due_starts, self.ex, math.inf)
+            if started is not None:
+                self._check(started)
         status: str = self._store(self.runs.claim_effect, self.ex, key or self.idempotency_key)
         if status == "stale_epoch":
             raise StopExecution("stale")
