@@ -86,6 +86,8 @@ def test_rerun_refusals_write_nothing(procs: Procs) -> None:
 
     procs.start(workers=1)
     assert procs.observer.wait_final("pending").data["status"] == "succeeded"
+    # The new leader raises its fence in every bucket while it recovers: done before `before`.
+    next(p for p in procs.procs if p.role == "controller").wait_log("recovered monitors")
     before = sorted(r.keys("*"))
     refused("pending", "--from-step", "counted.fourth", "--id", "x",
             expected="run pending has no step 'counted.fourth' (its steps: counted.first#0, "
