@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ..engine.waits import Question
+from ..engine.waits import Question, match_choice
 from ..terminal import safe
 from . import Settings
 
@@ -90,10 +90,7 @@ def _ask(question: Question) -> Any:
         click.echo(safe(f"  {i}) {choice}"), err=True)
     while True:
         value = click.prompt("answer", err=True)
-        if not choices:
-            return value
-        if value in choices:
-            return value
-        if value.isdigit() and 1 <= int(value) <= len(choices):
-            return choices[int(value) - 1]
+        found = match_choice(choices, value)
+        if found is not None:
+            return found
         click.echo(f"one of 1 to {len(choices)}, or a choice's text", err=True)

@@ -6,12 +6,12 @@ import json
 
 import click
 
-from ..engine.authoring import InputError
-from ..engine.ops import MAX_PAYLOAD_ENV, PayloadTooLargeError, max_payload
+from ..engine.ops import max_payload
 from ..errors import ConfigError
 from ..terminal import safe
 from ..triggers.events import TRIGGERS, Events
 from . import Settings
+from .runs import json_argument
 
 
 @click.group(invoke_without_command=True)
@@ -54,18 +54,7 @@ def send(settings: Settings, source: str, event_id: str, event_type: str, payloa
     if not TRIGGERS.by_key:  # every event would be journaled as unmatched, for good
         raise ConfigError("no event triggers are declared: set --source (env MARBLES_SOURCE) "
                           "to the modules that declare them")
-    limit = max_payload()
-    if payload.startswith("@"):
-        try:
-            with open(payload[1:], "rb") as fh:
-                raw = fh.read(limit + 1)  # one byte past the limit tells "too large"
-        except OSError as exc:
-            raise InputError(f"cannot read the payload file: {exc}") from None
-        if len(raw) > limit:
-            raise PayloadTooLargeError(f"the payload file is larger than the limit of {limit} "
-                                       f"bytes (set {MAX_PAYLOAD_ENV} to change it)")
-    else:
-        raw = payload.encode()
+    raw = json_argument(payload, "payload", max_payload())
     # Every input error before touching Redis: validate with a store-less check first.
     Events.validate(source, event_id, type=event_type, payload=raw)
     sent = Events(settings.runs(), settings.rq()).send(source, event_id, type=event_type,

@@ -82,19 +82,23 @@ def read_input(name: str, input_json: str | None) -> bytes:
     limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
     if input_json is None:
         return omitted_input(name)
-    if input_json.startswith("@"):
-        try:
-            with open(input_json[1:], "rb") as fh:
-                # One byte past the limit tells "too large" without reading the rest:
-                # @/dev/zero or a huge file must not be read into memory whole.
-                raw = fh.read(limit + 1)
-        except OSError as exc:
-            raise InputError(f"cannot read the input file: {exc}") from None
-        if len(raw) > limit:
-            raise PayloadTooLargeError(f"the input file is larger than the limit of {limit} "
-                                       f"bytes (set {MAX_PAYLOAD_ENV} to change it)")
-    else:
-        raw = input_json.encode()
+    return json_argument(input_json, "input", limit)
+
+
+def json_argument(text: str, noun: str, limit: int) -> bytes:
+    """A JSON option's bytes: the text itself, or @FILE read up to `limit` bytes."""
+    if not text.startswith("@"):
+        return text.encode()
+    try:
+        with open(text[1:], "rb") as fh:
+            # One byte past the limit tells "too large" without reading the rest:
+            # @/dev/zero or a huge file must not be read into memory whole.
+            raw = fh.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read the {noun} file: {exc}") from None
+    if len(raw) > limit:
+        raise PayloadTooLargeError(f"the {noun} file is larger than the limit of {limit} "
+                                   f"bytes (set {MAX_PAYLOAD_ENV} to change it)")
     return raw
 
 

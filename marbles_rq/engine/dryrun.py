@@ -41,7 +41,16 @@ from ..store.records import (
 from .authoring import REGISTRY, Registry
 from .execute import Limits, execute
 from .ops import RunRequest, prepare
-from .runs import TERMINAL, Execution, OutputEvent, Recorded, RunStore, RunView, Started
+from .runs import (
+    TERMINAL,
+    Execution,
+    OutputEvent,
+    Recorded,
+    RunStore,
+    RunView,
+    Started,
+    take_due_starts,
+)
 from .waits import Question
 
 DRY_LEASE_MS = 3_600_000  # no lease to keep: the watchdog renews in memory, rarely
@@ -176,11 +185,9 @@ class MemoryRuns:
 
     def write_due_starts(self, ex: Execution, now: float) -> str | None:
         with ex.lock:
-            due = [s for s in ex.starts.values() if s.due <= now]
+            due = take_due_starts(ex, now)
             if not due:
                 return None
-            for start in due:
-                del ex.starts[id(start)]
             self._put_starts(ex, due)
             return "ok"
 

@@ -366,11 +366,9 @@ class RunStore:
         """Write the deferred starts due by `now` (monotonic): ok | stale | settled, or None
         when none is due (the watchdog's late start)."""
         with ex.lock:
-            due = [s for s in ex.starts.values() if s.due <= now]
+            due = take_due_starts(ex, now)
             if not due:
                 return None
-            for start in due:
-                del ex.starts[id(start)]
             ex.seq += 1
             return self.scripts.start_step(keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=True,
                                            starts=[s.triple() for s in due]).status
@@ -639,3 +637,11 @@ T = TypeVar("T")
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
+
+
+def take_due_starts(ex: Execution, now: float) -> list[StepStart]:
+    """Under ex.lock: the deferred starts due by `now` (monotonic), taken off the list."""
+    due = [s for s in ex.starts.values() if s.due <= now]
+    for start in due:
+        del ex.starts[id(start)]
+    return due

@@ -234,13 +234,10 @@ class WaitStore:
         choices = question.record.choices
         if not isinstance(value, str):
             raise AnswerRefusedError("an answer is text")
-        if not choices:
-            return value
-        if value in choices:
-            return value
-        if value.isdigit() and 1 <= int(value) <= len(choices):
-            return choices[int(value) - 1]
-        listed = ", ".join(f"{i}={c!r}" for i, c in enumerate(choices, 1))
+        found = match_choice(choices, value)
+        if found is not None:
+            return found
+        listed = ", ".join(f"{i}={c!r}" for i, c in enumerate(choices or [], 1))
         raise AnswerRefusedError(f"{value!r} is not one of the choices of {question.key!r} "
                                  f"({listed})")
 
@@ -369,3 +366,13 @@ def _closed(question: Question) -> str:
 def _closed_state(state: str) -> str:
     return {"answered": "answered", "timed_out": "closed (it timed out)",
             "cancelled": "closed (its run was cancelled)"}.get(state, state)
+
+
+def match_choice(choices: list[str] | None, value: str) -> str | None:
+    """The answer `value` names: any text without choices; else a choice by its text or its
+    number (1-based); None if it names none."""
+    if not choices or value in choices:
+        return value
+    if value.isdigit() and 1 <= int(value) <= len(choices):
+        return choices[int(value) - 1]
+    return None

@@ -247,11 +247,9 @@ class Lane:
 
     def queue(self, prefix: str, name: str) -> Any:
         """The RQ queue carrying marbles queue `name` of deployment `prefix` in this lane."""
-        from .dispatch import rq_queue_name
-        from .serializer import JSONSerializer
+        from .dispatch import queue
 
-        return self.queue_class(rq_queue_name(prefix, name), connection=self.conn,
-                                serializer=JSONSerializer, job_class=self.job_class)
+        return queue(self.conn, prefix, name, self.rq_prefix)
 
 
 class Lanes:
