@@ -8,11 +8,14 @@ KEYS[3] effect index    <tag>:effidx:<scope>         set of the scope's receipt 
 ARGV[1] doc             the receipt's JSON text
 ARGV[2] request_id      a resend with the same id answers "ok" again
 ARGV[3] epoch           the claimer's epoch, or '' for an unfenced claim
+ARGV[4] required        "1": the fence record must exist (a run's hash: missing means the
+                        run was purged, and nothing of it may come back); else a scope
+                        whose fence was never raised reads as epoch 0
 Returns:
   {"ok", at_ms}               this call (or an earlier send of it) holds the receipt
   {"exists", doc}             the effect was already claimed; doc is the first receipt
-  {"stale_epoch", current}    a newer attempt owns the scope, or the run has finished;
-                              nothing written
+  {"stale_epoch", current}    a newer attempt owns the scope, or the run has finished, or
+                              (required) its fence record is gone; nothing written
 Writes (only for a fresh "ok"): HSET KEYS[1]; SADD KEYS[3]
 ]]
 local receipt, fence, index = KEYS[1], KEYS[2], KEYS[3]
@@ -22,6 +25,7 @@ local existing = redis.call('HMGET', receipt, 'doc', 'req', 'at')
 if existing[1] and existing[2] == req then return {'ok', tonumber(existing[3])} end  -- a resend
 if epoch ~= '' then
   local f = redis.call('HMGET', fence, 'epoch', 'status')
+  if not f[1] and ARGV[4] == '1' then return {'stale_epoch', 0} end
   local current = tonumber(f[1] or '0') or 0
   if current > tonumber(epoch) then return {'stale_epoch', current} end
   if f[2] == 'succeeded' or f[2] == 'failed' or f[2] == 'cancelled' then

@@ -27,8 +27,9 @@ ARGV[10..]              the pairs, then the triples
 Returns:
   {"ok", wake_at_ms}             parked: status waiting
   {"requeued", attempt, queue}   woken while it executed by what it parks on (wake_pending:
-                                 '1' anything, 'child' a child): queued again as <attempt>;
-                                 the caller enqueues that delivery
+                                 '1' anything, 'child' a child), or parking for a pause
+                                 (reason paused) that a resume lifted meanwhile: queued
+                                 again as <attempt>; the caller enqueues that delivery
   {"cancelled"}                  cancel was requested: nothing written, settle it cancelled
   {"stale", epoch}               a newer execution owns the run; nothing written
   {"settled", status}            the run is finished; nothing written
@@ -68,7 +69,12 @@ for _ = 1, n_asks do
   i = i + 3
 end
 local reason = ARGV[3]
-if r[5] == '1' then reason = 'paused' end
+local paused = r[5] == '1'
+if paused then reason = 'paused' end
+-- It parks for a pause that a resume has lifted already (the resume landed between the
+-- "paused" reply and this call, and found nothing parked to wake): go again now, or
+-- nothing would ever wake it.
+local lifted = ARGV[3] == 'paused' and not paused
 redis.call('HINCRBY', run, 'epoch', 1)  -- this execution is over; its writes are refused now
 redis.call('HDEL', run, 'worker', 'note')
 redis.call('ZREM', leases, run_id)
@@ -77,9 +83,10 @@ redis.call('XADD', out, '*', 't', 'parked', 'a', r[3], 'd', ARGV[7])
 -- 'child' (a settled child) only when it parks waiting for children. A child's wake that
 -- landed before the execution read that child's result is spent: parking on a timer
 -- after it must not requeue the run at once (an extra delivery, the timer seen "woken").
-local pending = r[6] == '1' or (r[6] == 'child' and cjson.decode(ARGV[5]).children ~= nil)
-if r[6] and not pending and reason ~= 'paused' then redis.call('HDEL', run, 'wake_pending') end
-if pending and reason ~= 'paused' then
+local pending = lifted or r[6] == '1' or
+  (r[6] == 'child' and cjson.decode(ARGV[5]).children ~= nil)
+if r[6] and not pending and not paused then redis.call('HDEL', run, 'wake_pending') end
+if pending and not paused then
   -- Something it waits for happened while it executed: go again now. A wake is a delivery
   -- that does not count against max deliveries (counted with deferrals).
   local attempt = tonumber(r[3]) + 1
@@ -87,7 +94,8 @@ if pending and reason ~= 'paused' then
   redis.call('HINCRBY', run, 'deferred', 1)
   redis.call('HDEL', run, 'wake_pending')
   redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[6]), run_id)
-  redis.call('XADD', out, '*', 't', 'woken', 'a', attempt, 'd', '{"cause":"wake_pending"}')
+  redis.call('XADD', out, '*', 't', 'woken', 'a', attempt,
+    'd', lifted and '{"cause":"resume"}' or '{"cause":"wake_pending"}')
   return {'requeued', attempt, r[7]}
 end
 redis.call('HSET', run, 'status', 'waiting', 'wait_reason', reason, 'wait_for', ARGV[5],

@@ -459,7 +459,7 @@ class RunStore:
         return self.scripts.claim_effect(
             receipt_key=self.keys.effect(ex.run_id, key), fence_key=ex.keys.run,
             index_key=ex.keys.effects, doc=encode(receipt), request_id=new_request_id(),
-            epoch=ex.epoch).status
+            epoch=ex.epoch, required=True).status
 
     def defer(self, ex: Execution, note: str, *, delay_ms: int = DISPATCH_GRACE_MS) -> str:
         """Hand the run back (this worker cannot execute it): ok | stale | settled."""

@@ -331,9 +331,12 @@ class Scripts:
         raise self._unexpected("cas_entry", reply)
 
     def claim_effect(self, *, receipt_key: str, fence_key: str, index_key: str, doc: bytes,
-                     request_id: str, epoch: int | None) -> EffectClaim:
+                     request_id: str, epoch: int | None,
+                     required: bool = False) -> EffectClaim:
+        """`required`: the fence record must exist (a run's hash; missing: purged)."""
         reply = self.call("claim_effect", [receipt_key, fence_key, index_key],
-                          [doc, request_id, "" if epoch is None else epoch])
+                          [doc, request_id, "" if epoch is None else epoch,
+                           "1" if required else ""])
         status = _s(reply[0])
         if status == "ok":
             return EffectClaim("ok")

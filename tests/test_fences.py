@@ -1,0 +1,165 @@
+"""Fences that must hold when features meet (issue 16, items 1, 3 and 5): a resume that lands
+between a "paused" reply and the park, an execution that thaws after its run was purged, and
+a parent cancelled while its body is starting a child. Executed in this process against a
+real Redis; where an interleaving must be forced, the other party's real call is made at
+that point (a resume, a cancel), never a stand-in for the store."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import msgspec
+import pytest
+
+import marbles_rq as mr
+from marbles_rq.engine.authoring import REGISTRY
+from marbles_rq.engine.execute import execute
+from marbles_rq.engine.ops import RunRequest, prepare
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.engine.waits import WaitStore
+from marbles_rq.store import open_store
+
+# The test's Redis, for the calls a step makes as "someone else" (an operator's pause).
+URL: dict[str, str] = {}
+EXECUTED: Counter[str] = Counter()
+
+
+def _other() -> RunStore:
+    """A second client, as another process would have."""
+    return RunStore(open_store(URL["url"]))
+
+
+def fx_first(run_id: str) -> str:
+    EXECUTED[f"{run_id}:first"] += 1
+    # An operator pauses the run while this step runs: its commit answers "paused".
+    WaitStore(_other()).pause(run_id)
+    return "a"
+
+
+def fx_second(run_id: str) -> str:
+    EXECUTED[f"{run_id}:second"] += 1
+    return "b"
+
+
+@mr.workflow("fx_pause_between")
+def fx_pause_between(ctx: mr.RunContext) -> list[str]:
+    return [ctx.step(fx_first, ctx.run_id), ctx.step(fx_second, ctx.run_id)]
+
+
+@pytest.fixture
+def runs(redis_url: str) -> RunStore:
+    URL["url"] = redis_url
+    EXECUTED.clear()
+    return RunStore(open_store(redis_url))
+
+
+def _record(runs: RunStore, name: str, inp: Any, run_id: str, **changes: Any) -> None:
+    record = prepare(RunRequest(name, msgspec.json.encode(inp), run_id))
+    if changes:
+        record = msgspec.structs.replace(record, **changes)
+    assert runs.record(record).created
+
+
+def _run(runs: RunStore, run_id: str, attempt: int | None = None) -> str:
+    view = runs.get(run_id)
+    assert view is not None
+    return execute(runs, REGISTRY, run_id, attempt or view.attempt, worker="w",
+                   lease_ms=60_000, hard_exit=False)
+
+
+def _events(runs: RunStore, run_id: str, type: str) -> list[dict[str, Any]]:
+    return [e.data for e in runs.output(run_id, count=1000)
+            if e.type == type]
+
+
+# --------------------------------------------------------------------------------------------
+# 1. a resume between the "paused" reply and the park
+
+
+class ResumeBeforePark(RunStore):
+    """A RunStore whose executions' park is preceded by a real resume of the run from
+    another client: the resume lands after the commit answered "paused", before the park."""
+
+    def waits(self) -> WaitStore:
+        waits = super().waits()
+        park = waits.park
+
+        def resumed_first(ex: Any, **kwargs: Any) -> tuple[str, int, str]:
+            assert WaitStore(_other()).resume(ex.run_id)[0] == "resumed"
+            return park(ex, **kwargs)
+
+        waits.park = resumed_first  # type: ignore[method-assign]
+        return waits
+
+
+def test_a_resume_that_lands_before_the_park_of_a_pause_requeues_the_run(
+        runs: RunStore, redis_url: str) -> None:
+    _record(runs, "fx_pause_between", None, "fx-pr")
+    racing = ResumeBeforePark(open_store(redis_url))
+    # The park sees that the pause it parks for was lifted: queued again at once, not
+    # parked "paused" with nothing that would ever wake it.
+    assert _run(racing, "fx-pr") == "requeued"
+    view = runs.get("fx-pr")
+    assert view is not None and (view.status, view.attempt) == ("queued", 2), view
+    assert _events(runs, "fx-pr", "woken")[-1] == {"cause": "resume"}
+    assert _run(runs, "fx-pr") == "succeeded"
+    done = runs.get("fx-pr")
+    assert done is not None and msgspec.json.decode(done.result) == ["a", "b"]  # type: ignore[arg-type]
+    assert (EXECUTED["fx-pr:first"], EXECUTED["fx-pr:second"]) == (1, 1)
+
+
+def test_a_pause_asked_again_after_the_resume_still_parks_the_run(
+        runs: RunStore, redis_url: str) -> None:
+    """pause, resume, pause again, all before the park: the run is paused, not requeued."""
+
+    class PauseAgain(RunStore):
+        def waits(self) -> WaitStore:
+            waits = super().waits()
+            park = waits.park
+
+            def flapped(ex: Any, **kwargs: Any) -> tuple[str, int, str]:
+                other = WaitStore(_other())
+                assert other.resume(ex.run_id)[0] == "resumed"
+                assert other.pause(ex.run_id) == "requested"
+                return park(ex, **kwargs)
+
+            waits.park = flapped  # type: ignore[method-assign]
+            return waits
+
+    _record(runs, "fx_pause_between", None, "fx-pp")
+    assert _run(PauseAgain(open_store(redis_url)), "fx-pp") == "parked"
+    view = runs.get("fx-pp")
+    assert view is not None and (view.status, view.wait_reason) == ("waiting", "paused")
+    assert WaitStore(runs).resume("fx-pp")[0] == "woken"
+    assert _run(runs, "fx-pp") == "succeeded"
+
+
+# --------------------------------------------------------------------------------------------
+# 3. an effect claimed by an execution that thaws after its run was purged
+
+
+@mr.workflow("fx_plain")
+def fx_plain(ctx: mr.RunContext) -> int:
+    return 1
+
+
+def test_an_effect_claim_after_its_run_was_purged_is_refused_and_writes_nothing(
+        runs: RunStore) -> None:
+    _record(runs, "fx_plain", None, "fx-purged", retention_s=0.0)
+    frozen = runs.start("fx-purged", 1, ttl_ms=60_000, worker="w").execution
+    assert frozen is not None
+    assert runs.claim_effect(frozen, "charge") == "ok"  # the effect, once
+    # The run finishes (here by the same epoch; a redelivery's would do as well) ...
+    assert runs.settle(frozen, "succeeded", result=b"1") == "ok"
+    assert runs.claim_effect(frozen, "charge-2") == "stale_epoch"
+    # ... and is purged once its retention (0 s) has passed.
+    receipts = sorted(m.decode() for m in runs.client.smembers(frozen.keys.effects))
+    purged = runs.scripts.purge_run(keys=frozen.keys, run_id="fx-purged", receipts=receipts)
+    assert purged.status == "ok", purged
+    assert runs.get("fx-purged") is None
+    # The frozen execution thaws and claims its effects: refused, and nothing comes back.
+    assert runs.claim_effect(frozen, "charge") == "stale_epoch"
+    assert runs.claim_effect(frozen, "charge-3") == "stale_epoch"
+    left = [k.decode() for k in runs.client.scan_iter(match="*fx-purged*")]
+    assert left == [], left
