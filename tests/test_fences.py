@@ -6,6 +6,8 @@ that point (a resume, a cancel), never a stand-in for the store."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -163,3 +165,100 @@ def test_an_effect_claim_after_its_run_was_purged_is_refused_and_writes_nothing(
     assert runs.claim_effect(frozen, "charge-3") == "stale_epoch"
     left = [k.decode() for k in runs.client.scan_iter(match="*fx-purged*")]
     assert left == [], left
+
+
+# --------------------------------------------------------------------------------------------
+# 5. a parent cancelled while its body starts a child
+
+
+def _status(run_id: str) -> str | None:
+    view = _other().get(run_id)
+    return None if view is None else view.status
+
+
+def _until(predicate: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@mr.workflow("fx_kid")
+def fx_kid(ctx: mr.RunContext) -> str:
+    EXECUTED[f"{ctx.run_id}:body"] += 1
+    return "kid"
+
+
+@mr.workflow("fx_parent_after_cancel")
+def fx_parent_after_cancel(ctx: mr.RunContext) -> str:
+    # Busy outside any step boundary (a long computation, or a sibling branch in a step)
+    # while the parent is cancelled and its watchdog settles it and walks its children.
+    _until(lambda: _status(ctx.run_id) == "cancelled", "the parent settled cancelled")
+    return mr.start_child("fx_kid", None, key="late").id
+
+
+@mr.workflow("fx_parent")
+def fx_parent(ctx: mr.RunContext) -> Any:
+    return mr.start_child("fx_kid", None, key="racing").result()
+
+
+class CancelBeforeChildRecord(RunStore):
+    """A RunStore whose child records are preceded by a real cancel of the parent, and wait
+    until the parent's own watchdog (another thread) has settled it cancelled and walked
+    its children: the cancel's walk lands between start_child's first write and the child's
+    record."""
+
+    def record(self, record: Any, push: Any = None) -> Any:
+        if record.parent:
+            assert _other().cancel(record.parent) == "requested"
+            _until(lambda: _status(record.parent) == "cancelled", "the parent's settle")
+        return super().record(record, push)
+
+
+def _execute_short_lease(runs: RunStore, run_id: str) -> str:
+    # A short lease: the watchdog renews every 0.3 s and learns of the cancel from it.
+    return execute(runs, REGISTRY, run_id, 1, worker="w", lease_ms=900, hard_exit=False)
+
+
+def test_a_parent_settled_cancelled_before_its_body_starts_a_child_records_no_child(
+        runs: RunStore) -> None:
+    _record(runs, "fx_parent_after_cancel", None, "fx-pac")
+    done: list[str] = []
+    body = threading.Thread(target=lambda: done.append(_execute_short_lease(runs, "fx-pac")))
+    body.start()
+    _until(lambda: _status("fx-pac") == "running", "the parent's start")
+    assert runs.cancel("fx-pac") == "requested"
+    body.join(30)
+    assert not body.is_alive() and done, done
+    assert _status("fx-pac") == "cancelled"
+    # The child is refused before it is recorded: nothing would ever cancel it.
+    kid = runs.get("fx-pac.late")
+    assert kid is None or (kid.status == "cancelled"), kid
+    if kid is not None:
+        assert _run(runs, "fx-pac.late") in ("settled", "cancelled")
+    assert EXECUTED["fx-pac.late:body"] == 0
+
+
+@pytest.mark.parametrize("where", ["redis_url", "cluster_url"])
+def test_a_child_recorded_after_its_parents_cancel_walked_its_children_never_runs(
+        request: pytest.FixtureRequest, where: str) -> None:
+    url = request.getfixturevalue(where)
+    URL["url"] = url
+    EXECUTED.clear()
+    runs = RunStore(open_store(url))
+    parent, child = f"fx-race-{where[:3]}", f"fx-race-{where[:3]}.racing"
+    if where == "cluster_url":  # the case a script cannot cover: two slots
+        keys = runs.keys
+        assert keys.tag_of(parent) != keys.tag_of(child)
+    _record(runs, "fx_parent", None, parent)
+    assert _execute_short_lease(CancelBeforeChildRecord(open_store(url)), parent) == "stale"
+    assert _status(parent) == "cancelled"
+    view = runs.get(child)
+    assert view is not None and view.status == "queued"  # recorded after the walk
+    # Its delivery starts: it finds its parent cancelled and is cancelled, body not run.
+    assert _run(runs, child) == "cancelled"
+    view = runs.get(child)
+    assert view is not None and view.status == "cancelled", view
+    assert EXECUTED[f"{child}:body"] == 0
+    notes = [e.data for e in runs.output(child) if e.type == "cancel_requested"]
+    assert notes and parent in str(notes[0]), notes

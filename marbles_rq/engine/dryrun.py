@@ -200,6 +200,18 @@ class MemoryRuns:
             ex.flags_at = time.monotonic()
             return "ok"
 
+    def note_child(self, ex: Execution, record: StepRecord) -> str:
+        with ex.lock:
+            self.write_starts_locked(ex)
+            self._run(ex).ledger[record.key] = record
+            ex.flags_at = time.monotonic()
+            return "ok"
+
+    def parent_cancelled(self, parent: str) -> bool:
+        with self._lock:
+            run = self.runs.get(parent)
+            return run is not None and run.status == "cancelled"
+
     def commit_step(self, ex: Execution, record: StepRecord, event_type: str,
                     data: bytes) -> str:
         with ex.lock:

@@ -679,6 +679,16 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         return _Outcome(started.status)
     ex = started.execution
     parent = ex.record.parent
+    if parent and runs.parent_cancelled(parent):
+        # The parent was cancelled (or asked to be) after this child was noted in its ledger:
+        # its cancel may have walked its children before this run was recorded (the child
+        # lives in another slot; see flow.start_child). It never runs its body.
+        runs.cancel(run_id, f"its parent {parent} was cancelled")
+        reply = settle_stopped(runs, ex, "cancelled")
+        if ex.slot is not None:
+            ex.slot.release()
+        log.info("run %s: its parent %s was cancelled; cancelled (%s)", run_id, parent, reply)
+        return _Outcome(_settled(reply, "cancelled"), "", ex if reply == "ok" else None)
     metrics.run_started(ex.record.name)
     definition = registry.workflows.get(ex.record.name)
     if definition is None:

@@ -388,9 +388,10 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
     run._check_branch()
     lkey, seq = run.position("|child")
     recorded = run.ex.ledger.get(lkey)
-    if recorded is not None:
+    if recorded is not None and recorded.status == "succeeded":
         data = msgspec.json.decode(recorded.result)
         return ChildRun(run, data["id"], data["workflow"])
+    # (A "running" entry is a note whose child may not have been recorded: again, below.)
     if key is not None and not ID_PATTERN.fullmatch(key):
         raise InvalidIdError(f"invalid child key {key!r}: expected [A-Za-z0-9_.:-]{{1,128}}")
     rel = lkey[len(run.ex.record.name) + 1:] if lkey.startswith(run.ex.record.name + ".") \
@@ -405,6 +406,15 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
                                f"at {other.key}: give each child its own key")
     record = prepare(RunRequest(workflow, msgspec.json.encode(input), cid), run.registry)
     record = msgspec.structs.replace(record, parent=run.run_id)
+    named = msgspec.Raw(msgspec.json.encode({"id": cid, "workflow": record.name}))
+    # The parent's ledger names the child before the child exists, in the parent's own slot:
+    # a cancel of the parent that walks its children after this finds this one, and the
+    # child, recorded after it, checks its parent when it starts (engine/execute.py). So
+    # whichever comes first, the child of a cancelled parent never runs its body; and a
+    # cancelled, finished or stale parent records no child at all (note_child refuses).
+    run._check(run._store(run.runs.note_child, run.ex, StepRecord(
+        version=1, key=lkey, name="|child", status="running", attempts=1, result=named,
+        at_ms=_now_ms(), seq=seq)))
     recorded_run = run._store(run.runs.record, record)
     if not recorded_run.created and recorded_run.record.parent != run.run_id:
         raise MarblesError(f"child id {cid} is taken by another run (started by "
@@ -414,9 +424,7 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
 
         _deliver(run.deliver, delivery_queue(record), cid, 1)
     entry = StepRecord(version=1, key=lkey, name="|child", status="succeeded", attempts=1,
-                       result=msgspec.Raw(msgspec.json.encode({"id": cid,
-                                                               "workflow": record.name})),
-                       at_ms=_now_ms(), seq=seq)
+                       result=named, at_ms=_now_ms(), seq=seq)
     run._commit(entry, "child_started", {"child": cid, "workflow": record.name})
     return ChildRun(run, cid, record.name)
 

@@ -357,6 +357,24 @@ class RunStore:
                 ex.flags_at = sent
             return status
 
+    def note_child(self, ex: Execution, record: StepRecord) -> str:
+        """Name a child in the parent's ledger before recording it (a cancel's walk of the
+        ledger then finds it): ok | stale | settled | cancelled | paused | timed_out."""
+        with ex.lock:
+            self.write_starts_locked(ex)
+            ex.seq += 1
+            sent = time.monotonic()
+            status = self.scripts.note_child(keys=ex.keys, epoch=ex.epoch, seq=ex.seq,
+                                             step_key=record.key, record=encode(record)).status
+            if status == "ok":
+                ex.flags_at = sent
+            return status
+
+    def parent_cancelled(self, parent: str) -> bool:
+        """Whether run `parent` is cancelled or asked to be (a read in its own slot)."""
+        status, cancel = self.client.hmget(self.keys.run(parent), ["status", "cancel"])
+        return _s(status or b"") == "cancelled" or _s(cancel or b"") == "1"
+
     def defer_start(self, ex: Execution, start: StepStart) -> None:
         """Keep a step's start to be written with its commit (or before any other write)."""
         with ex.lock:

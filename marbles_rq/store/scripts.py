@@ -502,6 +502,12 @@ class Scripts:
                            [epoch, seq, "late" if late else "check", *flat],
                            ("ok", "stale", "settled", "cancelled", "timed_out", "paused"))
 
+    def note_child(self, *, keys: RunKeys, epoch: int, seq: int, step_key: str,
+                   record: bytes) -> Reply:
+        """The parent's ledger names the child before the child is recorded."""
+        return self._reply("note_child", [keys.run, keys.steps], [epoch, seq, step_key, record],
+                           ("ok", "stale", "settled", "cancelled", "paused", "timed_out"))
+
     def commit_step(self, *, keys: RunKeys, epoch: int, step_key: str, record: bytes,
                     event_type: str, event: bytes, run_id: str, ttl_ms: int,
                     seq: int, starts: Sequence[tuple[str, bytes, bytes]] = ()) -> Reply:
