@@ -404,7 +404,8 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
             # A second child under one id would silently be the first one.
             raise MarblesError(f"child id {cid} is already used by this run's child started "
                                f"at {other.key}: give each child its own key")
-    record = prepare(RunRequest(workflow, msgspec.json.encode(input), cid), run.registry)
+    record = prepare(RunRequest(workflow, msgspec.json.encode(input), cid, origin="child"),
+                     run.registry)
     record = msgspec.structs.replace(record, parent=run.run_id)
     named = msgspec.Raw(msgspec.json.encode({"id": cid, "workflow": record.name}))
     # The parent's ledger names the child before the child exists, in the parent's own slot:

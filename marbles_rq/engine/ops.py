@@ -30,6 +30,40 @@ MAX_DEPTH = 64
 _JSON_STRUCTURE = re.compile(rb'[][{}"\\]')
 
 
+# The ids the engine's triggers derive from what they start (an event's key, a schedule's
+# slot, a monitor's launch): predictable, so nobody else may take one first and have the
+# trigger find a foreign run there (issue 16, item 7).
+RESERVED_IDS = {
+    "event": (re.compile(r"ev-[0-9a-f]{32}"), "ev-<32 hex digits>"),
+    "schedule": (re.compile(r"sched:.*"), "sched:<schedule>:<ms>"),
+    "monitor": (re.compile(r"mon\..*"), "mon.<monitor>.<n>"),
+}
+TRIGGER_ORIGINS = tuple(RESERVED_IDS)
+
+
+def reserved_for(run_id: str) -> str | None:
+    """The trigger whose namespace `run_id` is in, or None."""
+    return next((origin for origin, (pattern, _) in RESERVED_IDS.items()
+                 if pattern.fullmatch(run_id)), None)
+
+
+def check_origin(run_id: str, origin: str) -> None:
+    """Refuse an id of a trigger's namespace asked for by anyone but that trigger."""
+    owner = reserved_for(run_id)
+    if owner is not None and origin not in (owner, "child"):
+        raise InvalidIdError(f"run id {run_id!r} is reserved for {owner} runs (ids "
+                             f"{RESERVED_IDS[owner][1]} are made by marbles-rq); choose "
+                             f"another id")
+
+
+def owned_by(existing: RunRecord, origin: str, wanted: RunRecord) -> bool:
+    """Whether a run found under a trigger's id (`wanted`'s) is that trigger's own."""
+    if existing.origin:
+        return existing.origin == origin
+    # Recorded before runs carried their origin: the trigger's if it is the same run.
+    return existing.name == wanted.name and bytes(existing.input) == bytes(wanted.input)
+
+
 class PayloadTooLargeError(InputError):
     code = "payload_too_large"
 
@@ -84,6 +118,10 @@ class RunRequest:
     # Higher runs first within the queue, PRIORITY_MIN..PRIORITY_MAX (engine/flowctl.py);
     # None: the workflow's default.
     priority: int | None = None
+    # Who asks: "" an enqueuer; a trigger (event | schedule | monitor), the only one that may
+    # use an id of its namespace (RESERVED_IDS); "child" for start_child, whose ids extend
+    # its parent's and may look like one.
+    origin: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,6 +161,7 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
         raise InputTooDeepError(f"input nests arrays or objects deeper than {MAX_DEPTH} levels")
     # An empty id is a mistake (an unset variable), not a request for a random one.
     run_id = uuid.uuid4().hex if request.run_id is None else check_id(request.run_id, "run id")
+    check_origin(run_id, request.origin)
     if request.queue is not None and (problem := queue_problem(request.queue)) is not None:
         raise InvalidIdError(problem)
     if request.priority is not None and (
@@ -138,7 +177,8 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
                      retention_s=definition.retention_s,
                      priority=definition.priority if request.priority is None
                      else request.priority,
-                     concurrency=concurrency, concurrency_label=label)
+                     concurrency=concurrency, concurrency_label=label,
+                     origin=request.origin if request.origin in TRIGGER_ORIGINS else "")
 
 
 def enqueue(runs: RunStore, rq: RQLike, request: RunRequest,

@@ -38,6 +38,7 @@ from ..transport import dispatch
 from ..transport.lanes import RQLike, as_lanes
 from .authoring import REGISTRY, InputError, Registry
 from .flowctl import delivery_queue
+from .ops import check_origin
 from .runs import TERMINAL, RunNotFoundError, RunStore, RunView
 
 
@@ -88,6 +89,7 @@ def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = No
     written. The same `new_id` again returns the existing run (`created` False)."""
     check_id(run_id, "run id")
     target = uuid.uuid4().hex if new_id is None else check_id(new_id, "new run id")
+    check_origin(target, "")
     view = runs.get(run_id)
     if view is None:
         raise RunNotFoundError(f"no run with id {run_id!r}")

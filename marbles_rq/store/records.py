@@ -97,6 +97,9 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     max_deliveries: int = 20
     retention_s: float = 7 * 86400.0
     parent: str = ""  # the run that started this one as its child ("" for none)
+    # The trigger that recorded it under an id of its own namespace (event | schedule |
+    # monitor; "" for none): a run found under such an id is the trigger's only if it says so.
+    origin: str = ""
     # A rerun: the run it reruns, and the step it reran from ("" for a rerun from the top);
     # the ledger entries before that step were copied from that run (engine/rerun.py).
     rerun_of: str = ""

@@ -195,7 +195,8 @@ def prepare_event(source: str, event_id: str, *, type: str = "", payload: bytes 
                          received_at_ms=int(time.time() * 1000), event_id=event_id, type=type)
     trigger = triggers.match(source, type)
     if trigger is not None:  # the run's input must fit its workflow, or nothing is written
-        ops.prepare(ops.RunRequest(trigger.workflow, run_input(record), key), registry)
+        ops.prepare(ops.RunRequest(trigger.workflow, run_input(record), key, origin="event"),
+                    registry)
     return record, trigger
 
 
@@ -282,6 +283,9 @@ class Events:
         if not sent.created or trigger is None:
             return sent
         enqueued = self._enqueue(trigger.workflow, record)
+        if (foreign := self._foreign(enqueued, trigger.workflow, record)) is not None:
+            self._mark(sent.key, 0, "failed", foreign)
+            return Sent(sent.key, True, "failed", trigger.workflow, sent.key)
         self._mark(sent.key, 0, "started")
         return Sent(sent.key, True, "started", trigger.workflow, sent.key, enqueued.created)
 
@@ -289,7 +293,24 @@ class Events:
         if self.rq is None:
             raise ValueError("Events needs an RQ connection to start runs")
         return ops.enqueue(self.runs, self.rq,
-                           ops.RunRequest(workflow, run_input(record), record.id), self.registry)
+                           ops.RunRequest(workflow, run_input(record), record.id, origin="event"),
+                           self.registry)
+
+    def _foreign(self, enqueued: ops.Enqueued, workflow: str,
+                 record: EventRecord) -> str | None:
+        """Why the run found under the event's id is not the event's (None: it is, or it
+        was recorded just now). Such a run is never reported as the event's: the event
+        fails, saying so."""
+        wanted = ops.prepare(ops.RunRequest(workflow, run_input(record), record.id,
+                                            origin="event"), self.registry)
+        if enqueued.created or ops.owned_by(enqueued.record, "event", wanted):
+            return None
+        found = enqueued.record
+        note = (f"run id {record.id} is taken by a run this event did not start (workflow "
+                f"{found.name!r}, origin {found.origin or 'an enqueuer'}); the event's "
+                f"workflow {workflow!r} did not run")
+        log.error("event %s: %s", record.id, note)
+        return note
 
     def _mark(self, key: str, ctl_epoch: int, state: str, note: str = "",
               retry_ms: int = 0) -> str:
@@ -316,7 +337,7 @@ class Events:
                         self.keys.event(key))
         workflow = _s(fields[2])
         try:
-            self._enqueue(workflow, record)
+            enqueued = self._enqueue(workflow, record)
         except UnknownWorkflowError as exc:
             status = self._mark(key, ctl_epoch, "retry", str(exc), RETRY_MS)
             log.warning("event %s: %s; retrying in %d s", key, exc, RETRY_MS // 1000)
@@ -324,6 +345,9 @@ class Events:
         except (InputError, InvalidIdError) as exc:
             status = self._mark(key, ctl_epoch, "failed", str(exc))
             log.warning("event %s: its run cannot be recorded (%s); failed", key, exc)
+            return "failed" if status == "ok" else status
+        if (foreign := self._foreign(enqueued, workflow, record)) is not None:
+            status = self._mark(key, ctl_epoch, "failed", foreign)
             return "failed" if status == "ok" else status
         status = self._mark(key, ctl_epoch, "started")
         return "started" if status == "ok" else status
@@ -382,8 +406,9 @@ class Events:
                 key, record.source, record.type, record.event_id, _s(fields[1]),
                 _s(fields[2] or b""), _s(fields[3] or b""), int(fields[4] or 0),
                 _s(fields[5] or b""),
+                # A failed event's id names no run of its own (a foreign one, at most).
                 None if isinstance(run_status, Exception) or run_status is None
-                else _s(run_status)))
+                or _s(fields[1]) == "failed" else _s(run_status)))
         return views
 
 

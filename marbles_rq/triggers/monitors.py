@@ -359,19 +359,19 @@ class Poller:
             launch = _Observation.decode(pending)
             workflow = str(launch.get("workflow", ""))
             raw = msgspec.json.encode(launch.get("input"))
-            started = ops.enqueue(self.runs, self.rq, ops.RunRequest(workflow, raw, run_id),
-                                  self.registry)
-            if not started.created and (started.record.name != workflow or bytes(
-                    started.record.input) != bytes(ops.prepare(
-                        ops.RunRequest(workflow, raw, run_id), self.registry).input)):
+            request = ops.RunRequest(workflow, raw, run_id, origin="monitor")
+            started = ops.enqueue(self.runs, self.rq, request, self.registry)
+            if not started.created and (started.record.origin not in ("", "monitor") or (
+                    started.record.name != workflow) or bytes(
+                    started.record.input) != bytes(ops.prepare(request, self.registry).input)):
                 # The id belongs to another launch: this monitor's numbering started again
                 # (its state was lost or deleted). Start it under an id derived from this
                 # launch, the same on every retry, so it still starts exactly once.
                 other = f"{run_id}.{hashlib.sha256(pending).hexdigest()[:8]}"
                 log.warning("monitor %s: run %s is another launch's (was the monitor's state "
                             "reset?); starting this one as %s", d.key, run_id, other)
-                ops.enqueue(self.runs, self.rq, ops.RunRequest(workflow, raw, other),
-                            self.registry)
+                ops.enqueue(self.runs, self.rq,
+                            ops.RunRequest(workflow, raw, other, origin="monitor"), self.registry)
                 run_id_started = other
             else:
                 run_id_started = run_id

@@ -41,7 +41,7 @@ from cronsim import CronSim, CronSimError
 
 from .. import metrics
 from ..engine.authoring import REGISTRY, DefinitionError, Registry, WorkflowDef, _where
-from ..engine.ops import RunRequest, enqueue_many
+from ..engine.ops import RunRequest, enqueue_many, owned_by, prepare
 from ..engine.runs import TERMINAL, RunStore
 from ..errors import MarblesError
 from ..store.redis_errors import is_outage, one_line
@@ -492,8 +492,10 @@ def roll_schedule(runs: RunStore, rq: RQLike, key: str, *,
             raise MarblesError(f"schedule {key!r}: could not claim an occurrence "
                                f"({reply.status})")
         run_id = definition.run_id(now_ms)
-        enqueue_many(runs, rq, [RunRequest(definition.workflow, definition.input, run_id)],
-                     workflows)
+        request = RunRequest(definition.workflow, definition.input, run_id, origin="schedule")
+        if _foreign(enqueue_many(runs, rq, [request], workflows), [request], workflows):
+            raise MarblesError(f"schedule {key!r}: run id {run_id} is taken by a run this "
+                               f"schedule did not start; the occurrence did not run")
         runs.scripts.start_occurrences([(keys, runs.keys.occurrence(key, occ_id), occ_id,
                                          None)])
         return RollResult(key, "fired", run_id=run_id)
@@ -649,13 +651,15 @@ class ScheduleDuty:
                     log.warning("occurrence %s: its schedule cannot fire here; left claimed",
                                 occ_id)
                 continue
-            requests.append(RunRequest(definition.workflow, definition.input, _s(run_id)))
+            requests.append(RunRequest(definition.workflow, definition.input, _s(run_id),
+                                       origin="schedule"))
             started.append((schedule_keys, keys.occurrence(key_s, occ_id), occ_id, ctl.epoch))
             log.info("occurrence %s was claimed but not started; starting run %s", occ_id,
                      _s(run_id))
         if requests:
             try:
-                enqueue_many(ctl.runs, ctl.rq, requests, self.workflows)
+                _foreign(enqueue_many(ctl.runs, ctl.rq, requests, self.workflows), requests,
+                         self.workflows)
             except MarblesError as exc:  # validated above; left claimed, retried later
                 log.error("starting claimed occurrences failed (%s); they stay claimed",
                           one_line(exc))
@@ -839,9 +843,11 @@ class ScheduleDuty:
             self._move(ctl, held)
         if not claimed:
             return
-        enqueue_many(ctl.runs, ctl.rq, [
-            RunRequest(f.definition.workflow, f.definition.input,
-                       f.definition.run_id(f.nominal_ms)) for f in claimed], self.workflows)
+        requests = [RunRequest(f.definition.workflow, f.definition.input,
+                               f.definition.run_id(f.nominal_ms), origin="schedule")
+                    for f in claimed]
+        foreign = _foreign(enqueue_many(ctl.runs, ctl.rq, requests, self.workflows), requests,
+                           self.workflows)
         started = []
         for f in claimed:
             key = f.definition.key
@@ -851,7 +857,7 @@ class ScheduleDuty:
         for reply in ctl.runs.scripts.start_occurrences(started):
             if self._fenced(ctl, reply):
                 return
-        self.stats.fired += len(claimed)
+        self.stats.fired += len(claimed) - len(foreign)
         if self.measure or metrics.enabled():
             fired_ms = ctl.server_ms()
             late = [fired_ms - f.nominal_ms for f in claimed]
@@ -860,8 +866,25 @@ class ScheduleDuty:
             for f, ms in zip(claimed, late, strict=True):
                 metrics.schedule_late(f.definition.workflow, ms / 1000)
         for f in claimed:
-            log.info("schedule %s: fired run %s", f.definition.key,
-                     f.definition.run_id(f.nominal_ms))
+            if f.definition.run_id(f.nominal_ms) not in foreign:
+                log.info("schedule %s: fired run %s", f.definition.key,
+                         f.definition.run_id(f.nominal_ms))
+
+
+def _foreign(results: list[Any], requests: list[RunRequest], workflows: Registry) -> set[str]:
+    """The run ids among `requests` that were found taken by a run the schedule did not
+    start (each logged as an error): those occurrences did not run, and are not reported
+    as fired."""
+    foreign = set()
+    for enqueued, request in zip(results, requests, strict=True):
+        if enqueued.created or owned_by(enqueued.record, "schedule",
+                                        prepare(request, workflows)):
+            continue
+        foreign.add(enqueued.run_id)
+        log.error("schedule occurrence run %s: the id is taken by a run this schedule did "
+                  "not start (workflow %r, origin %s); the occurrence did not run",
+                  enqueued.run_id, enqueued.record.name, enqueued.record.origin or "an enqueuer")
+    return foreign
 
 
 @dataclass(frozen=True)
