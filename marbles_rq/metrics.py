@@ -22,27 +22,41 @@ pids, a forking worker would leave one set of files per delivery (40 a second at
 speed) and every scrape would read them all. No metric uses a live gauge mode, so there is
 nothing for `mark_process_dead` to remove.
 
-The directory is ``/dev/shm/marbles-rq-metrics.<uid>.<bind>.<port>`` (under
-``MARBLES_METRICS_DIR`` if set; in the temp directory where /dev/shm is missing or not
-writable): one per endpoint, emptied when the endpoint starts (after its port is bound, so
-only the process holding the port cleans it). A restarted worker therefore starts its
-counters at zero, which Prometheus reads as a counter reset, as for any restarted process.
+The directory is a new private one (mkdtemp: a random name, mode 0700, so no other local
+user can plant it or take its name first) named ``marbles-rq-metrics.<uid>.<bind>.<port>.*``
+in /dev/shm (under ``MARBLES_METRICS_DIR`` if set; in the temp directory where /dev/shm is
+missing or not writable), made when the endpoint starts; after its port is bound, the
+endpoint removes the directories earlier holders of that port left (its own user's only).
+A restarted worker therefore starts its counters at zero, which Prometheus reads as a
+counter reset, as for any restarted process.
 
 Labels are low-cardinality by design: workflow, queue, status, outcome, cause, kind;
-never a run id or a step key.
+never a run id or a step key. Workflow and queue names come from whoever enqueues, so
+their values are bounded here: a workflow the process's registry does not know, an
+invalid queue name, and any name beyond the first MAX_LABEL_VALUES of a label are counted
+as ``_other``.
+
+The endpoint is one thread that waits on every open connection with a selector and hands a
+connection whose request has arrived to a small pool (METRICS_THREADS): an idle or slow
+client costs a file descriptor, not a thread, is closed after REQUEST_TIMEOUT_S, and at most
+MAX_CONNECTIONS are open at once (the longest-waiting goes first).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import os
 import re
+import selectors
 import socket
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,6 +87,10 @@ PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 5.0, 10.0)
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                     60.0, 300.0)
+
+MAX_LABEL_VALUES = 100  # distinct workflow (or queue) names one process reports
+OTHER = "_other"
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # engine.authoring.QUEUE_PATTERN
 
 REDIS_ERROR_KINDS = ("timeout", "connection", "oom", "readonly", "other")
 REDELIVERY_CAUSES = ("lease_expired", "worker_lost", "delivery_lost", "delivery_failed",
@@ -160,38 +178,62 @@ def enabled() -> bool:
     return _M is not None
 
 
+_LABELS: dict[str, set[str]] = {"workflow": set(), "queue": set()}
+
+
+def bounded(kind: str, value: str) -> str:
+    """`value` as a label of `kind` (workflow, queue), or OTHER: names come from enqueuers,
+    and each distinct one would be a series of every metric it labels, for ever."""
+    seen = _LABELS[kind]
+    if value in seen:
+        return value
+    with _LOCK:
+        if kind == "workflow":
+            from .engine.authoring import REGISTRY
+
+            if REGISTRY.workflows and value not in REGISTRY.workflows:
+                return OTHER
+        elif not _QUEUE_NAME.fullmatch(value):
+            return OTHER
+        if len(seen) >= MAX_LABEL_VALUES:
+            return OTHER
+        seen.add(value)
+        return value
+
+
 # -- recording (each a no-op while metrics are off) --------------------------------------------
 
 
 def run_enqueued(workflow: str, queue: str) -> None:
     if _M is not None:
-        _child(_M.runs_enqueued, workflow, queue).inc()
+        _child(_M.runs_enqueued, bounded("workflow", workflow), bounded("queue", queue)).inc()
 
 
 def run_started(workflow: str) -> None:
     if _M is not None:
-        _child(_M.runs_started, workflow).inc()
+        _child(_M.runs_started, bounded("workflow", workflow)).inc()
 
 
 def run_finished(workflow: str, status: str, seconds: float) -> None:
     if _M is not None:
+        workflow = bounded("workflow", workflow)
         _child(_M.runs_finished, workflow, status).inc()
         _child(_M.run_seconds, workflow, status).observe(max(0.0, seconds))
 
 
 def step_tried(workflow: str, outcome: str, seconds: float) -> None:
     if _M is not None:
-        _child(_M.step_seconds, workflow, outcome).observe(seconds)
+        _child(_M.step_seconds, bounded("workflow", workflow), outcome).observe(seconds)
 
 
 def redelivered(queue: str, cause: str) -> None:
     if _M is not None:
-        _M.redeliveries.labels(queue, cause).inc()
+        _M.redeliveries.labels(bounded("queue", queue), cause).inc()
 
 
 def redelivered_many(queue: str, cause: str, count: int) -> None:
     if _M is not None and count:
-        _M.redeliveries.labels(queue, cause).inc(count)
+        _M.redeliveries.labels(bounded("queue", queue), cause).inc(count)
 
 
 def lease_expired(outcome: str) -> None:
@@ -211,7 +253,7 @@ def controller_pass(seconds: float) -> None:
 
 def schedule_late(workflow: str, seconds: float) -> None:
     if _M is not None:
-        _M.schedule_lateness.labels(workflow).observe(max(0.0, seconds))
+        _M.schedule_lateness.labels(bounded("workflow", workflow)).observe(max(0.0, seconds))
 
 
 def timer_late(seconds: float) -> None:
@@ -355,33 +397,175 @@ def _close_inherited_listener() -> None:
         _SERVER = None
 
 
-def bind_endpoint(port: int, bind: str = DEFAULT_BIND) -> Any:
+MAX_CONNECTIONS = 64
+METRICS_THREADS = 4
+REQUEST_TIMEOUT_S = 5.0  # a request's line and headers, and the reply's sending
+
+
+class BoundedWSGIServer:
+    """The endpoint's HTTP server (see the module's docstring): wsgiref's request handling,
+    without its thread per connection."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        from wsgiref.simple_server import WSGIRequestHandler
+
+        class Handler(WSGIRequestHandler):
+            def setup(self) -> None:
+                self.connection = self.request
+                # The request line and headers were read already (no body is read).
+                self.rfile = io.BytesIO(server.pending_heads.pop(self.request, b""))
+                self.wfile = self.connection.makefile("wb", buffering=0)
+
+            def log_message(self, format: str, *args: Any) -> None:  # a scrape is not news
+                pass
+
+        server = self
+        self.socket = sock
+        self.handler = Handler
+        self.app: Callable[..., Any] = lambda env, start: []
+        self.server_name = socket.getfqdn(sock.getsockname()[0])
+        self.server_port = sock.getsockname()[1]
+        self.base_environ: dict[str, Any] = {}
+        self.pending_heads: dict[socket.socket, bytes] = {}
+        self._waiting: dict[socket.socket, tuple[float, bytearray, Any]] = {}
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(METRICS_THREADS, thread_name_prefix="marbles-metrics")
+        self._selector = selectors.DefaultSelector()
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._setup_environ()
+
+    # What wsgiref's handler asks of its server.
+    def _setup_environ(self) -> None:
+        env = self.base_environ
+        env["SERVER_NAME"] = self.server_name
+        env["GATEWAY_INTERFACE"] = "CGI/1.1"
+        env["SERVER_PORT"] = str(self.server_port)
+        env["REMOTE_HOST"] = ""
+        env["CONTENT_LENGTH"] = ""
+        env["SCRIPT_NAME"] = ""
+
+    def get_app(self) -> Callable[..., Any]:
+        return self.app
+
+    def set_app(self, app: Callable[..., Any]) -> None:
+        self.app = app
+
+    def serve_forever(self) -> None:
+        self.socket.setblocking(False)
+        self._selector.register(self.socket, selectors.EVENT_READ)
+        try:
+            while not self._stop.is_set():
+                for key, _ in self._selector.select(timeout=0.25):
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    else:
+                        self._read(key.fileobj)  # type: ignore[arg-type]
+                now = time.monotonic()
+                for conn, (deadline, _, _) in list(self._waiting.items()):
+                    if deadline <= now:
+                        self._drop(conn)
+        finally:
+            self._stopped.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, addr = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            with self._lock:
+                open_now = len(self._waiting) + self._busy
+            if open_now >= MAX_CONNECTIONS:
+                if not self._waiting:
+                    conn.close()  # every slot is answering: this one waits for none
+                    continue
+                self._drop(next(iter(self._waiting)))  # the longest-waiting goes
+            conn.setblocking(False)
+            self._waiting[conn] = (time.monotonic() + REQUEST_TIMEOUT_S, bytearray(), addr)
+            self._selector.register(conn, selectors.EVENT_READ)
+
+    def _read(self, conn: socket.socket) -> None:
+        _, head, addr = self._waiting[conn]
+        try:
+            chunk = conn.recv(8192)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(conn)
+            return
+        head += chunk
+        if b"\r\n\r\n" not in head and b"\n\n" not in head:
+            if len(head) > 16384:
+                self._drop(conn)
+            return
+        self._selector.unregister(conn)
+        del self._waiting[conn]
+        with self._lock:
+            self._busy += 1
+        self.pending_heads[conn] = bytes(head)
+        self._pool.submit(self._answer, conn, addr)
+
+    def _answer(self, conn: socket.socket, addr: Any) -> None:
+        try:
+            conn.setblocking(True)
+            conn.settimeout(REQUEST_TIMEOUT_S)  # a client that does not read its reply
+            self.handler(conn, addr, self)  # type: ignore[arg-type]
+        except Exception:  # a broken connection is the client's loss
+            pass
+        finally:
+            self.pending_heads.pop(conn, None)
+            with contextlib.suppress(OSError):
+                conn.close()
+            with self._lock:
+                self._busy -= 1
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._waiting.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn)
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._stopped.wait(5)
+
+    def server_close(self) -> None:
+        for conn in list(self._waiting):
+            self._drop(conn)
+        with contextlib.suppress(OSError):
+            self.socket.close()
+        self._pool.shutdown(wait=False)
+
+
+def bind_endpoint(port: int, bind: str = DEFAULT_BIND) -> BoundedWSGIServer:
     """Bind the endpoint's socket, or raise ConfigError naming why (one line; exit 2)."""
-    from wsgiref.simple_server import WSGIRequestHandler, make_server
-
-    from prometheus_client.exposition import ThreadingWSGIServer
-
     if not 1 <= port <= 65535:
         raise ConfigError(f"--metrics-port {port}: expected 1..65535")
-
-    class Server(ThreadingWSGIServer):
-        pass
-
-    class Quiet(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # a scrape is not news
-            pass
-
     try:
         # IPv4 or IPv6, as the address is (what prometheus-client's own server does).
         family, _, _, _, sockaddr = socket.getaddrinfo(
             bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        Server.address_family, addr = family, str(sockaddr[0])
-        # The app is set once the registry exists (after the port is known to be ours).
-        return make_server(addr, port, lambda env, start: [], Server, handler_class=Quiet)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((str(sockaddr[0]), port))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise ConfigError(f"--metrics-port {port}: cannot listen on {bind}:{port} ({why})"
                           ) from None
+    # The app is set once the registry exists (after the port is known to be ours).
+    return BoundedWSGIServer(sock)
 
 
 def serve_metrics(port: int, bind: str = DEFAULT_BIND, *,
@@ -420,26 +604,23 @@ def _base_dirs() -> list[Path]:
 
 
 def multiprocess_dir(bind: str, port: int) -> Path:
-    """This endpoint's directory for multiprocess files, created private (0700) and
-    emptied. Refused if it is not a directory of ours (a planted link in a shared tmp)."""
+    """A new private directory (0700, a random name) for this endpoint's multiprocess
+    files. A predictable name would let another local user take it first (a directory of
+    theirs, or a link) and stop the endpoint from starting, or read what it counts. The
+    caller holds the port: what earlier holders of it left behind is removed."""
     safe = re.sub(r"[^A-Za-z0-9.-]", "_", bind)
-    name = f"marbles-rq-metrics.{os.getuid()}.{safe}.{port}"
+    prefix = f"marbles-rq-metrics.{os.getuid()}.{safe}.{port}."
     bases = _base_dirs()
     for i, base in enumerate(bases):
-        path = base / name
         try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
+            path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
         except OSError as exc:  # not writable here (a hardened unit): the next base
             if i + 1 < len(bases):
                 continue
-            raise ConfigError(f"cannot create {path} for metrics files: {exc}") from None
+            raise ConfigError(f"cannot create a directory in {base} for metrics files: "
+                              f"{exc}") from None
         break
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise ConfigError(f"{path} is not a directory of this user; remove it")
-    _empty(path)
+    _remove_stale(path.parent, prefix, keep=path)
     owner = os.getpid()
 
     def remove() -> None:  # at a clean exit of the endpoint's process, not of a fork of it
@@ -450,6 +631,20 @@ def multiprocess_dir(bind: str, port: int) -> Path:
 
     atexit.register(remove)
     return path
+
+
+def _remove_stale(base: Path, prefix: str, keep: Path) -> None:
+    """The directories of this port that a killed endpoint left: ours (not a link, not
+    another user's), their files removed, then themselves."""
+    with contextlib.suppress(OSError):
+        for entry in base.iterdir():
+            if not entry.name.startswith(prefix) or entry == keep:
+                continue
+            with contextlib.suppress(OSError):
+                info = os.lstat(entry)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                    _empty(entry)
+                    entry.rmdir()
 
 
 def _empty(path: Path) -> None:
@@ -488,7 +683,12 @@ class StoreGauges:
             flight = GaugeMetricFamily(
                 "marbles_rq_queue_in_flight", "Deliveries a worker popped from the queue and "
                 "has not completed (the queue's intermediate list).", labels=["queue", "lane"])
+            summed: dict[tuple[str, str], tuple[int, int]] = {}
             for (name, lane), (queued, popped) in sorted(queues.items()):
+                label = (bounded("queue", name), lane)
+                was = summed.get(label, (0, 0))
+                summed[label] = (was[0] + queued, was[1] + popped)
+            for (name, lane), (queued, popped) in summed.items():
                 depth.add_metric([name, lane], queued)
                 flight.add_metric([name, lane], popped)
             yield depth

@@ -171,11 +171,10 @@ def _lanes_health(store: Any, here: str, mine: list[int]) -> None:
 def worker_health(settings: Settings, as_json: bool) -> None:
     """A worker registered from this host is alive: RQ still holds its registration and its
     pid is a live marbles-rq worker process here."""
-    from ..transport.dispatch import rq_queue_name, rq_worker_keys
+    from ..transport.dispatch import queue_of, rq_worker_keys
 
     rq = settings.rq().registration
     here = socket.gethostname()
-    queue_prefix = rq_queue_name(settings.prefix, "")
     workers_key, worker_prefix = rq_worker_keys()
     keys = sorted(_s(k) for k in rq.smembers(workers_key))
     keys = [k for k in keys if k.startswith(f"{worker_prefix}{here}.")]
@@ -187,7 +186,7 @@ def worker_health(settings: Settings, as_json: bool) -> None:
     for key, (pid, queues, state, beat) in zip(keys, pipe.execute(), strict=True):
         if pid is None or queues is None:
             continue  # registration expired: no heartbeat for RQ's worker TTL
-        if not all(q.startswith(queue_prefix) for q in _s(queues).split(",")):
+        if not all(queue_of(settings.prefix, q) for q in _s(queues).split(",")):
             continue  # another deployment's worker on this host
         if not _s(pid).isdigit() or int(_s(pid)) not in local:
             continue  # killed hard: RQ keeps its registration for minutes

@@ -29,6 +29,7 @@ def web(settings: Settings, bind: str, port: int, log_level: str, metrics_port: 
     is read-only, and only loopback may be bound."""
     import uvicorn
 
+    from ..engine.ops import max_payload
     from ..web.app import create_app
     from ..web.security import TOKEN_ENV, Guard, check_bind, is_loopback
     from ..web.server import HeaderDeadlineH11
@@ -37,6 +38,7 @@ def web(settings: Settings, bind: str, port: int, log_level: str, metrics_port: 
 
     token = os.environ.get(TOKEN_ENV) or None
     check_bind(bind, token)  # before anything else: a refused start touches nothing
+    max_body = max_payload()  # a bad MARBLES_MAX_PAYLOAD: exit 2 now, not a 500 per webhook
     secrets = secrets_from_env()
     if metrics_port is not None:
         from ..metrics import serve_metrics
@@ -45,7 +47,7 @@ def web(settings: Settings, bind: str, port: int, log_level: str, metrics_port: 
     settings = WebSettings.of(settings)
     settings.load_source()
     guard = Guard(token, public=not is_loopback(bind))
-    webhooks = Webhooks(secrets, settings)
+    webhooks = Webhooks(secrets, settings, max_body)
     webhooks.check()
     app = create_app(settings, guard, webhooks)
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET

@@ -127,6 +127,19 @@ def rq_queue_name(prefix: str, queue: str) -> str:
     return f"{prefix}.{queue}"
 
 
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # engine.authoring.QUEUE_PATTERN
+
+
+def queue_of(prefix: str, rq_name: str) -> str | None:
+    """The marbles queue of deployment `prefix` that RQ queue `rq_name` carries, or None
+    when it is another's. A prefix may hold a dot and a queue may not: `sec.x.default` is
+    prefix `sec.x`'s, not a queue `x.default` of prefix `sec`."""
+    queue = rq_name.removeprefix(rq_queue_name(prefix, ""))
+    if queue == rq_name or not _QUEUE_NAME.fullmatch(queue):
+        return None
+    return queue
+
+
 def delivery_id(prefix: str, run_id: str, attempt: int) -> str:
     """The RQ job id of delivery `attempt` of run `run_id` in deployment `prefix`."""
     return f"{_escape(prefix, _PREFIX_TABLE)}-{_escape(run_id, _RUN_TABLE)}-a{attempt}"
@@ -514,9 +527,11 @@ def queue_depths(conn: redis.Redis, prefix: str,
     queue of deployment `prefix` that RQ knows (its set of queues) in the lane keyspace
     `rq_prefix` (None: RQ's own), in two round trips."""
     queue_class = lane_classes(rq_prefix)[0]
-    mine = queue_class.redis_queue_namespace_prefix + rq_queue_name(prefix, "")
-    keys = sorted(k for k in map(_s, conn.smembers(queue_class.redis_queues_keys))
-                  if k.startswith(mine))
+    space = queue_class.redis_queue_namespace_prefix
+    named = {k: queue_of(prefix, k.removeprefix(space))
+             for k in map(_s, conn.smembers(queue_class.redis_queues_keys))
+             if k.startswith(space)}
+    keys = sorted(k for k, queue in named.items() if queue is not None)
     if not keys:
         return {}
     pipe = conn.pipeline(transaction=False)
@@ -524,7 +539,7 @@ def queue_depths(conn: redis.Redis, prefix: str,
         pipe.llen(key)
         pipe.llen(IntermediateQueue.get_intermediate_queue_key(key))
     lengths = pipe.execute()
-    return {key.removeprefix(mine): (int(lengths[2 * i]), int(lengths[2 * i + 1]))
+    return {str(named[key]): (int(lengths[2 * i]), int(lengths[2 * i + 1]))
             for i, key in enumerate(keys)}
 
 

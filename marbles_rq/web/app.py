@@ -14,12 +14,14 @@ import base64
 import hashlib
 import json
 import logging
+import math
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import anyio
 import jinja2
@@ -57,6 +59,7 @@ from .security import (
     CSRF_COOKIE,
     CSRF_FIELD,
     SESSION_COOKIE,
+    SESSION_TTL_S,
     Guard,
     loopback_host_header,
     new_csrf,
@@ -173,6 +176,17 @@ def _why(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, MarblesError) else one_line(exc)
 
 
+def _why_for(exc: BaseException, detail: bool) -> str:
+    """What a page says went wrong: the error itself to whoever holds the token, and to
+    anyone else a line without the Redis host, port or user it may name (logged)."""
+    if detail:
+        return _why(exc)
+    log.warning("%s", _why(exc))
+    if isinstance(exc, UNREACHABLE):
+        return "Redis is not answering (cannot reach Redis; the server's log says why)"
+    return "Redis refused a read (the server's log says why)"
+
+
 def _wants_json(request: Request) -> bool:
     return "application/json" in request.headers.get("accept", "")
 
@@ -192,31 +206,43 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
             try:
                 return fn(request)
             except UNREACHABLE as exc:
-                return web.render(request, "error.html", 503,
-                                  message=f"Redis is not answering: {_why(exc)}")
+                detail = guard.authenticated(request)
+                return web.render(request, "error.html", 503, message=(
+                    f"Redis is not answering: {_why(exc)}" if detail
+                    else _why_for(exc, False)))
             except TROUBLE as exc:  # a refusal, a cluster without a master, a mismatch
                 log.warning("%s: %s", request.url.path, _why(exc))
-                return web.render(request, "error.html", 503,
-                                  message=f"cannot read this page now: {_why(exc)}")
+                return web.render(request, "error.html", 503, message="cannot read this "
+                                  f"page now: {_why_for(exc, guard.authenticated(request))}")
         return endpoint
 
     # -- pages -----------------------------------------------------------------------------
 
-    def runs_context(request: Request) -> dict[str, Any]:
+    def runs_params(request: Request) -> dict[str, Any]:
+        """The filters and the cursor of a Runs page, as read (whatever else is in the
+        query)."""
         q = request.query_params
         status = q.get("status") or None
         if status not in STATUSES:
             status = None
         window = q.get("window") or ""
-        since = None
-        if window in WINDOWS:
-            since = int(time.time() * 1000) - WINDOWS[window]
-        filters = Filters(status=status, workflow=q.get("workflow") or None,
-                          queue=q.get("queue") or None, since_ms=since)
+        if window not in WINDOWS:
+            window = ""
         try:
             after = Cursor.decode(q.get("after"))
         except ValueError:
             after = None
+        return dict(status=status, workflow=q.get("workflow") or None,
+                    queue=q.get("queue") or None, window=window,
+                    after=after.encode() if after is not None else "")
+
+    def runs_context(request: Request) -> dict[str, Any]:
+        p = runs_params(request)
+        status, window = p["status"], p["window"]
+        since = int(time.time() * 1000) - WINDOWS[window] if window else None
+        filters = Filters(status=status, workflow=p["workflow"], queue=p["queue"],
+                          since_ms=since)
+        after = Cursor.decode(p["after"]) if p["after"] else None
         t0 = time.perf_counter()
         page = RunPager(settings.runs(read_only=True)).page(limit=PAGE_SIZE, after=after,
                                                              filters=filters)
@@ -303,44 +329,69 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
 
     # -- live fragments --------------------------------------------------------------------
 
+    # A fragment is rendered once for every viewer of the same view, with CSRF_MARK where
+    # a form carries the viewer's CSRF value; each stream puts its own value in.
     def run_fragment(request: Request) -> str:
         run_id = check_id(request.query_params.get("id", ""), "run id")
         page = reads.run_page(settings, run_id)
         if page is None:
             return "<p class=empty>This run is gone (pruned).</p>"
-        return web.fragment("_run.html", run=page, run_id=run_id,
-                            csrf=request.cookies.get(CSRF_COOKIE, ""), csrf_field=CSRF_FIELD)
+        return web.fragment("_run.html", run=page, run_id=run_id, csrf=CSRF_MARK,
+                            csrf_field=CSRF_FIELD)
 
     fragments: dict[str, Callable[[Request], str]] = {
         "runs": lambda r: web.fragment("_runs.html", **runs_context(r)),
         "run": run_fragment,
-        "feed": lambda r: web.fragment("_feed.html", csrf=r.cookies.get(CSRF_COOKIE, ""),
-                                       csrf_field=CSRF_FIELD, **feed_context()),
-        "schedules": lambda r: web.fragment("_schedules.html",
-                                            csrf=r.cookies.get(CSRF_COOKIE, ""),
+        "feed": lambda r: web.fragment("_feed.html", csrf=CSRF_MARK, csrf_field=CSRF_FIELD,
+                                       **feed_context()),
+        "schedules": lambda r: web.fragment("_schedules.html", csrf=CSRF_MARK,
                                             csrf_field=CSRF_FIELD, **schedules_context()),
         "monitors": lambda r: web.fragment("_monitors.html", **monitors_context()),
         "events": lambda r: web.fragment("_events.html", **events_context()),
         "system": lambda r: web.fragment("_system.html", **system_context()),
     }
 
-    shared = SharedRenders()
-    streams = StreamSlots(MAX_STREAMS)
+    def view_key(page: str, request: Request) -> tuple[str, ...]:
+        """What a fragment depends on, as the server reads it (never the raw query or a
+        cookie): streams asking for the same view share one render."""
+        if page == "run":
+            return (page, request.query_params.get("id", ""))
+        if page != "runs":
+            return (page,)
+        ctx_params = runs_params(request)
+        return (page, *(str(ctx_params[k]) for k in sorted(ctx_params)))
 
-    async def live(request: Request) -> Response:
+    shared = SharedRenders()
+    streams = StreamSlots(MAX_STREAMS, MAX_VIEWS)
+
+    def live_refusal(request: Request) -> Response | None:
+        if _foreign(request):
+            # A page of another site may open streams (EventSource needs no CORS to be
+            # sent): it cannot read them, but each one costs this server work.
+            return PlainTextResponse("live views answer only pages of this dashboard "
+                                     "(Origin does not match)", 403)
         if not guard.may_read(request):
             return PlainTextResponse("sign in first", 401)
+        return None
+
+    async def live(request: Request) -> Response:
+        refusal = live_refusal(request)
+        if refusal is not None:
+            return refusal
         page = request.path_params["page"]
         render = fragments.get(page)
         if render is None:
             return PlainTextResponse("no such page", 404)
-        # What the fragment depends on: clients asking the same thing share one render a
-        # second, however many of them are connected.
-        q = request.query_params
-        key = (page, request.url.query if page == "runs" else q.get("id", "") if page == "run"
-               else "", request.cookies.get(CSRF_COOKIE, ""))
-        if not streams.take():
-            return _too_many()
+        if page == "run":
+            try:
+                check_id(request.query_params.get("id", ""), "run id")
+            except InvalidIdError as exc:
+                return PlainTextResponse(str(exc), 400)
+        key = view_key(page, request)
+        if not streams.take(key):
+            return _too_many(streams)
+        csrf = str(markupsafe.escape(request.cookies.get(CSRF_COOKIE, "")))
+        detail = guard.authenticated(request)
 
         async def stream() -> AsyncIterator[str]:
             last = ""
@@ -350,8 +401,9 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
                 try:
                     html = await shared.get(key, lambda: render(request))
                 except TROUBLE as exc:
-                    yield _sse("problem", _why(exc))
+                    yield _sse("problem", _why_for(exc, detail))
                 else:
+                    html = html.replace(CSRF_MARK, csrf)
                     digest = hashlib.sha256(html.encode()).hexdigest()
                     if digest != last:
                         last = digest
@@ -362,11 +414,12 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
                     yield ": still here\n\n"  # a peer gone without a FIN is found out
                 await anyio.sleep(LIVE_EVERY_S)
 
-        return _stream(stream(), streams)
+        return _stream(stream(), streams, key)
 
     async def run_output(request: Request) -> Response:
-        if not guard.may_read(request):
-            return PlainTextResponse("sign in first", 401)
+        refusal = live_refusal(request)
+        if refusal is not None:
+            return refusal
         try:
             run_id = check_id(request.path_params["run_id"], "run id")
         except InvalidIdError as exc:
@@ -377,8 +430,10 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
             return PlainTextResponse(f"invalid output entry id {after[:40]!r}: expected "
                                      f"<ms>-<seq>", 400)
 
-        if not streams.take():
-            return _too_many()
+        key = ("output", run_id)
+        if not streams.take(key):
+            return _too_many(streams)
+        detail = guard.authenticated(request)
 
         async def stream() -> AsyncIterator[str]:
             nonlocal after
@@ -389,7 +444,7 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
                     rows = await run_in_threadpool(reads.output_after, settings, run_id,
                                                    after)
                 except TROUBLE as exc:
-                    yield _sse("problem", _why(exc))
+                    yield _sse("problem", _why_for(exc, detail))
                     rows = []
                 for entry_id, kind, text, at_ms in rows:
                     after = entry_id
@@ -404,9 +459,10 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
                     quiet_since = time.monotonic()
                     yield ": still here\n\n"
                 if not rows:
-                    await anyio.sleep(0.25)
+                    # At most OUTPUT_POLLS_PER_S polls a second for all streams together.
+                    await anyio.sleep(max(0.25, streams.count("output") / OUTPUT_POLLS_PER_S))
 
-        return _stream(stream(), streams)
+        return _stream(stream(), streams, key)
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -483,15 +539,22 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         form = await _form(request)
         target = _local(form.get("next"), "/runs")
         refusal = csrf_refusal(request, form.get(CSRF_FIELD))
-        if refusal is None and not guard.token_ok(form.get("token", "")):
-            refusal = ("this dashboard is read-only: no token is configured"
-                       if not guard.writable else "wrong token")
+        if refusal is None and not guard.writable:
+            refusal = "this dashboard is read-only: no token is configured"
+        if refusal is None:
+            wait_s = guard.throttled_s(request)
+            if wait_s > 0:  # refused before the token is compared: no oracle
+                return web.render(request, "login.html", 429, title="Sign in", next=target,
+                                  error=f"too many wrong tokens: try again in "
+                                        f"{math.ceil(wait_s)} s")
+            if not guard.try_token(request, form.get("token", "")):
+                refusal = "wrong token"
         if refusal is not None:
             return web.render(request, "login.html", 403, title="Sign in", next=target,
                               error=refusal)
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(SESSION_COOKIE, guard.session_cookie(), httponly=True,
-                            samesite="strict", path="/")
+                            samesite="strict", path="/", max_age=SESSION_TTL_S)
         _flash(response, True, "signed in")
         return response
 
@@ -501,6 +564,7 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         form = await _form(request)
         if csrf_refusal(request, form.get(CSRF_FIELD)) is not None:
             return PlainTextResponse("refused", 403)
+        guard.sign_out(request)  # a copy of the cookie is refused from now on
         response = RedirectResponse("/runs", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
@@ -510,6 +574,18 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
 
     def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
+
+    def elsewhere(request: Request) -> Response:
+        """No route: a path with a trailing slash goes to the one without, by a relative
+        redirect (Starlette's own builds an absolute URL from the Host header, which in
+        public mode is whatever the client sent); anything else is 404."""
+        path = request.url.path
+        if request.method in ("GET", "HEAD") and path.endswith("/") and path != "/":
+            target = _local(path.rstrip("/"), "/runs")
+            if request.url.query:
+                target += "?" + request.url.query
+            return RedirectResponse(target, status_code=307)
+        return PlainTextResponse("Not Found", 404)
 
     routes = [
         Route("/", home),
@@ -532,9 +608,13 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        Route("/{rest:path}", elsewhere, methods=["GET", "HEAD", "POST", "PUT", "PATCH",
+                                                 "DELETE", "OPTIONS"]),
     ]
-    return LoopbackHosts(Starlette(routes=routes)) if not guard.public else Starlette(
-        routes=routes)
+    app = Starlette(routes=routes)
+    app.router.redirect_slashes = False
+    throttled = Throttled(app, guard)
+    return LoopbackHosts(throttled) if not guard.public else throttled
 
 
 class LoopbackHosts:
@@ -560,45 +640,115 @@ class LoopbackHosts:
         await self.app(scope, receive, send)
 
 
+class Throttled:
+    """A client that sent too many wrong tokens is answered 429 on anything that carries a
+    token (a bearer header, the sign-in form) until its wait is over, before the token is
+    compared: no answer tells a guess right from wrong meanwhile."""
+
+    def __init__(self, app: Any, guard: Guard) -> None:
+        self.app, self.guard = app, guard
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.guard.writable:
+            request = Request(scope)
+            if self.guard._bearer(request) is not None:  # (/login answers for itself)
+                wait_s = self.guard.throttled_s(request)
+                if wait_s > 0:
+                    response = PlainTextResponse(
+                        f"too many wrong tokens: try again in {math.ceil(wait_s)} s", 429,
+                        headers={"Retry-After": str(math.ceil(wait_s))})
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
 MAX_FORM = 64 * 1024
 MAX_STREAMS = 128  # live connections (SSE) at once; more are refused (503), pages still load
+MAX_VIEWS = 16  # distinct live views (a page, a filter, a run) at once; more are refused
+LIVE_SHARE = 0.25  # at most this share of one thread's time goes to rendering live views
+OUTPUT_POLLS_PER_S = 20.0  # output streams' reads of Redis a second, all streams together
 HEARTBEAT_S = 15.0  # a comment on a quiet stream, so a vanished client's stream ends
+CSRF_MARK = "mrq-csrf-" + secrets.token_hex(16)  # unguessable: no run can write it
 
 
 class SharedRenders:
-    """One render of a live fragment per key and second, shared by every stream that asks
-    for it meanwhile (a hundred idle tabs, or a hundred idle scripts, cost one render)."""
+    """One render of a live fragment per view and second, shared by every stream that asks
+    for it meanwhile (a hundred idle tabs, or a hundred idle scripts, cost one render).
+    Renders of all views take turns, each followed by a pause three times as long as it
+    took: live views cost at most LIVE_SHARE of a thread however many views are open and
+    however slow their reads are (a slow view is refreshed less often, not more work)."""
 
     def __init__(self) -> None:
         self._last: dict[Any, tuple[float, asyncio.Future[str]]] = {}
+        self._turn = asyncio.Lock()
+        self._next_at = 0.0
 
     async def get(self, key: Any, render: Callable[[], str]) -> str:
         now = time.monotonic()
         hit = self._last.get(key)
-        if hit is None or now - hit[0] >= LIVE_EVERY_S * 0.9:
+        if hit is None or (hit[1].done() and now - hit[0] >= LIVE_EVERY_S * 0.9):
             if len(self._last) > 1000:
                 self._last = {k: v for k, v in self._last.items() if now - v[0] < 5}
-            hit = self._last[key] = (now, asyncio.ensure_future(run_in_threadpool(render)))
+            hit = self._last[key] = (now, asyncio.ensure_future(self._render(render)))
         return await asyncio.shield(hit[1])
+
+    async def _render(self, render: Callable[[], str]) -> str:
+        async with self._turn:
+            pause = self._next_at - time.monotonic()
+            if pause > 0:
+                await anyio.sleep(pause)
+            t0 = time.monotonic()
+            try:
+                return await run_in_threadpool(render)
+            finally:
+                took = time.monotonic() - t0
+                self._next_at = time.monotonic() + took * (1 / LIVE_SHARE - 1)
 
 
 class StreamSlots:
-    def __init__(self, size: int) -> None:
-        self.size, self.used = size, 0
+    """Live streams at once (at most `size`) and the distinct views they show (at most
+    `views`): what one process spends on live views is bounded whatever clients ask."""
 
-    def take(self) -> bool:
+    def __init__(self, size: int, views: int) -> None:
+        self.size, self.views, self.used = size, views, 0
+        self.by_view: dict[Any, int] = {}
+
+    def take(self, key: Any) -> bool:
         if self.used >= self.size:
             return False
+        views = sum(1 for k in self.by_view if k[0] != "output")
+        if key[0] != "output" and key not in self.by_view and views >= self.views:
+            return False
         self.used += 1
+        self.by_view[key] = self.by_view.get(key, 0) + 1
         return True
 
-    def give(self) -> None:
+    def give(self, key: Any) -> None:
         self.used -= 1
+        left = self.by_view.get(key, 1) - 1
+        if left > 0:
+            self.by_view[key] = left
+        else:
+            self.by_view.pop(key, None)
+
+    def count(self, kind: str) -> int:
+        return sum(n for k, n in self.by_view.items() if k[0] == kind)
 
 
-def _too_many() -> Response:
-    return PlainTextResponse(f"too many live connections (at most {MAX_STREAMS}): reload "
-                             f"later", 503, headers={"Retry-After": "10"})
+def _too_many(slots: StreamSlots) -> Response:
+    return PlainTextResponse(f"too many live connections or views (at most {slots.size} "
+                             f"streams, {slots.views} distinct views): reload later", 503,
+                             headers={"Retry-After": "10"})
+
+
+def _foreign(request: Request) -> bool:
+    """A request a browser sent for a page of another origin (Origin, or Sec-Fetch-Site)."""
+    origin = request.headers.get("origin")
+    if origin is not None and (origin == "null" or urlsplit(origin).netloc.lower()
+                               != request.headers.get("host", "").lower()):
+        return True
+    return request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin",
+                                                                         "none")
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -657,16 +807,17 @@ class _SlotStream(StreamingResponse):
     before its first byte, and the generator never started)."""
 
     slots: StreamSlots
+    key: Any
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.slots.give()
+            self.slots.give(self.key)
 
 
-def _stream(gen: AsyncIterator[str], slots: StreamSlots) -> StreamingResponse:
+def _stream(gen: AsyncIterator[str], slots: StreamSlots, key: Any) -> StreamingResponse:
     response = _SlotStream(gen, media_type="text/event-stream",
                            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-    response.slots = slots
+    response.slots, response.key = slots, key
     return response

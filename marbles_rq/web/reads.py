@@ -202,12 +202,11 @@ def system(settings: Settings) -> System:
 def queue_depths(settings: Settings) -> list[tuple[str, int]]:
     """(marbles queue, deliveries waiting in its RQ queues, summed over the lanes) for this
     deployment's queues."""
-    head = dispatch.rq_queue_name(settings.keys.prefix, "")
     depth: dict[str, int] = {}
     for lane in settings.rq().lanes:
         for q in lane.queue_class.all(connection=lane.conn):
-            if q.name.startswith(head):
-                name = q.name[len(head):]
+            name = dispatch.queue_of(settings.keys.prefix, q.name)
+            if name is not None:  # (not another prefix's, `sec.x` when this is `sec`)
                 depth[name] = depth.get(name, 0) + int(lane.conn.llen(q.key))
     return sorted(depth.items())
 

@@ -3,9 +3,14 @@
 * The token (`MARBLES_WEB_TOKEN`) is the only credential. Every write needs it; without a
   token configured the dashboard is read-only. Bound beyond loopback, reads need it too, and
   starting there without one is refused (see `check_bind`).
-* A browser proves the token once, on /login, and gets a session cookie holding an HMAC of
-  the token (never the token itself), HttpOnly and SameSite=Strict; changing the token
-  ends every session. A script sends ``Authorization: Bearer <token>`` instead.
+* A browser proves the token once, on /login, and gets a session cookie: a random session id
+  and its expiry, signed with an HMAC keyed by the token (never the token itself), HttpOnly
+  and SameSite=Strict. It ends after SESSION_TTL_S, at logout (its id is revoked in this
+  process, so a copy of the cookie is refused too) and when the token changes. A script
+  sends ``Authorization: Bearer <token>`` instead.
+* Wrong tokens are throttled (`Throttle`): a few guesses per client address, then one every
+  few seconds, and a ceiling for all clients together; a throttled request is answered 429
+  without its token being compared, so guessing faster than that learns nothing.
 * CSRF: a cookie-authenticated write must carry the per-browser CSRF value (a random cookie,
   echoed as a hidden form field: double submit) and, when the browser sends one, an Origin
   (or Referer) of this server. A bearer-token write needs neither: no browser adds that
@@ -19,7 +24,9 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -83,26 +90,111 @@ def check_bind(host: str, token: str | None) -> None:
                           f"and writes then need it), or bind 127.0.0.1")
 
 
-def _session_value(token: str) -> str:
-    return hmac.new(token.encode(), b"marbles-rq web session v1", hashlib.sha256).hexdigest()
+SESSION_TTL_S = 12 * 3600
+
+
+def _session_mac(token: str, body: str) -> str:
+    return hmac.new(token.encode(), b"marbles-rq web session v2\0" + body.encode(),
+                    hashlib.sha256).hexdigest()
+
+
+class Throttle:
+    """Token buckets of wrong-token attempts: one per client address (BURST guesses, then
+    one per EVERY_S) and one for everyone (a guesser with many addresses). Addresses are
+    forgotten once their bucket is full again, so the table stays small."""
+
+    BURST, EVERY_S = 5, 10.0
+    ALL_BURST, ALL_EVERY_S = 50, 1.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used: dict[str, tuple[float, float]] = {}  # address -> (level, at)
+        self._all = (0.0, 0.0)
+
+    @staticmethod
+    def _drain(level: float, at: float, every: float, now: float) -> float:
+        return max(0.0, level - (now - at) / every)
+
+    def wait_s(self, address: str) -> float:
+        """0 when `address` may try a token now, else the seconds until it may."""
+        now = time.monotonic()
+        with self._lock:
+            level, at = self._used.get(address, (0.0, now))
+            mine = self._drain(level, at, self.EVERY_S, now)
+            everyone = self._drain(*self._all, self.ALL_EVERY_S, now)
+            waits = [0.0]
+            if mine + 1 > self.BURST:
+                waits.append((mine + 1 - self.BURST) * self.EVERY_S)
+            if everyone + 1 > self.ALL_BURST:
+                waits.append((everyone + 1 - self.ALL_BURST) * self.ALL_EVERY_S)
+            return max(waits)
+
+    def failed(self, address: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            level, at = self._used.get(address, (0.0, now))
+            self._used[address] = (self._drain(level, at, self.EVERY_S, now) + 1, now)
+            self._all = (self._drain(*self._all, self.ALL_EVERY_S, now) + 1, now)
+            if len(self._used) > 10_000:
+                self._used = {a: (lv, t) for a, (lv, t) in self._used.items()
+                              if self._drain(lv, t, self.EVERY_S, now) > 0}
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else ""
 
 
 @dataclass(frozen=True)
 class Guard:
     token: str | None
     public: bool  # bound beyond loopback: reads need the token too
+    throttle: Throttle = field(default_factory=Throttle, compare=False)
+    # Session ids signed out here -> their expiry (kept until then, never longer).
+    revoked: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def writable(self) -> bool:
         return self.token is not None
 
     def session_cookie(self) -> str:
+        """A new session: `<id>.<expiry>.<mac>`."""
         assert self.token is not None
-        return _session_value(self.token)
+        body = f"{secrets.token_urlsafe(18)}.{int(time.time()) + SESSION_TTL_S}"
+        return f"{body}.{_session_mac(self.token, body)}"
+
+    def _session_id(self, cookie: str) -> str | None:
+        """The id of a session cookie that is ours, unexpired and not signed out."""
+        if self.token is None or cookie.count(".") != 2:
+            return None
+        sid, expiry, mac = cookie.split(".")
+        if not hmac.compare_digest(mac.encode(),
+                                   _session_mac(self.token, f"{sid}.{expiry}").encode()):
+            return None
+        if not expiry.isdigit() or int(expiry) <= time.time() or sid in self.revoked:
+            return None
+        return sid
+
+    def sign_out(self, request: Request) -> None:
+        sid = self._session_id(request.cookies.get(SESSION_COOKIE, ""))
+        if sid is not None:
+            now = time.time()
+            for old in [s for s, until in self.revoked.items() if until <= now]:
+                self.revoked.pop(old, None)
+            self.revoked[sid] = now + SESSION_TTL_S
 
     def token_ok(self, given: str) -> bool:
         return self.token is not None and hmac.compare_digest(given.encode(),
                                                               self.token.encode())
+
+    def try_token(self, request: Request, given: str) -> bool:
+        """Compare a token a client sent, counting a wrong one against its address."""
+        if self.token_ok(given):
+            return True
+        self.throttle.failed(client_address(request))
+        return False
+
+    def throttled_s(self, request: Request) -> float:
+        return self.throttle.wait_s(client_address(request))
 
     def _bearer(self, request: Request) -> str | None:
         auth = request.headers.get("authorization", "")
@@ -115,10 +207,12 @@ class Guard:
             return False
         bearer = self._bearer(request)
         if bearer is not None:
-            return self.token_ok(bearer)
-        cookie = request.cookies.get(SESSION_COOKIE, "")
-        return bool(cookie) and hmac.compare_digest(cookie.encode(),
-                                                    self.session_cookie().encode())
+            # One verdict per request (a page asks more than once): a guess counts once.
+            verdict = request.scope.get("mrq_bearer")
+            if verdict is None:
+                verdict = request.scope["mrq_bearer"] = self.try_token(request, bearer)
+            return bool(verdict)
+        return self._session_id(request.cookies.get(SESSION_COOKIE, "")) is not None
 
     def may_read(self, request: Request) -> bool:
         return not self.public or self.authenticated(request)

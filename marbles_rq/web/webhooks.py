@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -33,15 +34,18 @@ from starlette.responses import JSONResponse, Response
 
 from ..cli import Settings
 from ..engine.authoring import InputError
-from ..engine.ops import max_payload
+from ..engine.ops import MAX_DEPTH, json_depth_exceeds, max_payload
 from ..errors import ConfigError, InvalidIdError, RedisUnavailableError
 from ..store.redis_errors import one_line
 from ..triggers.events import SOURCE_PATTERN, TRIGGERS, Events
+
+log = logging.getLogger("marbles_rq.web")
 
 SECRET_ENV_PREFIX = "MARBLES_WEBHOOK_SECRET_"
 SIGNATURE_HEADER = "x-marbles-signature"
 MIN_SECRET = 16
 BODY_TIMEOUT_S = 15.0  # the whole body, once the headers are in
+BODY_BUDGET = 16 << 20  # bytes of unsigned bodies held at once, all requests together
 ENVELOPE_SLACK = 4096  # the envelope's own bytes (id, type, keys) on top of the payload limit
 
 
@@ -86,9 +90,16 @@ class Envelope(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Webhooks:
-    def __init__(self, secrets: dict[str, bytes], settings: Settings) -> None:
+    def __init__(self, secrets: dict[str, bytes], settings: Settings,
+                 max_body: int | None = None) -> None:
         self.secrets = secrets  # keyed by the env suffix: secret_env(source) minus the prefix
         self.settings = settings
+        # Read once, when `web` starts (a bad MARBLES_MAX_PAYLOAD is refused there).
+        self.limit = (max_payload() if max_body is None else max_body) + ENVELOPE_SLACK
+        # A body is read whole before its signature can be checked: what all unsigned
+        # bodies in flight may hold together is bounded, beyond it 503 (try again).
+        self.budget = max(BODY_BUDGET, self.limit)
+        self.buffered = 0
 
     def sources(self) -> list[str]:
         return sorted(self.secrets)
@@ -98,11 +109,15 @@ class Webhooks:
         of its variable's name in lower case (`MARBLES_WEBHOOK_SECRET_GITHUB` -> `github`),
         or a source a trigger declares. The signature covers the body, not the URL: were
         every spelling that maps to the variable accepted (`GitHub`, `GITHUB`, `git_hub`
-        ...), one captured request could be replayed as a new event under each of them."""
+        ...), one captured request could be replayed as a new event under each of them.
+        When a trigger declares a source of this secret, that is the one spelling (`git-hub`
+        declared: `git_hub` is refused)."""
         if not SOURCE_PATTERN.fullmatch(source):
             return None
         suffix = secret_env(source)[len(SECRET_ENV_PREFIX):]
-        if source != suffix.lower() and source not in declared_sources():
+        declared = {s for s in declared_sources()
+                    if secret_env(s)[len(SECRET_ENV_PREFIX):] == suffix}
+        if source not in (declared or {suffix.lower()}):
             return None
         return self.secrets.get(suffix)
 
@@ -125,28 +140,42 @@ class Webhooks:
         if secret is None:
             return _refuse(404, f"unknown event source {source!r} (no secret is configured "
                                 f"for it)")
-        limit = max_payload() + ENVELOPE_SLACK
+        limit = self.limit
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             return _refuse(413, f"the body is larger than {limit} bytes")
-        body = bytearray()
+        held = int(declared) if declared is not None else limit
+        if self.buffered + held > self.budget:
+            return _refuse(503, "too many webhook bodies arriving at once: retry later")
+        self.buffered += held
         try:
-            with anyio.fail_after(BODY_TIMEOUT_S):  # a body trickled in (slowloris) ends here
-                async for chunk in request.stream():
-                    body += chunk
-                    if len(body) > limit:  # a lying or absent Content-Length: stop here
-                        return _refuse(413, f"the body is larger than {limit} bytes")
-        except ClientDisconnect:
-            return _refuse(400, "the client went away")
-        except TimeoutError:
-            return _refuse(408, f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s")
+            body = bytearray()
+            try:
+                with anyio.fail_after(BODY_TIMEOUT_S):  # a body trickled in (slowloris)
+                    async for chunk in request.stream():
+                        body += chunk
+                        if len(body) > limit:  # a lying or absent Content-Length: stop here
+                            return _refuse(413, f"the body is larger than {limit} bytes")
+            except ClientDisconnect:
+                return _refuse(400, "the client went away")
+            except TimeoutError:
+                return _refuse(408, f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s")
+            return await self._signed(request, source, secret, bytes(body))
+        finally:
+            self.buffered -= held
+
+    async def _signed(self, request: Request, source: str, secret: bytes,
+                      body: bytes) -> Response:
         given = request.headers.get(SIGNATURE_HEADER, "")
         if not given:
             return _refuse(401, "missing signature (X-Marbles-Signature: sha256=<hex>)")
-        if not hmac.compare_digest(given.encode(), sign(secret, bytes(body)).encode()):
+        if not hmac.compare_digest(given.encode(), sign(secret, body).encode()):
             return _refuse(401, "bad signature")
+        if json_depth_exceeds(body, MAX_DEPTH + 1):  # the decoder would recurse to a crash
+            return _refuse(400, f"the body nests arrays or objects deeper than "
+                                f"{MAX_DEPTH + 1} levels")
         try:
-            envelope = msgspec.json.decode(bytes(body), type=Envelope)
+            envelope = msgspec.json.decode(body, type=Envelope)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return _refuse(400, f"the body is not an event envelope {{id, type, payload}}: "
                                 f"{exc}")
@@ -157,10 +186,11 @@ class Webhooks:
             sent = await run_in_threadpool(self._send, source, envelope)
         except (InputError, InvalidIdError) as exc:
             return _refuse(400, str(exc))
-        except (redis.RedisError, RedisClusterException) as exc:
-            return _refuse(503, f"Redis: {one_line(exc)}")
-        except RedisUnavailableError as exc:  # the store could not even be opened
-            return _refuse(503, str(exc))
+        except (redis.RedisError, RedisClusterException, RedisUnavailableError) as exc:
+            # The sender is not the operator: where Redis is (host, port, user) stays in the
+            # log. (RedisUnavailableError: the store could not even be opened.)
+            log.warning("webhook %s: %s", source, one_line(exc))
+            return _refuse(503, "cannot reach Redis now: retry later")
         reply: dict[str, Any] = {"event": sent.key, "created": sent.created, "state": sent.state,
                                  "workflow": sent.workflow or None, "run": sent.run_id or None}
         return JSONResponse(reply, status_code=202 if sent.created else 200)
