@@ -262,3 +262,29 @@ def test_a_child_recorded_after_its_parents_cancel_walked_its_children_never_run
     assert EXECUTED[f"{child}:body"] == 0
     notes = [e.data for e in runs.output(child) if e.type == "cancel_requested"]
     assert notes and parent in str(notes[0]), notes
+
+
+@pytest.mark.parametrize("parent_is", ["superseded", "cancel requested", "paused", "settled"])
+def test_a_parent_execution_that_may_not_go_on_notes_no_child(
+        runs: RunStore, parent_is: str) -> None:
+    """note_child, the first write of start_child, refuses (and writes nothing) for an
+    execution that is stale, or whose run is cancelled, paused or finished."""
+    from marbles_rq.store.records import StepRecord
+
+    _record(runs, "fx_parent", None, "fx-nc")
+    ex = runs.start("fx-nc", 1, ttl_ms=60_000, worker="w").execution
+    assert ex is not None
+    if parent_is == "superseded":  # handed back: a newer delivery owns the run
+        assert runs.defer(ex, "test", delay_ms=60_000) == "ok"
+    elif parent_is == "cancel requested":
+        assert runs.cancel("fx-nc") == "requested"
+    elif parent_is == "paused":
+        assert WaitStore(runs).pause("fx-nc") == "requested"
+    else:
+        assert runs.settle(ex, "succeeded", result=b"null") == "ok"
+    note = StepRecord(version=1, key="fx_parent.|child#0", name="|child", status="running",
+                      attempts=1, result=msgspec.Raw(b'{"id":"fx-nc.k","workflow":"fx_kid"}'))
+    expected = {"superseded": "stale", "cancel requested": "cancelled", "paused": "paused",
+                "settled": "stale"}[parent_is]
+    assert runs.note_child(ex, note) == expected
+    assert runs.client.hget(ex.keys.steps, note.key) is None
