@@ -672,6 +672,15 @@ class Scripts:
             out.append(Reply(status, reply[1:]))
         return out
 
+    def recheck_waits(self, calls: list[tuple[RunKeys, str, int, str, int]]) -> list[str]:
+        """recheck_wait for many (keys, run id, ctl epoch, run epoch read, at ms), pipelined:
+        ok | moved_on | fenced for each (a failed call counts as moved_on: the index entry
+        is only when the controller looks again)."""
+        replies = self.call_many("recheck_wait", [
+            ([k.run, k.waits, k.fence], [rid, ctl_epoch, epoch, at])
+            for k, rid, ctl_epoch, epoch, at in calls], errors=True)
+        return ["moved_on" if isinstance(r, Exception) else _s(r[0]) for r in replies]
+
     def answer_ask(self, *, keys: RunKeys, run_id: str, key: str, rev: str, answer: bytes,
                    event: bytes, grace_ms: int, request_id: str) -> Reply:
         return self._reply("answer_ask", [keys.run, keys.asks, keys.feed, keys.waits,

@@ -1,0 +1,221 @@
+"""The suspected faults of issue 16 (item 6), each proven fixed or impossible against a real
+redis-server: the waiting duty's recheck pushing a re-parked timer late; a reaped cancelled
+run keeping its concurrency slot and its children; a limit exceeded by an execution that
+renews after its lease or slot expired, or whose worker was reaped as lost; two parallel
+branches sharing a child under one explicit key; timers judged on stream-id time after the
+server clock stepped back.
+
+The engine executes in this process (like tests/test_waiting_flow.py); the controller is a
+real `Controller` leading in this process. Where a race needs two things to interleave at
+one point, the test makes them interleave there (a hook on the real Redis client runs the
+other side between two of the duty's round trips; a barrier lines two branches up): the
+store, the scripts and the engine are the real ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+import marbles_rq as mr
+from marbles_rq.controller import Controller
+from marbles_rq.controller.waiting import WaitingDuty
+from marbles_rq.engine.authoring import REGISTRY
+from marbles_rq.engine.execute import execute
+from marbles_rq.engine.ops import RunRequest, prepare
+from marbles_rq.engine.runs import RunStore, RunView
+from marbles_rq.engine.waits import WaitStore
+from marbles_rq.store import open_store
+from marbles_rq.transport.dispatch import rq_connection
+from tests import flow_workflows as fw
+from tests.procs import wait_for
+
+LEASE_MS = 60_000
+
+
+@pytest.fixture
+def runs(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> RunStore:
+    monkeypatch.setenv("MARBLES_REDIS_URL", redis_url)
+    return RunStore(open_store(redis_url))
+
+
+def _record(runs: RunStore, name: str, inp: Any, run_id: str) -> None:
+    assert runs.record(prepare(RunRequest(name, msgspec.json.encode(inp), run_id))).created
+
+
+def _run(runs: RunStore, run_id: str, attempt: int) -> str:
+    return execute(runs, REGISTRY, run_id, attempt, worker="w", lease_ms=LEASE_MS,
+                   hard_exit=False)
+
+
+def _view(runs: RunStore, run_id: str) -> RunView:
+    view = runs.get(run_id)
+    assert view is not None
+    return view
+
+
+def _server_ms(runs: RunStore) -> int:
+    return fw.server_ms(runs.client)
+
+
+def _leading(runs: RunStore) -> Controller:
+    ctl = Controller(runs, rq_connection(runs.store.url))
+    assert ctl.lead()
+    return ctl
+
+
+@mr.workflow("sus_kid")
+def sus_kid(ctx: mr.RunContext) -> str:
+    return "kid"
+
+
+# -- a. the waiting duty's recheck and a run parked again meanwhile ------------------------------
+
+
+@mr.workflow("sus_child_then_sleep")
+def sus_child_then_sleep(ctx: mr.RunContext) -> str:
+    got = mr.start_child("sus_kid", key="c").result()
+    mr.sleep(0.3)
+    return str(got)
+
+
+def test_the_duty_recheck_never_pushes_the_timer_of_a_run_parked_again_meanwhile(
+        runs: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The duty reads a run waiting for its child (not settled yet) and will look again
+    later. Between its read and that write, the child settles, wakes the parent, and the
+    parent goes on and parks on a 0.3 s timer. The duty's late write must not move that
+    timer (before the fix, a ZADD XX pushed it to the duty's recheck time, 2 to 30 s on)."""
+    parent, child = "sus-a", "sus-a.c"
+    _record(runs, "sus_child_then_sleep", None, parent)
+    assert _run(runs, parent, 1) == "parked"
+    assert _view(runs, parent).wait_for == {"children": [child]}
+    waits = runs.keys.run_keys(parent).waits
+    check = runs.client.zscore(waits, parent)
+    assert check is not None
+    wait_for(lambda: _server_ms(runs) >= check, timeout=10,
+             what="the duty's first look at the child to come due")
+
+    ctl = _leading(runs)
+    client = ctl.store.client
+    real_pipeline = client.pipeline
+    meanwhile: list[str] = []
+
+    def other_side() -> None:
+        meanwhile.append(_run(runs, child, 1))  # settles, wakes its parent
+        meanwhile.append(_run(runs, parent, _view(runs, parent).attempt))  # parks: sleep
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
+
+        def execute_then_interleave(*a: Any, **kw: Any) -> Any:
+            reads_child = any(tuple(cmd[:3]) == ("HGET", runs.keys.run(child), "status")
+                              for cmd, _ in pipe.command_stack)
+            replies = real_execute(*a, **kw)
+            if reads_child and not meanwhile:
+                monkeypatch.setattr(client, "pipeline", real_pipeline)
+                other_side()
+            return replies
+
+        pipe.execute = execute_then_interleave
+        return pipe
+
+    monkeypatch.setattr(client, "pipeline", pipeline)
+    duty = WaitingDuty(threaded=False)
+    assert duty.wake_due(ctl) == (1, 0)  # read the child as running: nothing woken
+    assert meanwhile == ["succeeded", "parked"]
+
+    view = _view(runs, parent)
+    assert (view.status, view.wait_reason) == ("waiting", "timer"), view
+    wake_at = int(runs.client.hget(runs.keys.run(parent), "wake_at") or 0)
+    assert wake_at > 0
+    at = runs.client.zscore(waits, parent)
+    assert at is not None and at <= wake_at, (at, wake_at)  # looked at when its timer is due
+    wait_for(lambda: _server_ms(runs) >= wake_at, timeout=10, what="the timer to come due")
+    assert duty.wake_due(ctl) == (1, 1)  # the pass at its due time wakes it
+    assert _run(runs, parent, _view(runs, parent).attempt) == "succeeded"
+
+
+# -- e. timers and a server clock that stepped back ---------------------------------------------
+
+
+@mr.workflow("sus_sleep_or_answer")
+def sus_sleep_or_answer(ctx: mr.RunContext) -> list[Any]:
+    def nap() -> str:
+        mr.sleep(60)
+        return "slept"
+
+    return mr.parallel(nap, lambda: mr.ask.question("Go on?", choices=["yes"], key="go"))
+
+
+def _step_clock_back(runs: RunStore, run_id: str, by_ms: int) -> None:
+    """What the run's output stream looks like once the server clock stepped back `by_ms`:
+    its newest entry was written that far ahead of the clock (a stream's ids never go
+    back, so every entry added from now on is still ahead of the clock)."""
+    runs.client.xadd(runs.keys.run_keys(run_id).output,
+                     {"t": "note", "a": 1, "d": b"{}"}, id=f"{_server_ms(runs) + by_ms}-0")
+
+
+def test_a_timer_is_not_judged_fired_on_stream_ids_ahead_of_the_server_clock(
+        runs: RunStore) -> None:
+    """A run sleeps 60 s and asks a question at once; the question is answered at once. Its
+    replay must see the timer still pending (park again on it), even though its output
+    stream's ids run an hour ahead of the server clock (the clock stepped back)."""
+    run_id = "sus-e"
+    _record(runs, "sus_sleep_or_answer", None, run_id)
+    assert _run(runs, run_id, 1) == "parked"
+    due = int((_view(runs, run_id).wait_for or {})["until_ms"])
+    _step_clock_back(runs, run_id, 3_600_000)
+    assert WaitStore(runs).answer(run_id, "go", "yes", kind="question").woken_attempt == 2
+    assert _run(runs, run_id, 2) == "parked"  # before the fix: "succeeded", 60 s early
+    view = _view(runs, run_id)
+    assert (view.status, view.wait_reason) == ("waiting", "timer"), view
+    assert int((view.wait_for or {})["until_ms"]) == due
+    assert _server_ms(runs) < due
+
+
+@mr.workflow("sus_sleep")
+def sus_sleep(ctx: mr.RunContext) -> str:
+    mr.sleep(1)
+    return "slept"
+
+
+def test_a_new_timer_is_due_on_the_server_clock_not_on_stream_ids(runs: RunStore) -> None:
+    """A one-second sleep set while the run's stream ids run an hour ahead of the server
+    clock is due one second after the server clock's now (before the fix: an hour later)."""
+    run_id = "sus-e2"
+    _record(runs, "sus_sleep", None, run_id)
+    _step_clock_back(runs, run_id, 3_600_000)
+    before = _server_ms(runs)
+    assert _run(runs, run_id, 1) == "parked"
+    after = _server_ms(runs)
+    due = int((_view(runs, run_id).wait_for or {})["until_ms"])
+    assert before + 1_000 <= due <= after + 1_000 + 1
+
+
+def test_a_commit_extends_the_lease_on_the_server_clock_not_on_stream_ids(
+        runs: RunStore) -> None:
+    """commit_step's lease extension (when the watchdog fell behind) counts from the server
+    clock: from a stream id an hour ahead, a killed execution's lease outlived it an hour."""
+    from marbles_rq.store.records import StepRecord
+
+    run_id = "sus-e3"
+    _record(runs, "sus_sleep", None, run_id)
+    started = runs.start(run_id, 1, ttl_ms=10_000, worker="w")
+    assert started.status == "ok" and started.execution is not None
+    ex = started.execution
+    _step_clock_back(runs, run_id, 3_600_000)
+    keys = runs.keys.run_keys(run_id)
+    record = StepRecord(version=1, key="sus_sleep.x#0", name="x", status="succeeded",
+                        attempts=1, result=msgspec.Raw(b"1"), at_ms=0, seq=0)
+    reply = runs.scripts.commit_step(keys=keys, epoch=ex.epoch, step_key=record.key,
+                                     record=msgspec.json.encode(record),
+                                     event_type="step_succeeded", event=b"{}", run_id=run_id,
+                                     ttl_ms=10_000, seq=1)
+    assert reply.status == "ok"
+    lease = runs.client.zscore(keys.leases, run_id)
+    assert lease is not None and lease <= _server_ms(runs) + 10_000, lease
+
+
