@@ -10,7 +10,9 @@ KEYS[3] bucket fence    <tag>:ctl                 {epoch}: the newest controller
 ARGV[1] run_id
 ARGV[2] ctl_epoch       the calling controller's lease epoch
 ARGV[3] epoch           the run's epoch when the duty read it
-ARGV[4] at_ms           when to look again (server ms); never later than the run's wake_at
+ARGV[4] at_ms           when to look again (server ms): the caller's choice, no later than
+                        the run's timer and question timeouts it read (for a child wait
+                        wake_at is only the first look, so it is no bound here)
 Returns:
   {"ok", at}              moved to <at>
   {"moved_on"}            not that wait any more (woken, parked again, finished, missing):
@@ -22,10 +24,7 @@ local run, waits, fence = KEYS[1], KEYS[2], KEYS[3]
 local run_id = ARGV[1]
 local seen = tonumber(redis.call('HGET', fence, 'epoch') or '0') or 0
 if seen > tonumber(ARGV[2]) then return {'fenced', seen} end
-local r = redis.pcall('HMGET', run, 'status', 'epoch', 'wake_at')
+local r = redis.pcall('HMGET', run, 'status', 'epoch')
 if r.err or r[1] ~= 'waiting' or r[2] ~= ARGV[3] then return {'moved_on'} end
-local at = tonumber(ARGV[4])
-local wake_at = tonumber(r[3] or '0') or 0
-if wake_at > 0 and wake_at < at then at = wake_at end
-redis.call('ZADD', waits, 'XX', at, run_id)
-return {'ok', at}
+redis.call('ZADD', waits, 'XX', ARGV[4], run_id)
+return {'ok', ARGV[4]}

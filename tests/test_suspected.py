@@ -14,6 +14,10 @@ store, the scripts and the engine are the real ones.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -22,6 +26,7 @@ import pytest
 import marbles_rq as mr
 from marbles_rq.controller import Controller
 from marbles_rq.controller.waiting import WaitingDuty
+from marbles_rq.engine import flowctl
 from marbles_rq.engine.authoring import REGISTRY
 from marbles_rq.engine.execute import execute
 from marbles_rq.engine.ops import RunRequest, prepare
@@ -30,9 +35,11 @@ from marbles_rq.engine.waits import WaitStore
 from marbles_rq.store import open_store
 from marbles_rq.transport.dispatch import rq_connection
 from tests import flow_workflows as fw
-from tests.procs import wait_for
+from tests import suspected_workflows as sw
+from tests.procs import Proc, Procs, descendants, pid_alive, wait_for
 
 LEASE_MS = 60_000
+PROCS_SOURCES = (Path(__file__).with_name("suspected_workflows.py"),)
 
 
 @pytest.fixture
@@ -136,6 +143,52 @@ def test_the_duty_recheck_never_pushes_the_timer_of_a_run_parked_again_meanwhile
     wait_for(lambda: _server_ms(runs) >= wake_at, timeout=10, what="the timer to come due")
     assert duty.wake_due(ctl) == (1, 1)  # the pass at its due time wakes it
     assert _run(runs, parent, _view(runs, parent).attempt) == "succeeded"
+
+
+# -- b. a run the reaper settles cancelled -------------------------------------------------------
+
+
+def _kill_tree(proc: Proc) -> None:
+    """SIGKILL a worker and its work-horse (a process group of its own), and reap them."""
+    tree = descendants(proc.pid)
+    for pid in [proc.pid, *tree]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    proc.wait_exit(10)
+    wait_for(lambda: not any(pid_alive(p) for p in tree), timeout=10,
+             what=f"the processes {tree} of worker {proc.pid} to die")
+
+
+def test_a_run_reaped_as_cancelled_frees_its_slot_and_cancels_its_children(
+        procs: Procs) -> None:
+    """A limited run (limit 1) starts a child and blocks in a step; cancel is requested
+    (the engine's cancel, which walks no children: as a walk that ran before the child was
+    recorded), then its worker and horse are killed. The controller reaps the lost worker's
+    run and settles it cancelled: its slot is free at once (before the hold's own expiry,
+    60 s on), and its child, still queued, is cancelled with it. Before the fix both stayed:
+    the hold until it expired, the child for good."""
+    (worker,) = procs.start(workers=1, lease_ms=LEASE_MS)
+    obs = procs.observer
+    done = procs.cli("enqueue", "sus_limited_parent", "--id", "b-1")
+    assert done.returncode == 0, done.stderr
+    obs.wait_list(sw.HOLDING, lambda xs: any(x.startswith("b-1|") for x in xs),
+                  what="run b-1 to block in its step")
+    runs = RunStore(open_store(procs.url))
+    assert runs.cancel("b-1") == "requested"
+    kid = obs.view("b-1.kid")
+    assert kid is not None and kid.status == "queued", kid
+    _kill_tree(worker)
+    limit = flowctl.limit_id("sus_limited_parent", "")
+    slots, holders = runs.keys.limit_slots(limit), runs.keys.limit_holders(limit)
+    expiry = runs.client.zscore(slots, "b-1")
+    assert expiry is not None and expiry > _server_ms(runs) + 10_000, expiry
+
+    obs.wait_status("b-1", "cancelled", timeout=30)
+    obs.wait_status("b-1.kid", "cancelled", timeout=30)
+    wait_for(lambda: runs.client.hget(holders, "b-1") is None, timeout=30,
+             what="the reaped run's slot to be released")
+    assert _server_ms(runs) < expiry  # released by the reap, not expired
+    assert runs.client.zscore(slots, "b-1") is None
 
 
 # -- e. timers and a server clock that stepped back ---------------------------------------------
