@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,36 @@ def test_a_run_reaped_as_cancelled_frees_its_slot_and_cancels_its_children(
              what="the reaped run's slot to be released")
     assert _server_ms(runs) < expiry  # released by the reap, not expired
     assert runs.client.zscore(slots, "b-1") is None
+
+
+# -- d. two parallel branches, one explicit child key -------------------------------------------
+
+TWINS = threading.Barrier(2)
+
+
+@mr.workflow("sus_twins")
+def sus_twins(ctx: mr.RunContext) -> list[Any]:
+    def start() -> str:
+        TWINS.wait(timeout=30)  # both branches reach start_child together
+        return mr.start_child("sus_kid", key="same").id
+
+    return mr.parallel(start, start)
+
+
+def test_two_parallel_branches_cannot_share_a_child_under_one_key(runs: RunStore) -> None:
+    """Two branches start a child under the same explicit key at the same moment: one of
+    them gets it, the other fails as a second start under one key does in sequence (before
+    the fix both got the same child, silently: neither saw the other's ledger entry,
+    committed only after its own check)."""
+    TWINS.reset()
+    _record(runs, "sus_twins", None, "sus-d")
+    assert _run(runs, "sus-d", 1) == "failed"
+    view = _view(runs, "sus-d")
+    assert view.error is not None and "child id sus-d.same is already used" in \
+        view.error.message, view.error
+    children = [s for s in view.steps if s.name == "|child"]
+    assert len(children) == 1, children
+    assert _view(runs, "sus-d.same").status == "queued"
 
 
 # -- e. timers and a server clock that stepped back ---------------------------------------------
