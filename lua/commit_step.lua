@@ -24,13 +24,14 @@ Returns:
   {"timed_out"}           the run's deadline passed: the outcome is not written (the
                           deferred starts are, so the step shows as interrupted); the body
                           must stop. A resend after the deadline answers this too.
-  {"stale", epoch}        a newer execution owns the run; nothing written
+  {"stale", epoch}        a newer execution owns the run, or this one's lease expired;
+                          nothing written
   {"settled", status}     the run is finished; nothing written
 Writes (a fresh ok/cancelled/paused): HSET KEYS[1] wseq; one HSET KEYS[2] (the deferred
   starts and the outcome; a start of the outcome's own step is overwritten in the same
   command, as it would be by the next); XADD KEYS[4] per start and for the outcome; ZADD XX
   KEYS[3] if ARGV[7] > 0 (from TIME). A fresh timed_out: the deferred starts and wseq
-  only. TIME is read only when the run has a deadline or the lease is extended.
+  only.
 ]]
 local run, steps, leases, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq', 'deadline_ms',
@@ -44,6 +45,14 @@ local late = false
 if deadline > 0 then
   local t = redis.call('TIME')
   late = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > deadline
+end
+-- A lease that expired ends the execution's writes: a frozen execution that thaws commits
+-- nothing (renew_attempt fences it at its next renewal; the reaper may have freed its
+-- concurrency slot for another run already).
+local t = redis.call('TIME')
+if tonumber(redis.call('ZSCORE', leases, ARGV[6]) or '0') <=
+    tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+  return {'stale', tonumber(r[1])}
 end
 if tonumber(ARGV[8]) <= tonumber(r[5] or '0') then  -- a resend
   if late then return {'timed_out'} end

@@ -17,6 +17,8 @@ ARGV[6] final_timeout   JSON data of the final event if the run's deadline has p
 ARGV[7] token           unique per start call; a resend that finds its own start answers "ok"
 ARGV[8] slot            "1": the caller holds the run's concurrency slot (acquire_slot); else
                         a run recorded with a limit is not started (needs_slot)
+ARGV[9] cap_ms          0, or the lease ends at most at this (server ms): the expiry of the
+                        caller's slot, so a live lease always lies within a live hold
 Returns:
   {"ok", epoch, doc, deadline_ms, ledger, now_ms}   ledger = flat {key, record, ...};
                               now_ms: the server clock at the start (timers are on it)
@@ -148,7 +150,8 @@ if not r[11] then
 end
 redis.call('HSET', run, unpack(fields))
 if r[12] or r[15] then redis.call('HDEL', run, 'note', 'holds') end
-redis.call('ZADD', leases, now_ms + ttl_ms, run_id)
+local cap = tonumber(ARGV[9] or '0') or 0
+redis.call('ZADD', leases, (cap > 0 and cap < now_ms + ttl_ms) and cap or now_ms + ttl_ms, run_id)
 local fresh = r[4] == '0' and attempt == 1
 if not (fresh and r[13] == '1') then redis.call('ZREM', dispatch, run_id) end
 return {'ok', epoch, r[1], deadline, fresh and {} or redis.call('HGETALL', steps), now_ms}

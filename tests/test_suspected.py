@@ -192,6 +192,97 @@ def test_a_run_reaped_as_cancelled_frees_its_slot_and_cancels_its_children(
     assert runs.client.zscore(slots, "b-1") is None
 
 
+# -- c. a concurrency limit and an execution frozen past its lease, or reaped as lost -----------
+
+
+@mr.workflow("sus_lim1", concurrency=1)
+def sus_lim1(ctx: mr.RunContext) -> str:
+    return "done"
+
+
+def _live_holds(runs: RunStore, name: str) -> list[str]:
+    slots = runs.keys.limit_slots(flowctl.limit_id(name, ""))
+    now = _server_ms(runs)
+    return sorted(m.decode() for m, at in runs.client.zrange(slots, 0, -1, withscores=True)
+                  if at > now)
+
+
+def _started(runs: RunStore, run_id: str, ttl_ms: int, worker: str) -> Any:
+    started = flowctl.start(runs, run_id, 1, ttl_ms=ttl_ms, worker=worker)
+    assert started.status == "ok" and started.execution is not None, started
+    ex = started.execution
+    assert ex.slot is not None
+    lease = runs.client.zscore(runs.keys.run_keys(run_id).leases, run_id)
+    hold = runs.client.zscore(runs.keys.limit_slots(flowctl.limit_id("sus_lim1", "")), run_id)
+    assert lease is not None and hold is not None
+    assert lease <= hold  # a live lease lies within its hold
+    return ex
+
+
+def _commit(runs: RunStore, ex: Any, n: int) -> str:
+    from marbles_rq.store.records import StepRecord
+
+    record = StepRecord(version=1, key=f"sus_lim1.s#{n}", name="s", status="succeeded",
+                        attempts=1, result=msgspec.Raw(b"1"), seq=n)
+    return runs.commit_step(ex, record, "step_succeeded", b"{}")
+
+
+@pytest.mark.parametrize("first", ["commit", "renew"])
+def test_an_execution_frozen_past_its_lease_neither_retakes_its_slot_nor_writes(
+        runs: RunStore, first: str) -> None:
+    """Limit 1. Execution X starts with the slot, then is frozen (nothing renews) past its
+    lease and its hold; run Y takes the slot. X thaws: whether its body commits first or its
+    watchdog renews first, nothing of X is written, the slot is not taken back (one live
+    hold, Y's), and X's run is redelivered. Before the fix X's commit was written, and its
+    renewal extended the expired lease and took the hold again whatever the count: two
+    holders of a limit of 1."""
+    for rid in ("c-x", "c-y"):
+        _record(runs, "sus_lim1", None, rid)
+    x = _started(runs, "c-x", 1_000, "wx")
+    assert _commit(runs, x, 0) == "ok"
+    lease = runs.client.zscore(runs.keys.run_keys("c-x").leases, "c-x")
+    hold = runs.client.zscore(runs.keys.limit_slots(flowctl.limit_id("sus_lim1", "")), "c-x")
+    assert lease is not None and hold is not None
+    wait_for(lambda: _server_ms(runs) > max(lease, hold), timeout=10,
+             what="X's lease and hold to expire")
+    _started(runs, "c-y", LEASE_MS, "wy")  # its acquire prunes X's lapsed hold
+    assert _live_holds(runs, "sus_lim1") == ["c-y"]
+
+    if first == "commit":
+        assert _commit(runs, x, 1) == "stale"
+        assert runs.renew(x) != "ok"
+    else:
+        assert runs.renew(x) != "ok"
+        assert _commit(runs, x, 1) == "stale"
+    assert runs.settle(x, "succeeded", result=b'"done"') == "stale"
+    assert _live_holds(runs, "sus_lim1") == ["c-y"]
+    view = _view(runs, "c-x")
+    assert [s.key for s in view.steps] == ["sus_lim1.s#0"]  # X's later commit: not written
+    assert _leading(runs).reap() == 1
+    assert (_view(runs, "c-x").status, _view(runs, "c-x").attempt) == ("queued", 2)
+
+
+def test_a_zombie_whose_worker_was_reaped_as_lost_writes_nothing_after_its_slot_is_freed(
+        runs: RunStore) -> None:
+    """Limit 1. X executes on worker wx with a live lease; the controller reaps wx as lost
+    (its beats lapsed: frozen, cut off) while X's horse still runs (a zombie). The reap
+    raises X's epoch in the same script that redelivers the run, and only then frees X's
+    slot: Y takes it, and nothing the zombie sends afterwards is written. Impossible before
+    the fix too (reap_run fences first); the zombie can still run code, not commit."""
+    for rid in ("z-x", "z-y"):
+        _record(runs, "sus_lim1", None, rid)
+    x = _started(runs, "z-x", LEASE_MS, "wx")
+    ctl = _leading(runs)
+    assert ctl._reap_one("z-x", worker="wx") == 1  # the lost-worker reap's own path
+    assert _live_holds(runs, "sus_lim1") == []
+    _started(runs, "z-y", LEASE_MS, "wy")
+    assert _commit(runs, x, 0) == "stale"
+    assert runs.renew(x) == "stale"
+    assert runs.settle(x, "succeeded", result=b'"done"') == "stale"
+    assert _live_holds(runs, "sus_lim1") == ["z-y"]
+    assert _view(runs, "z-x").steps == []
+
+
 # -- d. two parallel branches, one explicit child key -------------------------------------------
 
 TWINS = threading.Barrier(2)

@@ -559,7 +559,7 @@ class Watchdog:
         with self._lock:
             if self._finished:
                 return  # our own settle landed first: nothing to stop
-            self.reason = {"settled": "stale"}.get(status, status)
+            self.reason = {"settled": "stale", "expired": "stale"}.get(status, status)
         if status in ("cancelled", "timed_out"):
             try:
                 if settle_stopped(self.runs, self.ex, status) == "ok":
