@@ -17,11 +17,15 @@ A delivery of a limited run:
    counted against max_deliveries) that the controller's dispatch check enqueues after a
    short delay, jittered, growing 1.5x per hold up to HOLD_CAP_MS; `status` shows why
    ("concurrency limit customer=acme 5/5");
-4. else `start_attempt` again, with the slot: the run starts. The hold's expiry is the
-   lease's and is extended by the same watchdog right after each lease renewal
-   (`renew_slot`); the execution releases it when it ends (settled, parked, handed back,
-   stopped). A killed execution's hold expires with its lease; a lost worker's runs have
-   theirs released by the controller when it redelivers them.
+4. else `start_attempt` again, with the slot: the run starts, its lease capped at the
+   hold's expiry. The watchdog extends the hold right before each lease renewal
+   (`renew_slot`) and caps the lease at the hold's new expiry, so a live lease always lies
+   within a live hold, and the scripts refuse the writes of an expired lease: at most N
+   executions of a limit commit at once. A lapsed hold is taken again only when a slot is
+   free (else the execution is fenced). The execution releases its hold when it ends
+   (settled, parked, handed back, stopped). A killed execution's hold expires with its
+   lease; a lost worker's runs, and runs the reaper settles, have theirs released by the
+   controller.
 
 **Priorities.** A run's priority (``RunRequest(priority=...)``, ``enqueue --priority``, the
 workflow's default) is an integer from PRIORITY_MIN to PRIORITY_MAX, higher first. Priority
