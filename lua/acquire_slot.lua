@@ -15,9 +15,10 @@ ARGV[3] token           unique per execution: only its holder releases a hold
 ARGV[4] limit           how many runs may hold a slot at once (>= 1)
 ARGV[5] ttl_ms          the slot expires this long from now unless renewed
 Returns:
-  {"ok", held}          the run holds a slot now (held: slots held, this one included). A
-                        live hold of the same delivery (a resend, or a duplicate delivery)
-                        answers ok and keeps its token; start_attempt then decides
+  {"ok", held, until}   the run holds a slot now (held: slots held, this one included), until
+                        <until> (server ms: start_attempt caps the lease there). A live hold
+                        of the same delivery (a resend, or a duplicate delivery) answers ok
+                        and keeps its token; start_attempt then decides
   {"full", held}        every slot is held by another live run; only expired holds pruned
   {"stale", attempt}    a newer delivery of the run holds the slot; only expired holds pruned
 Writes: ZREM/HDEL of expired holds (at most 100 per call); for "ok": ZADD KEYS[1], HSET KEYS[2]
@@ -43,7 +44,7 @@ if mine and tonumber(mine) > now_ms then
   if by > attempt then return {'stale', by} end
   if by == attempt then  -- this delivery holds it already: keep the holder's token
     redis.call('ZADD', slots, now_ms + ttl_ms, run_id)
-    return {'ok', redis.call('ZCOUNT', slots, '(' .. now_ms, '+inf')}
+    return {'ok', redis.call('ZCOUNT', slots, '(' .. now_ms, '+inf'), now_ms + ttl_ms}
   end
 else
   local held = redis.call('ZCOUNT', slots, '(' .. now_ms, '+inf')
@@ -51,4 +52,4 @@ else
 end
 redis.call('ZADD', slots, now_ms + ttl_ms, run_id)
 redis.call('HSET', holders, run_id, attempt .. '|' .. token)
-return {'ok', redis.call('ZCOUNT', slots, '(' .. now_ms, '+inf')}
+return {'ok', redis.call('ZCOUNT', slots, '(' .. now_ms, '+inf'), now_ms + ttl_ms}

@@ -24,14 +24,14 @@ Returns:
   {"timed_out"}           the run's deadline passed: the outcome is not written (the
                           deferred starts are, so the step shows as interrupted); the body
                           must stop. A resend after the deadline answers this too.
-  {"stale", epoch}        a newer execution owns the run; nothing written
+  {"stale", epoch}        a newer execution owns the run, or this one's lease expired;
+                          nothing written
   {"settled", status}     the run is finished; nothing written
 Writes (a fresh ok/cancelled/paused): HSET KEYS[1] wseq; one HSET KEYS[2] (the deferred
   starts and the outcome; a start of the outcome's own step is overwritten in the same
   command, as it would be by the next); XADD KEYS[4] per start and for the outcome; ZADD XX
-  KEYS[3] if ARGV[7] > 0 (now: the outcome event's id, the server clock). A fresh
-  timed_out: the deferred starts and wseq only. TIME is read only when the run has a
-  deadline.
+  KEYS[3] if ARGV[7] > 0 (from TIME). A fresh timed_out: the deferred starts and wseq
+  only.
 ]]
 local run, steps, leases, out = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'cancel', 'attempt', 'wseq', 'deadline_ms',
@@ -45,6 +45,14 @@ local late = false
 if deadline > 0 then
   local t = redis.call('TIME')
   late = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > deadline
+end
+-- A lease that expired ends the execution's writes: a frozen execution that thaws commits
+-- nothing (renew_attempt fences it at its next renewal; the reaper may have freed its
+-- concurrency slot for another run already).
+local t = redis.call('TIME')
+if tonumber(redis.call('ZSCORE', leases, ARGV[6]) or '0') <=
+    tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+  return {'stale', tonumber(r[1])}
 end
 if tonumber(ARGV[8]) <= tonumber(r[5] or '0') then  -- a resend
   if late then return {'timed_out'} end
@@ -69,10 +77,13 @@ for i = 9, #ARGV - 2, 3 do
   redis.call('XADD', out, '*', 't', 'step_started', 'a', r[4], 'd', ARGV[i + 2])
 end
 if late then return {'timed_out'} end
-local id = redis.call('XADD', out, '*', 't', ARGV[4], 'a', r[4], 'd', ARGV[5])
+redis.call('XADD', out, '*', 't', ARGV[4], 'a', r[4], 'd', ARGV[5])
 if tonumber(ARGV[7]) > 0 then
-  redis.call('ZADD', leases, 'XX', tonumber(string.match(id, '^%d+')) + tonumber(ARGV[7]),
-    ARGV[6])
+  -- TIME, not the event's id: after the server clock stepped back a stream's ids run ahead
+  -- of it, and a lease set from one would outlive a killed execution by that much.
+  local t = redis.call('TIME')
+  redis.call('ZADD', leases, 'XX', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    + tonumber(ARGV[7]), ARGV[6])
 end
 if r[3] == '1' then return {'cancelled'} end
 if r[7] == '1' then return {'paused'} end

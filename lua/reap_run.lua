@@ -19,7 +19,8 @@ ARGV[6] worker          "" : reap if the lease expired; a lost worker's name: re
 Returns: (limit: the run's `limit` field, "" if none: the caller frees the vanished
 execution's concurrency slot, see release_slot)
   {"redelivered", attempt, queue, limit}  the caller now enqueues delivery <attempt> on <queue>
-  {"cancelled", limit}              cancel had been requested: settled cancelled
+  {"cancelled", attempt, limit}     cancel had been requested: settled cancelled (the caller
+                                    cancels its children too, as every cancelled settle does)
   {"gave_up", attempt, limit}       max deliveries reached: settled failed
   {"not_expired"}                   renewed meanwhile, or (worker given) executed by another
                                     worker now; nothing written
@@ -74,7 +75,7 @@ local function settle(status, error_json, final_event)
 end
 if r[3] == '1' then
   settle('cancelled', nil, ARGV[4])
-  return {'cancelled', r[10] or ''}
+  return {'cancelled', attempt, r[10] or ''}
 end
 -- Deferrals (a worker that lacked the workflow handed it back) are not failed deliveries.
 if attempt - tonumber(r[6] or '0') >= tonumber(r[4] or '0') then

@@ -14,12 +14,13 @@ ARGV[6] run_id
 Returns:
   {"ok", finished_ms}
   {"settled", status, result, error}   already finished; the first terminal record
-  {"stale", epoch}                     a newer execution owns the run; nothing written
+  {"stale", epoch}                     a newer execution owns the run, or this one's lease
+                                       expired; nothing written
   {"timed_out"}                        "succeeded" asked after the run's deadline; nothing
                                        written (the caller settles it failed: RunTimeout)
 Writes (only for "ok"): XADD KEYS[4] (its id's milliseconds are finished_ms: the server
-  clock; TIME is read first only to check the deadline of a run that has one); one HSET
-  KEYS[1] (the epoch + 1 with the terminal record); ZREM KEYS[2]; ZADD KEYS[5]. Not KEYS[3]:
+  clock; TIME is read first, for the lease and the deadline of a run that has one); one
+  HSET KEYS[1] (the epoch + 1 with the terminal record); ZREM KEYS[2]; ZADD KEYS[5]. Not KEYS[3]:
   a running run has no dispatch check (start_attempt removed it, and each script that
   writes one moves the run out of "running" or to a new epoch).
 ]]
@@ -33,11 +34,17 @@ if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then
   return redis.error_reply('settle_run: run is ' .. tostring(r[2]) .. ', not running')
 end
+-- A lease that expired ends the execution's writes (see commit_step): the reaper settles
+-- or redelivers the run.
+local t = redis.call('TIME')
+local clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(redis.call('ZSCORE', leases, ARGV[6]) or '0') <= clock_ms then
+  return {'stale', tonumber(r[1])}
+end
 local now_ms
 local deadline = tonumber(r[6] or '0')
 if ARGV[2] == 'succeeded' and deadline > 0 then
-  local t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now_ms = clock_ms
   if now_ms > deadline then return {'timed_out'} end
 end
 local id = redis.call('XADD', out, '*', 't', 'final', 'a', r[5], 'd', ARGV[5])

@@ -17,6 +17,8 @@ ARGV[6] final_timeout   JSON data of the final event if the run's deadline has p
 ARGV[7] token           unique per start call; a resend that finds its own start answers "ok"
 ARGV[8] slot            "1": the caller holds the run's concurrency slot (acquire_slot); else
                         a run recorded with a limit is not started (needs_slot)
+ARGV[9] cap_ms          0, or the lease ends at most at this (server ms): the expiry of the
+                        caller's slot, so a live lease always lies within a live hold
 Returns:
   {"ok", epoch, doc, deadline_ms, ledger, now_ms}   ledger = flat {key, record, ...};
                               now_ms: the server clock at the start (timers are on it)
@@ -34,9 +36,8 @@ Returns:
                               claim_run: "<limit>|<limit id>|<label>") and ARGV[8] is not
                               "1": take a slot, then start again; nothing written
 Writes: only for a fresh ok, cancelled, timed_out or paused (HSET/HINCRBY KEYS[1], ZADD/ZREM
-  KEYS[3], ZREM KEYS[4], XADD KEYS[5], ZADD KEYS[6] when settled). A fresh ok: XADD KEYS[5]
-  (its id's milliseconds are the start time: the server clock, no TIME unless a lease or a
-  deadline must be checked first), one HSET KEYS[1], ZADD KEYS[3], and ZREM KEYS[4] unless
+  KEYS[3], ZREM KEYS[4], XADD KEYS[5], ZADD KEYS[6] when settled). A fresh ok: XADD KEYS[5],
+  one HSET KEYS[1], ZADD KEYS[3], and ZREM KEYS[4] unless
   the run never started and its first delivery was enqueued with its record (field "enq":
   no dispatch check was written). The ledger is not read for a run that never started
   (epoch 0: nothing can have written it).
@@ -69,8 +70,8 @@ end
 if attempt ~= tonumber(r[3]) then return {'stale_attempt', tonumber(r[3])} end
 
 local deadline = tonumber(r[6] or '0')
--- The server clock: read here only when a lease or a deadline must be checked before any
--- write; a fresh start takes it from its attempt_started event's id.
+-- The server clock: read here when a lease or a deadline must be checked before any write,
+-- else once it is needed (clock()).
 local now_ms
 if status == 'running' or deadline > 0 then
   local t = redis.call('TIME')
@@ -130,10 +131,12 @@ end
 if r[14] and r[14] ~= '' and ARGV[8] ~= '1' then return {'needs_slot', r[14]} end
 
 local epoch = tonumber(r[4] or '0') + 1
-local id = redis.call('XADD', out, '*', 't', 'attempt_started', 'a', attempt,
+redis.call('XADD', out, '*', 't', 'attempt_started', 'a', attempt,
   'd', cjson.encode({epoch = epoch, worker = ARGV[4]}))
--- The event's id is at or after the server clock (a stream's ids never go back).
-now_ms = math.max(now_ms or 0, tonumber(string.match(id, '^%d+')))
+-- The server clock itself, never the event's id: a stream's ids never go back, so after the
+-- clock stepped back they run ahead of it, and the execution judges its timers on now_ms (a
+-- timer due later would be seen fired, a new one set that much late).
+clock()
 local fields = {'epoch', epoch, 'status', 'running', 'worker', ARGV[4], 'start_token', ARGV[7],
   'wseq', 0}
 if deadline == 0 and tonumber(r[7] or '0') > 0 then
@@ -147,7 +150,8 @@ if not r[11] then
 end
 redis.call('HSET', run, unpack(fields))
 if r[12] or r[15] then redis.call('HDEL', run, 'note', 'holds') end
-redis.call('ZADD', leases, now_ms + ttl_ms, run_id)
+local cap = tonumber(ARGV[9] or '0') or 0
+redis.call('ZADD', leases, (cap > 0 and cap < now_ms + ttl_ms) and cap or now_ms + ttl_ms, run_id)
 local fresh = r[4] == '0' and attempt == 1
 if not (fresh and r[13] == '1') then redis.call('ZREM', dispatch, run_id) end
 return {'ok', epoch, r[1], deadline, fresh and {} or redis.call('HGETALL', steps), now_ms}

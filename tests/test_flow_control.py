@@ -135,7 +135,7 @@ def _slot_calls(url: str, prefix: str) -> None:
     assert acquire("b", 2, "tb2").status == "ok"
     assert acquire("b", 1, "tb").status == "stale"
     assert scripts.renew_slot(**lim, run_id="b", attempt=1, token="tb",
-                              ttl_ms=10_000).status == "stale"
+                              ttl_ms=10_000, limit=2).status == "stale"
     assert scripts.release_slot(**lim, run_id="b", holder="1|tb") == "not_held"
     assert scripts.release_slot(**lim, run_id="b", holder="2|tb2") == "ok"
     assert scripts.release_slot(**lim, run_id="b", holder="2|tb2") == "not_held"  # resent
@@ -148,8 +148,15 @@ def _slot_calls(url: str, prefix: str) -> None:
     time.sleep(0.005)  # the hold's 1 ms expiry passes on the server's clock
     assert acquire("e", 1, "te").status == "ok"
     assert sorted(m.decode() for m in store.client.zrange(lim["slots_key"], 0, -1)) == ["a", "e"]
-    # a renewal re-takes an expired hold (the run executes: it must be counted)
-    renewed = scripts.renew_slot(**lim, run_id="d", attempt=1, token="td", ttl_ms=10_000)
+    # a renewal does not re-take an expired hold while every slot is held (its lease,
+    # capped at the hold's expiry, has expired too: the execution is fenced) ...
+    lost = scripts.renew_slot(**lim, run_id="d", attempt=1, token="td", ttl_ms=10_000, limit=2)
+    assert (lost.status, int(lost.values[0])) == ("lost", 2)
+    assert store.client.zscore(lim["slots_key"], "d") is None
+    # ... and does when a slot is free (counted again)
+    assert scripts.release_slot(**lim, run_id="e", holder="1|te") == "ok"
+    renewed = scripts.renew_slot(**lim, run_id="d", attempt=1, token="td", ttl_ms=10_000,
+                                 limit=2)
     assert (renewed.status, int(renewed.values[0])) == ("ok", 1)
 
 

@@ -35,7 +35,7 @@ import redis
 from .. import metrics
 from ..engine.flowctl import release_vanished
 from ..engine.runs import DISPATCH_GRACE_MS, RunStore, event
-from ..errors import RedisUnavailableError
+from ..errors import MarblesError, RedisUnavailableError
 from ..store import Lease
 from ..store.keys import CONTROLLER_LEASE
 from ..store.redis_errors import is_outage, one_line
@@ -376,10 +376,13 @@ class Controller:
                 metrics.redelivered(queue_name, "worker_lost" if worker else "lease_expired")
                 done += 1
             elif reply.status in ("cancelled", "gave_up"):
-                if reply.status == "gave_up" and len(reply.values) > 1 and reply.values[1]:
+                if len(reply.values) > 1 and reply.values[1]:
+                    # A settled run executes no more: its slot is free now, not at expiry.
                     release_vanished(self.runs, run_id, int(reply.values[0]),
                                      _s(reply.values[1]))
                 log.info("run %s: %s", run_id, reply.status)
+                if reply.status == "cancelled":
+                    self._cancel_children(run_id)
                 self.stats.settled += 1
         for queue_name, batch in deliveries.items():
             if len(batch) == 1:
@@ -390,6 +393,19 @@ class Controller:
             self.step_down(f"a newer controller (epoch {_s(fenced[1])}) acts on run "
                            f"{fenced[0]}")
         return done
+
+    def _cancel_children(self, run_id: str) -> None:
+        """A run the reaper settled cancelled: its children go with it, as when its execution
+        settles it (engine/execute.settle_stopped). Children recorded after a cancel's own
+        walk (the body started one before it saw the cancel, then its worker died) are
+        reached only here."""
+        try:
+            children = self.runs.waits().cancel_children(run_id)
+        except (redis.RedisError, MarblesError) as exc:
+            log.warning("run %s: cannot cancel its children (%s)", run_id, one_line(exc))
+            return
+        if children:
+            log.info("run %s: cancelled %s child runs with it", run_id, len(children))
 
     # -- dispatching --------------------------------------------------------------------------
 

@@ -112,12 +112,13 @@ class WaitingDuty:
         pipe = client.pipeline(transaction=False)
         for _, run_id in due:
             pipe.hmget(keys.run(run_id), "status", "wait_reason", "wait_for", "wait_since",
-                       "wake_at")
+                       "wake_at", "epoch")
         states = pipe.execute(raise_on_error=False)
         wakes: list[tuple[str, str]] = []  # (run id, cause)
         timers: dict[str, int] = {}  # run id -> when its timer was due (metrics)
-        # (run id, children, waiting since, its questions, its timer's due ms or 0)
-        child_waits: list[tuple[str, list[str], int, list[str], int]] = []
+        # (run id, children, waiting since, its questions, its timer's due ms or 0, its epoch
+        # as read: the recheck below moves the run's entry only while it is unchanged)
+        child_waits: list[tuple[str, list[str], int, list[str], int, str]] = []
         for (_, run_id), st in zip(due, states, strict=True):
             if isinstance(st, Exception) or st[0] != b"waiting" or st[1] == b"paused":
                 wakes.append((run_id, "timer"))  # the script sorts out what it is now
@@ -138,17 +139,18 @@ class WaitingDuty:
             # or a timer at once. (Keyed on the reason alone, a run that also asked was woken
             # at every check of its child, and one that also slept not before its child
             # finished.)
-            child_waits.append((run_id, children, int(st[3] or now_ms), questions, until))
-        recheck: list[tuple[str, int]] = []
+            child_waits.append((run_id, children, int(st[3] or now_ms), questions, until,
+                                _s(st[5] or b"")))
+        recheck: list[tuple[str, str, int]] = []  # (run id, its epoch read, when)
         if child_waits:
             pipe = client.pipeline(transaction=False)
-            for run_id, children, _, questions, _ in child_waits:
+            for run_id, children, _, questions, _, _ in child_waits:
                 for cid in children:
                     pipe.hget(keys.run(cid), "status")
                 if questions:
                     pipe.hmget(keys.asks(run_id), [f"{q}|timeout_at" for q in questions])
             replies = iter(pipe.execute(raise_on_error=False))
-            for run_id, children, since, questions, until in child_waits:
+            for run_id, children, since, questions, until, run_epoch in child_waits:
                 found = [next(replies) for _ in children]
                 timeouts = next(replies) if questions else []
                 if any(not isinstance(s, bytes) or s.decode() in TERMINAL for s in found):
@@ -166,13 +168,14 @@ class WaitingDuty:
                     wakes.append((run_id, "timer"))
                     continue
                 waited = now_ms - since
-                recheck.append((run_id, min([now_ms + min(CHILD_RECHECK_MAX_MS, max(
+                recheck.append((run_id, run_epoch, min([now_ms + min(CHILD_RECHECK_MAX_MS, max(
                     CHILD_RECHECK_MIN_MS, waited // 4)), *deadlines])))
         if recheck:
-            pipe = client.pipeline(transaction=False)
-            for run_id, at in recheck:
-                pipe.zadd(keys.run_waits(keys.bucket_of(run_id)), {run_id: at}, xx=True)
-            pipe.execute(raise_on_error=False)
+            # Fenced by the run's epoch: a run woken and parked again since the read (its
+            # child settled, it went on and slept) has its own entry, due at its new timer; a
+            # plain ZADD XX pushed that timer up to CHILD_RECHECK_MAX_MS late.
+            ctl.runs.scripts.recheck_waits([(keys.run_keys(run_id), run_id, epoch, run_epoch, at)
+                                            for run_id, run_epoch, at in recheck])
         woken = self._wake(ctl, wakes, epoch, now_ms, timers)
         return len(due), woken
 

@@ -17,11 +17,15 @@ A delivery of a limited run:
    counted against max_deliveries) that the controller's dispatch check enqueues after a
    short delay, jittered, growing 1.5x per hold up to HOLD_CAP_MS; `status` shows why
    ("concurrency limit customer=acme 5/5");
-4. else `start_attempt` again, with the slot: the run starts. The hold's expiry is the
-   lease's and is extended by the same watchdog right after each lease renewal
-   (`renew_slot`); the execution releases it when it ends (settled, parked, handed back,
-   stopped). A killed execution's hold expires with its lease; a lost worker's runs have
-   theirs released by the controller when it redelivers them.
+4. else `start_attempt` again, with the slot: the run starts, its lease capped at the
+   hold's expiry. The watchdog extends the hold right before each lease renewal
+   (`renew_slot`) and caps the lease at the hold's new expiry, so a live lease always lies
+   within a live hold, and the scripts refuse the writes of an expired lease: at most N
+   executions of a limit commit at once. A lapsed hold is taken again only when a slot is
+   free (else the execution is fenced). The execution releases its hold when it ends
+   (settled, parked, handed back, stopped). A killed execution's hold expires with its
+   lease; a lost worker's runs, and runs the reaper settles, have theirs released by the
+   controller.
 
 **Priorities.** A run's priority (``RunRequest(priority=...)``, ``enqueue --priority``, the
 workflow's default) is an integer from PRIORITY_MIN to PRIORITY_MAX, higher first. Priority
@@ -177,6 +181,9 @@ class Slot:
     attempt: int
     token: str
     ttl_ms: int
+    # The hold's expiry as last set (server ms): the lease is capped there, so a live lease
+    # always lies within a live hold and an execution cannot write once its hold lapsed.
+    until: int = 0
     # A renewal (the watchdog's thread) in flight when the execution releases its slot
     # would take it again after the release (a renewal re-takes an expired hold): the two
     # go one at a time, and nothing renews once released.
@@ -189,25 +196,34 @@ class Slot:
         return dict(slots_key=keys.limit_slots(self.limit.limit_id),
                     holders_key=keys.limit_holders(self.limit.limit_id))
 
-    def renew(self) -> None:
-        """With each lease renewal (the watchdog's thread). A failure is logged: the hold
-        outlives one missed renewal by two thirds of the lease."""
+    def renew(self) -> int:
+        """Before each lease renewal (the watchdog's thread): the cap for the lease, the
+        hold's expiry (as last known when the renewal fails: the lease then ends with the
+        hold), or 1 when the hold is lost (it lapsed and every slot is taken: the lease
+        renewal then fences the execution)."""
         with self._lock:
             if not self._released:
                 self._renew()
+            return self.until
 
     def _renew(self) -> None:
         try:
             reply = self.runs.scripts.renew_slot(**self._keys, run_id=self.run_id,
                                                  attempt=self.attempt, token=self.token,
-                                                 ttl_ms=self.ttl_ms)
+                                                 ttl_ms=self.ttl_ms, limit=self.limit.limit)
         except (redis.RedisError, RedisUnavailableError, OSError) as exc:
             log.warning("run %s: cannot renew its concurrency slot (%s)", self.run_id,
                         one_line(exc))
             return
-        if reply.status == "ok" and reply.values and int(reply.values[0]) == 1:
-            log.warning("run %s: its concurrency slot (%s) had expired; taken again",
-                        self.run_id, self.limit.label)
+        if reply.status == "ok":
+            self.until = int(reply.values[1])
+            if int(reply.values[0]) == 1:
+                log.warning("run %s: its concurrency slot (%s) had expired; taken again",
+                            self.run_id, self.limit.label)
+        else:  # lost, or a newer delivery holds it: this execution must not go on
+            self.until = 1
+            log.warning("run %s: its concurrency slot (%s) is %s; stopping", self.run_id,
+                        self.limit.label, reply.status)
 
     def release(self) -> None:
         with self._lock:
@@ -272,9 +288,10 @@ def start(runs: RunStore, run_id: str, attempt: int, *, ttl_ms: int, worker: str
         log.info("run %s delivery %s: %s; held (%s)", run_id, attempt, note,
                  hold.status if hold.status != "ok" else f"retry in {_s(hold.values[1])} ms")
         return Started("held", detail=note)
-    slot = Slot(runs, limit, run_id, attempt, token, ttl_ms)
+    slot = Slot(runs, limit, run_id, attempt, token, ttl_ms, until=int(reply.values[1]))
     try:
-        started = runs.start(run_id, attempt, ttl_ms=ttl_ms, worker=worker, slot=True)
+        started = runs.start(run_id, attempt, ttl_ms=ttl_ms, worker=worker, slot=True,
+                             slot_until=slot.until)
     except BaseException:
         slot.release()  # nothing started under it (or the start's outcome is unknown: the
         raise           # run is then redelivered once its lease expires, and takes it again)

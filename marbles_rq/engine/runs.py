@@ -306,9 +306,10 @@ class RunStore:
     # -- executing (every call fenced by the execution's epoch) ---------------------------
 
     def start(self, run_id: str, attempt: int, *, ttl_ms: int, worker: str,
-              slot: bool = False) -> Started:
+              slot: bool = False, slot_until: int = 0) -> Started:
         """`slot`: the caller holds the run's concurrency slot (engine/flowctl.py, which
-        calls this); without it a run with a limit answers needs_slot."""
+        calls this), until `slot_until` (the lease ends no later); without it a run with a
+        limit answers needs_slot."""
         keys = self.keys.run_keys(run_id)
         # Taken before the request: the server's clock in the reply is read later than this,
         # so server_now_ms() errs late, never early (a sleep is at least as long as asked).
@@ -318,7 +319,7 @@ class RunStore:
             final_cancel=event(status="cancelled", reason="cancelled before it started"),
             final_timeout=event(status="failed", error={"type": "RunTimeout",
                                                         "message": "the run passed its timeout"}),
-            token=uuid.uuid4().hex, slot=slot)
+            token=uuid.uuid4().hex, slot=slot, slot_until=slot_until)
         if reply.status == "corrupt":
             return Started("corrupt", detail=f"corrupt record at {keys.run}: "
                                              f"{_s(reply.values[0])}")
@@ -416,7 +417,9 @@ class RunStore:
             ex.starts.clear()
             ex.seq += 1
             sent = time.monotonic()
-            extend = sent - ex.lease_at > ex.ttl_ms / 2000
+            # Never for a run holding a concurrency slot: its lease is capped at the hold's
+            # expiry, which only the watchdog's renewals extend.
+            extend = ex.slot is None and sent - ex.lease_at > ex.ttl_ms / 2000
             status = self.scripts.commit_step(
                 keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
                 event_type=event_type, event=data, run_id=ex.run_id,
@@ -444,12 +447,13 @@ class RunStore:
 
     def renew(self, ex: Execution) -> str:
         sent = time.monotonic()
+        # The slot first, and the lease capped at its expiry: a live lease always lies
+        # within a live hold (a lapsed hold may be another run's now).
+        cap = ex.slot.renew() if ex.slot is not None else 0
         status: str = self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,
-                                                 run_id=ex.run_id).status
+                                                 run_id=ex.run_id, cap_ms=cap).status
         if status == "ok":
             ex.lease_at = sent
-            if ex.slot is not None:
-                ex.slot.renew()  # the slot's expiry follows the lease's
         return status
 
     def settle(self, ex: Execution, status: str, *, result: bytes | None = None,

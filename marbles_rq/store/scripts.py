@@ -482,14 +482,15 @@ class Scripts:
 
     def start_attempt(self, *, keys: RunKeys, run_id: str, attempt: int, ttl_ms: int,
                       worker: str, final_cancel: bytes, final_timeout: bytes,
-                      token: str, slot: bool = False) -> Reply:
+                      token: str, slot: bool = False, slot_until: int = 0) -> Reply:
         """`slot`: the caller holds the run's concurrency slot; a run with a limit answers
-        needs_slot without it (flow control)."""
+        needs_slot without it (flow control). `slot_until`: that slot's expiry, where the
+        lease is capped (0: none)."""
         return self._reply(
             "start_attempt",
             [keys.run, keys.steps, keys.leases, keys.dispatch, keys.output, keys.finished],
             [run_id, attempt, ttl_ms, worker, final_cancel, final_timeout, token,
-             "1" if slot else ""],
+             "1" if slot else "", slot_until],
             ("ok", "missing", "settled", "stale_attempt", "busy", "cancelled", "timed_out",
              "corrupt", "waiting", "paused", "needs_slot"))
 
@@ -524,9 +525,11 @@ class Scripts:
                            [epoch, type, data, seq, max_entries, max_bytes],
                            ("ok", "capped", "stale", "settled"))
 
-    def renew_attempt(self, *, keys: RunKeys, epoch: int, ttl_ms: int, run_id: str) -> Reply:
-        return self._reply("renew_attempt", [keys.run, keys.leases], [epoch, ttl_ms, run_id],
-                           ("ok", "stale", "settled", "cancelled", "timed_out"))
+    def renew_attempt(self, *, keys: RunKeys, epoch: int, ttl_ms: int, run_id: str,
+                      cap_ms: int = 0) -> Reply:
+        return self._reply("renew_attempt", [keys.run, keys.leases],
+                           [epoch, ttl_ms, run_id, cap_ms],
+                           ("ok", "stale", "settled", "cancelled", "timed_out", "expired"))
 
     def settle_run(self, *, keys: RunKeys, epoch: int, status: str, result: bytes,
                    error: bytes, event: bytes, run_id: str) -> Reply:
@@ -607,15 +610,16 @@ class Scripts:
 
     def acquire_slot(self, *, slots_key: str, holders_key: str, run_id: str, attempt: int,
                      token: str, limit: int, ttl_ms: int) -> Reply:
-        """{"ok", held} | {"full", held} | {"stale", attempt}; safe to resend (re-entrant)."""
+        """{"ok", held, until} | {"full", held} | {"stale", attempt}; safe to resend
+        (re-entrant)."""
         return self._reply("acquire_slot", [slots_key, holders_key],
                            [run_id, attempt, token, limit, ttl_ms], ("ok", "full", "stale"))
 
     def renew_slot(self, *, slots_key: str, holders_key: str, run_id: str, attempt: int,
-                   token: str, ttl_ms: int) -> Reply:
-        """{"ok", retaken} | {"stale", attempt}; safe to resend."""
+                   token: str, ttl_ms: int, limit: int) -> Reply:
+        """{"ok", retaken, until} | {"lost", held} | {"stale", attempt}; safe to resend."""
         return self._reply("renew_slot", [slots_key, holders_key],
-                           [run_id, attempt, token, ttl_ms], ("ok", "stale"))
+                           [run_id, attempt, token, ttl_ms, limit], ("ok", "lost", "stale"))
 
     def release_slot(self, *, slots_key: str, holders_key: str, run_id: str,
                      holder: str) -> str:
@@ -680,6 +684,15 @@ class Scripts:
                 raise self._unexpected("wake_run", reply)
             out.append(Reply(status, reply[1:]))
         return out
+
+    def recheck_waits(self, calls: list[tuple[RunKeys, str, int, str, int]]) -> list[str]:
+        """recheck_wait for many (keys, run id, ctl epoch, run epoch read, at ms), pipelined:
+        ok | moved_on | fenced for each (a failed call counts as moved_on: the index entry
+        is only when the controller looks again)."""
+        replies = self.call_many("recheck_wait", [
+            ([k.run, k.waits, k.fence], [rid, ctl_epoch, epoch, at])
+            for k, rid, ctl_epoch, epoch, at in calls], errors=True)
+        return ["moved_on" if isinstance(r, Exception) else _s(r[0]) for r in replies]
 
     def answer_ask(self, *, keys: RunKeys, run_id: str, key: str, rev: str, answer: bytes,
                    event: bytes, grace_ms: int, request_id: str) -> Reply:
