@@ -208,10 +208,30 @@ class CancelBeforeChildRecord(RunStore):
     its children: the cancel's walk lands between start_child's first write and the child's
     record."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.walked = threading.Event()
+
+    def waits(self) -> WaitStore:
+        # The settle walks the children right after it lands: the record must wait for the
+        # walk itself, not only for the status, or the walk may find the child after all.
+        store = super().waits()
+        walk = store.cancel_children
+
+        def walk_then_tell(run_id: str) -> list[str]:
+            try:
+                return walk(run_id)
+            finally:
+                self.walked.set()
+
+        store.cancel_children = walk_then_tell  # type: ignore[method-assign]
+        return store
+
     def record(self, record: Any, push: Any = None) -> Any:
         if record.parent:
             assert _other().cancel(record.parent) == "requested"
             _until(lambda: _status(record.parent) == "cancelled", "the parent's settle")
+            assert self.walked.wait(30), "the parent's walk of its children"
         return super().record(record, push)
 
 
