@@ -97,8 +97,10 @@ class Metrics:
             "marbles_rq_runs_enqueued_total", "Runs recorded by this process (a repeated id "
             "that found its run is not counted).", ["workflow", "queue"])
         self.runs_started = counter(
-            "marbles_rq_runs_started_total", "Executions started: a run's first delivery, a "
-            "redelivery and a resumption after a wait each count.", ["workflow"])
+            "marbles_rq_runs_started_total", "Executions started, by kind: first (a run's "
+            "first execution), redelivery (one that replaced a vanished execution), "
+            "resumption (after a wait), handback (after a worker handed it back).",
+            ["workflow", "kind"])
         self.runs_finished = counter(
             "marbles_rq_runs_finished_total", "Runs settled by a worker, by final status "
             "(succeeded, failed, cancelled).", ["workflow", "status"])
@@ -168,9 +170,13 @@ def run_enqueued(workflow: str, queue: str) -> None:
         _child(_M.runs_enqueued, workflow, queue).inc()
 
 
-def run_started(workflow: str) -> None:
+# What made an execution (start_attempt's reply); anything else is counted as "other".
+START_KINDS = frozenset({"first", "redelivery", "resumption", "handback"})
+
+
+def run_started(workflow: str, kind: str = "first") -> None:
     if _M is not None:
-        _child(_M.runs_started, workflow).inc()
+        _child(_M.runs_started, workflow, kind if kind in START_KINDS else "other").inc()
 
 
 def run_finished(workflow: str, status: str, seconds: float) -> None:
