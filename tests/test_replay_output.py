@@ -29,6 +29,7 @@ from marbles_rq.store import open_store
 from marbles_rq.transport.dispatch import rq_connection
 from tests import replay_output_workflows as wf
 from tests.procs import REPO_ROOT, Procs, pid_alive, wait_for
+from tests.web_stack import start_web
 
 PROCS_SOURCES = (REPO_ROOT / "tests" / "replay_output_workflows.py",)
 
@@ -168,6 +169,13 @@ def test_a_run_answered_three_times_shows_each_line_once_and_attempt_1(procs: Pr
     page = RunPager(obs.runs).page(limit=10)
     dash = next(r for r in page.rows if r.id == run_id)
     assert (dash.attempt, dash.resumptions) == (1, 3)
+    web = start_web(procs)
+    with web.client() as anon:  # reads are open on loopback
+        html = anon.get(f"/runs/{run_id}").text
+        listed = anon.get("/runs").text
+    assert "<dt>Attempt</dt><dd>1</dd>" in html and "<dt>Resumed</dt><dd>3 times</dd>" in html
+    assert '<td data-label="Attempt" class="num">1</td>' in listed, listed
+    assert '<td data-label="Resumed" class="num">3</td>' in listed, listed
 
     # watch: four executions, each of attempt 1; the three after a wait are resumptions.
     started = [e for e in events if e.type == "attempt_started"]
@@ -176,7 +184,7 @@ def test_a_run_answered_three_times_shows_each_line_once_and_attempt_1(procs: Pr
     lines = [format_event(e) for e in started]
     assert all(" attempt 1 " in ln for ln in lines) and not any(
         f"attempt {n}" in ln for ln in lines for n in (2, 3, 4)), lines
-    assert "resumed (3rd resumption)" in lines[-1], lines
+    assert "attempt 1 continues on " in lines[-1] and "(resumption 3, epoch" in lines[-1], lines
     watched = procs.cli("watch", run_id, "--no-follow")
     assert watched.returncode == 0, watched.stderr
     assert watched.stdout.count("first line") == 1, watched.stdout
@@ -208,7 +216,7 @@ def test_a_sigkilled_horse_shows_attempt_2_and_its_line_before_the_kill_once(
     started = [e.data for e in events if e.type == "attempt_started"]
     assert [(d["attempt"], d["kind"]) for d in started] == [(1, "first"), (2, "redelivery")]
     watched = procs.cli("watch", run_id, "--no-follow").stdout
-    assert "attempt 2 started again (redelivered)" in watched, watched
+    assert "attempt 2 started on " in watched and "(redelivery, epoch" in watched, watched
 
 
 def test_old_events_without_counts_still_read() -> None:

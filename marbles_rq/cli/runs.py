@@ -324,17 +324,12 @@ def _started(ev: OutputEvent, d: dict[str, Any]) -> str:
     d<N> is its delivery (a wake is a delivery too, not an attempt)."""
     if "attempt" not in d:  # written before attempts and resumptions were counted apart
         return f"delivery {ev.attempt} started on {d.get('worker')} (epoch {d.get('epoch')})"
-    how = {"resumption": f"resumed ({_nth(d.get('resumptions'))} resumption)",
-           "redelivery": "started again (redelivered)",
-           "handback": "started again (handed back)"}.get(str(d.get("kind")), "started")
-    return f"attempt {d['attempt']} {how} on {d.get('worker')} (epoch {d.get('epoch')})"
-
-
-def _nth(n: Any) -> str:
-    if not isinstance(n, int):
-        return str(n)
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
+    kind = d.get("kind")
+    verb = "continues" if kind == "resumption" else "started"
+    why = {"resumption": f"resumption {d.get('resumptions')}, ", "redelivery": "redelivery, ",
+           "handback": "after a hand-back, "}.get(str(kind), "")
+    return (f"attempt {d['attempt']} {verb} on {d.get('worker')} "
+            f"({why}epoch {d.get('epoch')})")
 
 
 def _parked(d: dict[str, Any]) -> str:
