@@ -185,7 +185,8 @@ def test_hold_hands_the_run_back_not_counted(redis_url: str) -> None:
         keys=store.keys.run_keys("h1"), run_id="h1", attempt=1, base_ms=250, cap_ms=2000,
         jitter=1.0, note="x", event=b"{}").status == "moved"
     view = runs.get("h1")
-    assert view is not None and (view.status, view.attempt) == ("queued", 4)
+    # Holds are deliveries, not attempts: nothing failed.
+    assert view is not None and (view.status, view.delivery, view.attempt) == ("queued", 4, 1)
     assert view.note == "concurrency limit solo 1/1"
     fields = store.client.hmget(store.keys.run("h1"), "deferred", "epoch")
     assert fields == [b"3", b"0"]  # deferrals; never started
