@@ -62,6 +62,7 @@ if r[1] == 'waiting' and r[3] ~= '1' then
   attempt = tonumber(r[2]) + 1
   redis.call('HSET', run, 'status', 'queued', 'attempt', attempt)
   redis.call('HINCRBY', run, 'deferred', 1)
+  redis.call('HINCRBY', run, 'resumptions', 1)  -- status shows them apart
   redis.call('HDEL', run, 'wait_reason', 'wait_for', 'wait_since', 'wake_at', 'wake_pending')
   redis.call('ZREM', waits, run_id)
   redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[6]), run_id)

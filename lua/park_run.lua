@@ -92,6 +92,7 @@ if pending and not paused then
   local attempt = tonumber(r[3]) + 1
   redis.call('HSET', run, 'status', 'queued', 'attempt', attempt)
   redis.call('HINCRBY', run, 'deferred', 1)
+  redis.call('HINCRBY', run, 'resumptions', 1)  -- status shows them apart
   redis.call('HDEL', run, 'wake_pending')
   redis.call('ZADD', dispatch, now_ms + tonumber(ARGV[6]), run_id)
   redis.call('XADD', out, '*', 't', 'woken', 'a', attempt,

@@ -20,8 +20,13 @@ ARGV[8] slot            "1": the caller holds the run's concurrency slot (acquir
 ARGV[9] cap_ms          0, or the lease ends at most at this (server ms): the expiry of the
                         caller's slot, so a live lease always lies within a live hold
 Returns:
-  {"ok", epoch, doc, deadline_ms, ledger, now_ms}   ledger = flat {key, record, ...};
-                              now_ms: the server clock at the start (timers are on it)
+  {"ok", epoch, doc, deadline_ms, ledger, now_ms, attempt, resumptions, kind}
+                              ledger = flat {key, record, ...}; now_ms: the server clock at
+                              the start (timers are on it); attempt: 1 + redeliveries (the
+                              delivery number less the deliveries that do not count: wakes,
+                              hand-backs, holds); resumptions: wakes after a park; kind: what
+                              made this execution: first | redelivery (attempt grew since the
+                              previous start) | resumption (a wake since it) | handback
   {"missing"}                 no such run
   {"settled", status}         the run is finished; this delivery is a no-op
   {"stale_attempt", attempt}  a newer delivery exists; this one is a no-op
@@ -48,7 +53,7 @@ local run_id, attempt, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local r = redis.pcall('HMGET', run, 'doc', 'status', 'attempt', 'epoch', 'cancel',
   'deadline_ms', 'timeout_ms', 'start_token', 'retention_ms', 'pause', 'started_ms', 'note',
-  'enq', 'limit', 'holds')
+  'enq', 'limit', 'holds', 'deferred', 'resumptions', 'start_seen', 'start_kind')
 if r.err then return {'corrupt', 'the run key is not a hash'} end
 if not r[1] then return {'missing'} end
 local status = r[2]
@@ -77,9 +82,13 @@ if status == 'running' or deadline > 0 then
   local t = redis.call('TIME')
   now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- Attempts count only deliveries that replace a vanished execution (the same count that
+-- max deliveries limits); a resumption after a park is counted apart.
+local tries = math.max(1, tonumber(r[3]) - (tonumber(r[16] or '0') or 0))
+local resumed = tonumber(r[17] or '0') or 0
 if status == 'running' and r[8] == ARGV[7] then  -- our own start, resent
   return {'ok', tonumber(r[4]), r[1], tonumber(r[6] or '0'), redis.call('HGETALL', steps),
-    now_ms}
+    now_ms, tries, resumed, r[19] or 'first'}
 end
 if status == 'running' then
   local lease_until = tonumber(redis.call('ZSCORE', leases, run_id) or '0')
@@ -131,14 +140,24 @@ end
 if r[14] and r[14] ~= '' and ARGV[8] ~= '1' then return {'needs_slot', r[14]} end
 
 local epoch = tonumber(r[4] or '0') + 1
+-- What made this execution, from the counts the previous start saw ("<tries>|<resumptions>").
+local kind = 'first'
+if r[11] then  -- it started before
+  local seen_tries, seen_resumed = string.match(r[18] or '', '^(%d+)|(%d+)$')
+  if seen_tries and tries > tonumber(seen_tries) then kind = 'redelivery'
+  elseif seen_tries and resumed > tonumber(seen_resumed) then kind = 'resumption'
+  elseif seen_tries then kind = 'handback'
+  else kind = 'redelivery' end  -- started before these counts were kept
+end
 redis.call('XADD', out, '*', 't', 'attempt_started', 'a', attempt,
-  'd', cjson.encode({epoch = epoch, worker = ARGV[4]}))
+  'd', cjson.encode({epoch = epoch, worker = ARGV[4], attempt = tries, resumptions = resumed,
+    kind = kind}))
 -- The server clock itself, never the event's id: a stream's ids never go back, so after the
 -- clock stepped back they run ahead of it, and the execution judges its timers on now_ms (a
 -- timer due later would be seen fired, a new one set that much late).
 clock()
 local fields = {'epoch', epoch, 'status', 'running', 'worker', ARGV[4], 'start_token', ARGV[7],
-  'wseq', 0}
+  'wseq', 0, 'start_seen', tries .. '|' .. resumed, 'start_kind', kind}
 if deadline == 0 and tonumber(r[7] or '0') > 0 then
   deadline = now_ms + tonumber(r[7])
   fields[#fields + 1] = 'deadline_ms'
@@ -154,4 +173,5 @@ local cap = tonumber(ARGV[9] or '0') or 0
 redis.call('ZADD', leases, (cap > 0 and cap < now_ms + ttl_ms) and cap or now_ms + ttl_ms, run_id)
 local fresh = r[4] == '0' and attempt == 1
 if not (fresh and r[13] == '1') then redis.call('ZREM', dispatch, run_id) end
-return {'ok', epoch, r[1], deadline, fresh and {} or redis.call('HGETALL', steps), now_ms}
+return {'ok', epoch, r[1], deadline, fresh and {} or redis.call('HGETALL', steps), now_ms,
+  tries, resumed, kind}

@@ -115,8 +115,10 @@ class Metrics:
             "marbles_rq_runs_enqueued_total", "Runs recorded by this process (a repeated id "
             "that found its run is not counted).", ["workflow", "queue"])
         self.runs_started = counter(
-            "marbles_rq_runs_started_total", "Executions started: a run's first delivery, a "
-            "redelivery and a resumption after a wait each count.", ["workflow"])
+            "marbles_rq_runs_started_total", "Executions started, by kind: first (a run's "
+            "first execution), redelivery (one that replaced a vanished execution), "
+            "resumption (after a wait), handback (after a worker handed it back).",
+            ["workflow", "kind"])
         self.runs_finished = counter(
             "marbles_rq_runs_finished_total", "Runs settled by a worker, by final status "
             "(succeeded, failed, cancelled).", ["workflow", "status"])
@@ -209,9 +211,14 @@ def run_enqueued(workflow: str, queue: str) -> None:
         _child(_M.runs_enqueued, bounded("workflow", workflow), bounded("queue", queue)).inc()
 
 
-def run_started(workflow: str) -> None:
+# What made an execution (start_attempt's reply); anything else is counted as "other".
+START_KINDS = frozenset({"first", "redelivery", "resumption", "handback"})
+
+
+def run_started(workflow: str, kind: str = "first") -> None:
     if _M is not None:
-        _child(_M.runs_started, bounded("workflow", workflow)).inc()
+        _child(_M.runs_started, bounded("workflow", workflow),
+               kind if kind in START_KINDS else "other").inc()
 
 
 def run_finished(workflow: str, status: str, seconds: float) -> None:

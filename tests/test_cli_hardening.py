@@ -394,8 +394,8 @@ def test_run_output_cannot_drive_the_terminal(redis_url: str, tmp_path: Path) ->
     for proc in (watched, status, listed):
         assert not CONTROLS.search(proc.stdout.replace("\n", "")), proc.stdout
     lines = watched.stdout.splitlines()
-    assert all(re.match(r"\d\d:\d\d:\d\d\.\d{3} a1 ", ln) for ln in lines), lines
-    assert [ln for ln in lines if " a1 run succeeded: " in ln] == [lines[-1]]
+    assert all(re.match(r"\d\d:\d\d:\d\d\.\d{3} d1 ", ln) for ln in lines), lines
+    assert [ln for ln in lines if " d1 run succeeded: " in ln] == [lines[-1]]
     assert "\\x1b]0;pwned\\x07" in watched.stdout  # shown, escaped, not dropped
     exact = json.loads(mrq(*args, "status", "e1", "--json").stdout)
     assert exact["result"] == EVIL

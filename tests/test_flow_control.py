@@ -192,7 +192,8 @@ def test_hold_hands_the_run_back_not_counted(redis_url: str) -> None:
         keys=store.keys.run_keys("h1"), run_id="h1", attempt=1, base_ms=250, cap_ms=2000,
         jitter=1.0, note="x", event=b"{}").status == "moved"
     view = runs.get("h1")
-    assert view is not None and (view.status, view.attempt) == ("queued", 4)
+    # Holds are deliveries, not attempts: nothing failed.
+    assert view is not None and (view.status, view.delivery, view.attempt) == ("queued", 4, 1)
     assert view.note == "concurrency limit solo 1/1"
     fields = store.client.hmget(store.keys.run("h1"), "deferred", "epoch")
     assert fields == [b"3", b"0"]  # deferrals; never started
@@ -316,7 +317,7 @@ def test_kill_of_a_slot_holder(procs: Procs) -> None:
         tries = sum(1 for e in execs if e.startswith(f"{rid}|1|"))
         assert tries == (2 if rid == first["run"] else 1), (rid, execs)
     view = obs.view(first["run"])
-    assert view is not None and view.attempt > first["attempt"]
+    assert view is not None and view.delivery > first["attempt"]  # run.attempt: a delivery
     assert obs.client.hget(Keyspace(prefix=PREFIX).run(first["run"]), "queue") == "default~3"
     assert any(e.type == "redelivered" for e in obs.events(first["run"]))
     assert obs.client.zcard(key) == 0, obs.client.zrange(key, 0, -1, withscores=True)

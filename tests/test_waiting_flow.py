@@ -155,7 +155,7 @@ def test_a_sleeping_run_holds_no_worker_and_fires_once_never_early(procs: Procs)
     assert len(_of(events, "parked", reason="timer")) == 1, obs.dump(run_id)
     woken = _of(events, "woken")
     assert [e.data["cause"] for e in woken] == ["timer"], obs.dump(run_id)
-    assert view.attempt == 2
+    assert (view.attempt, view.resumptions, view.delivery) == (1, 1, 2)
     assert _effects(url, run_id) == {"before": 1, "after": 1}
     assert _started(events, "fl_timer.fl_now#0") == 1  # recorded before the sleep: replayed
     assert [s.key for s in view.steps if s.name == "|sleep"] == ["fl_timer.|sleep#0"]
@@ -183,7 +183,7 @@ def test_a_timer_due_while_controller_and_worker_are_down_fires_once(procs: Proc
     assert [e.data["cause"] for e in _of(events, "woken")] == ["timer"], obs.dump(run_id)
     assert _result(view)["after"] >= due
     assert _effects(url, run_id) == {"before": 1, "after": 1}
-    assert view.attempt == 2
+    assert (view.attempt, view.resumptions, view.delivery) == (1, 1, 2)
 
 
 def test_a_timer_after_a_child_that_woke_its_running_parent_fires_once(procs: Procs) -> None:
@@ -197,7 +197,7 @@ def test_a_timer_after_a_child_that_woke_its_running_parent_fires_once(procs: Pr
     assert _result(view)["after"] >= due
     assert [e.data["reason"] for e in _of(events, "parked")] == ["timer"], obs.dump(run_id)
     assert [e.data["cause"] for e in _of(events, "woken")] == ["timer"], obs.dump(run_id)
-    assert view.attempt == 2, obs.dump(run_id)
+    assert (view.attempt, view.resumptions, view.delivery) == (1, 1, 2), obs.dump(run_id)
 
 
 def test_sleep_until_takes_an_aware_datetime_and_refuses_a_naive_one(procs: Procs) -> None:
@@ -435,7 +435,7 @@ def _wake_timer(runs: RunStore, run_id: str) -> int:
     assert ctl.lead()
     handled, woken = WaitingDuty(threaded=False).wake_due(ctl)
     assert woken == 1, (handled, woken)
-    return _view(runs, run_id).attempt
+    return _view(runs, run_id).delivery
 
 
 # -- 3. parallel (engine logic)
@@ -766,7 +766,7 @@ def test_children_started_at_different_positions_are_different_runs(runs: RunSto
             break
         (child,) = (_view(runs, run_id).wait_for or {})["children"]
         assert _run(runs, child, 1) == "succeeded"  # and wakes the parent
-        attempt = _view(runs, run_id).attempt
+        attempt = _view(runs, run_id).delivery
     assert outcome == "succeeded"
     children = sorted(r.record.id for r in runs.list_runs(limit=10)
                       if r.record.parent == run_id)
@@ -802,7 +802,7 @@ def test_a_childs_wake_during_its_parents_execution_requeues_only_a_wait_for_chi
     # after it read the child's state), not at the controller's next check.
     assert _run(runs, run_id, 1) == "requeued"
     view = _view(runs, run_id)
-    assert view.status == "queued" and view.attempt == 2
+    assert view.status == "queued" and (view.attempt, view.delivery) == (1, 2)
     assert [e.data for e in _of(list(runs.output(run_id, count=1000)), "woken")] == [
         {"cause": "wake_pending"}]
     assert _run(runs, f"{run_id}.c0", 1) == "succeeded"

@@ -231,7 +231,9 @@ def test_parked_question_survives_kill9_of_every_process_and_reruns_nothing(
                                                                 "wq_finish": 1}
     types = event_types(obs, "survivor")
     assert "redelivered" not in types, obs.dump("survivor")  # parking is not vanishing
-    assert data["attempt"] == 2 and types.count("attempt_started") == 2, obs.dump("survivor")
+    # One resumption after the answer; no redelivery (parking is not vanishing).
+    assert (data["attempt"], data["resumptions"]) == (1, 1), obs.dump("survivor")
+    assert types.count("attempt_started") == 2, obs.dump("survivor")
     assert types.count("final") == 1
 
 
@@ -666,7 +668,7 @@ def test_a_paused_run_is_not_woken_by_an_answer_only_by_resume(procs: Procs) -> 
     assert kinds == {"parked:": 1, "woken (": 1, "answered:": 1, "pause requested": 1,
                      "resumed": 1}, watch.stdout
     assert any("parked: waiting for an answer to ship" in line for line in lines), lines
-    assert any("woken (resume); delivered as attempt 2" in line for line in lines), lines
+    assert any("woken (resume); delivered again as delivery 2" in line for line in lines), lines
 
 
 # --------------------------------------------------------------------------------------------
@@ -701,7 +703,7 @@ def test_status_and_watch_show_a_parked_and_a_woken_run(procs: Procs) -> None:
     assert watch.returncode == 0, show(watch)
     lines = watch.stdout.splitlines()
     parked = [i for i, line in enumerate(lines) if "parked:" in line]
-    woken = [i for i, line in enumerate(lines) if "woken (answer); delivered as attempt 2"
+    woken = [i for i, line in enumerate(lines) if "woken (answer); delivered again as delivery 2"
              in line]
     answered = [i for i, line in enumerate(lines) if 'question colour answered: "blue"' in line]
     assert len(parked) == len(woken) == len(answered) == 1, watch.stdout

@@ -83,7 +83,7 @@ def _record(runs: RunStore, name: str, inp: Any, run_id: str) -> None:
 def _run(runs: RunStore, run_id: str) -> str:
     view = runs.get(run_id)
     assert view is not None
-    return execute(runs, REGISTRY, run_id, view.attempt, worker="w", lease_ms=60_000,
+    return execute(runs, REGISTRY, run_id, view.delivery, worker="w", lease_ms=60_000,
                    hard_exit=False)
 
 

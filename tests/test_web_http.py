@@ -160,7 +160,7 @@ def test_markup_in_questions_and_output_is_escaped(procs: Procs) -> None:
     assert "&lt;script&gt;alert(&#34;xss&#34;)&lt;/script&gt;" in pages[0]
     assert "&lt;img src=x onerror=alert(1)&gt;" in pages[1]
     # The output stream carries text in JSON; live.js sets it as textContent, never markup.
-    assert any(d["text"] == f"a1 asking: {XSS}" for d in lines)
+    assert any(d["text"] == f"d1 asking: {XSS}" for d in lines)
     # A run id is checked before it is used anywhere.
     with web.client() as anon:
         assert anon.get("/runs/%3Cscript%3E").status_code == 400

@@ -64,7 +64,7 @@ def run_cmd(ctx: click.Context, name: str, input_json: str | None, dry_run: bool
     if as_json:
         data = view.to_json()
         data["dry_run"] = True
-        data["output"] = [{"type": e.type, "attempt": e.attempt, "data": e.data}
+        data["output"] = [{"type": e.type, "delivery": e.attempt, "data": e.data}
                           for e in done.runs.runs[view.record.id].output]
         click.echo(json.dumps(data, indent=2))
     else:

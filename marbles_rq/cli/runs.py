@@ -117,7 +117,8 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    _echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}")
+    _echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}"
+          + _resumed(data["resumptions"]))
     _echo(f"  queue {data['queue']}  lane {data['lane']}  created {data['created_at']}  started "
                f"{data['started_at'] or '-'}  finished {data['finished_at'] or '-'}")
     if data["priority"] or data["concurrency"]:
@@ -157,6 +158,12 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         _echo(f"  {r['kind']} {r['key']}  {json.dumps(r['entry'])[:200]}")
 
 
+def _resumed(resumptions: int) -> str:
+    """How often a run was woken after a wait (not attempts: it did not fail)."""
+    return "" if not resumptions else (
+        f"  resumed {resumptions} time{'' if resumptions == 1 else 's'}")
+
+
 def _waiting(waiting: dict[str, Any]) -> str:
     what = waiting.get("for") or {}
     parts = [waiting.get("reason") or "?"]
@@ -187,14 +194,14 @@ def runs_cmd(settings: Settings, status_: str | None, name: str | None, limit: i
     for v in views:
         data = v.to_json()
         _echo(f"{data['id']:34} {data['name']:16} {data['status']:10} a{data['attempt']:<3} "
-                   f"{data['created_at']}")
+              f"r{data['resumptions']:<3} {data['created_at']}")
 
 
 @click.command()
 @click.argument("run_id")
 @click.option("--no-follow", is_flag=True, help="Print what is there and stop.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per output event "
-              "(id, type, attempt, at, data), a line each.")
+              "(id, type, delivery, at, data), a line each.")
 @click.pass_obj
 def watch(settings: Settings, run_id: str, no_follow: bool, as_json: bool) -> None:
     """Print a run's output from the start and follow it. Exit 0 if it succeeded, 1 if it
@@ -207,7 +214,7 @@ def watch(settings: Settings, run_id: str, no_follow: bool, as_json: bool) -> No
 
 def _json_line(ev: OutputEvent) -> None:
     at = ev.at_ms
-    click.echo(json.dumps({"id": ev.id, "type": ev.type, "attempt": ev.attempt,
+    click.echo(json.dumps({"id": ev.id, "type": ev.type, "delivery": ev.attempt,
                            "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))
                            + f".{at % 1000:03d}Z", "data": ev.data}))
 
@@ -284,8 +291,7 @@ def format_event(ev: OutputEvent) -> str:
     stamp = time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + f".{at % 1000:03d}"
     handlers: dict[str, Callable[[], str]] = {
         "queued": lambda: f"queued: {d.get('name')} on {d.get('queue')}",
-        "attempt_started": lambda: f"attempt {ev.attempt} started on {d.get('worker')} "
-                                   f"(epoch {d.get('epoch')})",
+        "attempt_started": lambda: _started(ev, d),
         "step_started": lambda: f"step {d.get('step')} started (try {d.get('attempt')})",
         "step_succeeded": lambda: f"step {d.get('step')} succeeded",
         "step_retry": lambda: f"step {d.get('step')} failed ({d.get('error')}); retrying in "
@@ -293,13 +299,13 @@ def format_event(ev: OutputEvent) -> str:
         "step_failed": lambda: f"step {d.get('step')} failed: {d.get('error')}",
         "output": lambda: d["text"] if "text" in d else json.dumps(d.get("value")),
         "log": lambda: f"{d.get('level')}: {d.get('message')}",
-        "redelivered": lambda: f"attempt {d.get('previous')} vanished ({d.get('reason')}); "
-                               f"redelivered as attempt {d.get('attempt')}",
+        "redelivered": lambda: f"delivery {d.get('previous')} vanished ({d.get('reason')}); "
+                               f"redelivered as delivery {d.get('attempt')}",
         "cancel_requested": lambda: "cancel requested",
         "deferred": lambda: f"handed back: {d.get('reason')}",
         "held": lambda: f"held: {d.get('reason')}",
         "parked": lambda: f"parked: waiting for {_parked(d)}",
-        "woken": lambda: f"woken ({d.get('cause')}); delivered as attempt {ev.attempt}",
+        "woken": lambda: f"woken ({d.get('cause')}); delivered again as delivery {ev.attempt}",
         "answered": lambda: f"question {d.get('key')} answered: {json.dumps(d.get('answer'))}",
         "report": lambda: f"{d.get('kind')} {d.get('key')}: {json.dumps(d.get('entry'))}",
         "child_started": lambda: f"child {d.get('child')} started ({d.get('workflow')})",
@@ -310,7 +316,20 @@ def format_event(ev: OutputEvent) -> str:
         "final": lambda: _final(d),
     }
     text = handlers.get(ev.type, lambda: f"{ev.type}: {json.dumps(d)}")()
-    return f"{stamp} a{ev.attempt} {text}"
+    return f"{stamp} d{ev.attempt} {text}"
+
+
+def _started(ev: OutputEvent, d: dict[str, Any]) -> str:
+    """An execution's start: its attempt (1 + redeliveries) and what made it; the line's
+    d<N> is its delivery (a wake is a delivery too, not an attempt)."""
+    if "attempt" not in d:  # written before attempts and resumptions were counted apart
+        return f"delivery {ev.attempt} started on {d.get('worker')} (epoch {d.get('epoch')})"
+    kind = d.get("kind")
+    verb = "continues" if kind == "resumption" else "started"
+    why = {"resumption": f"resumption {d.get('resumptions')}, ", "redelivery": "redelivery, ",
+           "handback": "after a hand-back, "}.get(str(kind), "")
+    return (f"attempt {d['attempt']} {verb} on {d.get('worker')} "
+            f"({why}epoch {d.get('epoch')})")
 
 
 def _parked(d: dict[str, Any]) -> str:

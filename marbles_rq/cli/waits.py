@@ -163,7 +163,7 @@ def resume(settings: Settings, run_id: str) -> None:
     outcome, attempt, queue = waits.resume(run_id)
     if outcome == "woken":
         tail = _enqueue(settings, waits.runs, run_id, attempt, queue)
-        click.echo(f"run {run_id} resumed (attempt {attempt}){tail}")
+        click.echo(f"run {run_id} resumed (delivery {attempt}){tail}")
     elif outcome == "resumed":
         click.echo(f"run {run_id} resumed before it parked; it carries on")
     else:  # exit 1, one line on stderr, like every failure (and like "not paused")

@@ -71,13 +71,15 @@ class _Run:
     record: RunRecord
     created_ms: int
     status: str = "queued"
-    attempt: int = 1
+    attempt: int = 1  # the delivery number (no redeliveries here: every new one is a wake)
+    resumptions: int = 0
     epoch: int = 0
     started_ms: int | None = None
     finished_ms: int | None = None
     ledger: dict[str, StepRecord] = field(default_factory=dict)
     output: list[OutputEvent] = field(default_factory=list)
     output_bytes: int = 0
+    written: dict[str, int] = field(default_factory=dict)  # frame entry -> writes made
     result: bytes | None = None
     error: ErrorInfo | None = None
     asks: dict[str, _Ask] = field(default_factory=dict)
@@ -159,8 +161,10 @@ class MemoryRuns:
             run.started_ms = run.started_ms or now
             ex = Execution(run_id, attempt, run.epoch, self.keys.run_keys(run_id), ttl_ms,
                            run.record, 0, dict(run.ledger), server_ms=now,
-                           mono_at_start=time.monotonic())
-        self._emit(run, "attempt_started", {"worker": worker, "epoch": ex.epoch})
+                           mono_at_start=time.monotonic(), resumptions=run.resumptions,
+                           kind="resumption" if run.epoch > 1 else "first")
+        self._emit(run, "attempt_started", {"worker": worker, "epoch": ex.epoch, "attempt": 1,
+                                            "resumptions": run.resumptions, "kind": ex.kind})
         return Started("ok", ex)
 
     def _put_starts(self, ex: Execution, starts: list[Any]) -> None:
@@ -223,12 +227,17 @@ class MemoryRuns:
             return "ok"
 
     def write(self, ex: Execution, type: str, data: bytes, *, max_lines: int = 10_000,
-              max_bytes: int = 8 << 20) -> str:
+              max_bytes: int = 8 << 20, position: tuple[str, int] | None = None) -> str:
         with ex.lock:
             self.write_starts_locked(ex)
             run = self._run(ex)
             if ex.output_capped:
                 return "capped"
+            if position is not None:
+                frame, index = position
+                if index < run.written.get(frame, 0):
+                    return "replayed"
+                run.written[frame] = index + 1
             lines = sum(1 for e in run.output if e.type in ("output", "log"))
             if lines >= max_lines or run.output_bytes + len(data) > max_bytes:
                 ex.output_capped = True
@@ -313,7 +322,8 @@ class MemoryRuns:
         if run is None:
             return None
         ledger = sorted(run.ledger.values(), key=lambda s: (s.at_ms, s.key))
-        return RunView(record=run.record, status=run.status, attempt=run.attempt,
+        return RunView(record=run.record, status=run.status, attempt=1,
+                       delivery=run.attempt, resumptions=run.resumptions,
                        epoch=run.epoch, created_ms=run.created_ms, started_ms=run.started_ms,
                        finished_ms=run.finished_ms,
                        result=None if run.result is None else msgspec.Raw(run.result),
@@ -364,6 +374,7 @@ class MemoryWaits:
             if run is None or run.status != "waiting":
                 return "not_waiting", 0, ""
             run.status, run.attempt = "queued", run.attempt + 1
+            run.resumptions += 1
         mem._emit(run, "woken", {"cause": cause, **(detail or {})})
         return "woken", run.attempt, run.record.queue
 

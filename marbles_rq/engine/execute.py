@@ -138,6 +138,16 @@ class Frame:
     path: str
     counters: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
     seq: int = 0  # recorded calls made in this frame so far (steps, timers, children)
+    # Which entry of the frame this is: the path with the try of each step on the way (a
+    # retried step's writes are new output; a replay of the same try writes nothing again).
+    tag: str = ""
+    writes: int = 0  # output writes made in this entry so far: the next one's index
+
+    def write_position(self) -> tuple[str, int]:
+        """The position of the next output write here: (entry id, index)."""
+        index = self.writes
+        self.writes += 1
+        return hashlib.sha1((self.tag or self.path).encode()).hexdigest()[:16], index
 
 
 def current(what: str = "mr.current()") -> RunContext:
@@ -274,6 +284,9 @@ class RunContext:
 
     @property
     def attempt(self) -> int:
+        """The delivery number of this execution: every new delivery moves it, a resumption
+        after a wait too. `status` shows `attempt` (1 + redeliveries) and `resumptions`
+        apart; they are `ex.tries` and `ex.resumptions` here."""
         return self.ex.attempt
 
     @property
@@ -337,7 +350,8 @@ class RunContext:
         while True:
             attempts += 1
             self._begin(definition, record("running"))
-            self._frames.append(Frame(key))
+            self._frames.append(Frame(key, tag=f"{self.frame.tag or self.frame.path}>{key}"
+                                                f"~{attempts}"))
             tried = time.perf_counter()
             try:
                 value = definition.fn(*args, **kwargs)
@@ -418,12 +432,16 @@ class RunContext:
     def _write(self, type: str, data: dict[str, Any], limit: str, what: str) -> None:
         encoded = msgspec.json.encode(data)
         self.limits.check(what, len(encoded), getattr(self.limits, limit), limit)
-        self._check(self._store(self._append, type, encoded))
+        # A write has a position in the body (its frame entry and its index there), so a
+        # replay writes nothing again. One from a thread the body started has none: its
+        # place among the body's writes is not the same from one execution to the next.
+        position = self.frame.write_position() if _current.get() is self else None
+        self._check(self._store(self._append, type, encoded, position))
 
-    def _append(self, type: str, encoded: bytes) -> str:
+    def _append(self, type: str, encoded: bytes, position: tuple[str, int] | None) -> str:
         status = self.runs.write(self.ex, type, encoded, max_lines=self.limits.output_lines,
-                                 max_bytes=self.limits.output_bytes)
-        return "ok" if status == "capped" else status
+                                 max_bytes=self.limits.output_bytes, position=position)
+        return "ok" if status in ("capped", "replayed") else status
 
     def _check(self, status: str) -> None:
         if status == "ok":
@@ -694,7 +712,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
             ex.slot.release()
         log.info("run %s: its parent %s was cancelled; cancelled (%s)", run_id, parent, reply)
         return _Outcome(_settled(reply, "cancelled"), "", ex if reply == "ok" else None)
-    metrics.run_started(ex.record.name)
+    metrics.run_started(ex.record.name, ex.kind)
     definition = registry.workflows.get(ex.record.name)
     if definition is None:
         # Not this worker's to fail: a rolling deploy, or a worker with other sources.

@@ -508,7 +508,7 @@ def parallel(run: RunContext, calls: list[Callable[[], Any]]) -> list[Any]:
     lock = threading.Lock()
 
     def branch(i: int, call: Callable[[], Any]) -> tuple[str, Any]:
-        _frames.set([Frame(f"{base}[{i}]")])
+        _frames.set([Frame(f"{base}[{i}]", tag=f"{frame.tag or frame.path}.|parallel#{n}[{i}]")])
         _branch_cancel.set(cancel)
         try:
             return "ok", call()

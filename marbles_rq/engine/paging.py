@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from ..store.records import RunRecord
-from .runs import RunStore
+from .runs import RunStore, attempt_of
 
 DEFAULT_SCAN_BUDGET = 5_000
 
@@ -60,6 +60,7 @@ class RunRow:
     started_ms: int | None
     finished_ms: int | None
     parent: str
+    resumptions: int = 0  # wakes after a park (attempt counts only redeliveries)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ class Filters:
         return bool(self.status or self.workflow or self.queue)
 
 
-_FIELDS = ("doc", "status", "attempt", "queue", "created_ms", "started_ms", "finished_ms")
+_FIELDS = ("doc", "status", "attempt", "queue", "created_ms", "started_ms", "finished_ms",
+           "deferred", "resumptions")
 
 
 def _s(value: Any) -> str:
@@ -178,8 +180,9 @@ class RunPager:
                 rows[rid] = None  # a corrupt record costs only itself
                 continue
             row = RunRow(rid, record.name, _s(reply[3] or record.queue), _s(reply[1] or b"?"),
-                         _num(reply[2]) or 0, _num(reply[4]) or ms, _num(reply[5]),
-                         _num(reply[6]), record.parent)
+                         attempt_of(_num(reply[2]) or 0, _num(reply[7]) or 0),
+                         _num(reply[4]) or ms, _num(reply[5]), _num(reply[6]), record.parent,
+                         _num(reply[8]) or 0)
             rows[rid] = row if _matches(row, filters) else None
         return [rows.get(rid) for _, rid in ids]
 

@@ -112,6 +112,12 @@ class Execution:
     # a commit that extended it. A commit extends it only when the watchdog's renewals
     # (every third of the lease) fell behind: past half the lease.
     lease_at: float = field(default_factory=time.monotonic)
+    # What start_attempt counted: 1 + redeliveries, wakes after a park, and what made this
+    # execution (first | redelivery | resumption | handback). `attempt` above is the delivery
+    # number, which every new delivery moves (a resumption too).
+    tries: int = 1
+    resumptions: int = 0
+    kind: str = "first"
 
     def server_now_ms(self) -> int:
         """The server clock now, as far as this process can tell without asking: never
@@ -165,6 +171,11 @@ class RunView:
     wait_since_ms: int | None = None
     pause_requested: bool = False
     lane: int = 0  # the lane its deliveries go through (recorded when it was enqueued)
+    # `attempt` is 1 + redeliveries (what max deliveries limits); `delivery` the delivery
+    # number (every new delivery: redeliveries, resumptions, hand-backs, holds; it names the
+    # RQ job and is the `a` of output events); `resumptions` the wakes after a park.
+    delivery: int = 0
+    resumptions: int = 0
 
     def to_json(self) -> dict[str, Any]:
         def iso(ms: int | None) -> str | None:
@@ -182,7 +193,8 @@ class RunView:
             "concurrency": None if not self.record.concurrency else {
                 "limit": self.record.concurrency,
                 "key": self.record.concurrency_label or None},
-            "status": self.status, "attempt": self.attempt,
+            "status": self.status, "attempt": self.attempt, "resumptions": self.resumptions,
+            "delivery": self.delivery,
             "created_at": iso(self.created_ms), "started_at": iso(self.started_ms),
             "finished_at": iso(self.finished_ms),
             "input": msgspec.json.decode(self.record.input),
@@ -326,7 +338,7 @@ class RunStore:
         if reply.status != "ok":
             detail = _s(reply.values[0]) if reply.values else ""
             return Started(reply.status, detail=detail)
-        epoch, doc, deadline_ms, flat, server_ms = reply.values
+        epoch, doc, deadline_ms, flat, server_ms, tries, resumptions, kind = reply.values
         ledger = {}
         try:
             record = decode(RunRecord, doc, keys.run)
@@ -341,7 +353,8 @@ class RunStore:
             return Started("corrupt", detail=str(exc))
         return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
                                        int(deadline_ms), ledger, server_ms=int(server_ms),
-                                       mono_at_start=sent, lease_at=sent))
+                                       mono_at_start=sent, lease_at=sent, tries=int(tries),
+                                       resumptions=int(resumptions), kind=_s(kind)))
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
         """Write a step's start before it runs, checking cancel, pause and the deadline:
@@ -432,8 +445,10 @@ class RunStore:
 
     def write(self, ex: Execution, type: str, data: bytes, *,
               max_lines: int = DEFAULT_MAX_OUTPUT_LINES,
-              max_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> str:
-        """ok | capped (dropped: the run's output cap is reached) | stale | settled"""
+              max_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+              position: tuple[str, int] | None = None) -> str:
+        """ok | replayed (this `position`, (frame id, index), was written before: nothing
+        written) | capped (dropped: the run's output cap is reached) | stale | settled"""
         with ex.lock:
             self.write_starts_locked(ex)
             if ex.output_capped:
@@ -441,7 +456,9 @@ class RunStore:
             ex.seq += 1
             status = self.scripts.append_output(
                 keys=ex.keys, epoch=ex.epoch, type=type, data=data, seq=ex.seq,
-                max_entries=max_lines, max_bytes=max_bytes).status
+                max_entries=max_lines, max_bytes=max_bytes,
+                frame=position[0] if position else "", index=position[1] if position else 0
+            ).status
             ex.output_capped = status == "capped"
             return status
 
@@ -574,7 +591,9 @@ class RunStore:
                                      ) from None
         return RunView(
             record=decode(RunRecord, f[b"doc"], keys.run), status=status,
-            attempt=num("attempt") or 0, epoch=num("epoch") or 0,
+            attempt=attempt_of(num("attempt") or 0, num("deferred") or 0),
+            delivery=num("attempt") or 0, resumptions=num("resumptions") or 0,
+            epoch=num("epoch") or 0,
             created_ms=num("created_ms") or 0, started_ms=num("started_ms"),
             finished_ms=num("finished_ms"),
             result=msgspec.Raw(result) if result else None, error=error_info,
@@ -648,6 +667,12 @@ class RunStore:
                 log.warning("skipping unreadable output entry %s %s: %r", key, _s(eid), exc)
                 events.append(OutputEvent(_s(eid), "unreadable", 0, {"error": repr(exc)}))
         return events
+
+
+def attempt_of(delivery: int, deferred: int) -> int:
+    """A run's attempt (1 + redeliveries) from its delivery number and the deliveries that
+    do not count (wakes, hand-backs, holds): what max deliveries limits."""
+    return max(1, delivery - deferred) if delivery else 0
 
 
 TIMEOUT_ERROR = ErrorInfo(type="RunTimeout", message="the run passed its timeout")

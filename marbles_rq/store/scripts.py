@@ -520,10 +520,13 @@ class Scripts:
                            ("ok", "cancelled", "timed_out", "stale", "settled", "paused"))
 
     def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes, seq: int,
-                      max_entries: int, max_bytes: int) -> Reply:
+                      max_entries: int, max_bytes: int, frame: str = "", index: int = 0
+                      ) -> Reply:
+        """`frame`, `index`: the write's position in the body ("" for none): a position
+        written before answers replayed, writing nothing."""
         return self._reply("append_output", [keys.run, keys.output],
-                           [epoch, type, data, seq, max_entries, max_bytes],
-                           ("ok", "capped", "stale", "settled"))
+                           [epoch, type, data, seq, max_entries, max_bytes, frame, index],
+                           ("ok", "replayed", "capped", "stale", "settled"))
 
     def renew_attempt(self, *, keys: RunKeys, epoch: int, ttl_ms: int, run_id: str,
                       cap_ms: int = 0) -> Reply:

@@ -65,7 +65,7 @@ class Actions:
     def resume(self, run_id: str) -> str:
         outcome, attempt, queue = self._waits().resume(check_id(run_id, "run id"))
         if outcome == "woken":
-            return f"run {run_id} resumed (attempt {attempt})" + self._enqueue(run_id, attempt,
+            return f"run {run_id} resumed (delivery {attempt})" + self._enqueue(run_id, attempt,
                                                                                queue)
         if outcome == "resumed":
             return f"run {run_id} resumed before it parked; it carries on"
