@@ -11,7 +11,8 @@ Threads: the main thread fires the plan's faults and supervises; a submitter thr
 enqueues, sends events and cancels at the plan's times (CLI calls on a small pool; some CLI
 calls are SIGKILLed while they work, as a client that dies midway); an answerer thread
 answers the questions it finds in the feed (and tries a second answer, which must be
-refused). Every call that meets a Redis outage is retried with the same ids.
+refused); a sampler thread reads the concurrency limits' live holds in the store every
+0.1 s. Every call that meets a Redis outage is retried with the same ids.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from typing import Any, TypeVar
 import redis
 
 from marbles_rq.engine import ops
-from marbles_rq.engine.runs import TERMINAL, RunStore
-from marbles_rq.engine.waits import AlreadyAnsweredError, WaitStore
+from marbles_rq.engine.flowctl import limit_id
+from marbles_rq.engine.rerun import rerun
+from marbles_rq.engine.runs import TERMINAL, RunNotFoundError, RunStore
+from marbles_rq.engine.waits import AlreadyAnsweredError, NotPausedError, WaitStore
 from marbles_rq.errors import MarblesError
 from marbles_rq.store import open_store
 from marbles_rq.transport.lanes import open_lanes
@@ -44,8 +47,11 @@ from tests.chaos import history as h
 from tests.chaos import workloads  # registers the workflows and the trigger to submit
 from tests.chaos.names import (
     COLOURS,
+    CUSTOMERS,
     EVENT_SOURCE,
     EVENT_TYPE,
+    LIMIT_GLOBAL,
+    LIMIT_PER_KEY,
     SCHEDULES,
     SOURCE,
 )
@@ -61,7 +67,24 @@ TARGET_WAIT_S = 3.0  # a fault waits this long for a busy target before taking a
 # Lanes of the deployment under test (MARBLES_CHAOS_LANES; 1 by default): with several, the
 # controllers share them, each lane with its own lease, epoch and RQ keyspace.
 LANES = int(os.environ.get("MARBLES_CHAOS_LANES", "1"))
-STARTUP_EXCUSE_S = 15.0  # an exit 3 (Redis unreachable at start) this soon after a Redis kill
+STARTUP_EXCUSE_S = 15.0
+SAMPLE_EVERY_S = 0.1  # how often the sampler reads the concurrency limits' holds
+RERUN_WAIT_S = 90.0  # a rerun waits this long for its source run to finish
+# The limits of the flow control workloads: (label, workflow, key value label, limit).
+LIMITS = [("cx_limited", "cx_limited", "", LIMIT_GLOBAL)] + [
+    (f"cx_limited_key customer={c}", "cx_limited_key", f"customer={c}", LIMIT_PER_KEY)
+    for c in CUSTOMERS]
+# One atomic read of every limit's live holds on the server's clock (the slot scripts prune
+# holds whose expiry passed; a live one expires after now).
+_SAMPLE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {now}
+for i, key in ipairs(KEYS) do
+  out[#out + 1] = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf')
+end
+return out
+"""  # an exit 3 (Redis unreachable at start) this soon after a Redis kill
 
 
 class ChaosRedis(RedisServer):
@@ -84,6 +107,9 @@ class Log:
         self.sent: list[h.Sent] = []
         self.answers: list[h.AnswerTry] = []
         self.cancels: list[h.Cancel] = []
+        self.pauses: list[h.PauseTry] = []
+        self.reruns: list[h.RerunTry] = []
+        self.limit_over: list[h.LimitSample] = []
         self.faults: list[h.Fault] = []
         self.crashes: list[h.Crash] = []
         self.notes: list[str] = []
@@ -101,6 +127,8 @@ class Log:
         kinds: dict[str, tuple[type[Any], list[Any]]] = {
             "Submitted": (h.Submitted, self.submitted), "Sent": (h.Sent, self.sent),
             "AnswerTry": (h.AnswerTry, self.answers), "Cancel": (h.Cancel, self.cancels),
+            "PauseTry": (h.PauseTry, self.pauses), "RerunTry": (h.RerunTry, self.reruns),
+            "LimitSample": (h.LimitSample, self.limit_over),
             "Fault": (h.Fault, self.faults), "Crash": (h.Crash, self.crashes)}
         for line in self.path.read_text().splitlines():
             entry = json.loads(line)
@@ -111,6 +139,10 @@ class Log:
             cls, bucket = kinds[record]
             if cls is h.Fault:
                 entry["pids"] = tuple(entry["pids"])
+            if cls is h.RerunTry:
+                entry["copied"], entry["order"] = tuple(entry["copied"]), tuple(entry["order"])
+            if cls is h.LimitSample:
+                entry["holders"] = tuple(entry["holders"])
             bucket.append(cls(**entry))
 
     def note(self, text: str) -> None:
@@ -164,8 +196,9 @@ def _signal(pid: int, sig: int, ticks: int | None = None) -> bool:
 class Harness:
     def __init__(self, plan: Plan, workdir: Path, *, lease_ms: int = 2000,
                  interval_s: float = 0.2, quiesce_s: float = 180.0,
-                 out: Callable[[str], None] = print) -> None:
+                 out: Callable[[str], None] = print, lanes: int = LANES) -> None:
         self.plan, self.dir = plan, workdir
+        self.lanes = lanes
         self.lease_ms, self.interval_s, self.quiesce_s = lease_ms, interval_s, quiesce_s
         self.out = out
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -179,6 +212,9 @@ class Harness:
         self.rng = random.Random(plan.seed ^ 0x5EED)
         self.answered: set[tuple[str, str]] = set()
         self.stuck_after_s = 0.0
+        # label -> [samples, most live holds seen, limit]
+        self.limit_counts: dict[str, list[int]] = {label: [0, 0, limit]
+                                                   for label, _, _, limit in LIMITS}
 
     # -- processes --------------------------------------------------------------------------
 
@@ -192,7 +228,7 @@ class Harness:
         path = env.get("PYTHONPATH", "")
         env.update(MARBLES_REDIS_URL=self.url, MARBLES_SOURCE=SOURCE, PYTHONUNBUFFERED="1",
                    PYTHONPATH=str(REPO_ROOT) + (os.pathsep + path if path else ""),
-                   MARBLES_LANE_COUNT=str(LANES))
+                   MARBLES_LANE_COUNT=str(self.lanes))
         return env
 
     def base_argv(self) -> list[str]:
@@ -205,7 +241,7 @@ class Harness:
 
     def _connect(self) -> None:
         self.redis = ChaosRedis.start(dir=self.dir / "redis")
-        self.runs = RunStore(open_store(self.url, lanes=LANES))
+        self.runs = RunStore(open_store(self.url, lanes=self.lanes))
         self.rq = open_lanes(self.url, self.runs.keys)
         self.waits = WaitStore(self.runs)
         self.events = Events(self.runs, self.rq)
@@ -408,8 +444,10 @@ class Harness:
         self.t0 = NOW()
         submitter = threading.Thread(target=self._submitter, name="chaos-submit", daemon=True)
         answerer = threading.Thread(target=self._answerer, name="chaos-answer", daemon=True)
+        sampler = threading.Thread(target=self._sampler, name="chaos-sample", daemon=True)
         submitter.start()
         answerer.start()
+        sampler.start()
         self._answerer_thread = answerer
         pending = list(self.plan.faults)
         first_try: dict[int, float] = {}
@@ -473,25 +511,34 @@ class Harness:
         op = action.op
         if op in ("submit", "resend"):
             spec = action.runs[0]
-            self._submit(spec.run_id, spec.workflow, spec.input, action.via)
+            self._submit(spec.run_id, spec.workflow, spec.input, action.via, spec.priority)
         elif op == "batch":
             self._batch(action)
         elif op == "send":
             self._send(action)
         elif op == "cancel":
             self._cancel(action.runs[0].run_id, action.via)
+        elif op == "pause":
+            for call in action.ops:
+                self._pause(action.runs[0].run_id, call)
+        elif op == "rerun":
+            self._rerun(action)
         else:
             raise ValueError(op)
 
-    def _submit(self, run_id: str, workflow: str, input: dict[str, Any], via: str) -> None:
+    def _submit(self, run_id: str, workflow: str, input: dict[str, Any], via: str,
+                priority: int | None = None) -> None:
         def failed(exc: BaseException) -> None:
             self.log.add(self.log.submitted, h.Submitted(run_id, workflow, via, None, wall_ms()))
 
         def api() -> bool:
             return ops.enqueue(self.runs, self.rq, ops.RunRequest(
-                workflow, json.dumps(input).encode(), run_id)).created
+                workflow, json.dumps(input).encode(), run_id, priority=priority)).created
 
-        args = ("enqueue", workflow, "--input", json.dumps(input), "--id", run_id, "--json")
+        args: tuple[str, ...] = ("enqueue", workflow, "--input", json.dumps(input), "--id",
+                                 run_id, "--json")
+        if priority is not None:
+            args += ("--priority", str(priority))
 
         def cli() -> bool:
             return bool(json.loads(self.cli(*args).stdout)["created"])
@@ -565,6 +612,107 @@ class Harness:
         outcome = self._retry(f"cancel {run_id}", cli if via == "cli" else api, failed)
         if outcome is not None:
             self.log.add(self.log.cancels, h.Cancel(run_id, via, outcome, wall_ms()))
+
+    def _pause(self, run_id: str, call: str) -> None:
+        """One pause or resume of `run_id`; its outcome is logged in call order (the
+        submitter makes a run's calls one after the other, so the log orders them)."""
+        via = "cli" if _hash(run_id, "pause-via") % 5 == 0 else "api"
+
+        def failed(exc: BaseException) -> None:
+            self.log.add(self.log.pauses, h.PauseTry(run_id, call, via, f"error: {exc}",
+                                                     wall_ms()))
+
+        def api() -> str:
+            try:
+                if call == "pause":
+                    return self.waits.pause(run_id)
+                outcome, attempt, queue = self.waits.resume(run_id)
+            except NotPausedError:
+                return "not_paused"
+            except RunNotFoundError:
+                return "missing"  # not recorded yet: the enqueue comes later
+            if outcome == "woken":
+                with contextlib.suppress(redis.RedisError):
+                    self.rq.enqueue(queue, run_id, attempt)
+            return outcome
+
+        def cli() -> str:
+            done = self.cli(call, run_id, ok=(0, 1, 2))
+            text = (done.stdout + done.stderr).strip()
+            return f"exit {done.returncode}: {text[:80]}"
+
+        outcome = self._retry(f"{call} {run_id}", cli if via == "cli" else api, failed)
+        if outcome is not None:
+            self.log.add(self.log.pauses, h.PauseTry(run_id, call, via, outcome, wall_ms()))
+
+    def _rerun(self, action: Action) -> None:
+        """Wait for the source run to finish, then rerun it from one of its steps, chosen
+        by the action's draw among its steps in the order they were committed (the order of
+        their `step_succeeded` entries in its journal: the server's order)."""
+        source, target = action.runs[0].run_id, action.runs[1].run_id
+        deadline = NOW() + RERUN_WAIT_S
+        order: list[str] = []
+        while not self.stop.is_set():
+            try:
+                found = h.read_runs(self.runs, [source]).get(source)
+            except (redis.RedisError, MarblesError, OSError):
+                found = None
+            if found is not None and found.status in TERMINAL:
+                order = [str(e.data.get("step")) for e in found.events
+                         if e.type == "step_succeeded"
+                         and not str(e.data.get("step", "|")).rsplit(".", 1)[-1].startswith("|")]
+                break
+            if NOW() > deadline:
+                self.log.note(f"rerun of {source}: it did not finish in {RERUN_WAIT_S} s")
+                return
+            time.sleep(0.3)
+        if not order:
+            self.log.note(f"rerun of {source}: no step committed (or the harness stopped)")
+            return
+        path = order[action.pick % len(order)]
+
+        def failed(exc: BaseException) -> None:
+            self.log.add(self.log.reruns, h.RerunTry(source, target, path, action.via,
+                                                     f"error: {exc}", (), tuple(order),
+                                                     wall_ms()))
+
+        def api() -> tuple[bool, list[str]]:
+            done = rerun(self.runs, self.rq, source, from_step=path, new_id=target)
+            return done.created, list(done.copied)
+
+        def cli() -> tuple[bool, list[str]]:
+            reply = json.loads(self.cli("rerun", source, "--from-step", path, "--id", target,
+                                        "--json").stdout)
+            return bool(reply["created"]), list(reply["copied_steps"])
+
+        outcome = self._retry(f"rerun {source}", cli if action.via == "cli" else api, failed)
+        if outcome is not None:
+            created, copied = outcome
+            self.log.add(self.log.reruns, h.RerunTry(
+                source, target, path, action.via, "created" if created else "exists",
+                tuple(copied), tuple(order), wall_ms()))
+
+    # -- sampling the concurrency limits --------------------------------------------------------
+
+    def _sampler(self) -> None:
+        keys = [self.runs.keys.limit_slots(limit_id(workflow, value))
+                for _, workflow, value, _ in LIMITS]
+        while not self.stop.is_set():
+            try:
+                reply = self.runs.client.eval(_SAMPLE, len(keys), *keys)
+            except (redis.RedisError, OSError):
+                reply = None
+            if reply:
+                now = int(reply[0])
+                for (label, _, _, limit), holders in zip(LIMITS, reply[1:], strict=True):
+                    held = [h._s(x) for x in holders]
+                    counts = self.limit_counts[label]
+                    counts[0] += 1
+                    counts[1] = max(counts[1], len(held))
+                    if len(held) > limit:
+                        self.log.add(self.log.limit_over, h.LimitSample(
+                            now, label, limit, len(held), tuple(sorted(held))))
+            self.stop.wait(SAMPLE_EVERY_S)
 
     def cli(self, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
         """One ``marbles-rq`` command; exit 3 (Redis unreachable) raises CliRedisError."""
@@ -720,6 +868,9 @@ class Harness:
             runs=h.read_runs(self.runs, ids), executions=executions, claims=claims,
             applied=applied, submitted=list(self.log.submitted), sent=list(self.log.sent),
             answers=list(self.log.answers), cancels=list(self.log.cancels),
+            pauses=list(self.log.pauses), reruns=list(self.log.reruns),
+            limit_counts={k: (v[0], v[1], v[2]) for k, v in self.limit_counts.items()},
+            limit_over=list(self.log.limit_over),
             faults=list(self.log.faults), crashes=list(self.log.crashes),
             event_journal=events, schedules=schedules,
             schedule_every_ms={k: every for k, (_, every) in SCHEDULES.items()},
