@@ -211,6 +211,7 @@ class Harness:
         self.cli_pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="chaos-cli")
         self.rng = random.Random(plan.seed ^ 0x5EED)
         self.answered: set[tuple[str, str]] = set()
+        self.reruns: list[threading.Thread] = []
         self.stuck_after_s = 0.0
         # label -> [samples, most live holds seen, limit]
         self.limit_counts: dict[str, list[int]] = {label: [0, 0, limit]
@@ -468,7 +469,8 @@ class Harness:
                 self.out(f"  t={now:5.1f} s  faults done {len(self.log.faults)}/"
                          f"{len(self.plan.faults)}  enqueues {len(self.log.submitted)}")
             time.sleep(0.05)
-        while submitter.is_alive() or any(s.stopped for s in self.slots):
+        while submitter.is_alive() or any(s.stopped for s in self.slots) \
+                or any(t.is_alive() for t in self.reruns):
             self.supervise()
             time.sleep(0.05)
         self.supervise()
@@ -478,7 +480,12 @@ class Harness:
             delay = self.t0 + action.at_s - NOW()
             if delay > 0 and self.stop.wait(delay):
                 return
-            if action.via in ("cli", "cli-kill", "thread"):
+            if action.op == "rerun":  # it waits for its source run: a thread of its own
+                thread = threading.Thread(target=self._guard, args=(action,), daemon=True,
+                                          name=f"chaos-rerun-{len(self.reruns)}")
+                self.reruns.append(thread)
+                thread.start()
+            elif action.via in ("cli", "cli-kill", "thread"):
                 self.cli_pool.submit(self._guard, action)
             else:
                 self._guard(action)
@@ -616,7 +623,7 @@ class Harness:
     def _pause(self, run_id: str, call: str) -> None:
         """One pause or resume of `run_id`; its outcome is logged in call order (the
         submitter makes a run's calls one after the other, so the log orders them)."""
-        via = "cli" if _hash(run_id, "pause-via") % 5 == 0 else "api"
+        via = "cli" if _hash(run_id, "pause-via") % 10 == 0 else "api"
 
         def failed(exc: BaseException) -> None:
             self.log.add(self.log.pauses, h.PauseTry(run_id, call, via, f"error: {exc}",
