@@ -212,6 +212,7 @@ class Harness:
         self.rng = random.Random(plan.seed ^ 0x5EED)
         self.answered: set[tuple[str, str]] = set()
         self.reruns: list[threading.Thread] = []
+        self.pausers: dict[str, ThreadPoolExecutor] = {}  # run id -> its pause/resume caller
         self.stuck_after_s = 0.0
         # label -> [samples, most live holds seen, limit]
         self.limit_counts: dict[str, list[int]] = {label: [0, 0, limit]
@@ -485,11 +486,19 @@ class Harness:
                                           name=f"chaos-rerun-{len(self.reruns)}")
                 self.reruns.append(thread)
                 thread.start()
+            elif action.op == "pause":  # in order per run, without holding up the rest
+                lane = self.pausers.get(action.runs[0].run_id)
+                if lane is None:
+                    lane = self.pausers[action.runs[0].run_id] = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix="chaos-pause")
+                lane.submit(self._guard, action)
             elif action.via in ("cli", "cli-kill", "thread"):
                 self.cli_pool.submit(self._guard, action)
             else:
                 self._guard(action)
         self.cli_pool.shutdown(wait=True)
+        for lane in self.pausers.values():
+            lane.shutdown(wait=True)
 
     def _guard(self, action: Action) -> None:
         try:
@@ -621,8 +630,9 @@ class Harness:
             self.log.add(self.log.cancels, h.Cancel(run_id, via, outcome, wall_ms()))
 
     def _pause(self, run_id: str, call: str) -> None:
-        """One pause or resume of `run_id`; its outcome is logged in call order (the
-        submitter makes a run's calls one after the other, so the log orders them)."""
+        """One pause or resume of `run_id`; its outcome is logged in call order (a run's
+        calls are made one after the other, by a thread of its own, so the log orders
+        them)."""
         via = "cli" if _hash(run_id, "pause-via") % 10 == 0 else "api"
 
         def failed(exc: BaseException) -> None:
@@ -887,6 +897,8 @@ class Harness:
     def shutdown(self) -> None:
         self.stop.set()
         self.cli_pool.shutdown(wait=False, cancel_futures=True)
+        for lane in self.pausers.values():
+            lane.shutdown(wait=False, cancel_futures=True)
         procs = [s.proc for s in self.slots if s.proc is not None]
         for slot in self.slots:
             slot.expect_exit = True

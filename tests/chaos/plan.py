@@ -251,9 +251,9 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
         elif kind == "rerun":
             spec = RunSpec(rid(kind), kind, "cx_rr", {"n": rng.randint(4, 8)})
             actions.append(Action(at, "submit", (spec,)))
-            again = RunSpec(f"{spec.run_id}-rr", kind, "cx_rr", spec.input)
+            rerun = RunSpec(f"{spec.run_id}-rr", kind, "cx_rr", spec.input)
             actions.append(Action(round(at + rng.uniform(3.0, 8.0), 3), "rerun",
-                                  (spec, again), rng.choice(["api", "api", "cli"]),
+                                  (spec, rerun), rng.choice(["api", "api", "cli"]),
                                   pick=rng.getrandbits(16)))
         elif kind == "priority":
             spec = RunSpec(rid(kind), kind, "cx_chain",
