@@ -240,7 +240,7 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
                            {"children": rng.randint(2, 4), "sleep_ms": rng.choice([100, 200])})
             actions.append(Action(at, "submit", (spec,)))
             actions.append(Action(round(at + rng.uniform(0.2, 2.5), 3), "cancel", (spec,),
-                                  rng.choice(["api", "api", "cli"])))
+                                  "cli" if rng.random() < 0.2 else "api"))
         elif kind in ("limited", "limited_key"):
             inp: dict[str, Any] = {"n": rng.randint(1, 3), "sleep_ms": rng.choice([50, 150, 300])}
             if kind == "limited_key":
@@ -253,13 +253,13 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
             actions.append(Action(at, "submit", (spec,)))
             rerun = RunSpec(f"{spec.run_id}-rr", kind, "cx_rr", spec.input)
             actions.append(Action(round(at + rng.uniform(3.0, 8.0), 3), "rerun",
-                                  (spec, rerun), rng.choice(["api", "api", "cli"]),
+                                  (spec, rerun), "cli" if rng.random() < 0.25 else "api",
                                   pick=rng.getrandbits(16)))
         elif kind == "priority":
             spec = RunSpec(rid(kind), kind, "cx_chain",
                            {"n": rng.randint(2, 4), "sleep_ms": rng.choice([10, 30]),
                             "flaky": False, "doomed": False},
-                           "cli" if rng.random() < 0.2 else "api", rng.choice(PRIORITIES))
+                           "cli" if rng.random() < 0.1 else "api", rng.choice(PRIORITIES))
             actions.append(Action(at, "submit", (spec,), spec.via))
             submitted.append(spec)
     return sorted(actions, key=lambda a: a.at_s)
