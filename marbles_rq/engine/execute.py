@@ -218,11 +218,6 @@ class RunContext:
             if record.seq >= 0 and cut > 0:
                 self.recorded_at[(record.key[:cut], record.seq)] = record
         self._asks: dict[str, Any] | None = None
-        # Child run id -> the ledger key of the call that took it in this execution. The
-        # ledger shows a child only once committed: parallel branches starting children at
-        # once must each see the other's before either records its child (engine/flow.py).
-        self.child_ids: dict[str, str] = {}
-        self.child_ids_lock = threading.Lock()
 
     @property
     def _frames(self) -> list[Frame]:

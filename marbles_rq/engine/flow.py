@@ -397,17 +397,12 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
         else lkey
     suffix = key if key is not None else _position_id(rel)
     cid = child_id(run.run_id, suffix)
-    with run.child_ids_lock:  # a check and a claim as one: parallel branches race here
-        used_at = run.child_ids.get(cid, lkey)
-        for other in list(run.ex.ledger.values()):
-            if other.name == "|child" and other.key != lkey and (
-                    msgspec.json.decode(other.result).get("id") == cid):
-                used_at = other.key
-        if used_at != lkey:
+    for other in list(run.ex.ledger.values()):
+        if other.name == "|child" and other.key != lkey and (
+                msgspec.json.decode(other.result).get("id") == cid):
             # A second child under one id would silently be the first one.
             raise MarblesError(f"child id {cid} is already used by this run's child started "
-                               f"at {used_at}: give each child its own key")
-        run.child_ids[cid] = lkey
+                               f"at {other.key}: give each child its own key")
     record = prepare(RunRequest(workflow, msgspec.json.encode(input), cid), run.registry)
     record = msgspec.structs.replace(record, parent=run.run_id)
     recorded_run = run._store(run.runs.record, record)
