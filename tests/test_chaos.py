@@ -23,6 +23,11 @@ from tests.procs import REPO_ROOT
 
 SEED = 4242
 LANES_SEED = 4243
+# Names in the summary's "checked:" line that must each count something.
+COVERED = ("runs", "steps", "effects", "questions", "timers", "children", "events",
+           "schedule cx-tick", "paused runs", "children gathered late",
+           "children of cancelled parents", "limit samples cx_limited",
+           "limit samples cx_limited_key customer=acme", "reruns", "priority bands")
 
 
 def _chaos(*args: str) -> None:
@@ -36,6 +41,13 @@ def _chaos(*args: str) -> None:
     print(done.stdout)  # pytest shows it on failure (and with -s)
     print(done.stderr, file=sys.stderr)
     assert f"seed {args[1]}" in done.stdout
+    # Every workload was exercised and checked, not only planned.
+    checked = next((line for line in done.stdout.splitlines()
+                    if line.startswith("checked: ")), "")
+    counts = {name: int(n) for name, n in (item.rsplit(" ", 1) for item in
+                                            checked[len("checked: "):].split(", ") if item)}
+    for what in COVERED:
+        assert counts.get(what, 0) > 0, f"nothing checked for {what!r}: {checked}"
     assert "violations: 0" in done.stdout, done.stdout[-6000:]
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
 
