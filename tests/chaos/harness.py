@@ -535,8 +535,8 @@ class Harness:
         elif op == "cancel":
             self._cancel(action.runs[0].run_id, action.via)
         elif op == "pause":
-            for call in action.ops:
-                self._pause(action.runs[0].run_id, call)
+            for call in action.ops:  # back to back: through the API (a CLI takes seconds)
+                self._pause(action.runs[0].run_id, call, cli=len(action.ops) == 1)
         elif op == "rerun":
             self._rerun(action)
         else:
@@ -629,11 +629,11 @@ class Harness:
         if outcome is not None:
             self.log.add(self.log.cancels, h.Cancel(run_id, via, outcome, wall_ms()))
 
-    def _pause(self, run_id: str, call: str) -> None:
+    def _pause(self, run_id: str, call: str, *, cli: bool) -> None:
         """One pause or resume of `run_id`; its outcome is logged in call order (a run's
         calls are made one after the other, by a thread of its own, so the log orders
         them)."""
-        via = "cli" if _hash(run_id, "pause-via") % 10 == 0 else "api"
+        via = "cli" if cli and _hash(run_id, "pause-via") % 10 == 0 else "api"
 
         def failed(exc: BaseException) -> None:
             self.log.add(self.log.pauses, h.PauseTry(run_id, call, via, f"error: {exc}",
@@ -653,12 +653,12 @@ class Harness:
                     self.rq.enqueue(queue, run_id, attempt)
             return outcome
 
-        def cli() -> str:
+        def by_cli() -> str:
             done = self.cli(call, run_id, ok=(0, 1, 2))
             text = (done.stdout + done.stderr).strip()
             return f"exit {done.returncode}: {text[:80]}"
 
-        outcome = self._retry(f"{call} {run_id}", cli if via == "cli" else api, failed)
+        outcome = self._retry(f"{call} {run_id}", by_cli if via == "cli" else api, failed)
         if outcome is not None:
             self.log.add(self.log.pauses, h.PauseTry(run_id, call, via, outcome, wall_ms()))
 
