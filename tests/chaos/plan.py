@@ -225,9 +225,13 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
             actions.append(Action(round(at + rng.uniform(0.3, 3.0), 3), "cancel", (spec,),
                                   rng.choice(["api", "cli"])))
         elif kind == "pause":
+            # Slow steps (a pause lands inside one) or many quick ones (a commit, and so a
+            # park, every few ms: a resume right after a pause can land between them).
+            fast = rng.random() < 0.5
             spec = RunSpec(rid(kind), kind, "cx_chain",
-                           {"n": 6, "sleep_ms": rng.choice([100, 200]), "flaky": False,
-                            "doomed": False})
+                           {"n": 24 if fast else 6,
+                            "sleep_ms": rng.choice([2, 10] if fast else [100, 200]),
+                            "flaky": False, "doomed": False})
             actions.append(Action(at, "submit", (spec,)))
             actions += _storms(rng, at, spec)
         elif kind == "late_child":
