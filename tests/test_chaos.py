@@ -25,7 +25,7 @@ SEED = 4242
 LANES_SEED = 4243
 # Names in the summary's "checked:" line that must each count something.
 COVERED = ("runs", "steps", "effects", "questions", "timers", "children", "events",
-           "schedule cx-tick", "paused runs", "children gathered late",
+           "schedule cx-tick", "paused runs", "paused runs parked", "children gathered late",
            "children of cancelled parents", "limit samples cx_limited",
            "limit samples cx_limited_key customer=acme", "reruns", "priority bands")
 

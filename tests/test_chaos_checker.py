@@ -548,6 +548,7 @@ def test_a_correct_history_passes() -> None:
     assert report.checked["effects"] >= 10 and report.checked["questions"] == 1
     assert report.checked["timers"] == 2 and report.checked["children"] == 4
     assert report.checked["paused runs"] == 1 and report.checked["reruns"] == 1
+    assert report.checked["paused runs parked"] == 1
     assert report.checked["children gathered late"] == 1
     assert report.checked["children of cancelled parents"] == 1
     assert report.checked["limit samples cx_limited"] == 900
@@ -615,5 +616,5 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     assert sum(a.op == "rerun" for a in plan.actions) >= 5
     assert {a.runs[0].priority for a in plan.actions if a.runs[0].kind == "priority"} \
         == set(PRIORITIES)
-    cancelled = {a.runs[0].run_id for a in plan.actions if a.op == "cancel"}
-    assert sum(1 for r in cancelled if r.endswith("spawn_cancel")) >= 5
+    assert sum(a.op == "cancel_spawning" for a in plan.actions) >= 5
+    assert any(a.ops[:1] == ("started",) for a in plan.actions if a.op == "pause")

@@ -603,6 +603,9 @@ def _check_pauses(history: History, report: Report) -> None:
     for rid, mine in sorted(calls.items()):
         run = history.runs.get(rid)
         report.checked["paused runs"] += 1
+        if run is not None and any(e.type == "parked" and e.data.get("reason") == "paused"
+                                   for e in run.events):
+            report.checked["paused runs parked"] += 1
         if run is None or mine[-1].op != "resume":
             continue  # a missing run is lost; a last pause leaves the run paused by design
         if run.status not in TERMINAL:

@@ -70,6 +70,7 @@ LANES = int(os.environ.get("MARBLES_CHAOS_LANES", "1"))
 STARTUP_EXCUSE_S = 15.0
 SAMPLE_EVERY_S = 0.1  # how often the sampler reads the concurrency limits' holds
 RERUN_WAIT_S = 90.0  # a rerun waits this long for its source run to finish
+WAIT_START_S = 60.0  # a cancel or pause waits this long for its run to start
 # The limits of the flow control workloads: (label, workflow, key value label, limit).
 LIMITS = [("cx_limited", "cx_limited", "", LIMIT_GLOBAL)] + [
     (f"cx_limited_key customer={c}", "cx_limited_key", f"customer={c}", LIMIT_PER_KEY)
@@ -211,7 +212,7 @@ class Harness:
         self.cli_pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="chaos-cli")
         self.rng = random.Random(plan.seed ^ 0x5EED)
         self.answered: set[tuple[str, str]] = set()
-        self.reruns: list[threading.Thread] = []
+        self.waiters: list[threading.Thread] = []  # reruns and cancels waiting for their run
         self.pausers: dict[str, ThreadPoolExecutor] = {}  # run id -> its pause/resume caller
         self.stuck_after_s = 0.0
         # label -> [samples, most live holds seen, limit]
@@ -471,7 +472,7 @@ class Harness:
                          f"{len(self.plan.faults)}  enqueues {len(self.log.submitted)}")
             time.sleep(0.05)
         while submitter.is_alive() or any(s.stopped for s in self.slots) \
-                or any(t.is_alive() for t in self.reruns):
+                or any(t.is_alive() for t in self.waiters):
             self.supervise()
             time.sleep(0.05)
         self.supervise()
@@ -481,10 +482,10 @@ class Harness:
             delay = self.t0 + action.at_s - NOW()
             if delay > 0 and self.stop.wait(delay):
                 return
-            if action.op == "rerun":  # it waits for its source run: a thread of its own
+            if action.op in ("rerun", "cancel_spawning"):  # they wait: a thread of their own
                 thread = threading.Thread(target=self._guard, args=(action,), daemon=True,
-                                          name=f"chaos-rerun-{len(self.reruns)}")
-                self.reruns.append(thread)
+                                          name=f"chaos-wait-{len(self.waiters)}")
+                self.waiters.append(thread)
                 thread.start()
             elif action.op == "pause":  # in order per run, without holding up the rest
                 lane = self.pausers.get(action.runs[0].run_id)
@@ -534,9 +535,20 @@ class Harness:
             self._send(action)
         elif op == "cancel":
             self._cancel(action.runs[0].run_id, action.via)
+        elif op == "cancel_spawning":
+            run_id = action.runs[0].run_id
+            if self._wait_for(run_id, "child_started"):
+                time.sleep(action.pick / 1000)
+                self._cancel(run_id, action.via)
+            else:
+                self.log.note(f"{run_id}: started no child in {WAIT_START_S} s; not cancelled")
         elif op == "pause":
-            for call in action.ops:  # back to back: through the API (a CLI takes seconds)
-                self._pause(action.runs[0].run_id, call, cli=len(action.ops) == 1)
+            calls = [c for c in action.ops if c != "started"]
+            if len(calls) < len(action.ops) and not self._wait_for(action.runs[0].run_id,
+                                                                   "attempt_started"):
+                self.log.note(f"{action.runs[0].run_id}: did not start in {WAIT_START_S} s")
+            for call in calls:  # back to back: through the API (a CLI takes seconds)
+                self._pause(action.runs[0].run_id, call, cli=len(calls) == 1)
         elif op == "rerun":
             self._rerun(action)
         else:
@@ -628,6 +640,22 @@ class Harness:
         outcome = self._retry(f"cancel {run_id}", cli if via == "cli" else api, failed)
         if outcome is not None:
             self.log.add(self.log.cancels, h.Cancel(run_id, via, outcome, wall_ms()))
+
+    def _wait_for(self, run_id: str, entry: str) -> bool:
+        """Wait until the run's journal has an entry of this type (or the run finished)."""
+        deadline = NOW() + WAIT_START_S
+        key = self.runs.keys.run_keys(run_id).output
+        while NOW() < deadline and not self.stop.is_set():
+            try:
+                rows = self.runs.client.xrange(key, "-", "+")
+                status = self.runs.client.hget(self.runs.keys.run(run_id), "status")
+            except (redis.RedisError, OSError):
+                rows, status = [], None
+            if any(h._s(f.get(b"t", b"")) == entry for _, f in rows) \
+                    or h._s(status or b"") in TERMINAL:
+                return True
+            time.sleep(0.05)
+        return False
 
     def _pause(self, run_id: str, call: str, *, cli: bool) -> None:
         """One pause or resume of `run_id`; its outcome is logged in call order (a run's

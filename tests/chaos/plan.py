@@ -57,13 +57,15 @@ class Action:
     """One thing the submitter does at `at_s`."""
 
     at_s: float
-    op: str  # submit | resend | batch | send | cancel | pause | rerun
+    op: str  # submit | resend | batch | send | cancel | cancel_spawning | pause | rerun
     runs: tuple[RunSpec, ...]
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
     event_id: str = ""
     ops: tuple[str, ...] = ()  # pause: "pause" / "resume" calls made back to back, in order
-    pick: int = 0  # rerun: the seeded draw that chooses the step to rerun from
+    #                            ("started": first wait until the run has started)
+    pick: int = 0  # rerun: the seeded draw that chooses the step to rerun from;
+    #                cancel_spawning: ms to wait after the first child started
 
 
 @dataclass(frozen=True)
@@ -243,8 +245,11 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
             spec = RunSpec(rid(kind), kind, "cx_spawner",
                            {"children": rng.randint(2, 4), "sleep_ms": rng.choice([100, 200])})
             actions.append(Action(at, "submit", (spec,)))
-            actions.append(Action(round(at + rng.uniform(0.2, 2.5), 3), "cancel", (spec,),
-                                  "cli" if rng.random() < 0.2 else "api"))
+            # Cancelled once it has started its first child (whenever a worker took it up),
+            # after a seeded delay: while the next children start.
+            actions.append(Action(at, "cancel_spawning", (spec,),
+                                  "cli" if rng.random() < 0.2 else "api",
+                                  pick=rng.randrange(0, 400)))
         elif kind in ("limited", "limited_key"):
             inp: dict[str, Any] = {"n": rng.randint(1, 3), "sleep_ms": rng.choice([50, 150, 300])}
             if kind == "limited_key":
@@ -275,18 +280,22 @@ def _storms(rng: random.Random, at: float, spec: RunSpec) -> list[Action]:
     resume, so the run's last pause is always resumed."""
     out = []
     moment = at
-    for _ in range(rng.randint(1, 3)):
+    for n in range(rng.randint(1, 3)):
         moment = round(moment + rng.uniform(0.0, 2.0), 3)
         shape = rng.choice(["apart", "apart", "back", "back twice", "resume first"])
+        # Half the first storms wait for the run to have started (a queue may hold it for
+        # long on a loaded machine): they pause a running run.
+        started = ("started",) if n == 0 and rng.random() < 0.5 else ()
         if shape == "apart":
-            out.append(Action(moment, "pause", (spec,), ops=("pause",)))
+            out.append(Action(moment, "pause", (spec,), ops=(*started, "pause")))
             moment = round(moment + rng.uniform(0.05, 2.5), 3)
             out.append(Action(moment, "pause", (spec,), ops=("resume",)))
         elif shape == "back":
-            out.append(Action(moment, "pause", (spec,), ops=("pause", "resume")))
+            out.append(Action(moment, "pause", (spec,), ops=(*started, "pause", "resume")))
         elif shape == "back twice":
             out.append(Action(moment, "pause", (spec,),
-                              ops=("pause", "resume", "pause", "resume")))
+                              ops=(*started, "pause", "resume", "pause", "resume")))
         else:
-            out.append(Action(moment, "pause", (spec,), ops=("resume", "pause", "resume")))
+            out.append(Action(moment, "pause", (spec,),
+                              ops=(*started, "resume", "pause", "resume")))
     return out
