@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -21,13 +22,16 @@ from tests.chaos.history import (
     Execution,
     Fault,
     History,
+    LimitSample,
+    PauseTry,
+    RerunTry,
     Run,
     Sent,
     Step,
     Submitted,
 )
-from tests.chaos.names import SCHEDULES, TICK_KEY
-from tests.chaos.plan import make_plan
+from tests.chaos.names import PRIORITIES, SCHEDULES, TICK_KEY
+from tests.chaos.plan import RUN_WEIGHTS, make_plan
 
 T0 = 1_800_000_000_000
 _ids = itertools.count()
@@ -63,12 +67,16 @@ class Builder:
         self.seq[frame] = n + 1
         return n
 
-    def step(self, key: str, name: str = "cx_link", *, effect: bool = True) -> str:
+    def step(self, key: str, name: str = "cx_link", *, effect: bool = True,
+             origin: str = "") -> str:
         rid = self.run.id
         ikey = f"{rid}:{key}"
         self.ev("step_started", step=key, attempt=1)
+        band = self.run.queue if not self.run.priority else \
+            f"{self.run.queue}~{self.run.priority}"
         self.h.executions.append(Execution(f"x{next(_ids)}", rid, key, self.epoch,
-                                           self.attempt))
+                                           self.attempt, 100, self.ms,
+                                           origin or f"cx.{band}"))
         if effect:
             self.h.claims.append(Claim(f"x{next(_ids)}", rid, key, ikey, self.epoch, "won"))
             self.h.applied.append(ikey)
@@ -188,9 +196,89 @@ def valid_history() -> History:
     h.schedules = [{"key": key, "lastRun": None} for key in SCHEDULES]
     h.schedules[0]["lastRun"] = f"sched:{TICK_KEY}:{T0 + 2000}"
 
+    _combinations(h)
     h.faults.append(Fault("worker_parent", T0 + 5, (100,), "w0"))
     h.crashes.append(Crash("w1", 3, excused="Redis was down"))
     return h
+
+
+def _combinations(h: History) -> None:
+    """The issue 16 workloads, as a correct history shows them."""
+    # A pause storm: paused while running (parked), resumed, paused and resumed back to back
+    # once it ran again (the second pause came before the boundary: "resumed").
+    paused = Builder(h, "r-pause", "cx_chain", {"n": 2})
+    paused.start()
+    first = paused.step("cx_chain.cx_link#0")
+    paused.park("paused")
+    paused.wake("resume")
+    paused.start()
+    paused.finish({"steps": [first, paused.step("cx_chain.cx_link#1")]})
+    h.submitted.append(Submitted("r-pause", "cx_chain", "api", True))
+    h.pauses += [PauseTry("r-pause", "pause", "api", "requested"),
+                 PauseTry("r-pause", "resume", "api", "woken"),
+                 PauseTry("r-pause", "pause", "api", "requested"),
+                 PauseTry("r-pause", "resume", "cli", "resumed")]
+
+    # A late parent: its cx_brief child finished, the parent slept, gathered it, finished;
+    # the child was then pruned (kept one second).
+    late = Builder(h, "r-late", "cx_late_parent", {"children": 1, "wait_s": 7})
+    late.start()
+    late.record("cx_late_parent.|child#0", "|child", {"id": "r-late.b0", "workflow": "cx_brief"})
+    late.ev("child_started", child="r-late.b0", workflow="cx_brief")
+    brief = {"i": 0, "steps": ["r-late.b0:cx_brief.cx_link#0"]}
+    late.record("cx_late_parent.|sleep#0", "|sleep", {"due_ms": late.ms + 7000})
+    late.park("timer", until_ms=late.ms + 7000)
+    late.wake("timer", at=late.ms + 7005)
+    late.start()
+    late.finish({"children": [brief], "steps": [late.step("cx_late_parent.cx_link#0")]})
+    h.submitted.append(Submitted("r-late", "cx_late_parent", "api", True))
+
+    # A spawner cancelled after its first child started: that child finished before the
+    # cancel settled; nothing of it ran later.
+    spawner = Builder(h, "r-spawn", "cx_spawner", {"children": 3})
+    spawner.start()
+    spawner.step("cx_spawner.cx_link#0")
+    spawner.record("cx_spawner.|child#0", "|child", {"id": "r-spawn.s0", "workflow": "cx_child"})
+    spawner.ev("child_started", child="r-spawn.s0", workflow="cx_child")
+    child = Builder(h, "r-spawn.s0", "cx_child", {"i": 0}, parent="r-spawn",
+                    start_ms=spawner.ms)
+    child.start("host.abcd.300")
+    child.finish({"i": 0, "steps": [child.step("cx_child.cx_link#0")]})
+    spawner.ms = child.ms + 10
+    spawner.run.status = "cancelled"
+    spawner.ev("final", status="cancelled")
+    h.submitted.append(Submitted("r-spawn", "cx_spawner", "api", True))
+    h.cancels.append(Cancel("r-spawn", "api", "requested"))
+
+    # Limits: sampled, never above.
+    h.limit_counts = {"cx_limited": (900, 2, 2), "cx_limited_key customer=acme": (900, 1, 1)}
+
+    # A rerun of r-rr from its third step: the first two copied (their results name the
+    # source), the rest executed.
+    source = Builder(h, "r-rr", "cx_rr", {"n": 4})
+    source.start()
+    keys = [source.step(f"cx_rr.{name}#{i // 2}", name, effect=False)
+            for i, name in enumerate(["cx_zz", "cx_aa", "cx_zz", "cx_aa"])]
+    source.finish({"steps": keys})
+    h.submitted.append(Submitted("r-rr", "cx_rr", "api", True))
+    order = tuple(f"cx_rr.{name}#{i // 2}"
+                  for i, name in enumerate(["cx_zz", "cx_aa", "cx_zz", "cx_aa"]))
+    again = Builder(h, "r-rr-rr", "cx_rr", {"n": 4})
+    again.run.rerun_of, again.run.rerun_from_step = "r-rr", order[2]
+    for key, result in zip(order[:2], keys[:2], strict=True):
+        again.record(key, key.rsplit(".", 1)[-1].split("#")[0], result)
+    again.start()
+    rest = [again.step(key, key.rsplit(".", 1)[-1].split("#")[0], effect=False)
+            for key in order[2:]]
+    again.finish({"steps": [*keys[:2], *rest]})
+    h.reruns.append(RerunTry("r-rr", "r-rr-rr", order[2], "api", "created", order[:2], order))
+
+    # A run in priority band 5.
+    band = Builder(h, "r-band", "cx_chain", {"n": 1})
+    band.run.priority = 5
+    band.start()
+    band.finish({"steps": [band.step("cx_chain.cx_link#0")]})
+    h.submitted.append(Submitted("r-band", "cx_chain", "api", True))
 
 
 # -- each mutation plants one kind of violation ----------------------------------------------
@@ -344,6 +432,70 @@ def _commit_without_execution(h: History) -> None:
                     if (ex.run, ex.step) != ("r-chain", "cx_chain.cx_link#1")]
 
 
+def _resume_strands(h: History) -> None:
+    """Item 1's race: the resume lands between "paused" and the park; the run parks for good."""
+    run = h.runs["r-pause"]
+    run.events = run.events[:run.events.index(next(e for e in run.events if e.type == "parked"))
+                            + 1]
+    run.status, run.result = "waiting", None
+    del run.steps["cx_chain.cx_link#1"]
+    del run.effects["r-pause:cx_chain.cx_link#1"]
+    h.pauses[1:] = [PauseTry("r-pause", "resume", "api", "resumed")]
+
+
+def _child_pruned(h: History) -> None:
+    """Item 2: the child was pruned before its parent gathered it; the parent failed."""
+    run = h.runs["r-late"]
+    run.events = [e for e in run.events if e.type != "final"]
+    run.status, run.result = "failed", None
+    run.error = {"type": "ChildError", "message": "child run r-late.b0 does not exist (pruned, "
+                 "or never recorded)"}
+    run.events.append(Ev(run.events[-1].ms + 1, 0, "final", 2, {"status": "failed"}))
+    del run.steps["cx_late_parent.cx_link#0"]
+    del run.effects["r-late:cx_late_parent.cx_link#0"]
+
+
+def _child_after_cancel(h: History) -> None:
+    """Item 5: a child recorded while its parent's cancel walked the children starts later."""
+    late = Builder(h, "r-spawn.s1", "cx_child", {"i": 1}, parent="r-spawn",
+                   start_ms=h.runs["r-spawn"].events[-1].ms + 50)
+    late.start("host.abcd.301")
+    late.finish({"i": 1, "steps": [late.step("cx_child.cx_link#0")]})
+    spawner = h.runs["r-spawn"]
+    spawner.steps["cx_spawner.|child#1"] = Step("cx_spawner.|child#1", "|child", "succeeded", 1,
+                                                {"id": "r-spawn.s1", "workflow": "cx_child"}, 1)
+
+
+def _limit_exceeded(h: History) -> None:
+    h.limit_over.append(LimitSample(T0 + 10, "cx_limited", 2, 3, ("a", "b", "c")))
+
+
+def _limit_most_exceeded(h: History) -> None:
+    h.limit_counts["cx_limited_key customer=acme"] = (900, 2, 1)
+
+
+def _rerun_reran(h: History) -> None:
+    """Item 4: the ledger ordered by wall clock left a step before PATH uncopied."""
+    h.executions.append(Execution("x-rr", "r-rr-rr", "cx_rr.cx_aa#0", 1, 1))
+
+
+def _rerun_skipped(h: History) -> None:
+    """Item 4 the other way: a step committed after PATH (same millisecond, name first) was
+    copied and never executed."""
+    h.executions = [ex for ex in h.executions
+                    if (ex.run, ex.step) != ("r-rr-rr", "cx_rr.cx_aa#1")]
+    run = h.runs["r-rr-rr"]
+    run.steps["cx_rr.cx_aa#1"].result = "r-rr:cx_rr.cx_aa#1"
+    run.result = {"steps": [*run.result["steps"][:3], "r-rr:cx_rr.cx_aa#1"]}
+    run.events = [e for e in run.events if e.data.get("step") != "cx_rr.cx_aa#1"]
+
+
+def _band_lost(h: History) -> None:
+    ex = next(ex for ex in h.executions if ex.run == "r-band")
+    h.executions[h.executions.index(ex)] = Execution(ex.x, ex.run, ex.step, ex.epoch,
+                                                     ex.attempt, ex.pid, ex.t, "cx.default")
+
+
 def _crash(h: History) -> None:
     h.crashes.append(Crash("c0 (controller, pid 42)", 1, tail="Traceback ..."))
 
@@ -378,6 +530,14 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "zombie_write_parked": ("zombie_write", _write_while_parked),
     "zombie_write_epoch": ("zombie_write", _output_of_old_epoch),
     "zombie_write_commit": ("zombie_write", _commit_without_execution),
+    "pause_stranded": ("pause_stranded", _resume_strands),
+    "child_pruned": ("child_pruned", _child_pruned),
+    "child_after_cancel": ("child_after_cancel", _child_after_cancel),
+    "limit_exceeded": ("limit_exceeded", _limit_exceeded),
+    "limit_exceeded_most": ("limit_exceeded", _limit_most_exceeded),
+    "rerun_reran": ("rerun_reran", _rerun_reran),
+    "rerun_skipped": ("rerun_skipped", _rerun_skipped),
+    "band": ("band", _band_lost),
 }
 
 
@@ -386,7 +546,13 @@ def test_a_correct_history_passes() -> None:
     report = check(history)
     assert report.violations == [], "\n".join(map(str, report.violations))
     assert report.checked["effects"] >= 10 and report.checked["questions"] == 1
-    assert report.checked["timers"] == 1 and report.checked["children"] == 2
+    assert report.checked["timers"] == 2 and report.checked["children"] == 4
+    assert report.checked["paused runs"] == 1 and report.checked["reruns"] == 1
+    assert report.checked["paused runs parked"] == 1
+    assert report.checked["children gathered late"] == 1
+    assert report.checked["children of cancelled parents"] == 1
+    assert report.checked["limit samples cx_limited"] == 900
+    assert report.checked["priority bands"] == 1
     text = summary(history, report)
     assert "violations: 0" in text
 
@@ -431,5 +597,24 @@ def test_the_plan_is_a_function_of_the_seed() -> None:
                                    "pool_executor")) == 30
     assert counts["leader"] >= 5 and counts["redis"] >= 2
     assert counts["stop_worker"] >= 1 and counts["stop_leader"] >= 1
-    runs = {r.run_id for a in make_plan(11).actions for r in a.runs}
+    runs = {r.run_id for a in make_plan(11).actions if a.op != "rerun" for r in a.runs}
     assert len(runs) == 500
+
+
+@pytest.mark.parametrize(("seed", "runs", "kills"), [(4242, 500, 30), (4243, 300, 18)])
+def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) -> None:
+    """CI's two short runs (tests/test_chaos.py: one lane, three lanes) each submit every
+    kind of run, and make every kind of harness call the combinations need."""
+    plan = make_plan(seed, runs, kills)
+    kinds = Counter(spec.kind for a in plan.actions if a.op in ("submit", "batch", "send")
+                    for spec in a.runs)
+    assert set(kinds) == set(RUN_WEIGHTS), set(RUN_WEIGHTS) - set(kinds)
+    assert all(n >= 5 for n in kinds.values()), kinds
+    calls = Counter(c for a in plan.actions if a.op == "pause" for c in a.ops)
+    assert calls["pause"] >= 10 and calls["resume"] >= 10
+    assert any(a.ops[:2] == ("pause", "resume") for a in plan.actions if a.op == "pause")
+    assert sum(a.op == "rerun" for a in plan.actions) >= 5
+    assert {a.runs[0].priority for a in plan.actions if a.runs[0].kind == "priority"} \
+        == set(PRIORITIES)
+    assert sum(a.op == "cancel_spawning" for a in plan.actions) >= 5
+    assert any(a.ops[:1] == ("started",) for a in plan.actions if a.op == "pause")

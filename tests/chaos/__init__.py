@@ -3,14 +3,19 @@
 Layout:
 
 * ``workloads.py`` -- the workflows the chaos runs (chains with effects, questions, durable
-  timers, child runs, parallel steps, schedules, an event trigger). Loaded by every worker
+  timers, child runs, parallel steps, schedules, an event trigger; and for features in
+  combination, issue 16: short-lived children gathered late, parents that start children
+  while they are cancelled, concurrency limits global and per key, quick steps to rerun
+  from, priority bands; pause/resume storms hit chains). Loaded by every worker
   and controller with ``--source tests.chaos.workloads``. Every step body leaves receipts
   in Redis (see its docstring), so the checker can count executions and effects.
-* ``plan.py`` -- the seeded plan: what is submitted when, and which fault strikes when.
+* ``plan.py`` -- the seeded plan: what is submitted (and paused, resumed, cancelled, rerun)
+  when, and which fault strikes when.
   Pure and deterministic: the same seed gives the same plan.
 * ``harness.py`` -- runs the plan against real processes: a durable redis-server, two
   controllers, forking and ``--pool`` workers, each in its own process group; SIGKILLs,
-  SIGSTOPs and restarts them; answers questions; waits for quiescence.
+  SIGSTOPs and restarts them; answers questions; pauses, resumes and reruns runs; samples
+  the concurrency limits' holds; waits for quiescence.
 * ``history.py`` -- the history: what the system recorded (runs, ledgers, output
   journals, questions, effect receipts, schedules, events) plus the workloads' receipts and
   the harness's own log (submissions, answers, faults). Read from Redis after the run.

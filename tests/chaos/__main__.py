@@ -3,6 +3,7 @@
     ops/chaos                        # short mode (CI): 500 runs, 30 worker kills, ...
     ops/chaos --seed 1234            # replay the same plan of faults
     ops/chaos --runs 5000 --kills 300   # long mode, for nightly use
+    ops/chaos --lanes 3                 # the deployment on three lanes
 
 Exit 0: no violation; 1: violations (listed); 2: the chaos could not do what it promises
 (a fault found no target, too few runs accepted) or the harness failed.
@@ -21,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from tests.chaos.checker import check, summary
-from tests.chaos.harness import Harness
+from tests.chaos.harness import LANES, Harness
 from tests.chaos.plan import WORKER_KILLS, make_plan
 
 
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=30,
                         help="worker kills; leader kills, Redis kills and stops scale with "
                              "it (default 30)")
+    parser.add_argument("--lanes", type=int, default=LANES,
+                        help="lanes of the deployment under test (default "
+                             "$MARBLES_CHAOS_LANES, else 1)")
     parser.add_argument("--lease-ms", type=int, default=2000,
                         help="worker and controller lease (default 2000)")
     parser.add_argument("--quiesce-s", type=float, default=None,
@@ -45,24 +49,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recheck", type=Path, default=None, metavar="WORKDIR",
                         help="check the history kept in WORKDIR again (no chaos)")
     args = parser.parse_args(argv)
+    if args.lanes < 1:
+        parser.error("--lanes must be 1 or more")
     if args.recheck is not None:
-        return recheck(args.recheck)
+        return recheck(args.recheck, args.lanes)
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     plan = make_plan(seed, args.runs, args.kills, lease_ms=args.lease_ms)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
     quiesce = args.quiesce_s if args.quiesce_s is not None else 120 + 0.05 * args.runs
     planned = plan.fault_counts()
+    lanes = f" --lanes {args.lanes}" if args.lanes != 1 else ""
     print(f"chaos: seed {seed} (replay: ops/chaos --seed {seed} --runs {args.runs} --kills "
-          f"{args.kills}); {len(plan.actions)} actions over {plan.duration_s:.0f} s; faults "
+          f"{args.kills}{lanes}); {len(plan.actions)} actions over {plan.duration_s:.0f} s; faults "
           f"planned: " + ", ".join(f"{k} {n}" for k, n in planned.items() if n), flush=True)
     print(f"chaos: work dir {workdir}", flush=True)
     started = time.monotonic()
     harness = Harness(plan, workdir, lease_ms=args.lease_ms, quiesce_s=quiesce,
-                      out=lambda line: print(line, flush=True))
+                      out=lambda line: print(line, flush=True), lanes=args.lanes)
     try:
         harness.start()
-        print(f"chaos: started redis-server {harness.url}, 2 controllers, 3 workers "
+        print(f"chaos: started redis-server {harness.url} ({args.lanes} lane"
+              f"{'s' if args.lanes != 1 else ''}), 2 controllers, 3 workers "
               f"({time.monotonic() - started:.1f} s); chaos phase begins", flush=True)
         harness.run_chaos()
         chaos_s = time.monotonic() - started
@@ -96,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"runs accepted: {len(accepted)} of {plan.runs}")
     header = [
         f"== chaos summary: seed {seed}, {plan.runs} runs planned, {args.kills} worker kills "
-        f"planned, lease {args.lease_ms} ms",
+        f"planned, lease {args.lease_ms} ms, {args.lanes} lane(s)",
         f"time: {time.monotonic() - started:.0f} s in all (quiescence after "
         f"{history.stuck_after_s:.0f} s); restarts: "
         + ", ".join(f"{k} {n}" for k, n in harness.restarts().items()),
@@ -119,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def recheck(workdir: Path) -> int:
+def recheck(workdir: Path, lanes: int = 1) -> int:
     """Restart the kept Redis of an earlier run and check its history again."""
-    harness = Harness(make_plan(0, 0, 0), workdir)
+    harness = Harness(make_plan(0, 0, 0), workdir, lanes=lanes)
     try:
         harness.reopen()
         history = harness.collect()

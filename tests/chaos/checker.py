@@ -21,7 +21,21 @@ What it asserts (each a violation kind, see KINDS):
   steps after it executed only in executions that started at or after it);
 * every child ran once (one ``child_started`` each, no extra child runs) and its parent got
   exactly its result;
-* no chaos process exited without being killed (unless excused).
+* no chaos process exited without being killed (unless excused);
+
+and over the combinations (issue 16):
+
+* a run the harness paused and then resumed (its last pause/resume call a resume) finished;
+* a parent that gathers children kept one second (``cx_brief``) after sleeping past that
+  got every child's outcome (a pruned child is fine once its parent has its result);
+* no child of a cancelled parent started a step after the parent's cancel settled (its
+  final event), by the step's execution receipt;
+* no concurrency limit had more live holds in the store than its limit, in any sample;
+* a rerun ``--from-step PATH`` executed none of the steps the source committed before PATH
+  (in the server's commit order: the source's journal) and, once succeeded, every step from
+  PATH on;
+* every execution of a run came from its priority band's RQ queue (``<P>.<queue>`` or
+  ``<P>.<queue>~<N>``), whatever redelivered, woke or held it.
 """
 
 from __future__ import annotations
@@ -33,7 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.chaos.history import AnswerTry, Ev, Execution, History, Run
+from tests.chaos.history import AnswerTry, Ev, Execution, History, PauseTry, Run
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 KINDS: dict[str, str] = {
@@ -62,6 +76,16 @@ KINDS: dict[str, str] = {
     "zombie_write": "an execution's write (a step, an output line) was accepted while it did "
                     "not own its run (fencing failed)",
     "crash": "a chaos process exited without being killed",
+    "pause_stranded": "a run paused and then resumed (the last call a resume) never finished",
+    "child_pruned": "a parent that gathers late lost a child's outcome (pruned before it was "
+                    "gathered)",
+    "child_after_cancel": "a child of a cancelled parent started a step after the parent's "
+                          "cancel settled",
+    "limit_exceeded": "a concurrency limit had more live holds than its limit when sampled",
+    "rerun_reran": "a rerun executed a step committed before its --from-step (it must be "
+                   "copied)",
+    "rerun_skipped": "a rerun did not execute its --from-step step or one committed after it",
+    "band": "an execution came from another RQ queue than its run's priority band",
 }
 # Journal entries only the execution that owns the run may write.
 EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry", "output",
@@ -70,6 +94,10 @@ EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry
 OWNERSHIP_ENDS = ("redelivered", "parked", "final", "deferred", "woken")
 # Steps with an effect (claim + apply), by step name.
 EFFECT_STEPS = ("cx_link",)
+# Children kept one second after they finish (workloads.py): their outcome, which their
+# parent must get even once they are pruned, is a function of their id and input.
+BRIEF_CHILD = "cx_brief"
+LATE_PARENT = "cx_late_parent"
 
 
 @dataclass(frozen=True)
@@ -128,11 +156,16 @@ def check(history: History) -> Report:
     for run in history.runs.values():
         _check_terminal(run, history, cancelled, report)
         _check_steps(run, executions[run.id], report)
+        _check_band(run, executions[run.id], report)
         _check_fencing(run, executions[run.id], report)
         _check_questions(run, answers[run.id], report)
         _check_timers(run, executions[run.id], report)
         _check_children(run, sorted(children[run.id]), history, report)
     _check_effects(history, report)
+    _check_pauses(history, report)
+    _check_cancelled_children(history, executions, report)
+    _check_limits(history, report)
+    _check_reruns(history, executions, report)
     _check_schedules(history, report)
     _check_events(history, report)
     _check_crashes(history, report)
@@ -182,8 +215,9 @@ def _child_ids(run: Run) -> list[str]:
 
 def _check_membership(history: History, report: Report) -> None:
     runs = history.runs
-    accepted = {s.run for s in history.submitted if s.created is not None}
-    asked = {s.run for s in history.submitted}
+    accepted = {s.run for s in history.submitted if s.created is not None} | {
+        r.run for r in history.reruns if not r.outcome.startswith("error")}
+    asked = {s.run for s in history.submitted} | {r.run for r in history.reruns}
     events_accepted = {s.key for s in history.sent if s.created is not None}
     events_asked = {s.key for s in history.sent}
     for rid in sorted(accepted | events_accepted):
@@ -193,7 +227,7 @@ def _check_membership(history: History, report: Report) -> None:
     for run in runs.values():
         for cid in _child_ids(run):
             children[cid] = run.id
-            if cid not in runs:
+            if cid not in runs and not _pruned_as_due(run, cid):
                 report.add("lost", cid, f"child of {run.id}, recorded in its ledger, missing")
     scheduled = {rid for rid, run in runs.items() if run.name in history.schedule_workflows
                  and rid.startswith(f"sched:{history.schedule_workflows[run.name]}:")}
@@ -279,8 +313,9 @@ def _check_steps(run: Run, executions: list[Execution], report: Report) -> None:
         if n > 1 + retries[(step, ep)]:
             report.add("step_rerun", run.id, f"step {step} executed {n} times in epoch {ep} "
                        f"with {retries[(step, ep)]} retries")
+    copied = _copied(run)
     for key, step in run.steps.items():
-        if step.name.startswith("|"):
+        if step.name.startswith("|") or key in copied:
             continue
         report.checked["steps"] += 1
         if step.status == "succeeded" and succeeded[key] != 1:
@@ -291,6 +326,9 @@ def _check_steps(run: Run, executions: list[Execution], report: Report) -> None:
     named: set[str] = set()
     for key in run.result.get("steps", []):
         path = _path_of(run.id, key)
+        if path is None and run.rerun_of and _path_of(run.rerun_of, key) in copied:
+            named.add(str(_path_of(run.rerun_of, key)))
+            continue
         if path is None:
             report.add("step_lost", run.id, f"the result names {key!r}, not a step of the run")
             continue
@@ -300,7 +338,7 @@ def _check_steps(run: Run, executions: list[Execution], report: Report) -> None:
             report.add("step_lost", run.id, f"the result names step {path}, which is "
                        f"{'missing' if step is None else step.status} in the ledger")
     extra = [k for k, s in run.steps.items() if not s.name.startswith("|")
-             and s.status == "succeeded" and k not in named]
+             and s.status == "succeeded" and k not in named and k not in copied]
     if extra:
         report.add("step_lost", run.id, f"committed steps the result does not name: {extra}")
 
@@ -362,11 +400,13 @@ def _check_effects(history: History, report: Report) -> None:
             report.add("effect_twice", key.split(":", 1)[0], f"effect {key} won {n} times")
     for run in history.runs.values():
         for key, scope in run.effects.items():
-            if scope != run.id or _path_of(run.id, key) not in run.steps:
+            if scope != run.id or _path_of(run.id, key) not in run.steps \
+                    or _path_of(run.id, key) in _copied(run):
                 report.add("effect_key", run.id, f"receipt {key} (scope {scope}) names no "
                            f"step of the run")
+        copied = _copied(run)
         for path, step in run.steps.items():
-            if step.name not in EFFECT_STEPS or step.status != "succeeded":
+            if step.name not in EFFECT_STEPS or step.status != "succeeded" or path in copied:
                 continue
             report.checked["effects"] += 1
             key = f"{run.id}:{path}"
@@ -506,16 +546,170 @@ def _check_children(run: Run, mine: list[str], history: History, report: Report)
             report.add("child_twice", run.id, f"child {cid} started {n} times")
     ids = _child_ids(run)
     report.checked["children"] += len(ids)
-    if sorted(set(ids)) != mine or len(ids) != len(set(ids)):
+    present = sorted({c for c in ids if c in history.runs or not _pruned_as_due(run, c)})
+    if present != mine or len(ids) != len(set(ids)):
         report.add("child_twice", run.id, f"ledger children {ids}, runs with this parent "
                    f"{mine}")
+    if run.name == LATE_PARENT:
+        report.checked["children gathered late"] += len(ids)
+        if run.status != "succeeded":
+            gone = [c for c in ids if c not in history.runs]
+            message = str((run.error or {}).get("message", ""))
+            if gone or "exist" in message:
+                report.add("child_pruned", run.id, f"ended {run.status} ({message}); children "
+                           f"missing from the store: {gone}")
     if run.status != "succeeded" or not isinstance(run.result, dict) \
             or "children" not in run.result:
         return
-    results = [history.runs[c].result if c in history.runs else None for c in ids]
+    results = [history.runs[c].result if c in history.runs else _brief_result(run, c)
+               for c in ids]
     if run.result["children"] != results:
         report.add("child_result", run.id, f"got {run.result['children']}, its children "
                    f"returned {results}")
+
+
+def _brief_children(run: Run) -> dict[str, int]:
+    """A late parent's cx_brief children -> their input index (their key is b<i>)."""
+    out = {}
+    for step in run.steps.values():
+        if step.name == "|child" and isinstance(step.result, dict) \
+                and step.result.get("workflow") == BRIEF_CHILD:
+            cid = str(step.result["id"])
+            tail = cid.rsplit(".", 1)[-1]
+            if tail[:1] == "b" and tail[1:].isdigit():
+                out[cid] = int(tail[1:])
+    return out
+
+
+def _pruned_as_due(parent: Run, cid: str) -> bool:
+    """A missing child that was kept one second and whose parent finished: pruned as due
+    (whether the parent got its outcome first is the child_result check's)."""
+    return parent.status in TERMINAL and cid in _brief_children(parent)
+
+
+def _brief_result(parent: Run, cid: str) -> Any:
+    index = _brief_children(parent).get(cid)
+    if index is None:
+        return None
+    return {"i": index, "steps": [f"{cid}:{BRIEF_CHILD}.cx_link#0"]}
+
+
+# -- the combinations: pause, cancel while children start, limits, reruns, bands ---------------
+
+def _check_pauses(history: History, report: Report) -> None:
+    calls: dict[str, list[PauseTry]] = defaultdict(list)
+    for call in history.pauses:
+        calls[call.run].append(call)
+    for rid, mine in sorted(calls.items()):
+        run = history.runs.get(rid)
+        report.checked["paused runs"] += 1
+        if run is not None and any(e.type == "parked" and e.data.get("reason") == "paused"
+                                   for e in run.events):
+            report.checked["paused runs parked"] += 1
+        if run is None or mine[-1].op != "resume":
+            continue  # a missing run is lost; a last pause leaves the run paused by design
+        if run.status not in TERMINAL:
+            last = run.events[-1] if run.events else None
+            report.add("pause_stranded", rid, f"{run.status} after its last call, a resume "
+                       f"({mine[-1].outcome}); calls: "
+                       + ", ".join(f"{c.op}={c.outcome}" for c in mine)
+                       + f"; last event {last.type if last else None} "
+                       f"{last.data if last else ''}")
+
+
+def _check_cancelled_children(history: History, executions: dict[str, list[Execution]],
+                              report: Report) -> None:
+    for parent in history.runs.values():
+        if parent.status != "cancelled":
+            continue
+        final = next((e for e in parent.events if e.type == "final"), None)
+        if final is None:
+            continue
+        for child in history.runs.values():
+            if child.parent != parent.id:
+                continue
+            report.checked["children of cancelled parents"] += 1
+            late = [ex for ex in executions[child.id] if ex.t > final.ms]
+            if late:
+                first = min(late, key=lambda ex: ex.t)
+                report.add("child_after_cancel", child.id, f"step {first.step} started at "
+                           f"{first.t} (epoch {first.epoch}), {first.t - final.ms} ms after "
+                           f"its parent {parent.id}'s cancel settled at {final.ms}; "
+                           f"{len(late)} such step executions; the child ended {child.status}")
+
+
+def _check_limits(history: History, report: Report) -> None:
+    for label, (samples, most, limit) in sorted(history.limit_counts.items()):
+        report.checked[f"limit samples {label}"] += samples
+        if most > limit and not any(s.label == label for s in history.limit_over):
+            report.add("limit_exceeded", label, f"{most} live holds seen, the limit is {limit}")
+    for sample in history.limit_over:
+        if sample.held > sample.limit:
+            report.add("limit_exceeded", sample.label, f"{sample.held} live holds at "
+                       f"{sample.at_ms} (limit {sample.limit}): {list(sample.holders)}")
+
+
+def _commit_order(run: Run) -> list[str]:
+    """A run's steps in the order the server committed them (its journal's stream order)."""
+    out: list[str] = []
+    for ev in run.events:
+        step = str(ev.data.get("step", ""))
+        if ev.type == "step_succeeded" and step and not _leaf(step).startswith("|") \
+                and step not in out:
+            out.append(step)
+    return out
+
+
+def _leaf(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _copied(run: Run) -> set[str]:
+    """A rerun's ledger entries copied from its source (their results name the source)."""
+    if not run.rerun_of:
+        return set()
+    prefix = run.rerun_of + ":"
+    return {k for k, s in run.steps.items()
+            if isinstance(s.result, str) and s.result.startswith(prefix)}
+
+
+def _check_reruns(history: History, executions: dict[str, list[Execution]],
+                  report: Report) -> None:
+    for asked in history.reruns:
+        if asked.outcome.startswith("error"):
+            continue
+        run, source = history.runs.get(asked.run), history.runs.get(asked.source)
+        if run is None or source is None:
+            continue  # lost: the membership check's
+        order = _commit_order(source) or list(asked.order)
+        if asked.from_step not in order:
+            continue
+        report.checked["reruns"] += 1
+        cut = order.index(asked.from_step)
+        ran = {ex.step for ex in executions[run.id]}
+        before = [s for s in order[:cut] if s in ran]
+        if before:
+            report.add("rerun_reran", run.id, f"rerun of {source.id} from {asked.from_step} "
+                       f"executed {before}, committed before it (commit order {order}; the "
+                       f"engine copied {list(asked.copied)})")
+        if run.status == "succeeded":
+            skipped = [s for s in order[cut:] if s not in ran]
+            if skipped:
+                report.add("rerun_skipped", run.id, f"rerun of {source.id} from "
+                           f"{asked.from_step} never executed {skipped} (commit order "
+                           f"{order}; the engine copied {list(asked.copied)})")
+
+
+def _check_band(run: Run, executions: list[Execution], report: Report) -> None:
+    band = run.queue if run.priority == 0 else f"{run.queue}~{run.priority}"
+    for ex in executions:
+        if not ex.origin:
+            continue
+        report.checked["priority bands" if run.priority else "queues"] += 1
+        if ex.origin.rsplit(".", 1)[-1] != band:
+            report.add("band", run.id, f"step {ex.step} (epoch {ex.epoch}) came from RQ queue "
+                       f"{ex.origin}; the run's band is {band} (priority {run.priority})")
+            return
 
 
 # -- processes -----------------------------------------------------------------------------------

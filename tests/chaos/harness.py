@@ -11,7 +11,8 @@ Threads: the main thread fires the plan's faults and supervises; a submitter thr
 enqueues, sends events and cancels at the plan's times (CLI calls on a small pool; some CLI
 calls are SIGKILLed while they work, as a client that dies midway); an answerer thread
 answers the questions it finds in the feed (and tries a second answer, which must be
-refused). Every call that meets a Redis outage is retried with the same ids.
+refused); a sampler thread reads the concurrency limits' live holds in the store every
+0.1 s. Every call that meets a Redis outage is retried with the same ids.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from typing import Any, TypeVar
 import redis
 
 from marbles_rq.engine import ops
-from marbles_rq.engine.runs import TERMINAL, RunStore
-from marbles_rq.engine.waits import AlreadyAnsweredError, WaitStore
+from marbles_rq.engine.flowctl import limit_id
+from marbles_rq.engine.rerun import rerun
+from marbles_rq.engine.runs import TERMINAL, RunNotFoundError, RunStore
+from marbles_rq.engine.waits import AlreadyAnsweredError, NotPausedError, WaitStore
 from marbles_rq.errors import MarblesError
 from marbles_rq.store import open_store
 from marbles_rq.transport.lanes import open_lanes
@@ -44,8 +47,11 @@ from tests.chaos import history as h
 from tests.chaos import workloads  # registers the workflows and the trigger to submit
 from tests.chaos.names import (
     COLOURS,
+    CUSTOMERS,
     EVENT_SOURCE,
     EVENT_TYPE,
+    LIMIT_GLOBAL,
+    LIMIT_PER_KEY,
     SCHEDULES,
     SOURCE,
 )
@@ -61,7 +67,25 @@ TARGET_WAIT_S = 3.0  # a fault waits this long for a busy target before taking a
 # Lanes of the deployment under test (MARBLES_CHAOS_LANES; 1 by default): with several, the
 # controllers share them, each lane with its own lease, epoch and RQ keyspace.
 LANES = int(os.environ.get("MARBLES_CHAOS_LANES", "1"))
-STARTUP_EXCUSE_S = 15.0  # an exit 3 (Redis unreachable at start) this soon after a Redis kill
+STARTUP_EXCUSE_S = 15.0
+SAMPLE_EVERY_S = 0.1  # how often the sampler reads the concurrency limits' holds
+RERUN_WAIT_S = 90.0  # a rerun waits this long for its source run to finish
+WAIT_START_S = 60.0  # a cancel or pause waits this long for its run to start
+# The limits of the flow control workloads: (label, workflow, key value label, limit).
+LIMITS = [("cx_limited", "cx_limited", "", LIMIT_GLOBAL)] + [
+    (f"cx_limited_key customer={c}", "cx_limited_key", f"customer={c}", LIMIT_PER_KEY)
+    for c in CUSTOMERS]
+# One atomic read of every limit's live holds on the server's clock (the slot scripts prune
+# holds whose expiry passed; a live one expires after now).
+_SAMPLE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {now}
+for i, key in ipairs(KEYS) do
+  out[#out + 1] = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf')
+end
+return out
+"""  # an exit 3 (Redis unreachable at start) this soon after a Redis kill
 
 
 class ChaosRedis(RedisServer):
@@ -84,6 +108,9 @@ class Log:
         self.sent: list[h.Sent] = []
         self.answers: list[h.AnswerTry] = []
         self.cancels: list[h.Cancel] = []
+        self.pauses: list[h.PauseTry] = []
+        self.reruns: list[h.RerunTry] = []
+        self.limit_over: list[h.LimitSample] = []
         self.faults: list[h.Fault] = []
         self.crashes: list[h.Crash] = []
         self.notes: list[str] = []
@@ -101,6 +128,8 @@ class Log:
         kinds: dict[str, tuple[type[Any], list[Any]]] = {
             "Submitted": (h.Submitted, self.submitted), "Sent": (h.Sent, self.sent),
             "AnswerTry": (h.AnswerTry, self.answers), "Cancel": (h.Cancel, self.cancels),
+            "PauseTry": (h.PauseTry, self.pauses), "RerunTry": (h.RerunTry, self.reruns),
+            "LimitSample": (h.LimitSample, self.limit_over),
             "Fault": (h.Fault, self.faults), "Crash": (h.Crash, self.crashes)}
         for line in self.path.read_text().splitlines():
             entry = json.loads(line)
@@ -111,6 +140,10 @@ class Log:
             cls, bucket = kinds[record]
             if cls is h.Fault:
                 entry["pids"] = tuple(entry["pids"])
+            if cls is h.RerunTry:
+                entry["copied"], entry["order"] = tuple(entry["copied"]), tuple(entry["order"])
+            if cls is h.LimitSample:
+                entry["holders"] = tuple(entry["holders"])
             bucket.append(cls(**entry))
 
     def note(self, text: str) -> None:
@@ -164,8 +197,9 @@ def _signal(pid: int, sig: int, ticks: int | None = None) -> bool:
 class Harness:
     def __init__(self, plan: Plan, workdir: Path, *, lease_ms: int = 2000,
                  interval_s: float = 0.2, quiesce_s: float = 180.0,
-                 out: Callable[[str], None] = print) -> None:
+                 out: Callable[[str], None] = print, lanes: int = LANES) -> None:
         self.plan, self.dir = plan, workdir
+        self.lanes = lanes
         self.lease_ms, self.interval_s, self.quiesce_s = lease_ms, interval_s, quiesce_s
         self.out = out
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -178,7 +212,12 @@ class Harness:
         self.cli_pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="chaos-cli")
         self.rng = random.Random(plan.seed ^ 0x5EED)
         self.answered: set[tuple[str, str]] = set()
+        self.waiters: list[threading.Thread] = []  # reruns and cancels waiting for their run
+        self.pausers: dict[str, ThreadPoolExecutor] = {}  # run id -> its pause/resume caller
         self.stuck_after_s = 0.0
+        # label -> [samples, most live holds seen, limit]
+        self.limit_counts: dict[str, list[int]] = {label: [0, 0, limit]
+                                                   for label, _, _, limit in LIMITS}
 
     # -- processes --------------------------------------------------------------------------
 
@@ -192,7 +231,7 @@ class Harness:
         path = env.get("PYTHONPATH", "")
         env.update(MARBLES_REDIS_URL=self.url, MARBLES_SOURCE=SOURCE, PYTHONUNBUFFERED="1",
                    PYTHONPATH=str(REPO_ROOT) + (os.pathsep + path if path else ""),
-                   MARBLES_LANE_COUNT=str(LANES))
+                   MARBLES_LANE_COUNT=str(self.lanes))
         return env
 
     def base_argv(self) -> list[str]:
@@ -205,7 +244,7 @@ class Harness:
 
     def _connect(self) -> None:
         self.redis = ChaosRedis.start(dir=self.dir / "redis")
-        self.runs = RunStore(open_store(self.url, lanes=LANES))
+        self.runs = RunStore(open_store(self.url, lanes=self.lanes))
         self.rq = open_lanes(self.url, self.runs.keys)
         self.waits = WaitStore(self.runs)
         self.events = Events(self.runs, self.rq)
@@ -408,8 +447,10 @@ class Harness:
         self.t0 = NOW()
         submitter = threading.Thread(target=self._submitter, name="chaos-submit", daemon=True)
         answerer = threading.Thread(target=self._answerer, name="chaos-answer", daemon=True)
+        sampler = threading.Thread(target=self._sampler, name="chaos-sample", daemon=True)
         submitter.start()
         answerer.start()
+        sampler.start()
         self._answerer_thread = answerer
         pending = list(self.plan.faults)
         first_try: dict[int, float] = {}
@@ -430,7 +471,8 @@ class Harness:
                 self.out(f"  t={now:5.1f} s  faults done {len(self.log.faults)}/"
                          f"{len(self.plan.faults)}  enqueues {len(self.log.submitted)}")
             time.sleep(0.05)
-        while submitter.is_alive() or any(s.stopped for s in self.slots):
+        while submitter.is_alive() or any(s.stopped for s in self.slots) \
+                or any(t.is_alive() for t in self.waiters):
             self.supervise()
             time.sleep(0.05)
         self.supervise()
@@ -440,11 +482,24 @@ class Harness:
             delay = self.t0 + action.at_s - NOW()
             if delay > 0 and self.stop.wait(delay):
                 return
-            if action.via in ("cli", "cli-kill", "thread"):
+            if action.op in ("rerun", "cancel_spawning"):  # they wait: a thread of their own
+                thread = threading.Thread(target=self._guard, args=(action,), daemon=True,
+                                          name=f"chaos-wait-{len(self.waiters)}")
+                self.waiters.append(thread)
+                thread.start()
+            elif action.op == "pause":  # in order per run, without holding up the rest
+                lane = self.pausers.get(action.runs[0].run_id)
+                if lane is None:
+                    lane = self.pausers[action.runs[0].run_id] = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix="chaos-pause")
+                lane.submit(self._guard, action)
+            elif action.via in ("cli", "cli-kill", "thread"):
                 self.cli_pool.submit(self._guard, action)
             else:
                 self._guard(action)
         self.cli_pool.shutdown(wait=True)
+        for lane in self.pausers.values():
+            lane.shutdown(wait=True)
 
     def _guard(self, action: Action) -> None:
         try:
@@ -473,25 +528,45 @@ class Harness:
         op = action.op
         if op in ("submit", "resend"):
             spec = action.runs[0]
-            self._submit(spec.run_id, spec.workflow, spec.input, action.via)
+            self._submit(spec.run_id, spec.workflow, spec.input, action.via, spec.priority)
         elif op == "batch":
             self._batch(action)
         elif op == "send":
             self._send(action)
         elif op == "cancel":
             self._cancel(action.runs[0].run_id, action.via)
+        elif op == "cancel_spawning":
+            run_id = action.runs[0].run_id
+            if self._wait_for(run_id, "child_started"):
+                time.sleep(action.pick / 1000)
+                self._cancel(run_id, action.via)
+            else:
+                self.log.note(f"{run_id}: started no child in {WAIT_START_S} s; not cancelled")
+        elif op == "pause":
+            calls = [c for c in action.ops if c != "started"]
+            if len(calls) < len(action.ops) and not self._wait_for(action.runs[0].run_id,
+                                                                   "attempt_started"):
+                self.log.note(f"{action.runs[0].run_id}: did not start in {WAIT_START_S} s")
+            for call in calls:  # back to back: through the API (a CLI takes seconds)
+                self._pause(action.runs[0].run_id, call, cli=len(calls) == 1)
+        elif op == "rerun":
+            self._rerun(action)
         else:
             raise ValueError(op)
 
-    def _submit(self, run_id: str, workflow: str, input: dict[str, Any], via: str) -> None:
+    def _submit(self, run_id: str, workflow: str, input: dict[str, Any], via: str,
+                priority: int | None = None) -> None:
         def failed(exc: BaseException) -> None:
             self.log.add(self.log.submitted, h.Submitted(run_id, workflow, via, None, wall_ms()))
 
         def api() -> bool:
             return ops.enqueue(self.runs, self.rq, ops.RunRequest(
-                workflow, json.dumps(input).encode(), run_id)).created
+                workflow, json.dumps(input).encode(), run_id, priority=priority)).created
 
-        args = ("enqueue", workflow, "--input", json.dumps(input), "--id", run_id, "--json")
+        args: tuple[str, ...] = ("enqueue", workflow, "--input", json.dumps(input), "--id",
+                                 run_id, "--json")
+        if priority is not None:
+            args += ("--priority", str(priority))
 
         def cli() -> bool:
             return bool(json.loads(self.cli(*args).stdout)["created"])
@@ -565,6 +640,124 @@ class Harness:
         outcome = self._retry(f"cancel {run_id}", cli if via == "cli" else api, failed)
         if outcome is not None:
             self.log.add(self.log.cancels, h.Cancel(run_id, via, outcome, wall_ms()))
+
+    def _wait_for(self, run_id: str, entry: str) -> bool:
+        """Wait until the run's journal has an entry of this type (or the run finished)."""
+        deadline = NOW() + WAIT_START_S
+        key = self.runs.keys.run_keys(run_id).output
+        while NOW() < deadline and not self.stop.is_set():
+            try:
+                rows = self.runs.client.xrange(key, "-", "+")
+                status = self.runs.client.hget(self.runs.keys.run(run_id), "status")
+            except (redis.RedisError, OSError):
+                rows, status = [], None
+            if any(h._s(f.get(b"t", b"")) == entry for _, f in rows) \
+                    or h._s(status or b"") in TERMINAL:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _pause(self, run_id: str, call: str, *, cli: bool) -> None:
+        """One pause or resume of `run_id`; its outcome is logged in call order (a run's
+        calls are made one after the other, by a thread of its own, so the log orders
+        them)."""
+        via = "cli" if cli and _hash(run_id, "pause-via") % 10 == 0 else "api"
+
+        def failed(exc: BaseException) -> None:
+            self.log.add(self.log.pauses, h.PauseTry(run_id, call, via, f"error: {exc}",
+                                                     wall_ms()))
+
+        def api() -> str:
+            try:
+                if call == "pause":
+                    return self.waits.pause(run_id)
+                outcome, attempt, queue = self.waits.resume(run_id)
+            except NotPausedError:
+                return "not_paused"
+            except RunNotFoundError:
+                return "missing"  # not recorded yet: the enqueue comes later
+            if outcome == "woken":
+                with contextlib.suppress(redis.RedisError):
+                    self.rq.enqueue(queue, run_id, attempt)
+            return outcome
+
+        def by_cli() -> str:
+            done = self.cli(call, run_id, ok=(0, 1, 2))
+            text = (done.stdout + done.stderr).strip()
+            return f"exit {done.returncode}: {text[:80]}"
+
+        outcome = self._retry(f"{call} {run_id}", by_cli if via == "cli" else api, failed)
+        if outcome is not None:
+            self.log.add(self.log.pauses, h.PauseTry(run_id, call, via, outcome, wall_ms()))
+
+    def _rerun(self, action: Action) -> None:
+        """Wait for the source run to finish, then rerun it from one of its steps, chosen
+        by the action's draw among its steps in the order they were committed (the order of
+        their `step_succeeded` entries in its journal: the server's order)."""
+        source, target = action.runs[0].run_id, action.runs[1].run_id
+        deadline = NOW() + RERUN_WAIT_S
+        order: list[str] = []
+        while not self.stop.is_set():
+            try:
+                found = h.read_runs(self.runs, [source]).get(source)
+            except (redis.RedisError, MarblesError, OSError):
+                found = None
+            if found is not None and found.status in TERMINAL:
+                order = [str(e.data.get("step")) for e in found.events
+                         if e.type == "step_succeeded"
+                         and not str(e.data.get("step", "|")).rsplit(".", 1)[-1].startswith("|")]
+                break
+            if NOW() > deadline:
+                self.log.note(f"rerun of {source}: it did not finish in {RERUN_WAIT_S} s")
+                return
+            time.sleep(0.3)
+        if not order:
+            self.log.note(f"rerun of {source}: no step committed (or the harness stopped)")
+            return
+        path = order[action.pick % len(order)]
+
+        def failed(exc: BaseException) -> None:
+            self.log.add(self.log.reruns, h.RerunTry(source, target, path, action.via,
+                                                     f"error: {exc}", (), tuple(order),
+                                                     wall_ms()))
+
+        def api() -> tuple[bool, list[str]]:
+            done = rerun(self.runs, self.rq, source, from_step=path, new_id=target)
+            return done.created, list(done.copied)
+
+        def cli() -> tuple[bool, list[str]]:
+            reply = json.loads(self.cli("rerun", source, "--from-step", path, "--id", target,
+                                        "--json").stdout)
+            return bool(reply["created"]), list(reply["copied_steps"])
+
+        outcome = self._retry(f"rerun {source}", cli if action.via == "cli" else api, failed)
+        if outcome is not None:
+            created, copied = outcome
+            self.log.add(self.log.reruns, h.RerunTry(
+                source, target, path, action.via, "created" if created else "exists",
+                tuple(copied), tuple(order), wall_ms()))
+
+    # -- sampling the concurrency limits --------------------------------------------------------
+
+    def _sampler(self) -> None:
+        keys = [self.runs.keys.limit_slots(limit_id(workflow, value))
+                for _, workflow, value, _ in LIMITS]
+        while not self.stop.is_set():
+            try:
+                reply = self.runs.client.eval(_SAMPLE, len(keys), *keys)
+            except (redis.RedisError, OSError):
+                reply = None
+            if reply:
+                now = int(reply[0])
+                for (label, _, _, limit), holders in zip(LIMITS, reply[1:], strict=True):
+                    held = [h._s(x) for x in holders]
+                    counts = self.limit_counts[label]
+                    counts[0] += 1
+                    counts[1] = max(counts[1], len(held))
+                    if len(held) > limit:
+                        self.log.add(self.log.limit_over, h.LimitSample(
+                            now, label, limit, len(held), tuple(sorted(held))))
+            self.stop.wait(SAMPLE_EVERY_S)
 
     def cli(self, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
         """One ``marbles-rq`` command; exit 3 (Redis unreachable) raises CliRedisError."""
@@ -720,6 +913,9 @@ class Harness:
             runs=h.read_runs(self.runs, ids), executions=executions, claims=claims,
             applied=applied, submitted=list(self.log.submitted), sent=list(self.log.sent),
             answers=list(self.log.answers), cancels=list(self.log.cancels),
+            pauses=list(self.log.pauses), reruns=list(self.log.reruns),
+            limit_counts={k: (v[0], v[1], v[2]) for k, v in self.limit_counts.items()},
+            limit_over=list(self.log.limit_over),
             faults=list(self.log.faults), crashes=list(self.log.crashes),
             event_journal=events, schedules=schedules,
             schedule_every_ms={k: every for k, (_, every) in SCHEDULES.items()},
@@ -729,6 +925,8 @@ class Harness:
     def shutdown(self) -> None:
         self.stop.set()
         self.cli_pool.shutdown(wait=False, cancel_futures=True)
+        for lane in self.pausers.values():
+            lane.shutdown(wait=False, cancel_futures=True)
         procs = [s.proc for s in self.slots if s.proc is not None]
         for slot in self.slots:
             slot.expect_exit = True

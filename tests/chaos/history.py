@@ -58,6 +58,10 @@ class Run:
     error: dict[str, Any] | None = None
     parent: str | None = None
     attempt: int = 1
+    queue: str = "default"
+    priority: int = 0
+    rerun_of: str = ""  # a rerun: the run it reruns, and the step it reruns from
+    rerun_from_step: str = ""
     events: list[Ev] = field(default_factory=list)
     steps: dict[str, Step] = field(default_factory=dict)
     questions: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> state, answer
@@ -75,6 +79,7 @@ class Execution:
     attempt: int
     pid: int = 0
     t: int = 0
+    origin: str = ""  # the RQ queue its delivery was popped from ("" if unknown)
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,47 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class PauseTry:
+    """One `pause` or `resume` the harness made, in the order it made them for that run:
+    outcome is the engine's answer (paused, requested, already, settled; woken, resumed,
+    not_paused; missing), the CLI's exit and line, or "error: ..." (unknown outcome)."""
+
+    run: str
+    op: str  # pause | resume
+    via: str
+    outcome: str
+    t: int = 0
+
+
+@dataclass(frozen=True)
+class RerunTry:
+    """One `rerun --from-step` the harness made once `source` had finished. `order`: the
+    source's steps in the order the server committed them (its journal), when the rerun was
+    asked; `copied`: the steps the engine said it copied."""
+
+    source: str
+    run: str
+    from_step: str
+    via: str
+    outcome: str  # created | exists | error: ...
+    copied: tuple[str, ...] = ()
+    order: tuple[str, ...] = ()
+    t: int = 0
+
+
+@dataclass(frozen=True)
+class LimitSample:
+    """A sample of a concurrency limit's live holds in the store (server ms) that found
+    more than `limit` (the sampler logs only those, and counts the rest)."""
+
+    at_ms: int
+    label: str
+    limit: int
+    held: int
+    holders: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Fault:
     """A fault the harness caused. `pids`: the processes whose executions it interrupted
     (a run's worker name ends in the pid of the process that executes it)."""
@@ -164,6 +210,11 @@ class History:
     sent: list[Sent] = field(default_factory=list)
     answers: list[AnswerTry] = field(default_factory=list)
     cancels: list[Cancel] = field(default_factory=list)
+    pauses: list[PauseTry] = field(default_factory=list)
+    reruns: list[RerunTry] = field(default_factory=list)
+    # label -> (samples taken, most live holds seen, the limit)
+    limit_counts: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    limit_over: list[LimitSample] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     crashes: list[Crash] = field(default_factory=list)
     event_journal: list[dict[str, Any]] = field(default_factory=list)  # events --json
@@ -235,6 +286,8 @@ def read_runs(runs: RunStore, ids: list[str]) -> dict[str, Run]:
                 result=None if view.result is None else msgspec.json.decode(view.result),
                 error=None if view.error is None else msgspec.structs.asdict(view.error),
                 parent=view.record.parent or None, attempt=view.attempt,
+                queue=view.record.queue, priority=view.record.priority,
+                rerun_of=view.record.rerun_of, rerun_from_step=view.record.rerun_from_step,
                 events=_events(rows), questions=_questions(asks),
                 steps={s.key: Step(s.key, s.name, s.status, s.attempts,
                                    None if s.result is None else msgspec.json.decode(s.result),
@@ -273,7 +326,7 @@ def read_receipts(client: redis.Redis) -> tuple[list[Execution], list[Claim], li
             seen.add(e["x"])
             executions.append(Execution(e["x"], e["run"], e["step"], int(e["epoch"]),
                                         int(e["attempt"]), int(e.get("pid", 0)),
-                                        int(e.get("t", 0))))
+                                        int(e.get("t", 0)), str(e.get("origin", ""))))
     claims = []
     for c in _json_list(client, CLAIMS_KEY):
         if c["x"] not in seen:

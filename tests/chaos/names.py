@@ -17,3 +17,9 @@ TOCK_KEY, TOCK_EVERY_MS = "cx-tock", 2000
 SCHEDULES = {TICK_KEY: ("cx_tick", TICK_EVERY_MS), TOCK_KEY: ("cx_tock", TOCK_EVERY_MS)}
 EVENT_SOURCE = "chaos"
 EVENT_TYPE = "tick"
+
+# Flow control workloads (cx_limited, cx_limited_key): their limits and key values.
+LIMIT_GLOBAL = 2
+LIMIT_PER_KEY = 1
+CUSTOMERS = ["acme", "globex", "initech"]
+PRIORITIES = [-5, 5, 10]

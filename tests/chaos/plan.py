@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marbles_rq.triggers.events import event_key
-from tests.chaos.names import EVENT_SOURCE
+from tests.chaos.names import CUSTOMERS, EVENT_SOURCE, PRIORITIES
 
 # Worker kills are spread evenly over these kinds (then shuffled).
 WORKER_KILLS = ("worker_parent", "horse", "worker_group", "pool_executor")
@@ -22,8 +22,13 @@ FAULT_KINDS = (*WORKER_KILLS, "leader", "redis", "stop_worker", "stop_leader")
 
 # Run kinds and their weights (per hundred submitted runs).
 RUN_WEIGHTS: dict[str, int] = {
-    "chain": 38, "batch": 10, "dup": 6, "ask": 10, "timer": 10, "parent": 7, "fan": 9,
-    "event": 8, "cancel": 2,
+    "chain": 24, "batch": 10, "dup": 5, "ask": 8, "timer": 8, "parent": 6, "fan": 7,
+    "event": 7, "cancel": 2,
+    # The combinations (issue 16): pause/resume storms, short-lived children gathered late,
+    # parents cancelled while they start children, concurrency limits (global and per key),
+    # reruns from a step, priorities.
+    "pause": 5, "late_child": 3, "spawn_cancel": 3, "limited": 4, "limited_key": 4,
+    "rerun": 3, "priority": 4,
 }
 BATCH_SIZE = 25
 BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
@@ -44,6 +49,7 @@ class RunSpec:
     workflow: str
     input: dict[str, Any]
     via: str = "api"  # api | cli | batch | event
+    priority: int | None = None  # enqueue with this priority (None: the workflow's)
 
 
 @dataclass(frozen=True)
@@ -51,11 +57,15 @@ class Action:
     """One thing the submitter does at `at_s`."""
 
     at_s: float
-    op: str  # submit | resend | batch | send | cancel
+    op: str  # submit | resend | batch | send | cancel | cancel_spawning | pause | rerun
     runs: tuple[RunSpec, ...]
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
     event_id: str = ""
+    ops: tuple[str, ...] = ()  # pause: "pause" / "resume" calls made back to back, in order
+    #                            ("started": first wait until the run has started)
+    pick: int = 0  # rerun: the seeded draw that chooses the step to rerun from;
+    #                cancel_spawning: ms to wait after the first child started
 
 
 @dataclass(frozen=True)
@@ -216,4 +226,76 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
             actions.append(Action(at, "submit", (spec,)))
             actions.append(Action(round(at + rng.uniform(0.3, 3.0), 3), "cancel", (spec,),
                                   rng.choice(["api", "cli"])))
+        elif kind == "pause":
+            # Slow steps (a pause lands inside one) or many quick ones (a commit, and so a
+            # park, every few ms: a resume right after a pause can land between them).
+            fast = rng.random() < 0.5
+            spec = RunSpec(rid(kind), kind, "cx_chain",
+                           {"n": 24 if fast else 6,
+                            "sleep_ms": rng.choice([2, 10] if fast else [100, 200]),
+                            "flaky": False, "doomed": False})
+            actions.append(Action(at, "submit", (spec,)))
+            actions += _storms(rng, at, spec)
+        elif kind == "late_child":
+            spec = RunSpec(rid(kind), kind, "cx_late_parent",
+                           {"children": rng.randint(1, 3),
+                            "wait_s": round(rng.uniform(6.0, 9.0), 2), "sleep_ms": 10})
+            actions.append(Action(at, "submit", (spec,)))
+        elif kind == "spawn_cancel":
+            spec = RunSpec(rid(kind), kind, "cx_spawner",
+                           {"children": rng.randint(2, 4), "sleep_ms": rng.choice([100, 200])})
+            actions.append(Action(at, "submit", (spec,)))
+            # Cancelled once it has started its first child (whenever a worker took it up),
+            # after a seeded delay: while the next children start.
+            actions.append(Action(at, "cancel_spawning", (spec,),
+                                  "cli" if rng.random() < 0.2 else "api",
+                                  pick=rng.randrange(0, 400)))
+        elif kind in ("limited", "limited_key"):
+            inp: dict[str, Any] = {"n": rng.randint(1, 3), "sleep_ms": rng.choice([50, 150, 300])}
+            if kind == "limited_key":
+                inp["customer"] = rng.choice(CUSTOMERS)
+            spec = RunSpec(rid(kind), kind, "cx_" + kind, inp,
+                           "cli" if rng.random() < 0.05 else "api")
+            actions.append(Action(at, "submit", (spec,), spec.via))
+        elif kind == "rerun":
+            spec = RunSpec(rid(kind), kind, "cx_rr", {"n": rng.randint(4, 8)})
+            actions.append(Action(at, "submit", (spec,)))
+            rerun = RunSpec(f"{spec.run_id}-rr", kind, "cx_rr", spec.input)
+            actions.append(Action(round(at + rng.uniform(3.0, 8.0), 3), "rerun",
+                                  (spec, rerun), "cli" if rng.random() < 0.25 else "api",
+                                  pick=rng.getrandbits(16)))
+        elif kind == "priority":
+            spec = RunSpec(rid(kind), kind, "cx_chain",
+                           {"n": rng.randint(2, 4), "sleep_ms": rng.choice([10, 30]),
+                            "flaky": False, "doomed": False},
+                           "cli" if rng.random() < 0.1 else "api", rng.choice(PRIORITIES))
+            actions.append(Action(at, "submit", (spec,), spec.via))
+            submitted.append(spec)
     return sorted(actions, key=lambda a: a.at_s)
+
+
+def _storms(rng: random.Random, at: float, spec: RunSpec) -> list[Action]:
+    """Pause/resume storms on one run: each pauses it at a random moment (queued, running,
+    waiting or finished) and resumes it, later or back to back; every storm ends with a
+    resume, so the run's last pause is always resumed."""
+    out = []
+    moment = at
+    for n in range(rng.randint(1, 3)):
+        moment = round(moment + rng.uniform(0.0, 2.0), 3)
+        shape = rng.choice(["apart", "apart", "back", "back twice", "resume first"])
+        # Half the first storms wait for the run to have started (a queue may hold it for
+        # long on a loaded machine): they pause a running run.
+        started = ("started",) if n == 0 and rng.random() < 0.5 else ()
+        if shape == "apart":
+            out.append(Action(moment, "pause", (spec,), ops=(*started, "pause")))
+            moment = round(moment + rng.uniform(0.05, 2.5), 3)
+            out.append(Action(moment, "pause", (spec,), ops=("resume",)))
+        elif shape == "back":
+            out.append(Action(moment, "pause", (spec,), ops=(*started, "pause", "resume")))
+        elif shape == "back twice":
+            out.append(Action(moment, "pause", (spec,),
+                              ops=(*started, "pause", "resume", "pause", "resume")))
+        else:
+            out.append(Action(moment, "pause", (spec,),
+                              ops=(*started, "resume", "pause", "resume")))
+    return out

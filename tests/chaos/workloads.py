@@ -28,6 +28,21 @@ Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
 * ``cx_tick`` (every 1 s, overlap allow) and ``cx_tock`` (every 2 s, from completion) --
   schedules.
 * ``cx_event`` -- triggered by inbound events of source ``chaos``.
+
+The combinations (issue 16), each under the same faults:
+
+* pause/resume storms hit ``cx_chain`` runs (the harness pauses and resumes them at random
+  moments, some back to back);
+* ``cx_late_parent`` / ``cx_brief`` -- children kept only ``retention_s=1`` after they
+  finish, gathered by a parent that first sleeps past that;
+* ``cx_spawner`` -- a parent that starts children between steps, cancelled by the harness
+  while it does;
+* ``cx_limited`` (``concurrency=2``) and ``cx_limited_key`` (``concurrency=1`` per
+  ``customer``) -- the harness samples their slots in the store;
+* ``cx_rr`` -- quick steps of two names (so results recorded in one millisecond are common),
+  rerun ``--from-step`` by the harness once finished;
+* priorities: ``cx_chain`` runs enqueued with ``priority`` N; every execution receipt names
+  the RQ queue its delivery came from (``origin``), which must be the run's band.
 """
 
 from __future__ import annotations
@@ -43,6 +58,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import redis
+import rq
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -55,6 +71,8 @@ from tests.chaos.names import (
     EVENT_SOURCE,
     EXEC_KEY,
     FLAKY_KEY,
+    LIMIT_GLOBAL,
+    LIMIT_PER_KEY,
     QUESTION_KEY,
     SOURCE,
     TICK_KEY,
@@ -108,9 +126,10 @@ def _now_ms() -> int:
 def _executing() -> mr.RunContext:
     """Record that a step body starts executing (before it does anything else)."""
     run = mr.current()
+    job = rq.get_current_job()  # the delivery's RQ job: which queue (band) it came from
     entry = json.dumps({"x": uuid.uuid4().hex, "run": run.run_id, "step": run.step_path,
                         "epoch": run.ex.epoch, "attempt": run.attempt, "pid": os.getpid(),
-                        "t": _now_ms()})
+                        "t": _now_ms(), "origin": getattr(job, "origin", "") or ""})
     _call(lambda c: c.rpush(EXEC_KEY, entry))
     return run
 
@@ -281,3 +300,93 @@ def cx_tock(ctx: mr.RunContext) -> dict[str, Any]:
 @mr.workflow
 def cx_event(ctx: mr.RunContext, event: mr.Event) -> dict[str, Any]:
     return {"event": event.id, "steps": [cx_link(0, 10)]}
+
+
+# -- the combinations (issue 16) -----------------------------------------------------------------
+
+@mr.workflow(retention_s=1)
+def cx_brief(ctx: mr.RunContext, inp: ChildIn) -> dict[str, Any]:
+    """A child kept one second after it finishes (its parent gathers it later)."""
+    return {"i": inp.i, "steps": [cx_link(0, inp.sleep_ms)]}
+
+
+class LateParentIn(msgspec.Struct):
+    children: int = 2
+    wait_s: float = 7.0
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_late_parent(ctx: mr.RunContext, inp: LateParentIn) -> dict[str, Any]:
+    """Starts short-lived children, sleeps past their retention (and a prune pass: every
+    5 s), then gathers them: their outcomes must still be there."""
+    handles = [mr.start_child("cx_brief", {"i": i, "sleep_ms": inp.sleep_ms}, key=f"b{i}")
+               for i in range(inp.children)]
+    mr.sleep(inp.wait_s)
+    results = mr.gather(*handles)
+    after = cx_link(0, inp.sleep_ms)
+    return {"children": results, "steps": [after]}
+
+
+class SpawnerIn(msgspec.Struct):
+    children: int = 4
+    sleep_ms: int = 150
+
+
+@mr.workflow
+def cx_spawner(ctx: mr.RunContext, inp: SpawnerIn) -> dict[str, Any]:
+    """Starts a child after each step: a cancel of this parent lands while children start."""
+    handles = []
+    steps = []
+    for i in range(inp.children):
+        steps.append(cx_link(i, inp.sleep_ms))
+        handles.append(mr.start_child("cx_child", {"i": i, "sleep_ms": inp.sleep_ms},
+                                      key=f"s{i}"))
+    results = mr.gather(*handles)
+    return {"children": results, "steps": steps}
+
+
+class LimitedIn(msgspec.Struct):
+    n: int = 2
+    sleep_ms: int = 150
+
+
+@mr.workflow(concurrency=LIMIT_GLOBAL)
+def cx_limited(ctx: mr.RunContext, inp: LimitedIn) -> dict[str, Any]:
+    return {"steps": [cx_link(i, inp.sleep_ms) for i in range(inp.n)]}
+
+
+class LimitedKeyIn(msgspec.Struct):
+    customer: str
+    n: int = 2
+    sleep_ms: int = 150
+
+
+@mr.workflow(concurrency=LIMIT_PER_KEY, concurrency_key="customer")
+def cx_limited_key(ctx: mr.RunContext, inp: LimitedKeyIn) -> dict[str, Any]:
+    return {"steps": [cx_link(i, inp.sleep_ms) for i in range(inp.n)]}
+
+
+@mr.step
+def cx_zz(index: int) -> str:
+    """A quick step with no effect: its results land within a millisecond of each other."""
+    return _executing().idempotency_key
+
+
+@mr.step
+def cx_aa(index: int) -> str:
+    """As cx_zz; its name sorts first, so a ledger ordered by (time, name) misorders ties."""
+    return _executing().idempotency_key
+
+
+class RerunSourceIn(msgspec.Struct):
+    n: int = 6
+
+
+@mr.workflow
+def cx_rr(ctx: mr.RunContext, inp: RerunSourceIn) -> dict[str, Any]:
+    """Alternating quick steps (the harness reruns it from one of them), then a step with an
+    effect."""
+    steps = [(cx_zz if i % 2 == 0 else cx_aa)(i) for i in range(inp.n)]
+    steps.append(cx_link(inp.n, 5))
+    return {"steps": steps}
