@@ -11,7 +11,8 @@ KEYS[6] asks hash       <tag>:asks:<run id>
 KEYS[7] feed zset       <tag>:feed
 ARGV[1] run_id
 ARGV[2] ctl_epoch       the calling controller's lease epoch; '' = not the controller
-ARGV[3] cause           timer (wakes only once its wake time has come) | child
+ARGV[3] cause           timer (wakes only once its wake time has come) | child (wakes
+                        only a run that waits for children)
 ARGV[4] grace_ms        the dispatch check comes due after this long
 ARGV[5] event           JSON data of the "woken" output event
 Returns:
@@ -20,7 +21,9 @@ Returns:
   {"pending"}                 the run is executing: it requeues itself when it parks (for
                               a child: if it parks waiting for children)
   {"paused"}                  paused: only resume wakes it
-  {"idle", status}            queued, finished or missing: nothing to wake
+  {"idle", status}            queued, finished or missing: nothing to wake; or (status
+                              waiting, its index entry kept) a child's wake of a run that
+                              waits for no child
   {"fenced", epoch}           a newer controller acts on this bucket; nothing written
 Writes: HSET/HINCRBY/HDEL KEYS[1]; ZREM/ZADD KEYS[2]; ZADD KEYS[3]; XADD KEYS[4]; HSET KEYS[5];
   HSET KEYS[6] (questions past their timeout); ZREM KEYS[7]
@@ -33,7 +36,8 @@ if ARGV[2] ~= '' then
   if seen > tonumber(ARGV[2]) then return {'fenced', seen} end
   if seen < tonumber(ARGV[2]) then redis.call('HSET', fence, 'epoch', ARGV[2]) end
 end
-local r = redis.pcall('HMGET', run, 'status', 'attempt', 'pause', 'queue', 'wake_at')
+local r = redis.pcall('HMGET', run, 'status', 'attempt', 'pause', 'queue', 'wake_at',
+  'wait_for')
 if r.err then
   redis.call('ZREM', waits, run_id)
   return {'idle', 'corrupt'}
@@ -50,6 +54,15 @@ end
 if r[3] == '1' then
   redis.call('ZREM', waits, run_id)
   return {'paused'}
+end
+if ARGV[3] == 'child' then
+  -- A settled child wakes a run only if it waits for children (as a wake_pending 'child' in
+  -- park_run): one parked on a timer alone would replay for nothing, or, begun after the
+  -- due time, pass its timer without the timer's wake. (Unreadable: woken, never stranded.)
+  local ok, wait_for = pcall(cjson.decode, r[6] or '{}')
+  if ok and type(wait_for) == 'table' and wait_for.children == nil then
+    return {'idle', 'waiting'}
+  end
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -5,6 +5,7 @@ No Redis, no processes: the checker reads only the History it is given."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -90,6 +91,14 @@ class Builder:
     def record(self, key: str, name: str, result: Any, status: str = "succeeded") -> None:
         self.run.steps[key] = Step(key, name, status, 1, result, self._seq(key.rsplit(".", 1)[0]))
 
+    def fire(self, key: str) -> None:
+        """The execution passes timer `key`: it records it fired (ledger and output)."""
+        timer = self.run.steps[key]
+        due = timer.result["due_ms"]
+        self.run.steps[key] = dataclasses.replace(
+            timer, status="fired", result={"due_ms": due, "fired_ms": self.ms})
+        self.ev("timer_fired", timer=key, due_ms=due, late_ms=self.ms - due)
+
     def park(self, reason: str, **data: Any) -> None:
         self.ev("parked", reason=reason, **data)
         self.run.status = "waiting"
@@ -147,6 +156,7 @@ def valid_history() -> History:
     timer.park("timer", until_ms=due)
     timer.wake("timer", at=due + 5)
     timer.start()
+    timer.fire("cx_timer.|sleep#0")
     second = timer.step("cx_timer.cx_link#1")
     timer.finish({"steps": [first, second]})
     h.submitted.append(Submitted("r-timer", "cx_timer", "api", True))
@@ -230,6 +240,7 @@ def _combinations(h: History) -> None:
     late.park("timer", until_ms=late.ms + 7000)
     late.wake("timer", at=late.ms + 7005)
     late.start()
+    late.fire("cx_late_parent.|sleep#0")
     late.finish({"children": [brief], "steps": [late.step("cx_late_parent.cx_link#0")]})
     h.submitted.append(Submitted("r-late", "cx_late_parent", "api", True))
 
@@ -392,6 +403,23 @@ def _timer_twice(h: History) -> None:
     run.events.insert(run.events.index(woken) + 1, woken)
 
 
+def _timer_passed_unrecorded(h: History) -> None:
+    """The finding of cx_late_parent: a child's wake replayed the parent after the due time;
+    the replay passed the timer without recording it fired."""
+    run = h.runs["r-late"]
+    timer = run.steps["cx_late_parent.|sleep#0"]
+    run.steps[timer.key] = dataclasses.replace(timer, status="waiting",
+                                               result={"due_ms": timer.result["due_ms"]})
+    run.events = [dataclasses.replace(e, data={"cause": "child", "child": "r-late.b0"})
+                  if e.type == "woken" else e for e in run.events if e.type != "timer_fired"]
+
+
+def _timer_fired_twice(h: History) -> None:
+    run = h.runs["r-timer"]
+    fired = next(e for e in run.events if e.type == "timer_fired")
+    run.events.insert(run.events.index(fired) + 1, fired)
+
+
 def _child_twice(h: History) -> None:
     extra = Builder(h, "r-parent.c9", "cx_child", {"i": 9}, parent="r-parent")
     extra.start()
@@ -524,6 +552,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "answer_unseen": ("answer_unseen", _answer_not_seen),
     "timer_early": ("timer_early", _timer_early),
     "timer_once": ("timer_once", _timer_twice),
+    "timer_once_unrecorded": ("timer_once", _timer_passed_unrecorded),
+    "timer_once_fired_twice": ("timer_once", _timer_fired_twice),
     "child_twice": ("child_twice", _child_twice),
     "child_result": ("child_result", _child_result),
     "crash": ("crash", _crash),

@@ -309,6 +309,8 @@ def format_event(ev: OutputEvent) -> str:
         "answered": lambda: f"question {d.get('key')} answered: {json.dumps(d.get('answer'))}",
         "report": lambda: f"{d.get('kind')} {d.get('key')}: {json.dumps(d.get('entry'))}",
         "child_started": lambda: f"child {d.get('child')} started ({d.get('workflow')})",
+        "timer_fired": lambda: f"timer {d.get('timer')} fired ({d.get('late_ms')} ms after "
+                               f"its due time)",
         "pause_requested": lambda: "pause requested",
         "resumed": lambda: "resumed",
         "truncated": lambda: f"output truncated: the run's cap of {d.get('max_lines')} lines / "

@@ -373,6 +373,8 @@ class MemoryWaits:
             run = mem.runs.get(run_id)
             if run is None or run.status != "waiting":
                 return "not_waiting", 0, ""
+            if cause == "child" and "children" not in (run.wait_for or {}):
+                return "idle", 0, ""  # as wake_run: a child wakes only a run waiting for one
             run.status, run.attempt = "queued", run.attempt + 1
             run.resumptions += 1
         mem._emit(run, "woken", {"cause": cause, **(detail or {})})

@@ -697,6 +697,13 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         log.warning("run %s delivery %s: %s; failing the run", run_id, attempt, started.detail)
         runs.fail_corrupt(run_id, started.detail)
         return _Outcome("failed")
+    if started.status == "cancelled":
+        # start_attempt settled it cancelled just now (a cancel asked while it was queued, or
+        # while an execution whose lease expired ran it): its children go with it, as in
+        # every other cancelled settle (settle_stopped, the reaper).
+        log.info("run %s delivery %s: cancelled before it started", run_id, attempt)
+        runs.waits().cancel_children(run_id)
+        return _Outcome(started.status)
     if started.status != "ok" or started.execution is None:
         log.info("run %s delivery %s: %s %s", run_id, attempt, started.status, started.detail)
         return _Outcome(started.status)

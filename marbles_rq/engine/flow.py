@@ -347,6 +347,15 @@ def _timer(run: RunContext, due_of: Callable[[], int]) -> None:
     # The controller wakes a timer only once the server's clock has passed its due time,
     # and this execution started after that wake: fired, and never early.
     if due <= run.ex.server_ms:
+        if recorded is not None and recorded.status != "fired":
+            # The first execution past it records it fired, whatever woke the run (its
+            # timer, a resume after a pause that outlasted it, an answer to a parallel
+            # branch): ledger and output then say so once. Written where it fires, not by
+            # the wake, which neither knows the timer's entry nor ends every such wait.
+            fired_ms = run.ex.server_ms
+            run._commit(msgspec.structs.replace(recorded, status="fired", result=msgspec.Raw(
+                msgspec.json.encode({"due_ms": due, "fired_ms": fired_ms}))),
+                "timer_fired", {"timer": key, "due_ms": due, "late_ms": fired_ms - due})
         return
     raise ParkRun([Wait("timer", wake_at_ms=due, until_ms=due, ledger=new)])
 

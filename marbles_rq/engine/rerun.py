@@ -79,7 +79,7 @@ def ledger_before(view: RunView, key: str) -> list[StepRecord]:
     position = next(i for i, s in enumerate(ordered) if s.key == key)
     inside = key + "."
     return [s for s in ordered[:position]
-            if s.status in ("succeeded", "waiting") and not s.key.startswith(inside)]
+            if s.status in ("succeeded", "waiting", "fired") and not s.key.startswith(inside)]
 
 
 def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = None,

@@ -117,7 +117,7 @@ class StepRecord(Record, tag="step", kw_only=True, frozen=True):
 
     key: str
     name: str
-    status: str  # running | succeeded | failed
+    status: str  # running | succeeded | failed; a timer: waiting | fired
     attempts: int
     result: msgspec.Raw = msgspec.Raw(b"null")  # msgspec cannot decode `Raw | None`
     error: ErrorInfo | None = None

@@ -89,7 +89,7 @@ KINDS: dict[str, str] = {
 }
 # Journal entries only the execution that owns the run may write.
 EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry", "output",
-                    "log", "report", "child_started")
+                    "log", "report", "child_started", "timer_fired")
 # Entries after which no execution owns the run until the next attempt_started.
 OWNERSHIP_ENDS = ("redelivered", "parked", "final", "deferred", "woken")
 # Steps with an effect (claim + apply), by step name.
@@ -516,12 +516,22 @@ def _check_timers(run: Run, executions: list[Execution], report: Report) -> None
     if not timers:
         return
     woken = [e for e in run.events if e.type == "woken" and e.data.get("cause") == "timer"]
-    if run.status == "succeeded" and len(woken) != len(timers):
+    if len(woken) > len(timers):
         report.add("timer_once", run.id, f"{len(timers)} timers, {len(woken)} timer wakes")
+    # A timer fires where an execution passes it (whatever woke the run): its ledger entry
+    # says fired, and one timer_fired names it.
+    fired = Counter(str(e.data.get("timer")) for e in run.events if e.type == "timer_fired")
     starts = _epochs(run)
     for timer in timers:
         report.checked["timers"] += 1
         due = int(timer.result["due_ms"]) if isinstance(timer.result, dict) else 0
+        if fired[timer.key] > 1 or (run.status == "succeeded" and (
+                fired[timer.key] != 1 or timer.status != "fired")):
+            report.add("timer_once", run.id, f"timer {timer.key} is {timer.status}, fired "
+                       f"{fired[timer.key]} times")
+        fired_ms = timer.result.get("fired_ms") if isinstance(timer.result, dict) else None
+        if isinstance(fired_ms, int) and fired_ms < due:
+            report.add("timer_early", run.id, f"timer {timer.key} due {due} fired at {fired_ms}")
         for ev in woken:
             if ev.ms < due:
                 report.add("timer_early", run.id, f"timer {timer.key} due {due} woken at "
