@@ -195,3 +195,37 @@ def test_a_duplicate_delivery_that_settles_a_cancelled_run_cancels_its_children(
     assert execute(runs, REGISTRY, "b-parent.g", 1, worker="dup", lease_ms=LEASE_MS,
                    hard_exit=False) == "settled"
     assert _view(runs, "b-parent.g").steps == []
+
+
+# --------------------------------------------------------------------------------------------
+# C. an effect claim is fenced by the lease, as a commit is
+
+
+def test_an_execution_frozen_past_its_lease_claims_no_effect(runs: RunStore) -> None:
+    """An execution froze past its lease (no reap yet: its epoch is still the run's, and its
+    concurrency slot may be another run's already). It thaws and claims an effect before any
+    other write: refused, as its commit would be, and no receipt is written. Before the fix
+    the claim won, so the effect could run beside the limit's holders."""
+    _record(runs, "lo_sleeper", {"seconds": 1.0}, "c-frozen")
+    ex = runs.start("c-frozen", 1, ttl_ms=LEASE_MS, worker="frozen").execution
+    assert ex is not None
+    assert runs.claim_effect(ex, "charge-1") == "ok"  # with a live lease: claimed
+    _expire_lease(runs, "c-frozen")
+    assert runs.claim_effect(ex, "charge-2") == "stale_epoch"
+    assert runs.claim_effect(ex, "charge-1") == "stale_epoch"  # not even "exists"
+    receipts = sorted(m.decode() for m in runs.client.smembers(ex.keys.effects))
+    assert receipts == [runs.keys.effect("c-frozen", "charge-1")]
+    assert not runs.client.exists(runs.keys.effect("c-frozen", "charge-2"))
+    # Its commit is refused the same way, and the reaper redelivers the run.
+    entry = StepRecord(version=1, key="lo_sleeper.lo_now#0", name="lo_now",
+                       status="succeeded", attempts=1, result=msgspec.Raw(b"1"), seq=0)
+    assert runs.commit_step(ex, entry, "step_succeeded", b"{}") == "stale"
+
+
+def test_a_store_scope_without_a_lease_still_claims(runs: RunStore) -> None:
+    """The store's own claim_effect (a scope that is not a run) passes no lease: unchanged."""
+    from marbles_rq.store.records import EffectReceipt
+
+    store = runs.store
+    assert store.claim_effect(EffectReceipt(version=1, scope="s-1", key="k"), epoch=0).won
+    assert not store.claim_effect(EffectReceipt(version=1, scope="s-1", key="k"), epoch=0).won

@@ -303,7 +303,8 @@ class RunContext:
     def claim_effect(self, key: str | None = None) -> bool:
         """Reserve an effect once per run (default key: the current idempotency key).
         True for the first claimer ever; False if it was claimed before (by this run's
-        earlier delivery); stops the execution if a newer one owns the run.
+        earlier delivery); stops the execution if a newer one owns the run or its lease
+        expired.
 
         A reservation, not a transaction with the effect: a crash between this claim and
         the effect leaves the effect undone. Where the target system takes an idempotency

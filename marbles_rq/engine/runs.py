@@ -490,7 +490,8 @@ class RunStore:
         return reply.status
 
     def claim_effect(self, ex: Execution, key: str, meta: bytes = b"null") -> str:
-        """ok | exists | stale_epoch: a receipt under `key`, fenced by the run's epoch."""
+        """ok | exists | stale_epoch: a receipt under `key`, fenced by the run's epoch and
+        the execution's lease (an expired one claims nothing, as it commits nothing)."""
         receipt = EffectReceipt(version=1, scope=ex.run_id, key=key,
                                 at_ms=int(time.time() * 1000), meta=msgspec.Raw(meta))
         if not key or len(key) > 512:
@@ -498,7 +499,7 @@ class RunStore:
         return self.scripts.claim_effect(
             receipt_key=self.keys.effect(ex.run_id, key), fence_key=ex.keys.run,
             index_key=ex.keys.effects, doc=encode(receipt), request_id=new_request_id(),
-            epoch=ex.epoch, required=True).status
+            epoch=ex.epoch, required=True, lease=(ex.keys.leases, ex.run_id)).status
 
     def defer(self, ex: Execution, note: str, *, delay_ms: int = DISPATCH_GRACE_MS) -> str:
         """Hand the run back (this worker cannot execute it): ok | stale | settled."""

@@ -331,12 +331,14 @@ class Scripts:
         raise self._unexpected("cas_entry", reply)
 
     def claim_effect(self, *, receipt_key: str, fence_key: str, index_key: str, doc: bytes,
-                     request_id: str, epoch: int | None,
-                     required: bool = False) -> EffectClaim:
-        """`required`: the fence record must exist (a run's hash; missing: purged)."""
-        reply = self.call("claim_effect", [receipt_key, fence_key, index_key],
+                     request_id: str, epoch: int | None, required: bool = False,
+                     lease: tuple[str, str] | None = None) -> EffectClaim:
+        """`required`: the fence record must exist (a run's hash; missing: purged).
+        `lease`: (leases zset, run id): the claimer's lease there must be live."""
+        reply = self.call("claim_effect", [receipt_key, fence_key, index_key,
+                                           *([lease[0]] if lease else [])],
                           [doc, request_id, "" if epoch is None else epoch,
-                           "1" if required else ""])
+                           "1" if required else "", lease[1] if lease else ""])
         status = _s(reply[0])
         if status == "ok":
             return EffectClaim("ok")
