@@ -137,3 +137,26 @@ def test_a_metrics_directory_planted_first_changes_nothing(procs: Procs, tmp_pat
     assert any(ours[0].glob("*.db"))
     assert list(elsewhere.iterdir()) == []
     assert (base / name).is_symlink() == (planted == "symlink")
+
+
+def test_queue_gauges_leave_out_another_prefixs_queues(procs: Procs) -> None:
+    """The controller's queue gauges matched RQ queues by `<prefix>.` alone, and a prefix may
+    hold a dot: the controller of prefix `sec` reported prefix `sec.x`'s queue `held` as its
+    own queue `x.held`."""
+    def enqueue(prefix: str, run_id: str, queue: str) -> None:
+        done = subprocess.run(procs.cli_argv("enqueue", "mok", "--input", "null", "--id",
+                                             run_id, "--queue", queue),
+                              env=dict(procs.env, MARBLES_PREFIX=prefix),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+    enqueue("sec", "mine-1", "mine")
+    enqueue("sec.x", "theirs-1", "held")
+    procs.env["MARBLES_PREFIX"] = "sec"
+    port = free_port()
+    procs.controller(extra=["--metrics-port", str(port)])
+    samples = await_metric(port, lambda s: value(s, "marbles_rq_queue_depth", queue="mine",
+                                                 lane="0") == 1, "the depth of queue mine")
+    queues = {dict(labels)["queue"] for name, labels in samples
+              if name == "marbles_rq_queue_depth"}
+    assert queues == {"mine"}, queues
