@@ -206,9 +206,8 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
             try:
                 return fn(request)
             except UNREACHABLE as exc:
-                detail = guard.authenticated(request)
                 return web.render(request, "error.html", 503, message=(
-                    f"Redis is not answering: {_why(exc)}" if detail
+                    f"Redis is not answering: {_why(exc)}" if guard.authenticated(request)
                     else _why_for(exc, False)))
             except TROUBLE as exc:  # a refusal, a cluster without a master, a mismatch
                 log.warning("%s: %s", request.url.path, _why(exc))
@@ -351,15 +350,15 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         "system": lambda r: web.fragment("_system.html", **system_context()),
     }
 
-    def view_key(page: str, request: Request) -> tuple[str, ...]:
+    def view_key(page: str, request: Request) -> tuple[Any, ...]:
         """What a fragment depends on, as the server reads it (never the raw query or a
         cookie): streams asking for the same view share one render."""
         if page == "run":
             return (page, request.query_params.get("id", ""))
         if page != "runs":
             return (page,)
-        ctx_params = runs_params(request)
-        return (page, *(str(ctx_params[k]) for k in sorted(ctx_params)))
+        params = runs_params(request)
+        return (page, *(params[k] for k in sorted(params)))
 
     shared = SharedRenders()
     streams = StreamSlots(MAX_STREAMS, MAX_VIEWS)
