@@ -6,7 +6,10 @@ from a step. For the CLI (`marbles-rq rerun`) and the dashboard:
 With `from_step`, the new run's ledger starts with the recorded results of the steps that
 finished before that step in the old run, so a replay returns them instead of executing
 them; that step and everything after it executes. "Before" is the ledger's order: the
-order in which the steps' results were recorded. Steps nested inside `from_step` (its own
+order in which the store accepted the entries (each entry carries its execution's epoch
+and write number, which the scripts only let grow), never a worker's clock: two steps
+finishing in one millisecond, or on workers whose clocks disagree, keep the order they
+were committed in. Steps nested inside `from_step` (its own
 children) are not copied, since rerunning a step reruns its body; the steps that enclose it
 finish after it, so they are not copied either and their bodies run again, replaying their
 earlier children from the copied entries. Durable timers recorded before it are copied too
@@ -74,11 +77,14 @@ def step_key(view: RunView, path: str) -> str:
 
 def ledger_before(view: RunView, key: str) -> list[StepRecord]:
     """The finished entries recorded before step `key`, less the ones nested inside it."""
-    ordered = view.steps  # RunStore sorts the ledger by when each entry was recorded
+    ordered = view.steps  # RunStore sorts the ledger in commit order (records.ledger_order)
     position = next(i for i, s in enumerate(ordered) if s.key == key)
     inside = key + "."
-    return [s for s in ordered[:position]
+    kept = [s for s in ordered[:position]
             if s.status in ("succeeded", "waiting") and not s.key.startswith(inside)]
+    # In the new run they precede everything its executions write (epochs from 1), in the
+    # order they had.
+    return [msgspec.structs.replace(s, epoch=0, wseq=i) for i, s in enumerate(kept, 1)]
 
 
 def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = None,
