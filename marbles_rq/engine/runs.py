@@ -151,6 +151,19 @@ class OutputEvent:
     def at_ms(self) -> int:
         return int(self.id.split("-", 1)[0])
 
+    @property
+    def happened_ms(self) -> int:
+        """When what the entry tells happened: a step start written later than it happened
+        (with its commit, or by the watchdog) carries `started_ms`, the executor's reckoning
+        of the server clock, which errs late (never early: see Execution.server_now_ms) and
+        may then pass the entry's own time, and so the time of the step's end, written in
+        the same call. Never later than the entry: entries keep their order."""
+        at = self.at_ms
+        started = self.data.get("started_ms") if isinstance(self.data, dict) else None
+        if self.type == "step_started" and isinstance(started, int):
+            return min(started, at)
+        return at
+
 
 @dataclass(frozen=True)
 class RunView:

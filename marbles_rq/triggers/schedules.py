@@ -40,7 +40,14 @@ import redis
 from cronsim import CronSim, CronSimError
 
 from .. import metrics
-from ..engine.authoring import REGISTRY, DefinitionError, Registry, WorkflowDef, _where
+from ..engine.authoring import (
+    REGISTRY,
+    DefinitionError,
+    InputError,
+    Registry,
+    WorkflowDef,
+    _where,
+)
 from ..engine.ops import RunRequest, enqueue_many
 from ..engine.runs import TERMINAL, RunStore
 from ..errors import MarblesError
@@ -309,6 +316,8 @@ def _declare(registry: ScheduleRegistry, target: Any, where: str, *, every: str 
             raise DefinitionError(f"invalid key {key!r}: use 1 to 100 of A-Z a-z 0-9 _ . -")
         raw = b"null" if input is None else msgspec.json.encode(input)
         if isinstance(target, WorkflowDef):
+            if input is None:  # as enqueue without --input: the parameter's default, ...
+                raw = target.omitted_input("give input=")
             target.parse_input(raw)  # a bad input fails here, at load, not at each firing
         catch_up_ms = None if catch_up is None else parse_every(catch_up)
         spec = (name, every, cron, json.dumps(at, sort_keys=True), tz, raw, key, overlap,
@@ -333,6 +342,8 @@ def _declare(registry: ScheduleRegistry, target: Any, where: str, *, every: str 
     except DefinitionError as exc:
         if str(exc).startswith("schedule at "):
             raise
+        raise bad(str(exc)) from None
+    except InputError as exc:
         raise bad(str(exc)) from None
     except (TypeError, msgspec.EncodeError) as exc:
         raise bad(f"input is not JSON-encodable: {exc}") from None
