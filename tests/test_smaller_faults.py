@@ -129,13 +129,15 @@ def test_scheduled_runs_get_the_default_and_a_bad_schedule_names_its_line(
     runs = procs.observer.runs
 
     def fired() -> Any:
-        done = [v for v in runs.list_runs(name="sx_defaulted") if v.status == "succeeded"]
-        return done[0] if done else None
+        done = {v.record.id.split(":")[1]: v for v in runs.list_runs(name="sx_defaulted")
+                if v.status == "succeeded"}
+        return done if set(done) == {"defaulted", "by-name"} else None
 
-    view = wait_for(fired, timeout=30, what="a scheduled run of sx_defaulted to succeed",
-                    context=procs.report)
-    assert msgspec.json.decode(view.record.input) == 5
-    assert view.result is not None and msgspec.json.decode(view.result) == 10
+    views = wait_for(fired, timeout=30, what="a run of each schedule of sx_defaulted to "
+                     "succeed", context=procs.report)
+    for view in views.values():  # declared on the workflow, and by name
+        assert msgspec.json.decode(view.record.input) == 5
+        assert view.result is not None and msgspec.json.decode(view.result) == 10
 
 
 # -- the shipped examples load together -------------------------------------------------------

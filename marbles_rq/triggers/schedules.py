@@ -184,6 +184,16 @@ class ScheduleDef:
     catch_up_ms: int | None = None  # None: one period
     where: str = ""
     spec: tuple[Any, ...] = field(default=(), repr=False)
+    # Declared without input= and by name (`workflow="name"`, maybe not loaded yet): the
+    # runs' input is what an omitted input means for that workflow, resolved when it fires.
+    omitted: bool = False
+
+    def input_for(self, workflows: Registry) -> bytes:
+        """The runs' input: as declared, or, when omitted, the workflow's omitted input (its
+        parameter's Python default, ...: WorkflowDef.omitted_input)."""
+        if self.omitted and self.workflow in workflows.workflows:
+            return workflows.workflow(self.workflow).omitted_input("give input=")
+        return self.input
 
     @property
     def fingerprint(self) -> str:
@@ -323,11 +333,13 @@ def _declare(registry: ScheduleRegistry, target: Any, where: str, *, every: str 
         spec = (name, every, cron, json.dumps(at, sort_keys=True), tz, raw, key, overlap,
                 catch_up)
         definition_key = key or derive_key(name, input)
+        omitted = input is None and not isinstance(target, WorkflowDef)
         if every is not None:
             every_ms = parse_every(every)
             return registry.add(ScheduleDef(
                 definition_key, name, "interval", f"every {every}", raw, overlap,
-                every_ms=every_ms, catch_up_ms=catch_up_ms, where=where, spec=spec),
+                every_ms=every_ms, catch_up_ms=catch_up_ms, where=where, spec=spec,
+                omitted=omitted),
                 key is not None)
         zone_info = zone(tz)
         if cron is not None:
@@ -338,7 +350,8 @@ def _declare(registry: ScheduleRegistry, target: Any, where: str, *, every: str 
             label = f"at {expr}"
         return registry.add(ScheduleDef(
             definition_key, name, kind, f"{label} ({zone_info.key})", raw, overlap, cron=expr,
-            tz=zone_info, catch_up_ms=catch_up_ms, where=where, spec=spec), key is not None)
+            tz=zone_info, catch_up_ms=catch_up_ms, where=where, spec=spec, omitted=omitted),
+            key is not None)
     except DefinitionError as exc:
         if str(exc).startswith("schedule at "):
             raise
@@ -503,8 +516,8 @@ def roll_schedule(runs: RunStore, rq: RQLike, key: str, *,
             raise MarblesError(f"schedule {key!r}: could not claim an occurrence "
                                f"({reply.status})")
         run_id = definition.run_id(now_ms)
-        enqueue_many(runs, rq, [RunRequest(definition.workflow, definition.input, run_id)],
-                     workflows)
+        enqueue_many(runs, rq, [RunRequest(definition.workflow, definition.input_for(workflows),
+                                           run_id)], workflows)
         runs.scripts.start_occurrences([(keys, runs.keys.occurrence(key, occ_id), occ_id,
                                          None)])
         return RollResult(key, "fired", run_id=run_id)
@@ -625,7 +638,8 @@ class ScheduleDuty:
         if definition.workflow not in self.workflows.workflows:
             return f"workflow {definition.workflow!r} is not declared by --source"
         try:
-            self.workflows.workflow(definition.workflow).parse_input(definition.input)
+            self.workflows.workflow(definition.workflow).parse_input(
+                definition.input_for(self.workflows))
         except MarblesError as exc:
             return str(exc)
         return None
@@ -660,7 +674,8 @@ class ScheduleDuty:
                     log.warning("occurrence %s: its schedule cannot fire here; left claimed",
                                 occ_id)
                 continue
-            requests.append(RunRequest(definition.workflow, definition.input, _s(run_id)))
+            requests.append(RunRequest(definition.workflow,
+                                       definition.input_for(self.workflows), _s(run_id)))
             started.append((schedule_keys, keys.occurrence(key_s, occ_id), occ_id, ctl.epoch))
             log.info("occurrence %s was claimed but not started; starting run %s", occ_id,
                      _s(run_id))
@@ -851,7 +866,7 @@ class ScheduleDuty:
         if not claimed:
             return
         enqueue_many(ctl.runs, ctl.rq, [
-            RunRequest(f.definition.workflow, f.definition.input,
+            RunRequest(f.definition.workflow, f.definition.input_for(self.workflows),
                        f.definition.run_id(f.nominal_ms)) for f in claimed], self.workflows)
         started = []
         for f in claimed:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import marbles_rq as mr
 
+# By name, before the workflow is defined: its default is resolved when the schedule fires.
+mr.schedule(every="1s", workflow="sx_defaulted", key="by-name")
+
 
 @mr.schedule(every="1s", key="defaulted")
 @mr.workflow("sx_defaulted")
