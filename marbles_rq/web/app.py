@@ -45,6 +45,7 @@ from starlette.staticfiles import StaticFiles
 from ..cli import Settings
 from ..engine.authoring import REGISTRY, InputError
 from ..engine.paging import Cursor, Filters, RunPager
+from ..engine.rerun import new_run_id
 from ..engine.runs import STATUSES, TERMINAL, RunNotFoundError
 from ..engine.waits import AlreadyAnsweredError, WaitStore
 from ..errors import InvalidIdError, MarblesError, RedisUnavailableError
@@ -90,6 +91,7 @@ class Web:
         self.env.globals.update(iso=reads.iso, ago=reads.ago, duration=reads.duration,
                                 pretty=reads.pretty, statuses=STATUSES, terminal=TERMINAL)
         self.env.globals["when"] = _when
+        self.env.globals["new_run_id"] = new_run_id  # the rerun form's id (Actions.rerun)
         self.env.filters["qs"] = lambda d: urlencode({k: v for k, v in d.items() if v})
 
     # -- rendering ---------------------------------------------------------------------------
@@ -499,7 +501,8 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
 
             def do(form: dict[str, str]) -> str | tuple[str, str]:
                 if name == "rerun":
-                    new_id, message = web.actions.rerun(run_id)
+                    new_id, message = web.actions.rerun(run_id, form.get("from_step"),
+                                                        form.get("new_id"))
                     return f"/runs/{quote(new_id)}", message
                 if name == "answer":
                     key = form.get("key", "")
