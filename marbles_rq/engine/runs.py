@@ -400,8 +400,9 @@ class RunStore:
             self.write_starts_locked(ex)
             ex.seq += 1
             sent = time.monotonic()
-            status = self.scripts.note_child(keys=ex.keys, epoch=ex.epoch, seq=ex.seq,
-                                             step_key=record.key, record=encode(stamp(record, ex))).status
+            status = self.scripts.note_child(
+                keys=ex.keys, epoch=ex.epoch, seq=ex.seq, step_key=record.key,
+                record=encode(stamp(record, ex))).status
             if status == "ok":
                 ex.flags_at = sent
             return status
