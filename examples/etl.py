@@ -48,7 +48,7 @@ def transform(text: str) -> Report:
 
 
 @mr.step(retries=5, delay_s=1.0)
-def publish(target: str, report: Report) -> str:
+def publish_report(target: str, report: Report) -> str:
     """Publish to a system that takes an idempotency key (here: a Redis hash written with
     HSETNX under the key; a payment or email API would take it as a header)."""
     key = mr.current().idempotency_key
@@ -64,5 +64,5 @@ def etl(ctx: mr.RunContext, inp: EtlInput) -> dict[str, object]:
     text = fetch(inp.url, inp.max_bytes)
     report = transform(text)
     ctx.stream.write(f"{report.lines} lines, {report.words} words")
-    key = publish(inp.target, report)
+    key = publish_report(inp.target, report)
     return {"published_as": key, "sha256": report.sha256}

@@ -399,8 +399,7 @@ def _close_inherited_listener() -> None:
     dies, a child that outlived it would hold the port and its successor could not bind."""
     global _SERVER
     if _SERVER is not None:
-        with contextlib.suppress(OSError):
-            _SERVER.server.socket.close()
+        _SERVER.server.close_in_child()
         _SERVER = None
 
 
@@ -435,6 +434,7 @@ class BoundedWSGIServer:
         self.base_environ: dict[str, Any] = {}
         self.pending_heads: dict[socket.socket, bytes] = {}
         self._waiting: dict[socket.socket, tuple[float, bytearray, Any]] = {}
+        self._answering: set[socket.socket] = set()
         self._busy = 0
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(METRICS_THREADS, thread_name_prefix="marbles-metrics")
@@ -464,7 +464,11 @@ class BoundedWSGIServer:
         self._selector.register(self.socket, selectors.EVENT_READ)
         try:
             while not self._stop.is_set():
-                for key, _ in self._selector.select(timeout=0.25):
+                try:
+                    ready = self._selector.select(timeout=0.25)
+                except OSError:  # the listener closed under us (server_close, a fork)
+                    return
+                for key, _ in ready:
                     if key.fileobj is self.socket:
                         self._accept()
                     else:
@@ -496,7 +500,10 @@ class BoundedWSGIServer:
             self._selector.register(conn, selectors.EVENT_READ)
 
     def _read(self, conn: socket.socket) -> None:
-        _, head, addr = self._waiting[conn]
+        entry = self._waiting.get(conn)
+        if entry is None:
+            return  # dropped by an accept earlier in the same batch of events
+        _, head, addr = entry
         try:
             chunk = conn.recv(8192)
         except (BlockingIOError, InterruptedError):
@@ -515,6 +522,7 @@ class BoundedWSGIServer:
         del self._waiting[conn]
         with self._lock:
             self._busy += 1
+            self._answering.add(conn)
         self.pending_heads[conn] = bytes(head)
         self._pool.submit(self._answer, conn, addr)
 
@@ -531,6 +539,7 @@ class BoundedWSGIServer:
                 conn.close()
             with self._lock:
                 self._busy -= 1
+                self._answering.discard(conn)
 
     def _drop(self, conn: socket.socket) -> None:
         self._waiting.pop(conn, None)
@@ -538,6 +547,15 @@ class BoundedWSGIServer:
             self._selector.unregister(conn)
         with contextlib.suppress(OSError):
             conn.close()
+
+    def close_in_child(self) -> None:
+        """In a forked child: close its copies of the listener and of every connection,
+        so that none outlives the parent's close (the selector is left alone: it is the
+        parent's, shared)."""
+        # No lock: a thread of the parent may have held it at the fork (and is not here).
+        for sock in [self.socket, *self._waiting, *self._answering]:
+            with contextlib.suppress(OSError):
+                sock.close()
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -66,7 +66,7 @@ def _record(runs: RunStore, name: str, inp: Any, run_id: str, **changes: Any) ->
 def _run(runs: RunStore, run_id: str, attempt: int | None = None) -> str:
     view = runs.get(run_id)
     assert view is not None
-    return execute(runs, REGISTRY, run_id, attempt or view.attempt, worker="w",
+    return execute(runs, REGISTRY, run_id, attempt or view.delivery, worker="w",
                    lease_ms=60_000, hard_exit=False)
 
 
@@ -103,7 +103,7 @@ def test_a_resume_that_lands_before_the_park_of_a_pause_requeues_the_run(
     # parked "paused" with nothing that would ever wake it.
     assert _run(racing, "fx-pr") == "requeued"
     view = runs.get("fx-pr")
-    assert view is not None and (view.status, view.attempt) == ("queued", 2), view
+    assert view is not None and (view.status, view.delivery) == ("queued", 2), view
     assert _events(runs, "fx-pr", "woken")[-1] == {"cause": "resume"}
     assert _run(runs, "fx-pr") == "succeeded"
     done = runs.get("fx-pr")

@@ -266,13 +266,13 @@ def test_deferred_starts_are_fenced_and_written_once(redis_url: str) -> None:
                          attempts=1)
     done = StepRecord(version=1, key=running.key, name="sc_tick", status="succeeded",
                       attempts=1, result=msgspec.Raw(b"0"))
-    start = StepStart(running.key, encode(running), b'{"step":"sc_steps.sc_tick#0"}', 0.0)
+    start = StepStart(running.key, running, b'{"step":"sc_steps.sc_tick#0"}', 0.0)
     # A commit carrying its deferred start, sent twice (a resend after a lost reply).
     for _ in range(2):
         reply = runs.scripts.commit_step(
             keys=ex.keys, epoch=ex.epoch, step_key=done.key, record=encode(done),
             event_type="step_succeeded", event=b"{}", run_id=ex.run_id, ttl_ms=60_000,
-            seq=1, starts=[start.triple()])
+            seq=1, starts=[start.triple(ex)])
         assert reply.status == "ok"
     types = [e.type for e in runs.output("fence-starts")]
     assert types.count("step_started") == 1 and types.count("step_succeeded") == 1

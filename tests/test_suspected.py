@@ -112,7 +112,7 @@ def test_the_duty_recheck_never_pushes_the_timer_of_a_run_parked_again_meanwhile
 
     def other_side() -> None:
         meanwhile.append(_run(runs, child, 1))  # settles, wakes its parent
-        meanwhile.append(_run(runs, parent, _view(runs, parent).attempt))  # parks: sleep
+        meanwhile.append(_run(runs, parent, _view(runs, parent).delivery))  # parks: sleep
 
     def pipeline(*args: Any, **kwargs: Any) -> Any:
         pipe = real_pipeline(*args, **kwargs)
@@ -143,7 +143,7 @@ def test_the_duty_recheck_never_pushes_the_timer_of_a_run_parked_again_meanwhile
     assert at is not None and at <= wake_at, (at, wake_at)  # looked at when its timer is due
     wait_for(lambda: _server_ms(runs) >= wake_at, timeout=10, what="the timer to come due")
     assert duty.wake_due(ctl) == (1, 1)  # the pass at its due time wakes it
-    assert _run(runs, parent, _view(runs, parent).attempt) == "succeeded"
+    assert _run(runs, parent, _view(runs, parent).delivery) == "succeeded"
 
 
 # -- b. a run the reaper settles cancelled -------------------------------------------------------
@@ -310,7 +310,10 @@ def test_two_parallel_branches_cannot_share_a_child_under_one_key(runs: RunStore
         view.error.message, view.error
     children = [s for s in view.steps if s.name == "|child"]
     assert len(children) == 1, children
-    assert _view(runs, "sus-d.same").status == "queued"
+    # The branch that took the key may be stopped by its sibling's failure between naming the
+    # child in the ledger and recording it: one child at most, never two under one id.
+    kid = runs.get("sus-d.same")
+    assert kid is None or kid.status == "queued", kid
 
 
 # -- e. timers and a server clock that stepped back ---------------------------------------------

@@ -108,6 +108,9 @@ def test_writes_need_the_token_and_csrf(procs: Procs) -> None:
         reply = script.post("/runs/w-2/pause")
         assert reply.status_code == 200 and reply.json()["ok"], reply.text
         assert script.post("/runs/nope/cancel").status_code == 404
+        # Rerun is the engine's: a run that has not finished is refused (tests/test_web_rerun.py).
+        assert script.post("/runs/w-2/rerun").status_code == 400
+        assert script.post("/runs/w-2/cancel").status_code == 200
         rerun = script.post("/runs/w-2/rerun")
         assert rerun.status_code == 200, rerun.text
         new_id = re.search(r"run (\S+) queued", rerun.json()["message"]).group(1)  # type: ignore[union-attr]

@@ -18,7 +18,7 @@ from . import Settings
                    "path for its first call); the results of the steps recorded before it "
                    "are copied and not executed again. Default: from the top.")
 @click.option("--id", "new_id", default=None, help="The new run's id (default random); the "
-              "same id again returns that run.")
+              "same id again returns that run; an id taken by any other run is refused.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new run as JSON.")
 @click.pass_obj
 def rerun(settings: Settings, run_id: str, from_step: str | None, new_id: str | None,
@@ -34,14 +34,4 @@ def rerun(settings: Settings, run_id: str, from_step: str | None, new_id: str | 
         click.echo(json.dumps({"created": result.created, "copied_steps": result.copied,
                                **data}, indent=2))
         return
-    if not result.created:
-        click.echo(safe(f"run {result.run_id} exists already ({result.record.name}, "
-                        f"{result.status}); nothing written"))
-        return
-    where = f"from step {result.from_step}" if result.from_step else "from the top"
-    copied = (f"; {len(result.copied)} step results copied, not executed again: "
-              + ", ".join(result.copied[:10]) + (" ..." if len(result.copied) > 10 else "")
-              if result.copied else "")
-    click.echo(safe(f"run {result.run_id} queued: rerun of {result.source} {where}"
-                    f"{copied}" + ("" if result.dispatched else
-                                   "; the controller will dispatch it")))
+    click.echo(safe(result.summary()))

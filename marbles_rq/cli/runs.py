@@ -213,7 +213,7 @@ def watch(settings: Settings, run_id: str, no_follow: bool, as_json: bool) -> No
 
 
 def _json_line(ev: OutputEvent) -> None:
-    at = ev.at_ms
+    at = ev.happened_ms  # the time the text shows
     click.echo(json.dumps({"id": ev.id, "type": ev.type, "delivery": ev.attempt,
                            "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))
                            + f".{at % 1000:03d}Z", "data": ev.data}))
@@ -285,9 +285,7 @@ def _follow(runs: RunStore, run_id: str, *, follow: bool = True,
 
 def format_event(ev: OutputEvent) -> str:
     d = ev.data if isinstance(ev.data, dict) else {"value": ev.data}
-    at = ev.at_ms
-    if ev.type == "step_started" and isinstance(d.get("started_ms"), int):
-        at = d["started_ms"]  # a start written with its commit (or late) says when it was
+    at = ev.happened_ms  # a start written with its commit (or late) says when it was
     stamp = time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + f".{at % 1000:03d}"
     handlers: dict[str, Callable[[], str]] = {
         "queued": lambda: f"queued: {d.get('name')} on {d.get('queue')}",

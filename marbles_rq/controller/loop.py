@@ -34,10 +34,16 @@ import redis
 
 from .. import metrics
 from ..engine.flowctl import release_vanished
-from ..engine.runs import DISPATCH_GRACE_MS, RunStore, event
-from ..errors import MarblesError, RedisUnavailableError
+from ..engine.runs import DISPATCH_GRACE_MS, TERMINAL, RunStore, event
+from ..errors import (
+    CorruptRecordError,
+    MarblesError,
+    RedisUnavailableError,
+    UnsupportedRecordVersionError,
+)
 from ..store import Lease
 from ..store.keys import CONTROLLER_LEASE
+from ..store.records import RunRecord, decode
 from ..store.redis_errors import is_outage, one_line
 from ..transport import dispatch
 from ..transport.lanes import Lanes, as_lanes
@@ -58,6 +64,7 @@ STALL_S = 1.0  # a pass this slow to reach the lost workers' read, or that read 
 DISPATCH_BUDGET = 1_000   # dispatch checks per pass, over all buckets
 PRUNE_BUDGET = 200        # finished runs pruned per prune pass
 PRUNE_EVERY_S = 5.0
+HOLD_MAX_MS = 3_600_000  # a child kept for its parent is looked at again at most this late
 RECOVERY_BATCH = 5_000    # dispatch checks per round while recovering
 RECOVERY_ROUNDS = 1_000   # at most 5,000,000 entries; the rest are due in later passes
 LOST_AFTER_S = 5.0        # a popped delivery whose run has not started by then was lost
@@ -573,11 +580,14 @@ class Controller:
     # -- retention ----------------------------------------------------------------------------
 
     def prune(self, budget: int = PRUNE_BUDGET) -> int:
-        """Remove finished runs whose retention ended, with everything they stored."""
+        """Remove finished runs whose retention ended, with everything they stored; a child
+        run whose parent has not finished is held (see `_held`)."""
         due = self.due(self.keys.run_finished, self.server_ms(),
                        2 * -(-budget // len(self.buckets)), budget)
         if not due:
             return 0
+        held = self._held([run_id for _, run_id in due])
+        due = [(bucket, run_id) for bucket, run_id in due if run_id not in held]
         pipe = self.store.client.pipeline(transaction=False)
         for _, run_id in due:
             pipe.smembers(self.keys.effect_index(run_id))
@@ -594,6 +604,54 @@ class Controller:
         if done:
             log.info("pruned %s finished runs past their retention", done)
         return done
+
+    def _held(self, run_ids: list[str]) -> set[str]:
+        """The children among `run_ids` whose parent has not finished: the parent reads a
+        child's outcome when it gathers, however long after the child's retention that is.
+        Each is held (lua/hold_finished.lua) and looked at again after its retention (at least
+        a prune pass, at most an hour); once its parent has finished (final: it never gathers
+        again) or is gone, the child is pruned. Read in two pipelined rounds: the children's
+        records (for their parent), then their parents' status."""
+        # A child's id is "<parent>.<key>" (engine/flow.child_id): only such ids are read.
+        maybe = [rid for rid in run_ids if "." in rid]
+        if not maybe:
+            return set()
+        pipe = self.store.client.pipeline(transaction=False)
+        for rid in maybe:
+            pipe.hget(self.keys.run(rid), "doc")
+        children: dict[str, RunRecord] = {}
+        for rid, doc in zip(maybe, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(doc, bytes):
+                try:
+                    record = decode(RunRecord, doc, self.keys.run(rid))
+                except (CorruptRecordError, UnsupportedRecordVersionError):
+                    continue  # purge_run judges it as any run
+                if record.parent:
+                    children[rid] = record
+        if not children:
+            return set()
+        pipe = self.store.client.pipeline(transaction=False)
+        for record in children.values():
+            pipe.hget(self.keys.run(record.parent), "status")
+        held: set[str] = set()
+        for (rid, record), status in zip(children.items(),
+                                         pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(status, Exception):
+                if is_outage(status):
+                    raise status
+                held.add(rid)  # unreadable now: not pruned on a guess
+                continue
+            if status is None or _s(status) in TERMINAL:
+                continue
+            hold_ms = min(max(int(record.retention_s * 1000), int(PRUNE_EVERY_S * 1000)),
+                          HOLD_MAX_MS)
+            self._run_script(rid, functools.partial(
+                self.runs.scripts.hold_finished, keys=self.keys.run_keys(rid), run_id=rid,
+                hold_ms=hold_ms))
+            held.add(rid)
+        if held:
+            log.debug("kept %s finished child runs whose parent has not finished", len(held))
+        return held
 
     # -- the loop ---------------------------------------------------------------------------
 

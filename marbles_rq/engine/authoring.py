@@ -118,6 +118,28 @@ class WorkflowDef:
     concurrency: int = 0
     concurrency_key: str | None = None
     priority: int = 0
+    # The input parameter's Python default (`def body(ctx, n: int = 5)`) as JSON: what an
+    # omitted input means; None when the parameter has none.
+    input_default: bytes | None = field(default=None, repr=False)
+
+    def omitted_input(self, how: str = "give an input") -> bytes:
+        """The input JSON a run asked for without one stands for (enqueue without --input, a
+        schedule without input=): the parameter's Python default when it has one, else
+        `null` for a workflow that takes none (or takes anything), `{}` for an object input
+        whose fields all have defaults. An object input with a required field raises
+        InputError naming the fields (and `how` to give one)."""
+        from .input_check import omitted_input
+
+        if self.input_type is None:
+            return b"null"
+        if self.input_default is not None:
+            return self.input_default
+        raw, required = omitted_input(self.input_type)
+        if required:
+            raise InputError(f"workflow {self.name!r} needs an input: "
+                             f"{', '.join(required)} {'has' if len(required) == 1 else 'have'} "
+                             f"no default ({how})")
+        return raw
 
     @property
     def input_type(self) -> Any:
@@ -238,9 +260,17 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}) must take (ctx) or "
                                   f"(ctx, input)")
         input_param = params[1].name if len(params) == 2 else None
+        default = None
+        if input_param is not None and params[1].default is not inspect.Parameter.empty:
+            try:
+                default = msgspec.json.encode(params[1].default)
+            except (TypeError, msgspec.EncodeError) as exc:
+                raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): the default of "
+                                      f"its input {input_param!r} is not JSON: {exc}") from None
         definition = WorkflowDef(wf_name, fn, input_param, queue, timeout_s, max_deliveries,
                                  retention_s, concurrency=concurrency or 0,
-                                 concurrency_key=concurrency_key, priority=priority)
+                                 concurrency_key=concurrency_key, priority=priority,
+                                 input_default=default)
         if concurrency_key is not None and input_param is None:
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): concurrency_key "
                                   f"{concurrency_key!r} names an input field, but it takes "

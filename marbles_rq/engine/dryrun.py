@@ -36,7 +36,7 @@ from ..store.records import (
     ReportRecord,
     RunRecord,
     StepRecord,
-    decode,
+    ledger_order,
 )
 from .authoring import REGISTRY, Registry
 from .execute import Limits, execute
@@ -49,6 +49,7 @@ from .runs import (
     RunStore,
     RunView,
     Started,
+    stamp,
     take_due_starts,
 )
 from .waits import Question
@@ -169,8 +170,9 @@ class MemoryRuns:
 
     def _put_starts(self, ex: Execution, starts: list[Any]) -> None:
         run = self._run(ex)
+        ex.seq += 1
         for start in starts:
-            run.ledger[start.key] = decode(StepRecord, start.record, start.key)
+            run.ledger[start.key] = stamp(start.record, ex)
             self._emit_raw(run, "step_started", start.event)
 
     def write_starts_locked(self, ex: Execution) -> None:
@@ -199,7 +201,8 @@ class MemoryRuns:
         with ex.lock:
             self.write_starts_locked(ex)
             run = self._run(ex)
-            run.ledger[record.key] = record
+            ex.seq += 1
+            run.ledger[record.key] = stamp(record, ex)
             self._emit(run, "step_started", {"step": record.key, "attempt": record.attempts})
             ex.flags_at = time.monotonic()
             return "ok"
@@ -221,7 +224,8 @@ class MemoryRuns:
         with ex.lock:
             self.write_starts_locked(ex)
             run = self._run(ex)
-            run.ledger[record.key] = record
+            ex.seq += 1
+            run.ledger[record.key] = stamp(record, ex)
             self._emit_raw(run, event_type, data)
             ex.flags_at = time.monotonic()
             return "ok"
@@ -321,7 +325,7 @@ class MemoryRuns:
         run = self.runs.get(run_id)
         if run is None:
             return None
-        ledger = sorted(run.ledger.values(), key=lambda s: (s.at_ms, s.key))
+        ledger = sorted(run.ledger.values(), key=ledger_order)
         return RunView(record=run.record, status=run.status, attempt=1,
                        delivery=run.attempt, resumptions=run.resumptions,
                        epoch=run.epoch, created_ms=run.created_ms, started_ms=run.started_ms,
@@ -345,8 +349,8 @@ class MemoryWaits:
             mem.write_starts_locked(ex)
             with mem._lock:
                 run = mem._run(ex)
-                for entry in ledger:
-                    run.ledger[entry.key] = entry
+                for i, entry in enumerate(ledger):
+                    run.ledger[entry.key] = stamp(entry, ex, i + 1)
                 for ask in asks:
                     run.asks.setdefault(ask.key, _Ask(ask, mem.now_ms()))
                 run.status, run.wait_reason, run.wait_for = "waiting", reason, wait_for

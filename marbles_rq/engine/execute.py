@@ -23,7 +23,7 @@ import redis
 from .. import metrics
 from ..envvars import env_int
 from ..errors import MarblesError, RedisUnavailableError
-from ..store.records import ErrorInfo, StepRecord, encode
+from ..store.records import ErrorInfo, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
 from . import flow, flowctl
@@ -405,7 +405,7 @@ class RunContext:
             self._check_branch()
             started_ms = ex.server_now_ms()
             self._watchdog.defer_start(StepStart(
-                running.key, encode(running),
+                running.key, running,
                 event(step=running.key, attempt=running.attempts, started_ms=started_ms),
                 now + START_DELAY_S))
             return

@@ -134,20 +134,8 @@ class Enqueued:
 
 
 def omitted_input(name: str, registry: Registry = REGISTRY) -> bytes:
-    """The input of a run asked for without one: `null` for a workflow that takes none (or
-    takes anything), `{}` for an object input whose fields all have defaults; an object
-    input with a required field is refused, naming the fields."""
-    from .input_check import omitted_input as omitted
-
-    definition = registry.workflow(name)
-    if definition.input_type is None:
-        return b"null"
-    raw, required = omitted(definition.input_type)
-    if required:
-        raise InputError(f"workflow {definition.name!r} needs an input: "
-                         f"{', '.join(required)} {'has' if len(required) == 1 else 'have'} "
-                         f"no default (give --input)")
-    return raw
+    """The input of a run asked for without one (WorkflowDef.omitted_input)."""
+    return registry.workflow(name).omitted_input("give --input")
 
 
 def prepare(request: RunRequest, registry: Registry = REGISTRY,

@@ -6,7 +6,10 @@ from a step. For the CLI (`marbles-rq rerun`) and the dashboard:
 With `from_step`, the new run's ledger starts with the recorded results of the steps that
 finished before that step in the old run, so a replay returns them instead of executing
 them; that step and everything after it executes. "Before" is the ledger's order: the
-order in which the steps' results were recorded. Steps nested inside `from_step` (its own
+order in which the store accepted the entries (each entry carries its execution's epoch
+and write number, which the scripts only let grow), never a worker's clock: two steps
+finishing in one millisecond, or on workers whose clocks disagree, keep the order they
+were committed in. Steps nested inside `from_step` (its own
 children) are not copied, since rerunning a step reruns its body; the steps that enclose it
 finish after it, so they are not copied either and their bodies run again, replaying their
 earlier children from the copied entries. Durable timers recorded before it are copied too
@@ -60,6 +63,24 @@ class Rerun:
     dispatched: bool
     record: RunRecord
 
+    def summary(self) -> str:
+        """The one line `marbles-rq rerun` prints (and the dashboard shows)."""
+        if not self.created:
+            return (f"run {self.run_id} exists already ({self.record.name}, {self.status}); "
+                    f"nothing written")
+        where = f"from step {self.from_step}" if self.from_step else "from the top"
+        copied = (f"; {len(self.copied)} step results copied, not executed again: "
+                  + ", ".join(self.copied[:10]) + (" ..." if len(self.copied) > 10 else "")
+                  if self.copied else "")
+        return (f"run {self.run_id} queued: rerun of {self.source} {where}{copied}"
+                + ("" if self.dispatched else "; the controller will dispatch it"))
+
+
+def new_run_id() -> str:
+    """The id of a rerun when none is given (the CLI's default; the dashboard's form carries
+    one minted when the page was drawn, so a repeated POST is the same rerun)."""
+    return uuid.uuid4().hex
+
 
 def step_key(view: RunView, path: str) -> str:
     """The ledger key `path` names in `view`: `<path>#<n>` as given, or a bare path, which
@@ -75,20 +96,24 @@ def step_key(view: RunView, path: str) -> str:
 
 def ledger_before(view: RunView, key: str) -> list[StepRecord]:
     """The finished entries recorded before step `key`, less the ones nested inside it."""
-    ordered = view.steps  # RunStore sorts the ledger by when each entry was recorded
+    ordered = view.steps  # RunStore sorts the ledger in commit order (records.ledger_order)
     position = next(i for i, s in enumerate(ordered) if s.key == key)
     inside = key + "."
-    return [s for s in ordered[:position]
+    kept = [s for s in ordered[:position]
             if s.status in ("succeeded", "waiting", "fired") and not s.key.startswith(inside)]
+    # In the new run they precede everything its executions write (epochs from 1), in the
+    # order they had.
+    return [msgspec.structs.replace(s, epoch=0, wseq=i) for i, s in enumerate(kept, 1)]
 
 
 def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = None,
           new_id: str | None = None, registry: Registry = REGISTRY) -> Rerun:
     """Record and enqueue a rerun of `run_id` (see the module's note). Raises
     RunNotFoundError, RerunError, InvalidIdError or UnknownWorkflowError with nothing
-    written. The same `new_id` again returns the existing run (`created` False)."""
+    written. The same `new_id` again returns the existing run (`created` False) when it is
+    this rerun (of `run_id`, from `from_step`); any other run under it is refused."""
     check_id(run_id, "run id")
-    target = uuid.uuid4().hex if new_id is None else check_id(new_id, "new run id")
+    target = new_run_id() if new_id is None else check_id(new_id, "new run id")
     check_origin(target, "")
     view = runs.get(run_id)
     if view is None:
@@ -117,6 +142,16 @@ def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = No
     push = (dispatch.delivery_push(shared, runs.keys.prefix, band, record.id, 1)
             if shared is not None else None)
     recorded = runs.record_seeded(record, copied, push)
+    existing = recorded.record
+    if not recorded.created and (existing.rerun_of, existing.rerun_from_step) != (
+            old.id, record.rerun_from_step):
+        # The id is taken by something else: answering "exists" would pass that run off as
+        # the rerun asked for.
+        what = (f"a rerun of {existing.rerun_of} "
+                + (f"from step {existing.rerun_from_step}" if existing.rerun_from_step
+                   else "from the top") if existing.rerun_of else f"a run of {existing.name}")
+        raise RerunError(f"run {target} exists already and is {what}, not this rerun of "
+                         f"{old.id}; choose another new id")
     dispatched = recorded.enqueued
     if recorded.created and push is None:
         try:

@@ -24,7 +24,15 @@ from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionE
 from ..store import RedisStore, new_request_id
 from ..store.ids import check_id
 from ..store.keys import RunKeys
-from ..store.records import EffectReceipt, ErrorInfo, RunRecord, StepRecord, decode, encode
+from ..store.records import (
+    EffectReceipt,
+    ErrorInfo,
+    RunRecord,
+    StepRecord,
+    decode,
+    encode,
+    ledger_order,
+)
 from ..store.scripts import JobPush
 
 if TYPE_CHECKING:
@@ -71,12 +79,13 @@ class StepStart:
     `due` (monotonic) has passed, so a step that runs longer shows as running."""
 
     key: str
-    record: bytes  # StepRecord JSON, status running
+    record: StepRecord  # status running; stamped with its place when it is written
     event: bytes  # data of its step_started event: step, attempt, started_ms (server clock)
     due: float
 
-    def triple(self) -> tuple[str, bytes, bytes]:
-        return self.key, self.record, self.event
+    def triple(self, ex: Execution) -> tuple[str, bytes, bytes]:
+        """The start as the scripts write it, under the execution's current write number."""
+        return self.key, encode(stamp(self.record, ex)), self.event
 
 
 @dataclass
@@ -147,6 +156,19 @@ class OutputEvent:
     @property
     def at_ms(self) -> int:
         return int(self.id.split("-", 1)[0])
+
+    @property
+    def happened_ms(self) -> int:
+        """When what the entry tells happened: a step start written later than it happened
+        (with its commit, or by the watchdog) carries `started_ms`, the executor's reckoning
+        of the server clock, which errs late (never early: see Execution.server_now_ms) and
+        may then pass the entry's own time, and so the time of the step's end, written in
+        the same call. Never later than the entry: entries keep their order."""
+        at = self.at_ms
+        started = self.data.get("started_ms") if isinstance(self.data, dict) else None
+        if self.type == "step_started" and isinstance(started, int):
+            return min(started, at)
+        return at
 
 
 @dataclass(frozen=True)
@@ -365,7 +387,7 @@ class RunStore:
             sent = time.monotonic()
             status = self.scripts.start_step(
                 keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=False,
-                starts=[(record.key, encode(record),
+                starts=[(record.key, encode(stamp(record, ex)),
                          event(step=record.key, attempt=record.attempts))]).status
             if status == "ok":
                 ex.flags_at = sent
@@ -378,8 +400,9 @@ class RunStore:
             self.write_starts_locked(ex)
             ex.seq += 1
             sent = time.monotonic()
-            status = self.scripts.note_child(keys=ex.keys, epoch=ex.epoch, seq=ex.seq,
-                                             step_key=record.key, record=encode(record)).status
+            status = self.scripts.note_child(
+                keys=ex.keys, epoch=ex.epoch, seq=ex.seq, step_key=record.key,
+                record=encode(stamp(record, ex))).status
             if status == "ok":
                 ex.flags_at = sent
             return status
@@ -403,7 +426,7 @@ class RunStore:
                 return None
             ex.seq += 1
             return self.scripts.start_step(keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=True,
-                                           starts=[s.triple() for s in due]).status
+                                           starts=[s.triple(ex) for s in due]).status
 
     def flush_starts(self, ex: Execution) -> None:
         """Write every deferred start of the execution now (see `write_starts_locked`)."""
@@ -419,22 +442,23 @@ class RunStore:
         ex.starts.clear()
         ex.seq += 1
         self.scripts.start_step(keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=True,
-                                starts=[s.triple() for s in starts])
+                                starts=[s.triple(ex) for s in starts])
 
     def commit_step(self, ex: Execution, record: StepRecord, event_type: str,
                     data: bytes) -> str:
         """Record a step attempt's outcome, with the deferred starts (its own among them).
         ok | cancelled | paused (written) | timed_out | stale | settled (not written)."""
         with ex.lock:
-            starts = [s.triple() for s in ex.starts.values()]
-            ex.starts.clear()
             ex.seq += 1
+            starts = [s.triple(ex) for s in ex.starts.values()]
+            ex.starts.clear()
             sent = time.monotonic()
             # Never for a run holding a concurrency slot: its lease is capped at the hold's
             # expiry, which only the watchdog's renewals extend.
             extend = ex.slot is None and sent - ex.lease_at > ex.ttl_ms / 2000
             status = self.scripts.commit_step(
-                keys=ex.keys, epoch=ex.epoch, step_key=record.key, record=encode(record),
+                keys=ex.keys, epoch=ex.epoch, step_key=record.key,
+                record=encode(stamp(record, ex)),
                 event_type=event_type, event=data, run_id=ex.run_id,
                 ttl_ms=ex.ttl_ms if extend else 0, seq=ex.seq, starts=starts).status
             if status == "ok":
@@ -581,7 +605,7 @@ class RunStore:
             raise CorruptRecordError(keys.run, "the run hash has no doc or status")
         result, error = f.get(b"result"), f.get(b"error")
         ledger = sorted((decode(StepRecord, v, f"{keys.steps}#{_s(k)}") for k, v in steps.items()),
-                        key=lambda s: (s.at_ms, s.key))
+                        key=ledger_order)
         try:
             error_info = msgspec.json.decode(error, type=ErrorInfo) if error else None
             if result:
@@ -685,6 +709,13 @@ T = TypeVar("T")
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
+
+
+def stamp(record: StepRecord, ex: Execution, after: int = 0) -> StepRecord:
+    """`record` with its place in the run's commit order: the execution's epoch and the write
+    number it is sent under (`after` more for entries of one write that must keep their
+    order, such as a park's). Under ex.lock, after `ex.seq` was raised for the write."""
+    return msgspec.structs.replace(record, epoch=ex.epoch, wseq=ex.seq + after)
 
 
 def take_due_starts(ex: Execution, now: float) -> list[StepStart]:

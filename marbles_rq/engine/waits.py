@@ -21,7 +21,7 @@ from ..store import new_request_id
 from ..store.ids import check_id
 from ..store.records import AskRecord, ReportRecord, StepRecord, decode, encode
 from .authoring import InputError
-from .runs import DISPATCH_GRACE_MS, Execution, RunNotFoundError, RunStore, event
+from .runs import DISPATCH_GRACE_MS, Execution, RunNotFoundError, RunStore, event, stamp
 
 REASONS = ("question", "timer", "child", "paused")
 MAX_CHOICES = 9
@@ -127,7 +127,8 @@ class WaitStore:
                 wake_at_ms=wake_at_ms, wait_for=msgspec.json.encode(wait_for),
                 grace_ms=DISPATCH_GRACE_MS,
                 event=msgspec.json.encode({"reason": reason, **wait_for}),
-                ledger=[(r.key, encode(r)) for r in ledger],
+                # After every write of the execution (park_run ends its epoch).
+                ledger=[(r.key, encode(stamp(r, ex, i + 1))) for i, r in enumerate(ledger)],
                 asks=[(a.key, encode(a), int(a.timeout_s * 1000)) for a in asks])
         if reply.status == "requeued":
             return "requeued", int(reply.values[0]), _s(reply.values[1])

@@ -126,6 +126,13 @@ class StepRecord(Record, tag="step", kw_only=True, frozen=True):
     # replay that calls something else there is caught; -1 in ledgers written before it.
     seq: int = -1
     args: str = ""  # a digest of the step's arguments; a replay with others gets a warning
+    # Where the entry was written in the run's commit order: the writing execution's epoch
+    # and its write number. The scripts refuse a stale epoch and a write number not above
+    # the last applied one, so (epoch, wseq) grows with every write the server accepts: the
+    # ledger's order, whatever the workers' clocks say (`at_ms` is for people). -1 in
+    # ledgers written before it; epoch 0 for entries copied into a rerun.
+    epoch: int = -1
+    wseq: int = -1
 
 
 class AskRecord(Record, tag="ask", kw_only=True, frozen=True):
@@ -150,6 +157,12 @@ class ReportRecord(Record, tag="report", kw_only=True, frozen=True):
     entry: msgspec.Raw
     step: str = ""
     at_ms: int = 0
+
+
+def ledger_order(step: StepRecord) -> tuple[int, int, int, str]:
+    """Sort key of a ledger entry: the run's commit order; entries written before it was
+    recorded (epoch -1) come first, by their worker's clock as they always were."""
+    return step.epoch, step.wseq, step.at_ms, step.key
 
 
 R = TypeVar("R", bound=Record)

@@ -653,6 +653,10 @@ class Scripts:
                                          keys.feed, keys.report_index, keys.waits, *receipts],
                            [run_id], ("ok", "not_due", "retry"))
 
+    def hold_finished(self, *, keys: RunKeys, run_id: str, hold_ms: int) -> Reply:
+        return self._reply("hold_finished", [keys.finished], [run_id, hold_ms],
+                           ("ok", "not_due"))
+
     # -- runs that wait ----------------------------------------------------------------
 
     def park_run(self, *, keys: RunKeys, epoch: int, run_id: str, reason: str, wake_at_ms: int,

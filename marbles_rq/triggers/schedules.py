@@ -40,7 +40,14 @@ import redis
 from cronsim import CronSim, CronSimError
 
 from .. import metrics
-from ..engine.authoring import REGISTRY, DefinitionError, Registry, WorkflowDef, _where
+from ..engine.authoring import (
+    REGISTRY,
+    DefinitionError,
+    InputError,
+    Registry,
+    WorkflowDef,
+    _where,
+)
 from ..engine.ops import RunRequest, enqueue_many, owned_by, prepare
 from ..engine.runs import TERMINAL, RunStore
 from ..errors import MarblesError
@@ -177,6 +184,16 @@ class ScheduleDef:
     catch_up_ms: int | None = None  # None: one period
     where: str = ""
     spec: tuple[Any, ...] = field(default=(), repr=False)
+    # Declared without input= and by name (`workflow="name"`, maybe not loaded yet): the
+    # runs' input is what an omitted input means for that workflow, resolved when it fires.
+    omitted: bool = False
+
+    def input_for(self, workflows: Registry) -> bytes:
+        """The runs' input: as declared, or, when omitted, the workflow's omitted input (its
+        parameter's Python default, ...: WorkflowDef.omitted_input)."""
+        if self.omitted and self.workflow in workflows.workflows:
+            return workflows.workflow(self.workflow).omitted_input("give input=")
+        return self.input
 
     @property
     def fingerprint(self) -> str:
@@ -309,16 +326,20 @@ def _declare(registry: ScheduleRegistry, target: Any, where: str, *, every: str 
             raise DefinitionError(f"invalid key {key!r}: use 1 to 100 of A-Z a-z 0-9 _ . -")
         raw = b"null" if input is None else msgspec.json.encode(input)
         if isinstance(target, WorkflowDef):
+            if input is None:  # as enqueue without --input: the parameter's default, ...
+                raw = target.omitted_input("give input=")
             target.parse_input(raw)  # a bad input fails here, at load, not at each firing
         catch_up_ms = None if catch_up is None else parse_every(catch_up)
         spec = (name, every, cron, json.dumps(at, sort_keys=True), tz, raw, key, overlap,
                 catch_up)
         definition_key = key or derive_key(name, input)
+        omitted = input is None and not isinstance(target, WorkflowDef)
         if every is not None:
             every_ms = parse_every(every)
             return registry.add(ScheduleDef(
                 definition_key, name, "interval", f"every {every}", raw, overlap,
-                every_ms=every_ms, catch_up_ms=catch_up_ms, where=where, spec=spec),
+                every_ms=every_ms, catch_up_ms=catch_up_ms, where=where, spec=spec,
+                omitted=omitted),
                 key is not None)
         zone_info = zone(tz)
         if cron is not None:
@@ -329,10 +350,13 @@ def _declare(registry: ScheduleRegistry, target: Any, where: str, *, every: str 
             label = f"at {expr}"
         return registry.add(ScheduleDef(
             definition_key, name, kind, f"{label} ({zone_info.key})", raw, overlap, cron=expr,
-            tz=zone_info, catch_up_ms=catch_up_ms, where=where, spec=spec), key is not None)
+            tz=zone_info, catch_up_ms=catch_up_ms, where=where, spec=spec, omitted=omitted),
+            key is not None)
     except DefinitionError as exc:
         if str(exc).startswith("schedule at "):
             raise
+        raise bad(str(exc)) from None
+    except InputError as exc:
         raise bad(str(exc)) from None
     except (TypeError, msgspec.EncodeError) as exc:
         raise bad(f"input is not JSON-encodable: {exc}") from None
@@ -492,7 +516,8 @@ def roll_schedule(runs: RunStore, rq: RQLike, key: str, *,
             raise MarblesError(f"schedule {key!r}: could not claim an occurrence "
                                f"({reply.status})")
         run_id = definition.run_id(now_ms)
-        request = RunRequest(definition.workflow, definition.input, run_id, origin="schedule")
+        request = RunRequest(definition.workflow, definition.input_for(workflows), run_id,
+                             origin="schedule")
         if _foreign(enqueue_many(runs, rq, [request], workflows), [request], workflows):
             raise MarblesError(f"schedule {key!r}: run id {run_id} is taken by a run this "
                                f"schedule did not start; the occurrence did not run")
@@ -616,7 +641,8 @@ class ScheduleDuty:
         if definition.workflow not in self.workflows.workflows:
             return f"workflow {definition.workflow!r} is not declared by --source"
         try:
-            self.workflows.workflow(definition.workflow).parse_input(definition.input)
+            self.workflows.workflow(definition.workflow).parse_input(
+                definition.input_for(self.workflows))
         except MarblesError as exc:
             return str(exc)
         return None
@@ -651,7 +677,8 @@ class ScheduleDuty:
                     log.warning("occurrence %s: its schedule cannot fire here; left claimed",
                                 occ_id)
                 continue
-            requests.append(RunRequest(definition.workflow, definition.input, _s(run_id),
+            requests.append(RunRequest(definition.workflow,
+                                       definition.input_for(self.workflows), _s(run_id),
                                        origin="schedule"))
             started.append((schedule_keys, keys.occurrence(key_s, occ_id), occ_id, ctl.epoch))
             log.info("occurrence %s was claimed but not started; starting run %s", occ_id,
@@ -843,7 +870,7 @@ class ScheduleDuty:
             self._move(ctl, held)
         if not claimed:
             return
-        requests = [RunRequest(f.definition.workflow, f.definition.input,
+        requests = [RunRequest(f.definition.workflow, f.definition.input_for(self.workflows),
                                f.definition.run_id(f.nominal_ms), origin="schedule")
                     for f in claimed]
         foreign = _foreign(enqueue_many(ctl.runs, ctl.rq, requests, self.workflows), requests,

@@ -4,7 +4,7 @@ the one line the CLI would print (or raising the error it would print).
 cancel -> `marbles-rq cancel`, pause/resume -> `pause`/`resume`, answer/approve/reject ->
 `answer`/`approve`/`reject` (WaitStore.answer: compare-and-set on the question's revision,
 then the woken delivery is enqueued), schedule pause/resume -> `schedules pause/resume`.
-`rerun` is the one place the dashboard starts a rerun (see its docstring).
+rerun -> `rerun` (engine/rerun.py, with the page's new id: see Actions.rerun).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from typing import Any
 import redis
 
 from ..cli import Settings
-from ..engine import ops
-from ..engine.authoring import REGISTRY, UnknownWorkflowError
+from ..engine.rerun import rerun as rerun_run
 from ..engine.runs import RunNotFoundError
 from ..engine.waits import WaitStore
 from ..errors import MarblesError
@@ -80,21 +79,16 @@ class Actions:
             tail = "; the run sees it when it next replays"
         return f"run {run_id}: {done.question.key} {what}{tail}"
 
-    def rerun(self, run_id: str) -> tuple[str, str]:
-        """Start a new run of the same workflow, input and queue, under a new random id.
-        (The engine has no rerun of its own here; when `marbles-rq rerun` lands, this is the
-        one call to switch to it.) Returns (new run id, message)."""
-        view = self.settings.runs(read_only=True).get(check_id(run_id, "run id"))
-        if view is None:
-            raise RunNotFoundError(f"no run with id {run_id!r}")
-        if view.record.name not in REGISTRY.workflows:
-            raise UnknownWorkflowError(f"workflow {view.record.name!r} is not loaded here: "
-                                       f"start `marbles-rq web` with the --source that "
-                                       f"declares it to rerun")
-        request = ops.RunRequest(view.record.name, bytes(view.record.input), None,
-                                 view.record.queue, priority=view.record.priority)
-        done = ops.enqueue(self.settings.runs(), self.settings.rq(), request)
-        return done.run_id, f"run {done.run_id} queued: a rerun of {run_id} ({done.record.name})"
+    def rerun(self, run_id: str, from_step: str | None = None,
+              new_id: str | None = None) -> tuple[str, str]:
+        """`marbles-rq rerun RUN [--from-step PATH] [--id NEW_ID]`: the same engine call
+        (engine/rerun.py), so the same refusals (a run that has not finished, a step it does
+        not have, an id taken by another run). The page's form carries the new id, minted
+        when the page was drawn, so a repeated POST returns the rerun the first one made.
+        Returns (the new run's id, the CLI's line)."""
+        done = rerun_run(self.settings.runs(), self.settings.rq(), check_id(run_id, "run id"),
+                         from_step=from_step or None, new_id=new_id or None)
+        return done.run_id, done.summary()
 
     def pause_schedule(self, key: str, paused: bool) -> str:
         if not KEY_PATTERN.fullmatch(key):

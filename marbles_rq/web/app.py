@@ -45,6 +45,7 @@ from starlette.staticfiles import StaticFiles
 from ..cli import Settings
 from ..engine.authoring import REGISTRY, InputError
 from ..engine.paging import Cursor, Filters, RunPager
+from ..engine.rerun import new_run_id
 from ..engine.runs import STATUSES, TERMINAL, RunNotFoundError
 from ..engine.waits import AlreadyAnsweredError, WaitStore
 from ..errors import InvalidIdError, MarblesError, RedisUnavailableError
@@ -90,6 +91,7 @@ class Web:
         self.env.globals.update(iso=reads.iso, ago=reads.ago, duration=reads.duration,
                                 pretty=reads.pretty, statuses=STATUSES, terminal=TERMINAL)
         self.env.globals["when"] = _when
+        self.env.globals["new_run_id"] = new_run_id  # the rerun form's id (Actions.rerun)
         self.env.filters["qs"] = lambda d: urlencode({k: v for k, v in d.items() if v})
 
     # -- rendering ---------------------------------------------------------------------------
@@ -206,9 +208,8 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
             try:
                 return fn(request)
             except UNREACHABLE as exc:
-                detail = guard.authenticated(request)
                 return web.render(request, "error.html", 503, message=(
-                    f"Redis is not answering: {_why(exc)}" if detail
+                    f"Redis is not answering: {_why(exc)}" if guard.authenticated(request)
                     else _why_for(exc, False)))
             except TROUBLE as exc:  # a refusal, a cluster without a master, a mismatch
                 log.warning("%s: %s", request.url.path, _why(exc))
@@ -351,15 +352,15 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         "system": lambda r: web.fragment("_system.html", **system_context()),
     }
 
-    def view_key(page: str, request: Request) -> tuple[str, ...]:
+    def view_key(page: str, request: Request) -> tuple[Any, ...]:
         """What a fragment depends on, as the server reads it (never the raw query or a
         cookie): streams asking for the same view share one render."""
         if page == "run":
             return (page, request.query_params.get("id", ""))
         if page != "runs":
             return (page,)
-        ctx_params = runs_params(request)
-        return (page, *(str(ctx_params[k]) for k in sorted(ctx_params)))
+        params = runs_params(request)
+        return (page, *(params[k] for k in sorted(params)))
 
     shared = SharedRenders()
     streams = StreamSlots(MAX_STREAMS, MAX_VIEWS)
@@ -500,7 +501,8 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
 
             def do(form: dict[str, str]) -> str | tuple[str, str]:
                 if name == "rerun":
-                    new_id, message = web.actions.rerun(run_id)
+                    new_id, message = web.actions.rerun(run_id, form.get("from_step"),
+                                                        form.get("new_id"))
                     return f"/runs/{quote(new_id)}", message
                 if name == "answer":
                     key = form.get("key", "")
