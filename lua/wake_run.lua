@@ -11,8 +11,9 @@ KEYS[6] asks hash       <tag>:asks:<run id>
 KEYS[7] feed zset       <tag>:feed
 ARGV[1] run_id
 ARGV[2] ctl_epoch       the calling controller's lease epoch; '' = not the controller
-ARGV[3] cause           timer (wakes only once its wake time has come) | child (wakes
-                        only a run that waits for children)
+ARGV[3] cause           timer (wakes only once its wake time has come) | child (from a
+                        settled child, not the controller: wakes only a run that waits for
+                        children)
 ARGV[4] grace_ms        the dispatch check comes due after this long
 ARGV[5] event           JSON data of the "woken" output event
 Returns:
@@ -55,10 +56,12 @@ if r[3] == '1' then
   redis.call('ZREM', waits, run_id)
   return {'paused'}
 end
-if ARGV[3] == 'child' then
+if ARGV[3] == 'child' and ARGV[2] == '' then
   -- A settled child wakes a run only if it waits for children (as a wake_pending 'child' in
   -- park_run): one parked on a timer alone would replay for nothing, or, begun after the
-  -- due time, pass its timer without the timer's wake. (Unreadable: woken, never stranded.)
+  -- due time, pass its timer without the timer's wake. (Unreadable: woken, never stranded.
+  -- The controller's own child wakes come from the children it read; nothing is left due
+  -- in its index to be found again at every pass.)
   local ok, wait_for = pcall(cjson.decode, r[6] or '{}')
   if ok and type(wait_for) == 'table' and wait_for.children == nil then
     return {'idle', 'waiting'}

@@ -13,6 +13,7 @@ only a script's fence is at stake, as tests/test_suspected.py.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -125,6 +126,12 @@ def test_a_timer_that_wakes_its_run_is_recorded_fired_once(procs: Procs) -> None
     procs.enqueue("lo_sleeper", {"seconds": 0.5}, run_id)
     _, events = _fired_once(obs, run_id, "lo_sleeper.|sleep#0")
     assert [e.data["cause"] for e in _of(events, "woken")] == ["timer"], obs.dump(run_id)
+    done = procs.cli("status", run_id, "--json")
+    assert done.returncode == 0, done.stderr
+    (timer,) = json.loads(done.stdout)["timers"]
+    assert timer["fired_at"] is not None and timer["fired_at"] >= timer["due_at"], timer
+    done = procs.cli("status", run_id)
+    assert f"fired {timer['fired_at']}" in done.stdout, done.stdout
 
 
 # --------------------------------------------------------------------------------------------

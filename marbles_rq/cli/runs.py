@@ -147,7 +147,8 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         answer = "" if q["answer"] is None else f" -> {json.dumps(q['answer'])}"
         _echo(f"  question {q['key']}  {q['state']}{answer}  {q['title']}")
     for timer in data["timers"]:
-        _echo(f"  timer {timer['path']}#{timer['position']}  due {timer['due_at']}")
+        fired = f"  fired {timer['fired_at']}" if timer.get("fired_at") else ""
+        _echo(f"  timer {timer['path']}#{timer['position']}  due {timer['due_at']}{fired}")
     for s in data["steps"]:
         _echo(f"  step {s['path']}#{s['position']}  {s['status']}  attempts {s['attempts']}")
     if data["result"] is not None:

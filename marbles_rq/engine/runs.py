@@ -234,7 +234,8 @@ class RunView:
             "children": [msgspec.json.decode(s.result) for s in self.steps
                          if s.name == "|child"],
             "timers": [{"path": _step_path(s.key), "position": _step_position(s.key),
-                        "due_at": iso(msgspec.json.decode(s.result).get("due_ms"))}
+                        "due_at": iso(msgspec.json.decode(s.result).get("due_ms")),
+                        "fired_at": iso(msgspec.json.decode(s.result).get("fired_ms"))}
                        for s in self.steps if s.name == "|sleep"],
             # A step still "running" (or parked) in a finished run was interrupted.
             "steps": [{"path": _step_path(s.key), "position": _step_position(s.key),
