@@ -64,7 +64,11 @@ from marbles_rq.store.records import AskRecord, RunRecord, StepRecord
 
 # Faults this test finds on main that other items of issue 16 fix. Each one skips only the
 # interleaving that shows it, so the invariant stays; drop the name once its fix is merged.
-KNOWN_OPEN: set[str] = {"item1", "item3", "item5", "item6"}
+KNOWN_OPEN: set[str] = {"item1", "item3", "item5", "item6",
+                        # Not an item of issue 16 (found by this test): wake_run of a child
+                        # overwrites the wake_pending "1" of an answer that came while the
+                        # run executed, so its park on that (answered) question strands it.
+                        "answer-wake-lost"}
 
 PREFIX = "model"
 LONG_MS = 600_000  # a lease that does not expire during an example
@@ -94,6 +98,9 @@ class MExec:
     worker: str
     expired: bool  # its lease (and slot) expired: it was frozen past them
     saw_paused: bool = False  # a commit or step start answered "paused": the body parks
+    # The questions open when it started: its body, replaying, asks them again and parks
+    # on them (it reads the answers once, at its first ask).
+    open_questions: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -403,7 +410,8 @@ class StoreModel(RuleBasedStateMachine):
         m.status, m.epoch = "running", m.epoch + 1
         assert x.epoch == m.epoch
         m.lease = "expired" if short else "live"
-        mx = MExec(x, worker, short)
+        mx = MExec(x, worker, short,
+                   open_questions=sorted(k for k, v in m.questions.items() if v == "open"))
         m.execs.append(mx)
         if short:
             # Frozen past its lease: wait for the expiry, then it goes on with a normal one.
@@ -541,7 +549,8 @@ class StoreModel(RuleBasedStateMachine):
 
     @precondition(lambda self: any(r.execs for r in self.model.values()))
     @rule(i=st.integers(0, 50), j=st.integers(0, 50),
-          kind=st.sampled_from(["question", "timer_due", "timer_later", "child", "paused"]))
+          kind=st.sampled_from(["question", "question_again", "timer_due", "timer_later",
+                                "child", "paused"]))
     def park(self, i: int, j: int, kind: str) -> None:
         m = self._pick(i, lambda r: bool(r.execs))
         assert m is not None
@@ -552,6 +561,11 @@ class StoreModel(RuleBasedStateMachine):
             return  # the body parks on a pause only once a write answered "paused"
         if kind == "child" and not m.children:
             return
+        if kind == "question_again" and not x.open_questions:
+            return
+        if kind == "question_again" and m.questions[x.open_questions[0]] == "answered" and (
+                m.wake_pending != "1" and "answer-wake-lost" in KNOWN_OPEN):
+            return  # see KNOWN_OPEN: the answer's wake was overwritten by a child's
         if kind == "paused" and not m.pause and self._is_current(m, x) and (
                 m.status == "running" and not m.cancel and "item1" in KNOWN_OPEN):
             return  # item 1: a resume that lands before the park strands the run
@@ -561,8 +575,9 @@ class StoreModel(RuleBasedStateMachine):
         wait_for: dict[str, Any] = {}
         wake_at = 0
         reason = kind
-        if kind == "question":
-            qkey = f"q{self._next()}"
+        if kind.startswith("question"):
+            reason = "question"
+            qkey = x.open_questions[0] if kind == "question_again" else f"q{self._next()}"
             asks = [AskRecord(version=1, key=qkey, ask="question", title="ok?")]
             wait_for = {"questions": [qkey]}
         elif kind.startswith("timer"):
@@ -894,6 +909,14 @@ INTERLEAVINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
               ("start", dict(i=4, short=False, old=False)), ("renew", dict(i=0, j=0))],
     # A cancel requested while the run executes; its worker is lost and the reaper settles
     # it cancelled, keeping its slot; the run is purged with the slot still held.
+    # A run parked on a question is woken by a child and replays; while it executes the
+    # question is answered, then another child settles; it parks on the question again.
+    "answer-wake-lost": [
+        ("claim", dict(limited=False)), ("start", dict(i=0, short=False, old=False)),
+        ("child_start", dict(i=0, j=0)), ("park", dict(i=0, j=0, kind="question")),
+        ("wake", dict(i=0, cause="child")), ("start", dict(i=0, short=False, old=False)),
+        ("answer", dict(i=0, q=0)), ("wake", dict(i=0, cause="child")),
+        ("park", dict(i=0, j=0, kind="question_again"))],
     "item6-reap": [("claim", dict(limited=True)), ("start", dict(i=0, short=False, old=False)),
                    ("cancel", dict(i=0)), ("reap", dict(i=0, j=0, lost=True)),
                    ("purge", dict(i=0))],
@@ -902,7 +925,7 @@ INTERLEAVINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 
 @pytest.mark.parametrize("item", sorted(INTERLEAVINGS))
 def test_store_model_interleaving(redis_url: str, item: str) -> None:
-    if item.split("-")[0] in KNOWN_OPEN:
+    if item in KNOWN_OPEN or item.split("-")[0] in KNOWN_OPEN:
         pytest.skip(f"issue 16 {item} is open (KNOWN_OPEN)")
     StoreModel.url = redis_url
     machine = StoreModel()
