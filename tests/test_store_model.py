@@ -930,7 +930,7 @@ INTERLEAVINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 @pytest.mark.parametrize("item", sorted(INTERLEAVINGS))
 def test_store_model_interleaving(redis_url: str, item: str) -> None:
     if item in KNOWN_OPEN or item.split("-")[0] in KNOWN_OPEN:
-        pytest.skip(f"issue 16 {item} is open (KNOWN_OPEN)")
+        pytest.skip(f"{item} is open (KNOWN_OPEN)")
     StoreModel.url = redis_url
     machine = StoreModel()
     try:
