@@ -33,14 +33,17 @@ if ARGV[2] ~= '' then
   if seen > tonumber(ARGV[2]) then return {'fenced', seen} end
   if seen < tonumber(ARGV[2]) then redis.call('HSET', fence, 'epoch', ARGV[2]) end
 end
-local r = redis.pcall('HMGET', run, 'status', 'attempt', 'pause', 'queue', 'wake_at')
+local r = redis.pcall('HMGET', run, 'status', 'attempt', 'pause', 'queue', 'wake_at',
+  'wake_pending')
 if r.err then
   redis.call('ZREM', waits, run_id)
   return {'idle', 'corrupt'}
 end
 if r[1] == 'running' then
-  -- Marked as a child's: it requeues the run only if it parks waiting for children.
-  if ARGV[3] == 'child' then redis.call('HSET', run, 'wake_pending', 'child') end
+  -- Marked as a child's: it requeues the run only if it parks waiting for children. An
+  -- answer's pending wake ('1') is never lowered to a child's: the run may park on that
+  -- answered question again, and only the answer's wake would then requeue it.
+  if ARGV[3] == 'child' and r[6] ~= '1' then redis.call('HSET', run, 'wake_pending', 'child') end
   return {'pending'}
 end
 if r[1] ~= 'waiting' then

@@ -62,17 +62,11 @@ from marbles_rq.errors import MarblesError
 from marbles_rq.store import open_store
 from marbles_rq.store.records import AskRecord, RunRecord, StepRecord
 
-# Faults this test finds on main that other items of issue 16 fix. Each one skips only the
-# interleaving that shows it, so the invariant stays; drop the name once its fix is merged.
-#   item1  a resume between the "paused" answer and the park strands the run
-#   item3  claim_effect takes a stale execution's claim once the run hash is purged
-#   item5  a child is recorded for a finished parent (and may start after its cancel)
-#   item6  an expired slot is retaken whatever the count; a reaped cancelled run keeps it
-KNOWN_OPEN: set[str] = {"item1", "item3", "item5", "item6",
-                        # Not an item of issue 16 (found by this test): wake_run of a child
-                        # overwrites the wake_pending "1" of an answer that came while the
-                        # run executed, so its park on that (answered) question strands it.
-                        "answer-wake-lost"}
+# Faults this test found that are not fixed yet. Each one skips only the interleaving that
+# shows it, so the invariant stays; drop the name once its fix is merged. Empty: every fault
+# it found (issue 16 items 1, 3, 5 and 6, and an answer's wake lost to a child's) is fixed,
+# and test_store_model_interleaving replays each of them.
+KNOWN_OPEN: set[str] = set()
 
 PREFIX = "model"
 LONG_MS = 600_000  # a lease that does not expire during an example
