@@ -38,14 +38,16 @@ if ARGV[2] ~= '' then
   if seen < tonumber(ARGV[2]) then redis.call('HSET', fence, 'epoch', ARGV[2]) end
 end
 local r = redis.pcall('HMGET', run, 'status', 'attempt', 'pause', 'queue', 'wake_at',
-  'wait_for')
+  'wake_pending', 'wait_for')
 if r.err then
   redis.call('ZREM', waits, run_id)
   return {'idle', 'corrupt'}
 end
 if r[1] == 'running' then
-  -- Marked as a child's: it requeues the run only if it parks waiting for children.
-  if ARGV[3] == 'child' then redis.call('HSET', run, 'wake_pending', 'child') end
+  -- Marked as a child's: it requeues the run only if it parks waiting for children. An
+  -- answer's pending wake ('1') is never lowered to a child's: the run may park on that
+  -- answered question again, and only the answer's wake would then requeue it.
+  if ARGV[3] == 'child' and r[6] ~= '1' then redis.call('HSET', run, 'wake_pending', 'child') end
   return {'pending'}
 end
 if r[1] ~= 'waiting' then
@@ -62,7 +64,7 @@ if ARGV[3] == 'child' and ARGV[2] == '' then
   -- due time, pass its timer without the timer's wake. (Unreadable: woken, never stranded.
   -- The controller's own child wakes come from the children it read; nothing is left due
   -- in its index to be found again at every pass.)
-  local ok, wait_for = pcall(cjson.decode, r[6] or '{}')
+  local ok, wait_for = pcall(cjson.decode, r[7] or '{}')
   if ok and type(wait_for) == 'table' and wait_for.children == nil then
     return {'idle', 'waiting'}
   end
