@@ -114,6 +114,7 @@ class MRun:
     cancel: bool = False
     wake_pending: str | None = None
     wake_at: int = 0
+    waits_children: bool = False  # parked waiting for children (a settled child wakes it)
     lease: str | None = None  # live | expired, while running
     questions: dict[str, str] = field(default_factory=dict)  # key -> open|answered|...
     children: list[str] = field(default_factory=list)  # recorded with this run as parent
@@ -273,6 +274,8 @@ class StoreModel(RuleBasedStateMachine):
             return "pending"
         if m.pause:
             return "paused"
+        if cause == "child" and not m.waits_children:
+            return "idle"  # a settled child wakes only a run that waits for children
         if cause == "timer":
             if m.wake_at == 0:
                 return "idle"
@@ -391,6 +394,7 @@ class StoreModel(RuleBasedStateMachine):
         if m.pause:
             assert s == "paused", s
             m.status, m.epoch, m.lease, m.wake_at = "waiting", m.epoch + 1, None, 0
+            m.waits_children = False
             return
         if s == "held":
             assert m.limited, s
@@ -622,6 +626,7 @@ class StoreModel(RuleBasedStateMachine):
             return
         assert status == "ok", status
         m.status, m.wake_at = "waiting", wake_at
+        m.waits_children = "children" in wait_for
 
     # -- rules: from outside ---------------------------------------------------------------
 
