@@ -69,7 +69,7 @@ def test_watch_never_shows_a_step_ending_before_it_started(redis_url: str) -> No
     assert text.returncode == 0, text.stderr
     times = {}
     for line in text.stdout.splitlines():
-        match = re.match(r"(\d\d):(\d\d):(\d\d)\.(\d{3}) a\d+ step (\S+) (started|succeeded)",
+        match = re.match(r"(\d\d):(\d\d):(\d\d)\.(\d{3}) d\d+ step (\S+) (started|succeeded)",
                          line)
         if match:
             h, m, s, ms = (int(x) for x in match.groups()[:4])
