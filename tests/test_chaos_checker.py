@@ -494,6 +494,20 @@ def _child_after_cancel(h: History) -> None:
                                                 {"id": "r-spawn.s1", "workflow": "cx_child"}, 1)
 
 
+def _child_steps_after_its_cancel(h: History) -> None:
+    """A child that started before its parent's cancel, was asked to cancel by the walk,
+    and went on beginning steps past the one in flight."""
+    kid = Builder(h, "r-spawn.s1", "cx_child", {"i": 1}, parent="r-spawn",
+                  start_ms=h.runs["r-spawn"].events[-1].ms - 100)
+    kid.start("host.abcd.301")
+    kid.ev("cancel_requested", why="its parent r-spawn was cancelled")
+    steps = [kid.step("cx_child.cx_link#0"), kid.step("cx_child.cx_link#1")]  # both after it
+    kid.finish({"i": 1, "steps": steps})
+    h.runs["r-spawn"].steps["cx_spawner.|child#1"] = Step(
+        "cx_spawner.|child#1", "|child", "succeeded", 1,
+        {"id": "r-spawn.s1", "workflow": "cx_child"}, 1)
+
+
 def _limit_exceeded(h: History) -> None:
     h.limit_over.append(LimitSample(T0 + 10, "cx_limited", 2, 3, ("a", "b", "c")))
 
@@ -563,6 +577,7 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "pause_stranded": ("pause_stranded", _resume_strands),
     "child_pruned": ("child_pruned", _child_pruned),
     "child_after_cancel": ("child_after_cancel", _child_after_cancel),
+    "child_steps_after_its_cancel": ("child_after_cancel", _child_steps_after_its_cancel),
     "limit_exceeded": ("limit_exceeded", _limit_exceeded),
     "limit_exceeded_most": ("limit_exceeded", _limit_most_exceeded),
     "rerun_reran": ("rerun_reran", _rerun_reran),
