@@ -273,15 +273,29 @@ def test_a_child_recorded_after_its_parents_cancel_walked_its_children_never_run
     _record(runs, "fx_parent", None, parent)
     assert _execute_short_lease(CancelBeforeChildRecord(open_store(url)), parent) == "stale"
     assert _status(parent) == "cancelled"
-    view = runs.get(child)
-    assert view is not None and view.status == "queued"  # recorded after the walk
-    # Its delivery starts: it finds its parent cancelled and is cancelled, body not run.
-    assert _run(runs, child) == "cancelled"
+    # Recorded after the walk, the child is cancelled by the execution that recorded it (it
+    # reads its own run after the record), before any delivery: its body never runs.
     view = runs.get(child)
     assert view is not None and view.status == "cancelled", view
+    assert _run(runs, child) == "settled"
     assert EXECUTED[f"{child}:body"] == 0
-    notes = [e.data for e in runs.output(child) if e.type == "cancel_requested"]
+    notes = [e.data for e in runs.output(child) if e.type == "final"]
     assert notes and parent in str(notes[0]), notes
+
+
+def test_a_child_whose_parent_was_cancelled_is_cancelled_when_its_delivery_starts(
+        runs: RunStore) -> None:
+    """The second line: a child recorded, then its parent cancelled before the recording
+    execution could look (it died there), is cancelled when its delivery starts."""
+    _record(runs, "fx_parent", None, "fx-dead")
+    assert runs.cancel("fx-dead") == "cancelled"  # queued: settled at once, nothing walked
+    kid = prepare(RunRequest("fx_kid", b"null", "fx-dead.k", origin="child"), REGISTRY)
+    assert runs.record(msgspec.structs.replace(kid, parent="fx-dead")).created
+    assert _run(runs, "fx-dead.k") == "cancelled"
+    assert _status("fx-dead.k") == "cancelled"
+    assert EXECUTED["fx-dead.k:body"] == 0
+    notes = [e.data for e in runs.output("fx-dead.k") if e.type == "cancel_requested"]
+    assert notes and "fx-dead" in str(notes[0]), notes
 
 
 @pytest.mark.parametrize("parent_is", ["superseded", "cancel requested", "paused", "settled"])

@@ -434,7 +434,12 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
     if not recorded_run.created and recorded_run.record.parent != run.run_id:
         raise MarblesError(f"child id {cid} is taken by another run (started by "
                            f"{recorded_run.record.parent or 'no parent'})")
-    if recorded_run.created:
+    if recorded_run.created and run.runs.parent_cancelled(run.run_id):
+        # This run was cancelled between its note and this record: its cancel's walk may have
+        # passed before the child existed (they live in different slots). Cancel the child
+        # here, before its delivery; the note stays, so a walk after this one finds it too.
+        run.runs.cancel(cid, f"its parent {run.run_id} was cancelled")
+    elif recorded_run.created:
         from .flowctl import delivery_queue
 
         _deliver(run.deliver, delivery_queue(record), cid, 1)
