@@ -12,8 +12,10 @@ redis-server, next to a small reference model in Python, and checks after every 
   the same after its call as before;
 * a waiting run has a way out: a waits entry (a wake time), a pause flag, an open
   question, or a child it waits for that is not finished;
-* a child of a terminal (or purged) parent is never recorded, and a child of a cancelled
-  parent never starts its body (its start cancels it when the cancel's walk missed it);
+* a child of a succeeded, failed (or purged) parent is never recorded, one recorded for a
+  cancelled (or cancel-requested) parent is cancelled at once by the execution that
+  recorded it, and a child of a cancelled parent never starts its body (its start cancels
+  it when the cancel's walk missed it);
 * a concurrency limit is never exceeded: live slot holds, and running runs with a live
   lease, are at most the limit;
 * nothing of a purged run comes back: none of its keys, no member of an index, whatever
@@ -74,12 +76,14 @@ from marbles_rq.store.records import AskRecord, RunRecord, StepRecord
 # wake lost to a child's) are fixed, and test_store_model_interleaving replays each of them.
 KNOWN_OPEN: set[str] = {
     # start_child writes note_child (fenced) and then records the child with claim_run,
-    # which reads nothing of the parent: a parent that finishes between the two (its
-    # cancel's walks find no child yet: the watchdog's renewal settles it cancelled, or the
-    # reaper does while the execution is frozen) gets a child recorded after it finished.
-    # Its start then cancels it while the parent is kept, but a purged parent reads as not
-    # cancelled and the child runs its body. Skipped: child_record once the parent is
-    # finished or purged.
+    # which reads nothing of the parent. A parent cancelled (or asked to be) between the
+    # two is now handled: the execution reads its run after the record and cancels the
+    # child at once. Still open: a stale or zombie execution (frozen, its lease expired)
+    # whose parent SUCCEEDED or FAILED meanwhile (settled by a newer delivery, or given up
+    # by the reaper) records a child after its parent finished, and delivers it; and a
+    # parent PURGED meanwhile (whatever its end) reads as neither: its child is delivered
+    # and runs its body, even when the parent had been cancelled. Skipped: child_record
+    # once the parent succeeded, failed or is purged.
     "note-record-gap",
     # RunStore.renew now renews the slot (renew_slot) before the lease (renew_attempt),
     # and renew_slot is fenced by the delivery number only: a fenced execution (reaped,
@@ -437,7 +441,9 @@ class StoreModel(RuleBasedStateMachine):
     def _child_record(self, parent: MRun, x: MExec) -> None:
         assert x.pending_child is not None
         (key, cid), x.pending_child = x.pending_child, None
-        gone = parent.purged or self._terminal(parent)
+        # A cancelled parent is handled below (the record's read of the parent); one that
+        # succeeded or failed, or is purged, is not (see KNOWN_OPEN note-record-gap).
+        gone = parent.purged or parent.status in ("succeeded", "failed")
         if gone and "note-record-gap" in KNOWN_OPEN:
             return  # see KNOWN_OPEN: a child recorded after its noted parent finished
         record = RunRecord(version=1, id=cid, name="plain", queue="default",
@@ -455,6 +461,17 @@ class StoreModel(RuleBasedStateMachine):
         self.model[cid] = child
         self.order.append(cid)
         parent.children.append(cid)
+        # engine/flow.start_child: after the record the parent's execution reads its own run;
+        # cancelled or asked to be, it cancels the child at once instead of delivering it
+        # (its cancel's walk may have passed before the child existed).
+        cancelled = parent.status == "cancelled" or (
+            parent.cancel and not self._terminal(parent))
+        assert self.runs.parent_cancelled(parent.id) == cancelled, (parent, cancelled)
+        if cancelled:
+            assert self.runs.cancel(cid, f"its parent {parent.id} was cancelled") == \
+                "cancelled"
+            self._settled_now(child, "cancelled")
+            child.parent_cancelled = True
         entry = StepRecord(version=1, key=key, name="|child", status="succeeded", attempts=1,
                            result=msgspec.Raw(msgspec.json.encode({"id": cid,
                                                                    "workflow": "plain"})),
@@ -471,9 +488,6 @@ class StoreModel(RuleBasedStateMachine):
         if m is None:
             return
         p = self.model[m.parent] if m.parent is not None else None
-        if p is not None and p.purged and p.final is not None and p.final[0] == "cancelled" \
-                and not self._terminal(m) and "start-cancel-no-walk" in KNOWN_OPEN:
-            return  # see KNOWN_OPEN: a child its cancelled, purged parent never walked
         attempt = m.attempt - 1 if old and m.attempt > 1 else m.attempt
         stale_delivery = attempt != m.attempt
         worker = f"w{self._next()}"
@@ -498,6 +512,9 @@ class StoreModel(RuleBasedStateMachine):
         if m.cancel:
             assert s == "cancelled", s
             self._settled_now(m, "cancelled")
+            # engine/execute: a start that settles the run cancelled walks its children, as
+            # every cancelled settle does (a child recorded after the cancel's walk).
+            self._cascade(m)
             return
         if m.pause:
             assert s == "paused", s
@@ -649,10 +666,11 @@ class StoreModel(RuleBasedStateMachine):
                 m.out_written = position[1] + 1
 
     def _claim_effect(self, m: MRun, x: MExec, key: str) -> None:
-        # Item 3: refused once the run hash is gone (purged). Fenced by the epoch alone, not
-        # the lease (README, "What at most N promises"): an expired lease still claims.
+        # Item 3: refused once the run hash is gone (purged). Fenced by the lease too, as a
+        # commit is: an execution whose lease expired claims nothing (lua/claim_effect.lua).
         status = self._stale_call(m, x, lambda: self.runs.claim_effect(x.ex, key))
-        if m.purged or x.ex.epoch != m.epoch or self._terminal(m):
+        if (m.purged or x.ex.epoch != m.epoch or self._terminal(m)
+                or m.lease == "expired"):
             assert status == "stale_epoch", status
         elif key in m.effects:
             assert status == "exists", status
@@ -1121,13 +1139,15 @@ INTERLEAVINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "item6-reap": [("claim", dict(limited=True)), ("start", dict(i=0, short=False, old=False)),
                    ("cancel", dict(i=0)), ("reap", dict(i=0, j=0, lost=True)),
                    ("purge", dict(i=0))],
-    # A run parked on a question is woken by a child and replays; while it executes the
-    # question is answered, then another child settles; it parks on the question again:
-    # the answer's wake requeues it.
+    # A run parked on a question is woken (a pause and resume: a child's wake no longer
+    # wakes a run that waits for no child) and replays; while it executes the question is
+    # answered, then a child settles; it parks on the question again: the answer's wake
+    # requeues it.
     "answer-wake-lost": [
         ("claim", dict(limited=False)), ("start", dict(i=0, short=False, old=False)),
         ("child_note", dict(i=0, j=0, whole=True)), ("park", dict(i=0, j=0, kind="question")),
-        ("wake", dict(i=0, cause="child")), ("start", dict(i=0, short=False, old=False)),
+        ("pause", dict(i=0)), ("resume", dict(i=0)),
+        ("start", dict(i=0, short=False, old=False)),
         ("answer", dict(i=0, q=0)), ("wake", dict(i=0, cause="child")),
         ("park", dict(i=0, j=0, kind="question_again"))],
     # KNOWN_OPEN note-record-gap: a parent notes a child; a cancel is requested (its walk
