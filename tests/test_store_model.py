@@ -1150,13 +1150,27 @@ INTERLEAVINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("start", dict(i=0, short=False, old=False)),
         ("answer", dict(i=0, q=0)), ("wake", dict(i=0, cause="child")),
         ("park", dict(i=0, j=0, kind="question_again"))],
-    # KNOWN_OPEN note-record-gap: a parent notes a child; a cancel is requested (its walk
-    # finds no child yet); the watchdog's renewal answers cancelled and settles the parent
-    # (its walk finds none either); the body, still inside start_child, records the child.
-    "note-record-gap": [
+    # A parent notes a child; a cancel is requested (its walk finds no child yet); the
+    # watchdog's renewal answers cancelled and settles the parent (its walk finds none
+    # either); the body, still inside start_child, records the child: it reads its run
+    # after the record and cancels the child at once.
+    "note-record-cancel": [
         ("claim", dict(limited=False)), ("start", dict(i=0, short=False, old=False)),
         ("child_note", dict(i=0, j=0, whole=False)), ("cancel", dict(i=0)),
         ("renew", dict(i=0, j=0)), ("child_record", dict(i=0))],
+    # KNOWN_OPEN note-record-gap: a parent's execution, frozen past its lease, notes a
+    # child; the reaper redelivers the parent, a new execution succeeds; the frozen one
+    # thaws and records the child of a finished parent.
+    "note-record-gap": [
+        ("claim", dict(limited=False)), ("start", dict(i=0, short=True, old=False)),
+        ("child_note", dict(i=0, j=0, whole=False)), ("reap", dict(i=0, j=0, lost=False)),
+        ("start", dict(i=0, short=False, old=False)),
+        ("settle", dict(i=0, j=0, status="succeeded")), ("child_record", dict(i=0))],
+    # An execution frozen past its lease thaws and claims an effect: refused (stale_epoch),
+    # no receipt written.
+    "claim-expired": [
+        ("claim", dict(limited=False)), ("start", dict(i=0, short=True, old=False)),
+        ("write", dict(i=0, j=0, what="effect:e0"))],
     # KNOWN_OPEN stale-renew-slot: limit 1; an execution frozen past its lease and slot is
     # reaped (redelivered, its slot freed); it thaws and its watchdog renews: renew_slot,
     # now before renew_attempt, takes the run's slot again for the fenced execution.
@@ -1202,6 +1216,12 @@ def _expect(machine: StoreModel, item: str) -> None:
         assert int(run["epoch"]) == x.ex.epoch + 1  # fenced by renew_attempt
     elif item == "item6-reap":
         assert c.zscore(slots, "r1") is None
+    elif item == "note-record-cancel":
+        child = r1.children[0]
+        assert _s(c.hget(keys.run(child), "status")) == "cancelled"
+        assert c.zscore(keys.run_keys(child).dispatch, child) is None
+    elif item == "claim-expired":
+        assert c.exists(keys.effect("r1", "e0"), keys.run_keys("r1").effects) == 0
     elif item == "answer-wake-lost":
         assert run["status"] == "queued" and run["resumptions"] == "2", run
 
