@@ -1177,10 +1177,11 @@ INTERLEAVINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "stale-renew-slot": [
         ("claim", dict(limited=True)), ("start", dict(i=0, short=True, old=False)),
         ("reap", dict(i=0, j=0, lost=False)), ("renew", dict(i=0, j=3))],
-    # KNOWN_OPEN start-cancel-no-walk: a parent, frozen past its lease, notes a child; a
-    # cancel is requested (its walk finds no child yet); the child is recorded; a new start
-    # of the parent's delivery settles it cancelled (no walk); the parent is purged; the
-    # child starts and runs its body.
+    # A parent, frozen past its lease, notes a child; a cancel is requested (its walk finds
+    # no child yet); the child is recorded (its recorder reads the cancel request and
+    # cancels it); a new start of the parent's delivery settles it cancelled and walks its
+    # children; the parent is purged; the child's start finds it settled. (Found as
+    # start-cancel-no-walk, before either fix.)
     "start-cancel-no-walk": [
         ("claim", dict(limited=False)), ("claim", dict(limited=False)),
         ("start", dict(i=0, short=True, old=False)),
