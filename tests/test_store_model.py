@@ -72,8 +72,9 @@ from marbles_rq.store.records import AskRecord, RunRecord, StepRecord
 
 # Faults this test found that are not fixed yet. Each one skips only the interleaving that
 # shows it, so the invariant stays; drop the name once its fix is merged (INTERLEAVINGS
-# replays each). The faults it found earlier (issue 16 items 1, 3, 5 and 6, and an answer's
-# wake lost to a child's) are fixed, and test_store_model_interleaving replays each of them.
+# replays each). The faults it found earlier (issue 16 items 1, 3, 5 and 6, an answer's
+# wake lost to a child's, a cancelled start that walked no children, and a child recorded
+# after its parent's cancel) are fixed, and test_store_model_interleaving replays each.
 KNOWN_OPEN: set[str] = {
     # start_child writes note_child (fenced) and then records the child with claim_run,
     # which reads nothing of the parent. A parent cancelled (or asked to be) between the
