@@ -12,8 +12,10 @@ redis-server, next to a small reference model in Python, and checks after every 
   the same after its call as before;
 * a waiting run has a way out: a waits entry (a wake time), a pause flag, an open
   question, or a child it waits for that is not finished;
-* a child of a terminal (or purged) parent is never recorded, and a child of a cancelled
-  parent never starts its body (its start cancels it when the cancel's walk missed it);
+* a child of a succeeded, failed (or purged) parent is never recorded, one recorded for a
+  cancelled (or cancel-requested) parent is cancelled at once by the execution that
+  recorded it, and a child of a cancelled parent never starts its body (its start cancels
+  it when the cancel's walk missed it);
 * a concurrency limit is never exceeded: live slot holds, and running runs with a live
   lease, are at most the limit;
 * nothing of a purged run comes back: none of its keys, no member of an index, whatever
@@ -70,16 +72,19 @@ from marbles_rq.store.records import AskRecord, RunRecord, StepRecord
 
 # Faults this test found that are not fixed yet. Each one skips only the interleaving that
 # shows it, so the invariant stays; drop the name once its fix is merged (INTERLEAVINGS
-# replays each). The faults it found earlier (issue 16 items 1, 3, 5 and 6, and an answer's
-# wake lost to a child's) are fixed, and test_store_model_interleaving replays each of them.
+# replays each). The faults it found earlier (issue 16 items 1, 3, 5 and 6, an answer's
+# wake lost to a child's, a cancelled start that walked no children, and a child recorded
+# after its parent's cancel) are fixed, and test_store_model_interleaving replays each.
 KNOWN_OPEN: set[str] = {
     # start_child writes note_child (fenced) and then records the child with claim_run,
-    # which reads nothing of the parent: a parent that finishes between the two (its
-    # cancel's walks find no child yet: the watchdog's renewal settles it cancelled, or the
-    # reaper does while the execution is frozen) gets a child recorded after it finished.
-    # Its start then cancels it while the parent is kept, but a purged parent reads as not
-    # cancelled and the child runs its body. Skipped: child_record once the parent is
-    # finished or purged.
+    # which reads nothing of the parent. A parent cancelled (or asked to be) between the
+    # two is now handled: the execution reads its run after the record and cancels the
+    # child at once. Still open: a stale or zombie execution (frozen, its lease expired)
+    # whose parent SUCCEEDED or FAILED meanwhile (settled by a newer delivery, or given up
+    # by the reaper) records a child after its parent finished, and delivers it; and a
+    # parent PURGED meanwhile (whatever its end) reads as neither: its child is delivered
+    # and runs its body, even when the parent had been cancelled. Skipped: child_record
+    # once the parent succeeded, failed or is purged.
     "note-record-gap",
     # RunStore.renew now renews the slot (renew_slot) before the lease (renew_attempt),
     # and renew_slot is fenced by the delivery number only: a fenced execution (reaped,
@@ -100,11 +105,11 @@ MAX_RUNS = 10
 MAX_DELIVERIES = 20
 CTL_EPOCH = 1
 
-# Each test: EXAMPLES interleavings of up to STEPS steps (about 50 steps each; 200 take
-# about 20-25 s on the loaded 2-core machine, twice that under heavier load: the file stays
-# within 2 minutes of CI). MARBLES_MODEL_EXAMPLES / MARBLES_MODEL_STEPS search longer (with
-# pytest --timeout=0: a test's default cap is 300 s).
-EXAMPLES = int(os.environ.get("MARBLES_MODEL_EXAMPLES", "200"))
+# Each test: EXAMPLES interleavings of up to STEPS steps (about 50 steps each; 150 take
+# about 30-45 s on the loaded 2-core machine, more under heavier load: the file stays
+# within 2 minutes of CI; 200 took 80-130 s for the file). MARBLES_MODEL_EXAMPLES /
+# MARBLES_MODEL_STEPS search longer (with pytest --timeout=0: a test's default cap is 300 s).
+EXAMPLES = int(os.environ.get("MARBLES_MODEL_EXAMPLES", "150"))
 STEPS = int(os.environ.get("MARBLES_MODEL_STEPS", "60"))
 
 
@@ -437,7 +442,9 @@ class StoreModel(RuleBasedStateMachine):
     def _child_record(self, parent: MRun, x: MExec) -> None:
         assert x.pending_child is not None
         (key, cid), x.pending_child = x.pending_child, None
-        gone = parent.purged or self._terminal(parent)
+        # A cancelled parent is handled below (the record's read of the parent); one that
+        # succeeded or failed, or is purged, is not (see KNOWN_OPEN note-record-gap).
+        gone = parent.purged or parent.status in ("succeeded", "failed")
         if gone and "note-record-gap" in KNOWN_OPEN:
             return  # see KNOWN_OPEN: a child recorded after its noted parent finished
         record = RunRecord(version=1, id=cid, name="plain", queue="default",
@@ -455,6 +462,17 @@ class StoreModel(RuleBasedStateMachine):
         self.model[cid] = child
         self.order.append(cid)
         parent.children.append(cid)
+        # engine/flow.start_child: after the record the parent's execution reads its own run;
+        # cancelled or asked to be, it cancels the child at once instead of delivering it
+        # (its cancel's walk may have passed before the child existed).
+        cancelled = parent.status == "cancelled" or (
+            parent.cancel and not self._terminal(parent))
+        assert self.runs.parent_cancelled(parent.id) == cancelled, (parent, cancelled)
+        if cancelled:
+            assert self.runs.cancel(cid, f"its parent {parent.id} was cancelled") == \
+                "cancelled"
+            self._settled_now(child, "cancelled")
+            child.parent_cancelled = True
         entry = StepRecord(version=1, key=key, name="|child", status="succeeded", attempts=1,
                            result=msgspec.Raw(msgspec.json.encode({"id": cid,
                                                                    "workflow": "plain"})),
@@ -471,9 +489,6 @@ class StoreModel(RuleBasedStateMachine):
         if m is None:
             return
         p = self.model[m.parent] if m.parent is not None else None
-        if p is not None and p.purged and p.final is not None and p.final[0] == "cancelled" \
-                and not self._terminal(m) and "start-cancel-no-walk" in KNOWN_OPEN:
-            return  # see KNOWN_OPEN: a child its cancelled, purged parent never walked
         attempt = m.attempt - 1 if old and m.attempt > 1 else m.attempt
         stale_delivery = attempt != m.attempt
         worker = f"w{self._next()}"
@@ -498,6 +513,9 @@ class StoreModel(RuleBasedStateMachine):
         if m.cancel:
             assert s == "cancelled", s
             self._settled_now(m, "cancelled")
+            # engine/execute: a start that settles the run cancelled walks its children, as
+            # every cancelled settle does (a child recorded after the cancel's walk).
+            self._cascade(m)
             return
         if m.pause:
             assert s == "paused", s
@@ -649,10 +667,11 @@ class StoreModel(RuleBasedStateMachine):
                 m.out_written = position[1] + 1
 
     def _claim_effect(self, m: MRun, x: MExec, key: str) -> None:
-        # Item 3: refused once the run hash is gone (purged). Fenced by the epoch alone, not
-        # the lease (README, "What at most N promises"): an expired lease still claims.
+        # Item 3: refused once the run hash is gone (purged). Fenced by the lease too, as a
+        # commit is: an execution whose lease expired claims nothing (lua/claim_effect.lua).
         status = self._stale_call(m, x, lambda: self.runs.claim_effect(x.ex, key))
-        if m.purged or x.ex.epoch != m.epoch or self._terminal(m):
+        if (m.purged or x.ex.epoch != m.epoch or self._terminal(m)
+                or m.lease == "expired"):
             assert status == "stale_epoch", status
         elif key in m.effects:
             assert status == "exists", status
@@ -1121,32 +1140,49 @@ INTERLEAVINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "item6-reap": [("claim", dict(limited=True)), ("start", dict(i=0, short=False, old=False)),
                    ("cancel", dict(i=0)), ("reap", dict(i=0, j=0, lost=True)),
                    ("purge", dict(i=0))],
-    # A run parked on a question is woken by a child and replays; while it executes the
-    # question is answered, then another child settles; it parks on the question again:
-    # the answer's wake requeues it.
+    # A run parked on a question is woken (a pause and resume: a child's wake no longer
+    # wakes a run that waits for no child) and replays; while it executes the question is
+    # answered, then a child settles; it parks on the question again: the answer's wake
+    # requeues it.
     "answer-wake-lost": [
         ("claim", dict(limited=False)), ("start", dict(i=0, short=False, old=False)),
         ("child_note", dict(i=0, j=0, whole=True)), ("park", dict(i=0, j=0, kind="question")),
-        ("wake", dict(i=0, cause="child")), ("start", dict(i=0, short=False, old=False)),
+        ("pause", dict(i=0)), ("resume", dict(i=0)),
+        ("start", dict(i=0, short=False, old=False)),
         ("answer", dict(i=0, q=0)), ("wake", dict(i=0, cause="child")),
         ("park", dict(i=0, j=0, kind="question_again"))],
-    # KNOWN_OPEN note-record-gap: a parent notes a child; a cancel is requested (its walk
-    # finds no child yet); the watchdog's renewal answers cancelled and settles the parent
-    # (its walk finds none either); the body, still inside start_child, records the child.
-    "note-record-gap": [
+    # A parent notes a child; a cancel is requested (its walk finds no child yet); the
+    # watchdog's renewal answers cancelled and settles the parent (its walk finds none
+    # either); the body, still inside start_child, records the child: it reads its run
+    # after the record and cancels the child at once.
+    "note-record-cancel": [
         ("claim", dict(limited=False)), ("start", dict(i=0, short=False, old=False)),
         ("child_note", dict(i=0, j=0, whole=False)), ("cancel", dict(i=0)),
         ("renew", dict(i=0, j=0)), ("child_record", dict(i=0))],
+    # KNOWN_OPEN note-record-gap: a parent's execution, frozen past its lease, notes a
+    # child; the reaper redelivers the parent, a new execution succeeds; the frozen one
+    # thaws and records the child of a finished parent.
+    "note-record-gap": [
+        ("claim", dict(limited=False)), ("start", dict(i=0, short=True, old=False)),
+        ("child_note", dict(i=0, j=0, whole=False)), ("reap", dict(i=0, j=0, lost=False)),
+        ("start", dict(i=0, short=False, old=False)),
+        ("settle", dict(i=0, j=0, status="succeeded")), ("child_record", dict(i=0))],
+    # An execution frozen past its lease thaws and claims an effect: refused (stale_epoch),
+    # no receipt written.
+    "claim-expired": [
+        ("claim", dict(limited=False)), ("start", dict(i=0, short=True, old=False)),
+        ("write", dict(i=0, j=0, what="effect:e0"))],
     # KNOWN_OPEN stale-renew-slot: limit 1; an execution frozen past its lease and slot is
     # reaped (redelivered, its slot freed); it thaws and its watchdog renews: renew_slot,
     # now before renew_attempt, takes the run's slot again for the fenced execution.
     "stale-renew-slot": [
         ("claim", dict(limited=True)), ("start", dict(i=0, short=True, old=False)),
         ("reap", dict(i=0, j=0, lost=False)), ("renew", dict(i=0, j=3))],
-    # KNOWN_OPEN start-cancel-no-walk: a parent, frozen past its lease, notes a child; a
-    # cancel is requested (its walk finds no child yet); the child is recorded; a new start
-    # of the parent's delivery settles it cancelled (no walk); the parent is purged; the
-    # child starts and runs its body.
+    # A parent, frozen past its lease, notes a child; a cancel is requested (its walk finds
+    # no child yet); the child is recorded (its recorder reads the cancel request and
+    # cancels it); a new start of the parent's delivery settles it cancelled and walks its
+    # children; the parent is purged; the child's start finds it settled. (Found as
+    # start-cancel-no-walk, before either fix.)
     "start-cancel-no-walk": [
         ("claim", dict(limited=False)), ("claim", dict(limited=False)),
         ("start", dict(i=0, short=True, old=False)),
@@ -1182,6 +1218,12 @@ def _expect(machine: StoreModel, item: str) -> None:
         assert int(run["epoch"]) == x.ex.epoch + 1  # fenced by renew_attempt
     elif item == "item6-reap":
         assert c.zscore(slots, "r1") is None
+    elif item == "note-record-cancel":
+        child = r1.children[0]
+        assert _s(c.hget(keys.run(child), "status")) == "cancelled"
+        assert c.zscore(keys.run_keys(child).dispatch, child) is None
+    elif item == "claim-expired":
+        assert c.exists(keys.effect("r1", "e0"), keys.run_keys("r1").effects) == 0
     elif item == "answer-wake-lost":
         assert run["status"] == "queued" and run["resumptions"] == "2", run
 
