@@ -283,6 +283,30 @@ def test_a_child_recorded_after_its_parents_cancel_walked_its_children_never_run
     assert notes and parent in str(notes[0]), notes
 
 
+class FinishBeforeChildRecord(RunStore):
+    """A RunStore whose child records come after the parent was settled succeeded by a newer
+    execution (this one is the zombie that a redelivery outran): the parent's status is set
+    as that settle sets it, between start_child's note and its record."""
+
+    def record(self, record: Any, push: Any = None) -> Any:
+        if record.parent:
+            self.client.hset(self.keys.run(record.parent), "status", "succeeded")
+        return super().record(record, push)
+
+
+def test_a_child_recorded_after_its_parent_finished_is_cancelled_never_delivered(
+        redis_url: str) -> None:
+    URL["url"] = redis_url
+    EXECUTED.clear()
+    runs = RunStore(open_store(redis_url))
+    _record(runs, "fx_parent", None, "fx-zombie")
+    _execute_short_lease(FinishBeforeChildRecord(open_store(redis_url)), "fx-zombie")
+    kid = runs.get("fx-zombie.racing")
+    assert kid is not None and kid.status == "cancelled", kid  # nothing would gather it
+    assert _run(runs, "fx-zombie.racing") == "settled"
+    assert EXECUTED["fx-zombie.racing:body"] == 0
+
+
 def test_a_child_whose_parent_was_cancelled_is_cancelled_when_its_delivery_starts(
         runs: RunStore) -> None:
     """The second line: a child recorded, then its parent cancelled before the recording

@@ -74,18 +74,9 @@ from marbles_rq.store.records import AskRecord, RunRecord, StepRecord
 # shows it, so the invariant stays; drop the name once its fix is merged (INTERLEAVINGS
 # replays each). The faults it found earlier (issue 16 items 1, 3, 5 and 6, an answer's
 # wake lost to a child's, a cancelled start that walked no children, and a child recorded
-# after its parent's cancel) are fixed, and test_store_model_interleaving replays each.
+# after its parent's cancel, end or purge) are fixed, and test_store_model_interleaving
+# replays each.
 KNOWN_OPEN: set[str] = {
-    # start_child writes note_child (fenced) and then records the child with claim_run,
-    # which reads nothing of the parent. A parent cancelled (or asked to be) between the
-    # two is now handled: the execution reads its run after the record and cancels the
-    # child at once. Still open: a stale or zombie execution (frozen, its lease expired)
-    # whose parent SUCCEEDED or FAILED meanwhile (settled by a newer delivery, or given up
-    # by the reaper) records a child after its parent finished, and delivers it; and a
-    # parent PURGED meanwhile (whatever its end) reads as neither: its child is delivered
-    # and runs its body, even when the parent had been cancelled. Skipped: child_record
-    # once the parent succeeded, failed or is purged.
-    "note-record-gap",
     # RunStore.renew now renews the slot (renew_slot) before the lease (renew_attempt),
     # and renew_slot is fenced by the delivery number only: a fenced execution (reaped,
     # or superseded by a start of the same delivery) takes its run's lapsed or freed slot
@@ -442,35 +433,26 @@ class StoreModel(RuleBasedStateMachine):
     def _child_record(self, parent: MRun, x: MExec) -> None:
         assert x.pending_child is not None
         (key, cid), x.pending_child = x.pending_child, None
-        # A cancelled parent is handled below (the record's read of the parent); one that
-        # succeeded or failed, or is purged, is not (see KNOWN_OPEN note-record-gap).
-        gone = parent.purged or parent.status in ("succeeded", "failed")
-        if gone and "note-record-gap" in KNOWN_OPEN:
-            return  # see KNOWN_OPEN: a child recorded after its noted parent finished
         record = RunRecord(version=1, id=cid, name="plain", queue="default",
                            input=msgspec.Raw(b"{}"), requested_at_ms=int(time.time() * 1000),
                            retention_s=0.0, max_deliveries=MAX_DELIVERIES, parent=parent.id)
         created = self.runs.record(record).created
         exists = self.client.exists(self.keys.run(cid)) == 1
         assert created == exists
-        if gone:
-            assert not exists, (f"child {cid} was recorded though its parent {parent.id} is "
-                                f"{'purged' if parent.purged else parent.status}")
-            return
         assert created
         child = MRun(cid, parent.id, False)
         self.model[cid] = child
         self.order.append(cid)
-        parent.children.append(cid)
+        if not parent.purged:
+            parent.children.append(cid)
         # engine/flow.start_child: after the record the parent's execution reads its own run;
-        # cancelled or asked to be, it cancels the child at once instead of delivering it
-        # (its cancel's walk may have passed before the child existed).
-        cancelled = parent.status == "cancelled" or (
-            parent.cancel and not self._terminal(parent))
-        assert self.runs.parent_cancelled(parent.id) == cancelled, (parent, cancelled)
-        if cancelled:
-            assert self.runs.cancel(cid, f"its parent {parent.id} was cancelled") == \
-                "cancelled"
+        # finished, cancelled or asked to be, or purged, it cancels the child at once instead
+        # of delivering it (a cancel's walk may have passed before the child existed, and a
+        # parent that finished or is gone would never gather it).
+        stopped = parent.purged or self._terminal(parent) or parent.cancel
+        assert self.runs.parent_stopped(parent.id) == stopped, (parent, stopped)
+        if stopped:
+            assert self.runs.cancel(cid, f"its parent {parent.id} stopped") == "cancelled"
             self._settled_now(child, "cancelled")
             child.parent_cancelled = True
         entry = StepRecord(version=1, key=key, name="|child", status="succeeded", attempts=1,
@@ -1159,9 +1141,10 @@ INTERLEAVINGS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("claim", dict(limited=False)), ("start", dict(i=0, short=False, old=False)),
         ("child_note", dict(i=0, j=0, whole=False)), ("cancel", dict(i=0)),
         ("renew", dict(i=0, j=0)), ("child_record", dict(i=0))],
-    # KNOWN_OPEN note-record-gap: a parent's execution, frozen past its lease, notes a
+    # (Was open as note-record-gap.) A parent's execution, frozen past its lease, notes a
     # child; the reaper redelivers the parent, a new execution succeeds; the frozen one
-    # thaws and records the child of a finished parent.
+    # thaws and records the child of a finished parent: it reads its run after the record
+    # and cancels the child at once, never delivered.
     "note-record-gap": [
         ("claim", dict(limited=False)), ("start", dict(i=0, short=True, old=False)),
         ("child_note", dict(i=0, j=0, whole=False)), ("reap", dict(i=0, j=0, lost=False)),

@@ -219,6 +219,11 @@ class MemoryRuns:
             run = self.runs.get(parent)
             return run is not None and run.status == "cancelled"
 
+    def parent_stopped(self, parent: str) -> bool:
+        with self._lock:
+            run = self.runs.get(parent)
+            return run is None or run.status in TERMINAL
+
     def commit_step(self, ex: Execution, record: StepRecord, event_type: str,
                     data: bytes) -> str:
         with ex.lock:

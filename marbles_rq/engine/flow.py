@@ -434,11 +434,13 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
     if not recorded_run.created and recorded_run.record.parent != run.run_id:
         raise MarblesError(f"child id {cid} is taken by another run (started by "
                            f"{recorded_run.record.parent or 'no parent'})")
-    if recorded_run.created and run.runs.parent_cancelled(run.run_id):
-        # This run was cancelled between its note and this record: its cancel's walk may have
-        # passed before the child existed (they live in different slots). Cancel the child
-        # here, before its delivery; the note stays, so a walk after this one finds it too.
-        run.runs.cancel(cid, f"its parent {run.run_id} was cancelled")
+    if recorded_run.created and run.runs.parent_stopped(run.run_id):
+        # This run was cancelled, finished (this execution is a zombie that a newer one
+        # outran) or purged between its note and this record: a cancel's walk may have
+        # passed before the child existed (they live in different slots), and nothing would
+        # ever gather it. Cancel the child here, before its delivery; the note stays, so a
+        # walk after this one finds it too.
+        run.runs.cancel(cid, f"its parent {run.run_id} stopped before the child was recorded")
     elif recorded_run.created:
         from .flowctl import delivery_queue
 

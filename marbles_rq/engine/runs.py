@@ -413,6 +413,12 @@ class RunStore:
         status, cancel = self.client.hmget(self.keys.run(parent), ["status", "cancel"])
         return _s(status or b"") == "cancelled" or _s(cancel or b"") == "1"
 
+    def parent_stopped(self, parent: str) -> bool:
+        """Whether run `parent` can no longer take a child it just recorded: finished,
+        cancelled or asked to be, or its record gone (a read in its own slot)."""
+        status, cancel = self.client.hmget(self.keys.run(parent), ["status", "cancel"])
+        return status is None or _s(status) in TERMINAL or _s(cancel or b"") == "1"
+
     def defer_start(self, ex: Execution, start: StepStart) -> None:
         """Keep a step's start to be written with its commit (or before any other write)."""
         with ex.lock:
