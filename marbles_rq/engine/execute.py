@@ -424,11 +424,15 @@ class RunContext:
             raise
 
     def _commit(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
-        status = self._store(self.runs.commit_step, self.ex, record, event_type,
+        self._check(self._commit_status(record, event_type, data))
+
+    def _commit_status(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> str:
+        """Commit a ledger entry; the reply, not yet checked (the caller acts on it first)."""
+        status: str = self._store(self.runs.commit_step, self.ex, record, event_type,
                              msgspec.json.encode(data))
         if status in ("ok", "cancelled", "paused"):
             self.ex.ledger[record.key] = record
-        self._check(status)
+        return status
 
     def _write(self, type: str, data: dict[str, Any], limit: str, what: str) -> None:
         encoded = msgspec.json.encode(data)

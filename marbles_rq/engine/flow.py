@@ -32,7 +32,7 @@ import redis
 
 from ..errors import InvalidIdError, MarblesError, RedisUnavailableError
 from ..store.ids import ID_PATTERN
-from ..store.records import AskRecord, ErrorInfo, ReportRecord, StepRecord
+from ..store.records import AskRecord, ErrorInfo, ReportRecord, RunRecord, StepRecord
 from ..store.redis_errors import one_line
 from .authoring import InputError
 
@@ -434,21 +434,33 @@ def start_child(run: RunContext, workflow: str, input: Any = None,
     if not recorded_run.created and recorded_run.record.parent != run.run_id:
         raise MarblesError(f"child id {cid} is taken by another run (started by "
                            f"{recorded_run.record.parent or 'no parent'})")
-    if recorded_run.created and run.runs.parent_stopped(run.run_id):
-        # This run was cancelled, finished (this execution is a zombie that a newer one
-        # outran) or purged between its note and this record: a cancel's walk may have
-        # passed before the child existed (they live in different slots), and nothing would
-        # ever gather it. Cancel the child here, before its delivery; the note stays, so a
-        # walk after this one finds it too.
-        run.runs.cancel(cid, f"its parent {run.run_id} stopped before the child was recorded")
-    elif recorded_run.created:
-        from .flowctl import delivery_queue
-
-        _deliver(run.deliver, delivery_queue(record), cid, 1)
     entry = StepRecord(version=1, key=lkey, name="|child", status="succeeded", attempts=1,
                        result=named, at_ms=_now_ms(), seq=seq)
-    run._commit(entry, "child_started", {"child": cid, "workflow": record.name})
+    committed = run._commit_status(entry, "child_started",
+                                   {"child": cid, "workflow": record.name})
+    if recorded_run.created:
+        _deliver_or_cancel(run, record, committed)
+    run._check(committed)
     return ChildRun(run, cid, record.name)
+
+
+def _deliver_or_cancel(run: RunContext, record: RunRecord, committed: str) -> None:
+    """Deliver a child this execution has just recorded, unless its parent can no longer
+    take it. The reply of the child's ledger commit says so on the common path (ok, paused:
+    this execution still owns the running parent; cancelled: a cancel was asked). Any other
+    reply (stale, settled, timed_out) costs a read of the parent: a newer execution may own
+    it and adopt the child, or it was cancelled, finished or purged while this execution was
+    between its note and its record. A cancel's walk may then have passed before the child
+    existed (another slot), and nothing would ever gather it: the child is cancelled before
+    any delivery; the note stays, so a later walk finds it too."""
+    if committed == "cancelled" or (committed not in ("ok", "paused")
+                                    and run.runs.parent_stopped(run.run_id)):
+        run.runs.cancel(record.id, f"its parent {run.run_id} stopped before the child was "
+                                   f"recorded")
+        return
+    from .flowctl import delivery_queue
+
+    _deliver(run.deliver, delivery_queue(record), record.id, 1)
 
 
 def _position_id(rel: str) -> str:
