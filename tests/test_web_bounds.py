@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import re
 import socket
@@ -22,23 +20,9 @@ import redis
 
 from tests.procs import Procs, wait_for
 from tests.redis_procs import free_port
-from tests.web_stack import SECRET, TOKEN, WEB_SOURCE, Web, start_web
+from tests.web_stack import SECRET, TOKEN, WEB_SOURCE, Web, dump_keys, signed, start_web
 
 PROCS_SOURCES = [WEB_SOURCE]
-
-
-def _dump(url: str) -> dict[bytes, bytes]:
-    client = redis.Redis.from_url(url)
-    try:
-        return {key: client.dump(key) or b"" for key in client.scan_iter(count=1000)}
-    finally:
-        client.close()
-
-
-def _signed(body: bytes, secret: str = SECRET) -> dict[str, str]:
-    return {"X-Marbles-Signature": "sha256=" + hmac.new(secret.encode(), body,
-                                                        hashlib.sha256).hexdigest(),
-            "Content-Type": "application/json"}
 
 
 def _commands(client: redis.Redis, name: str | None = None) -> int:
@@ -187,28 +171,28 @@ def test_a_signed_request_cannot_be_replayed_under_the_secrets_other_spelling(
     web = start_web(procs, extra_env={"MARBLES_WEBHOOK_SECRET_GIT_HUB": secret})
     body = json.dumps({"id": "spelled-1", "payload": {"ref": "main"}}).encode()
     with web.client() as c:
-        reply = c.post("/events/git-hub", content=body, headers=_signed(body, secret))
+        reply = c.post("/events/git-hub", content=body, headers=signed(body, secret))
         assert reply.status_code == 202 and reply.json()["created"] is True, reply.text
-        after = _dump(procs.url)
+        after = dump_keys(procs.url)
         for spelling in ("git_hub", "GIT_HUB", "Git-Hub"):
-            reply = c.post(f"/events/{spelling}", content=body, headers=_signed(body, secret))
+            reply = c.post(f"/events/{spelling}", content=body, headers=signed(body, secret))
             assert reply.status_code == 404, (spelling, reply.text)
-    assert _dump(procs.url).keys() == after.keys()
+    assert dump_keys(procs.url).keys() == after.keys()
 
 
 def test_a_deeply_nested_signed_body_is_a_400(procs: Procs) -> None:
     """A signed body nesting 100,000 levels made the envelope's decoder recurse until it
     failed: a 500 with a traceback in the log. It is a 400 now, nothing recorded."""
     web = start_web(procs)
-    before = _dump(procs.url)
+    before = dump_keys(procs.url)
     deep = "[" * 100_000 + "]" * 100_000
     body = ('{"id": "deep-1", "payload": ' + deep + "}").encode()
     with web.client() as c:
-        reply = c.post("/events/github", content=body, headers=_signed(body))
+        reply = c.post("/events/github", content=body, headers=signed(body))
         assert reply.status_code == 400, reply.text[:300]
         assert "deeper" in reply.json()["error"]
         assert c.get("/healthz").status_code == 200
-    assert _dump(procs.url) == before
+    assert dump_keys(procs.url) == before
     assert "Traceback" not in web.proc.text()
 
 
@@ -224,7 +208,7 @@ def test_a_bad_max_payload_is_refused_when_web_starts(procs: Procs, value: str) 
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and \
         "MARBLES_MAX_PAYLOAD" in lines[0], done.stderr
-    assert _dump(procs.url) == {}
+    assert dump_keys(procs.url) == {}
 
 
 def test_a_prefix_does_not_list_another_prefixs_queues(procs: Procs) -> None:
@@ -315,7 +299,7 @@ def test_anonymous_error_pages_do_not_say_where_redis_is(tmp_path: Path) -> None
             texts = [anon.get(path).text for path in ("/runs", "/system", "/feed",
                                                       "/runs/abc")]
             body = json.dumps({"id": "addr-1", "payload": 1}).encode()
-            hook = anon.post("/events/github", content=body, headers=_signed(body))
+            hook = anon.post("/events/github", content=body, headers=signed(body))
             assert hook.status_code == 503
             texts.append(hook.text)
             with anon.stream("GET", "/sse/runs") as sse:

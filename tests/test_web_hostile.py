@@ -5,8 +5,6 @@ redis-server, real `marbles-rq web` processes, httpx."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import re
 import socket
@@ -23,23 +21,9 @@ from redis.crc import key_slot
 from marbles_rq.store.keys import Keyspace
 from tests.procs import Procs
 from tests.redis_procs import RedisCluster, RedisServer, free_port
-from tests.web_stack import SECRET, TOKEN, WEB_SOURCE, start_web
+from tests.web_stack import TOKEN, WEB_SOURCE, dump_keys, signed, start_web
 
 PROCS_SOURCES = [WEB_SOURCE]
-
-
-def _dump(url: str) -> dict[bytes, bytes]:
-    client = redis.Redis.from_url(url)
-    try:
-        return {key: client.dump(key) or b"" for key in client.scan_iter(count=1000)}
-    finally:
-        client.close()
-
-
-def _signed(body: bytes) -> dict[str, str]:
-    return {"X-Marbles-Signature": "sha256=" + hmac.new(SECRET.encode(), body,
-                                                        hashlib.sha256).hexdigest(),
-            "Content-Type": "application/json"}
 
 
 # -- DNS rebinding ---------------------------------------------------------------------------
@@ -63,7 +47,7 @@ def test_loopback_dashboard_refuses_a_foreign_host_name(procs: Procs) -> None:
             assert reply.status_code == 200 and "s3cr3t-input" in reply.text, host
         body = json.dumps({"id": "rebind-ev-1", "payload": {"ref": "main"}}).encode()
         reply = c.post("/events/github", content=body,
-                       headers={**_signed(body), "Host": "hooks.example.com"})
+                       headers={**signed(body), "Host": "hooks.example.com"})
         assert reply.status_code == 202, reply.text
 
 
@@ -95,7 +79,7 @@ def test_pages_answer_503_when_redis_was_down_at_start(tmp_path: Path) -> None:
                 assert "not answering" in reply.text or "cannot reach" in reply.text, path
                 assert "Traceback" not in reply.text
             body = json.dumps({"id": "down-ev-1", "payload": 1}).encode()
-            reply = c.post("/events/github", content=body, headers=_signed(body))
+            reply = c.post("/events/github", content=body, headers=signed(body))
             assert reply.status_code == 503, reply.text
             assert "cannot reach Redis" in reply.json()["error"]
             reply = c.post("/runs/abc/cancel", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -197,7 +181,7 @@ def test_a_secret_variable_that_names_no_source_is_refused(procs: Procs, name: s
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], done.stderr
-    assert _dump(procs.url) == {}
+    assert dump_keys(procs.url) == {}
 
 
 # -- slowloris -------------------------------------------------------------------------------
@@ -226,7 +210,7 @@ def test_slow_headers_and_slow_bodies_are_cut_off(procs: Procs) -> None:
     recorded), and the server keeps serving meanwhile."""
     web = start_web(procs)
     host, port = web.url.removeprefix("http://").split(":")
-    before = _dump(procs.url)
+    before = dump_keys(procs.url)
     partial = {
         "headers": b"GET /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: 1\r\n",
         "body": b"POST /events/github HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n"
@@ -253,7 +237,7 @@ def test_slow_headers_and_slow_bodies_are_cut_off(procs: Procs) -> None:
         assert results[name][1].startswith(b"HTTP/1.1 408"), results[name][1][:200]
     for s in socks.values():
         s.close()
-    assert _dump(procs.url) == before
+    assert dump_keys(procs.url) == before
     assert web.proc.alive()
 
 
@@ -323,15 +307,15 @@ def test_a_signed_request_cannot_be_replayed_under_another_spelling(procs: Procs
     web = start_web(procs)
     body = json.dumps({"id": "spell-1", "type": "push", "payload": {"ref": "main"}}).encode()
     with web.client() as c:
-        reply = c.post("/events/github", content=body, headers=_signed(body))
+        reply = c.post("/events/github", content=body, headers=signed(body))
         assert reply.status_code == 202 and reply.json()["created"] is True, reply.text
-        after = _dump(procs.url)
+        after = dump_keys(procs.url)
         for spelling in ("GitHub", "GITHUB", "gitHub", "Github"):
-            reply = c.post(f"/events/{spelling}", content=body, headers=_signed(body))
+            reply = c.post(f"/events/{spelling}", content=body, headers=signed(body))
             assert reply.status_code == 404, (spelling, reply.text)
-        reply = c.post("/events/github", content=body, headers=_signed(body))
+        reply = c.post("/events/github", content=body, headers=signed(body))
         assert reply.status_code == 200 and reply.json()["created"] is False
-    assert _dump(procs.url).keys() == after.keys()
+    assert dump_keys(procs.url).keys() == after.keys()
 
 
 def test_two_declared_sources_sharing_a_secret_are_refused(procs: Procs,
@@ -351,7 +335,7 @@ def test_two_declared_sources_sharing_a_secret_are_refused(procs: Procs,
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "MARBLES_WEBHOOK_SECRET_A_B" in lines[0], done.stderr
-    assert _dump(procs.url) == {}
+    assert dump_keys(procs.url) == {}
 
 
 # -- line breaks in what a live fragment carries ----------------------------------------------

@@ -19,7 +19,7 @@ from marbles_rq.engine.paging import Cursor, Filters, RunPager
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
 from tests.procs import Procs
-from tests.web_stack import SECRET, TOKEN, WEB_SOURCE, Web, start_web
+from tests.web_stack import SECRET, TOKEN, WEB_SOURCE, Web, dump_keys, start_web
 
 PROCS_SOURCES = [WEB_SOURCE]
 XSS = '<img src=x onerror=alert(1)><script>alert("xss")</script>'
@@ -27,14 +27,6 @@ XSS = '<img src=x onerror=alert(1)><script>alert("xss")</script>'
 
 def _runs(url: str, buckets: int = 64) -> RunStore:
     return RunStore(open_store(url, buckets=buckets))
-
-
-def _dump(url: str) -> dict[bytes, bytes]:
-    client = redis.Redis.from_url(url)
-    try:
-        return {key: client.dump(key) or b"" for key in client.scan_iter(count=1000)}
-    finally:
-        client.close()
 
 
 def _status(procs: Procs, run_id: str) -> str | None:
@@ -56,7 +48,7 @@ def test_bind_beyond_loopback_without_a_good_token_is_refused(procs: Procs,
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert "MARBLES_WEB_TOKEN" in lines[0]
-    assert _dump(procs.url) == {}  # nothing written
+    assert dump_keys(procs.url) == {}  # nothing written
 
 
 def test_public_bind_needs_the_token_for_reads_too(procs: Procs) -> None:
@@ -253,7 +245,7 @@ def test_signed_webhook_is_journaled_once(procs: Procs) -> None:
     web = start_web(procs, extra_env={"MARBLES_MAX_PAYLOAD": "2048"})
     body = json.dumps({"id": "delivery-1", "type": "push",
                        "payload": {"ref": "main"}}).encode()
-    before = _dump(procs.url)
+    before = dump_keys(procs.url)
     refusals = [
         (_post(web, "gitlab", body, _sign(body)), 404),              # no secret: unknown
         (_post(web, "github", body, None), 401),                     # unsigned
@@ -267,7 +259,7 @@ def test_signed_webhook_is_journaled_once(procs: Procs) -> None:
     ]
     for reply, code in refusals:
         assert reply.status_code == code, (code, reply.status_code, reply.text)
-    assert _dump(procs.url) == before  # nothing recorded by any refusal
+    assert dump_keys(procs.url) == before  # nothing recorded by any refusal
 
     first = _post(web, "github", body, _sign(body))
     assert first.status_code == 202, first.text
@@ -276,11 +268,11 @@ def test_signed_webhook_is_journaled_once(procs: Procs) -> None:
     assert first.json()["workflow"] == "web_on_push"
     view = procs.observer.view(key)
     assert view is not None and view.record.name == "web_on_push"
-    after_first = _dump(procs.url)
+    after_first = dump_keys(procs.url)
     again = _post(web, "github", body, _sign(body))
     assert again.status_code == 200 and again.json()["event"] == key
     assert again.json()["created"] is False
-    assert _dump(procs.url).keys() == after_first.keys()  # no new run, no new event
+    assert dump_keys(procs.url).keys() == after_first.keys()  # no new run, no new event
     # The same event as `marbles-rq events send` makes it: one event, the same key.
     cli = procs.cli("events", "send", "github", "--id", "delivery-1", "--type", "push",
                     "--payload", '{"ref": "main"}')
@@ -324,4 +316,4 @@ def test_reading_every_page_writes_nothing(procs: Procs) -> None:
                      "/monitors", "/events", "/system", "/login"):
             assert anon.get(path).status_code == 200, path
         assert anon.get("/runs/nope").status_code == 404
-    assert _dump(procs.url) == {}  # not even the deployment's meta
+    assert dump_keys(procs.url) == {}  # not even the deployment's meta

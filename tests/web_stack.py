@@ -3,11 +3,14 @@ beside the workers and controller of a `Procs`, and read with httpx."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import re
 from pathlib import Path
 
 import httpx
+import redis
 
 from tests.procs import Proc, Procs
 from tests.redis_procs import free_port
@@ -64,3 +67,19 @@ def start_web(procs: Procs, *, token: str | None = TOKEN, bind: str = "127.0.0.1
 
 def ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def dump_keys(url: str) -> dict[bytes, bytes]:
+    """Every key of the server and its DUMP: equal before and after means nothing written."""
+    client = redis.Redis.from_url(url)
+    try:
+        return {key: client.dump(key) or b"" for key in client.scan_iter(count=1000)}
+    finally:
+        client.close()
+
+
+def signed(body: bytes, secret: str = SECRET) -> dict[str, str]:
+    """The headers of a webhook request signed with `secret`."""
+    return {"X-Marbles-Signature": "sha256=" + hmac.new(secret.encode(), body,
+                                                        hashlib.sha256).hexdigest(),
+            "Content-Type": "application/json"}
