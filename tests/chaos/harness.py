@@ -71,6 +71,7 @@ STARTUP_EXCUSE_S = 15.0
 SAMPLE_EVERY_S = 0.1  # how often the sampler reads the concurrency limits' holds
 RERUN_WAIT_S = 90.0  # a rerun waits this long for its source run to finish
 WAIT_START_S = 60.0  # a cancel or pause waits this long for its run to start
+HOLD_S = 5.0  # a "hold" between a pause and its resume: longer than a lease and a step
 # The limits of the flow control workloads: (label, workflow, key value label, limit).
 LIMITS = [("cx_limited", "cx_limited", "", LIMIT_GLOBAL)] + [
     (f"cx_limited_key customer={c}", "cx_limited_key", f"customer={c}", LIMIT_PER_KEY)
@@ -543,12 +544,15 @@ class Harness:
             else:
                 self.log.note(f"{run_id}: started no child in {WAIT_START_S} s; not cancelled")
         elif op == "pause":
-            calls = [c for c in action.ops if c != "started"]
-            if len(calls) < len(action.ops) and not self._wait_for(action.runs[0].run_id,
-                                                                   "attempt_started"):
+            calls = [c for c in action.ops if c not in ("started", "hold")]
+            if "started" in action.ops and not self._wait_for(action.runs[0].run_id,
+                                                              "attempt_started"):
                 self.log.note(f"{action.runs[0].run_id}: did not start in {WAIT_START_S} s")
-            for call in calls:  # back to back: through the API (a CLI takes seconds)
-                self._pause(action.runs[0].run_id, call, cli=len(calls) == 1)
+            for call in (c for c in action.ops if c != "started"):
+                if call == "hold":
+                    self.stop.wait(HOLD_S)
+                else:  # back to back: through the API (a CLI takes seconds)
+                    self._pause(action.runs[0].run_id, call, cli=len(calls) == 1)
         elif op == "rerun":
             self._rerun(action)
         else:

@@ -62,7 +62,9 @@ class Action:
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
     event_id: str = ""
-    ops: tuple[str, ...] = ()  # pause: "pause" / "resume" calls made back to back, in order
+    # pause: "pause" / "resume" calls made back to back, in order ("started": first wait
+    # for the run to start; "hold": wait HOLD_S between two calls)
+    ops: tuple[str, ...] = ()
     #                            ("started": first wait until the run has started)
     pick: int = 0  # rerun: the seeded draw that chooses the step to rerun from;
     #                cancel_spawning: ms to wait after the first child started
@@ -226,6 +228,16 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
             actions.append(Action(at, "submit", (spec,)))
             actions.append(Action(round(at + rng.uniform(0.3, 3.0), 3), "cancel", (spec,),
                                   rng.choice(["api", "cli"])))
+        elif kind == "pause" and not any(a.op == "pause" for a in actions):
+            # The plan's first pause is a sure park, whatever the timing: paused once
+            # running, in a step of 200 ms (so the next commit answers "paused"), and
+            # resumed only after a hold of several seconds (the park has landed by then,
+            # on this execution or, after a kill, on the redelivered one).
+            spec = RunSpec(rid(kind), kind, "cx_chain",
+                           {"n": 12, "sleep_ms": 200, "flaky": False, "doomed": False})
+            actions.append(Action(at, "submit", (spec,)))
+            actions.append(Action(at, "pause", (spec,), ops=("started", "pause", "hold",
+                                                             "resume")))
         elif kind == "pause":
             # Slow steps (a pause lands inside one) or many quick ones (a commit, and so a
             # park, every few ms: a resume right after a pause can land between them).
