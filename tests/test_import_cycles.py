@@ -27,14 +27,6 @@ ALLOWED: list[frozenset[str]] = [
         "marbles_rq.controller.duties", "marbles_rq.controller.loop",
         "marbles_rq.controller.waiting", "marbles_rq.triggers.events",
         "marbles_rq.triggers.monitors", "marbles_rq.triggers.schedules"}),
-    frozenset({  # cli (Settings) <-> web
-        "marbles_rq.cli", "marbles_rq.cli.bulk", "marbles_rq.cli.control",
-        "marbles_rq.cli.dev", "marbles_rq.cli.doctor", "marbles_rq.cli.dryrun",
-        "marbles_rq.cli.events", "marbles_rq.cli.health", "marbles_rq.cli.layout",
-        "marbles_rq.cli.procs", "marbles_rq.cli.rerun", "marbles_rq.cli.runs",
-        "marbles_rq.cli.schedules", "marbles_rq.cli.waits", "marbles_rq.cli.web",
-        "marbles_rq.web.actions", "marbles_rq.web.app", "marbles_rq.web.reads",
-        "marbles_rq.web.settings", "marbles_rq.web.webhooks"}),
 ]
 
 

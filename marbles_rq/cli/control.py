@@ -11,8 +11,8 @@ import click
 import msgspec
 
 from ..controller.loop import LEASE_NAME
+from ..deployment import Settings
 from ..terminal import safe
-from . import Settings
 
 
 def _iso(ms: int | None) -> str | None:
