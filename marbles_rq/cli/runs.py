@@ -12,8 +12,14 @@ import click
 
 from ..deployment import Settings
 from ..engine.authoring import InputError
-from ..engine.ops import MAX_PAYLOAD_ENV, PayloadTooLargeError, RunRequest, max_payload, prepare
-from ..engine.ops import enqueue as enqueue_run
+from ..engine.ops import (
+    MAX_PAYLOAD_ENV,
+    PayloadTooLargeError,
+    RunRequest,
+    enqueue_record,
+    max_payload,
+    prepare,
+)
 from ..engine.output_lines import format_event
 from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunNotFoundError, RunStore, RunView
 from ..terminal import safe
@@ -57,9 +63,9 @@ def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | 
     settings.load_source()
     raw = read_input(name, input_json)
     request = RunRequest(name, raw, run_id, queue, strict=True, priority=priority)
-    prepare(request)  # every input error before touching Redis
+    record = prepare(request)  # every input error before touching Redis
     runs = settings.runs()
-    result = enqueue_run(runs, settings.rq(), request)
+    result = enqueue_record(runs, settings.rq(), record)
     if as_json:
         view = runs.get(result.run_id)
         click.echo(json.dumps({"created": result.created, **_view_json(view)}, indent=2))
