@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Settings:
+    """One deployment's settings; the stores and lanes open on first use, once."""
+
     redis_url: str = DEFAULT_URL
     prefix: str = DEFAULT_PREFIX
     buckets: int | None = None  # None: the deployment's recorded count (1,024 at creation)

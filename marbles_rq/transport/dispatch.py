@@ -19,7 +19,8 @@ A delivery is enqueued in one round trip: RQ builds the job (``Queue.create_job`
 ``Job.to_dict``: the hash RQ's own enqueue writes and ``Job.fetch`` reads back) and a script
 writes it, pushes its id on the queue list and registers the queue (``enqueue_delivery``).
 When the store and RQ share one standalone Redis (`same_server`), recording a run enqueues
-its first delivery in the same script call (``claim_run``).
+its first delivery in the same script call (``claim_run``; transport/first_delivery.py
+chooses).
 """
 
 from __future__ import annotations
