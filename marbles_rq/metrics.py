@@ -55,7 +55,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +181,15 @@ def enabled() -> bool:
 
 
 _LABELS: dict[str, set[str]] = {"workflow": set(), "queue": set()}
+# The workflows this process defines, as the engine's registry lists them (it installs
+# itself with `know_workflows`; this module sits below the engine and never imports it).
+# While none are known, any name is a label.
+_known_workflows: Callable[[], Collection[str]] = tuple
+
+
+def know_workflows(names: Callable[[], Collection[str]]) -> None:
+    global _known_workflows
+    _known_workflows = names
 
 
 def bounded(kind: str, value: str) -> str:
@@ -191,9 +200,8 @@ def bounded(kind: str, value: str) -> str:
         return value
     with _LOCK:
         if kind == "workflow":
-            from .engine.authoring import REGISTRY
-
-            if REGISTRY.workflows and value not in REGISTRY.workflows:
+            known = _known_workflows()
+            if known and value not in known:
                 return OTHER
         elif not _QUEUE_NAME.fullmatch(value):
             return OTHER

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from marbles_rq.cli.runs import format_event
 from marbles_rq.controller import Controller
 from marbles_rq.engine.authoring import REGISTRY
 from marbles_rq.engine.execute import execute
 from marbles_rq.engine.ops import RunRequest, prepare
+from marbles_rq.engine.output_lines import format_event
 from marbles_rq.engine.paging import RunPager
 from marbles_rq.engine.runs import OutputEvent, RunStore
 from marbles_rq.store import open_store

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 import redis
 
-from ..engine.runs import RunStore
+from ..deployment import Settings
 from ..errors import (
     BucketMismatchError,
     ConfigError,
@@ -22,82 +21,11 @@ from ..errors import (
     RedisUnavailableError,
     UnsafeRedisError,
 )
-from ..store import RedisStore, open_store
-from ..store.connection import DEFAULT_URL, URL_ENV, check_url, connect, refused, unavailable
-from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
-
-EXIT_PROBLEM, EXIT_INPUT, EXIT_REDIS = 1, 2, 3
-if TYPE_CHECKING:
-    from ..transport.lanes import Lanes
+from ..store.connection import DEFAULT_URL, URL_ENV, refused, unavailable
+from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX
+from .exits import EXIT_INPUT, EXIT_PROBLEM, EXIT_REDIS
 
 DEBUG_ENV = "MARBLES_DEBUG"
-
-
-@dataclass
-class Settings:
-    redis_url: str
-    prefix: str
-    buckets: int | None  # None: the deployment's recorded count (1,024 at creation)
-    source: str | None = None
-    rq_url: str | None = None
-    lanes: int | None = None  # None: recorded (at creation: 1, or one per cluster master)
-    _lanes: Lanes | None = field(default=None, repr=False)
-    _store: RedisStore | None = field(default=None, repr=False)
-    _reader: RedisStore | None = field(default=None, repr=False)
-    _loaded: bool = field(default=False, repr=False)
-
-    def load_source(self) -> None:
-        """Import the workflow definitions named by --source (once)."""
-        from ..engine.authoring import load_source
-
-        if self.source and not self._loaded:
-            for part in self.source.split(os.pathsep):
-                load_source(part)
-            self._loaded = True
-
-    def runs(self, *, read_only: bool = False) -> RunStore:
-        return RunStore(self.reader() if read_only else self.store())
-
-    def rq(self) -> Lanes:
-        """The deployment's lanes: RQ's queues, on --rq-url or the store's Redis."""
-        from ..transport.lanes import open_lanes
-
-        if self._lanes is None:
-            url = self.rq_url or self.redis_url
-            # One line that hides its password, whichever URL RQ uses (the parser's own
-            # message quotes what it could not read: part of a password).
-            check_url(url)
-            self._lanes = open_lanes(url, self.keys)
-        return self._lanes
-
-    def client(self) -> Any:
-        return connect(self.redis_url)
-
-    def store(self) -> RedisStore:
-        if self._store is None:
-            self._store = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets,
-                                     lanes=self.lanes)
-        return self._store
-
-    def reader(self) -> RedisStore:
-        """The store for commands that only read: it never records the deployment's meta."""
-        if self._store is not None:
-            return self._store
-        if self._reader is None:
-            self._reader = open_store(self.redis_url, prefix=self.prefix, buckets=self.buckets,
-                                      lanes=self.lanes, read_only=True)
-        return self._reader
-
-    def check(self) -> None:
-        """A malformed --prefix, --buckets or --lane-count is one line now (exit 2), before
-        anything is started; whether they match the deployment is checked on connecting."""
-        Keyspace(self.prefix, self.buckets or DEFAULT_BUCKETS, lanes=self.lanes or 1)
-
-    @property
-    def keys(self) -> Keyspace:
-        """The deployment's keyspace: what it recorded (read, never written here), or, for a
-        deployment not created yet, what it will be created with."""
-        return self.reader().keys
 
 
 def _version() -> str:

@@ -12,11 +12,12 @@ from typing import IO, Any
 
 import click
 
+from ..deployment import Settings
 from ..engine.authoring import InputError, queue_problem
 from ..engine.bulk import BulkReport, Refused, bulk_enqueue
 from ..errors import InvalidIdError
 from ..terminal import safe
-from . import EXIT_INPUT, Settings
+from .exits import EXIT_INPUT
 
 
 @contextlib.contextmanager

@@ -11,8 +11,8 @@ import click
 import msgspec
 
 from ..controller.loop import LEASE_NAME
+from ..deployment import Settings
 from ..terminal import safe
-from . import Settings
 
 
 def _iso(ms: int | None) -> str | None:
@@ -84,7 +84,7 @@ def roll(settings: Settings, name: str, input_json: str | None, run_id: str | No
     runs one tick under that schedule's lock (`skipped: held by <holder>` when another
     holds it); a monitor key polls that monitor once."""
     from ..engine.authoring import REGISTRY, UnknownWorkflowError
-    from ..engine.ops import RunRequest, enqueue, prepare
+    from ..engine.ops import RunRequest, enqueue_record, prepare
     from ..triggers.monitors import MONITORS, roll_monitor
     from ..triggers.schedules import SCHEDULES, roll_schedule
 
@@ -110,9 +110,8 @@ def roll(settings: Settings, name: str, input_json: str | None, run_id: str | No
     from .runs import read_input
 
     raw = read_input(name, input_json)
-    request = RunRequest(name, raw, run_id, strict=True)
-    prepare(request)  # every input error before touching Redis
-    result = enqueue(settings.runs(), settings.rq(), request, REGISTRY)
+    record = prepare(RunRequest(name, raw, run_id, strict=True))  # input errors before Redis
+    result = enqueue_record(settings.runs(), settings.rq(), record)
     click.echo(f"run {result.run_id} queued ({result.record.name} on {result.record.queue})"
                if result.created else
                f"run {result.run_id} exists already ({result.status}); not enqueued again")

@@ -35,8 +35,9 @@ from typing import IO, Any
 import click
 import redis
 
+from ..deployment import Settings
 from ..store.keys import DEFAULT_BUCKETS, Keyspace
-from . import EXIT_INPUT, EXIT_REDIS, Settings
+from .exits import EXIT_INPUT, EXIT_REDIS
 from .procs import LOG_LEVELS
 
 DEFAULT_PORT = 6399

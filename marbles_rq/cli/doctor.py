@@ -8,6 +8,7 @@ import sys
 import click
 import redis
 
+from ..deployment import Settings
 from ..errors import MarblesError
 from ..store.connection import refused, unavailable
 from ..store.doctor import (
@@ -19,7 +20,6 @@ from ..store.doctor import (
     warnings,
 )
 from ..store.redis_errors import one_line
-from . import Settings
 
 
 @click.command()

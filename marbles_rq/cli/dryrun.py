@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
+from ..deployment import Settings
 from ..engine.waits import Question, match_choice
 from ..terminal import safe
-from . import Settings
 
 
 @click.command("run")
@@ -39,7 +39,8 @@ def run_cmd(ctx: click.Context, name: str, input_json: str | None, dry_run: bool
                    queue=None, wait=True, as_json=False)
         return
     from ..engine.dryrun import dry_run as execute_dry
-    from .runs import format_event, read_input
+    from ..engine.output_lines import format_event
+    from .runs import read_input
 
     settings.load_source()
     raw = read_input(name, input_json)

@@ -6,11 +6,11 @@ import json
 
 import click
 
+from ..deployment import Settings
 from ..engine.ops import max_payload
 from ..errors import ConfigError
 from ..terminal import safe
 from ..triggers.events import TRIGGERS, Events
-from . import Settings
 from .runs import json_argument
 
 

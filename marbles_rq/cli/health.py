@@ -27,8 +27,9 @@ from typing import Any
 
 import click
 
+from ..deployment import Settings
 from ..terminal import safe
-from . import EXIT_PROBLEM, Settings
+from .exits import EXIT_PROBLEM
 
 # Global options of `marbles-rq` that take a value: skipped when finding a subcommand.
 _VALUED = {"--redis-url", "--prefix", "--buckets", "--lane-count", "--source", "--rq-url"}

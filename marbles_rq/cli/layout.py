@@ -7,9 +7,9 @@ import sys
 
 import click
 
+from ..deployment import Settings
 from ..store.grow import Grower, read_state
 from ..store.keys import SLOTS, Keyspace, slot_range
-from . import Settings
 
 
 @click.group()

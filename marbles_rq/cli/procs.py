@@ -12,10 +12,10 @@ from typing import Any
 import click
 import redis
 
+from ..deployment import Settings
 from ..errors import ConfigError
 from ..store.connection import unavailable
 from ..store.doctor import require_durable
-from . import Settings
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                           case_sensitive=False)

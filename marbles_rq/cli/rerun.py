@@ -6,9 +6,9 @@ import json
 
 import click
 
+from ..deployment import Settings
 from ..engine.rerun import rerun as rerun_run
 from ..terminal import safe
-from . import Settings
 
 
 @click.command()

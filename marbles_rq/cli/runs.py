@@ -9,14 +9,20 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-import msgspec
 
+from ..deployment import Settings
 from ..engine.authoring import InputError
-from ..engine.ops import MAX_PAYLOAD_ENV, PayloadTooLargeError, RunRequest, max_payload, prepare
-from ..engine.ops import enqueue as enqueue_run
+from ..engine.ops import (
+    MAX_PAYLOAD_ENV,
+    PayloadTooLargeError,
+    RunRequest,
+    enqueue_record,
+    max_payload,
+    prepare,
+)
+from ..engine.output_lines import format_event
 from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunNotFoundError, RunStore, RunView
 from ..terminal import safe
-from . import Settings
 
 
 def _echo(line: str) -> None:
@@ -57,9 +63,9 @@ def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | 
     settings.load_source()
     raw = read_input(name, input_json)
     request = RunRequest(name, raw, run_id, queue, strict=True, priority=priority)
-    prepare(request)  # every input error before touching Redis
+    record = prepare(request)  # every input error before touching Redis
     runs = settings.runs()
-    result = enqueue_run(runs, settings.rq(), request)
+    result = enqueue_record(runs, settings.rq(), record)
     if as_json:
         view = runs.get(result.run_id)
         click.echo(json.dumps({"created": result.created, **_view_json(view)}, indent=2))
@@ -282,75 +288,3 @@ def _follow(runs: RunStore, run_id: str, *, follow: bool = True,
             return 0 if view is not None and view.status == "succeeded" else 1
         if not events and after == "0-0":
             time.sleep(0.2)
-
-
-def format_event(ev: OutputEvent) -> str:
-    d = ev.data if isinstance(ev.data, dict) else {"value": ev.data}
-    at = ev.happened_ms  # a start written with its commit (or late) says when it was
-    stamp = time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + f".{at % 1000:03d}"
-    handlers: dict[str, Callable[[], str]] = {
-        "queued": lambda: f"queued: {d.get('name')} on {d.get('queue')}",
-        "attempt_started": lambda: _started(ev, d),
-        "step_started": lambda: f"step {d.get('step')} started (try {d.get('attempt')})",
-        "step_succeeded": lambda: f"step {d.get('step')} succeeded",
-        "step_retry": lambda: f"step {d.get('step')} failed ({d.get('error')}); retrying in "
-                              f"{d.get('retry_in_s')} s",
-        "step_failed": lambda: f"step {d.get('step')} failed: {d.get('error')}",
-        "output": lambda: d["text"] if "text" in d else json.dumps(d.get("value")),
-        "log": lambda: f"{d.get('level')}: {d.get('message')}",
-        "redelivered": lambda: f"delivery {d.get('previous')} vanished ({d.get('reason')}); "
-                               f"redelivered as delivery {d.get('attempt')}",
-        "cancel_requested": lambda: "cancel requested",
-        "deferred": lambda: f"handed back: {d.get('reason')}",
-        "held": lambda: f"held: {d.get('reason')}",
-        "parked": lambda: f"parked: waiting for {_parked(d)}",
-        "woken": lambda: f"woken ({d.get('cause')}); delivered again as delivery {ev.attempt}",
-        "answered": lambda: f"question {d.get('key')} answered: {json.dumps(d.get('answer'))}",
-        "report": lambda: f"{d.get('kind')} {d.get('key')}: {json.dumps(d.get('entry'))}",
-        "child_started": lambda: f"child {d.get('child')} started ({d.get('workflow')})",
-        "timer_fired": lambda: f"timer {d.get('timer')} fired ({d.get('late_ms')} ms after "
-                               f"its due time)",
-        "pause_requested": lambda: "pause requested",
-        "resumed": lambda: "resumed",
-        "truncated": lambda: f"output truncated: the run's cap of {d.get('max_lines')} lines / "
-                             f"{d.get('max_bytes')} bytes is reached; later lines are dropped",
-        "final": lambda: _final(d),
-    }
-    text = handlers.get(ev.type, lambda: f"{ev.type}: {json.dumps(d)}")()
-    return f"{stamp} d{ev.attempt} {text}"
-
-
-def _started(ev: OutputEvent, d: dict[str, Any]) -> str:
-    """An execution's start: its attempt (1 + redeliveries) and what made it; the line's
-    d<N> is its delivery (a wake is a delivery too, not an attempt)."""
-    if "attempt" not in d:  # written before attempts and resumptions were counted apart
-        return f"delivery {ev.attempt} started on {d.get('worker')} (epoch {d.get('epoch')})"
-    kind = d.get("kind")
-    verb = "continues" if kind == "resumption" else "started"
-    why = {"resumption": f"resumption {d.get('resumptions')}, ", "redelivery": "redelivery, ",
-           "handback": "after a hand-back, "}.get(str(kind), "")
-    return (f"attempt {d['attempt']} {verb} on {d.get('worker')} "
-            f"({why}epoch {d.get('epoch')})")
-
-
-def _parked(d: dict[str, Any]) -> str:
-    reason = d.get("reason")
-    if reason == "question":
-        return "an answer to " + ", ".join(d.get("questions") or [])
-    if reason == "child":
-        return "child " + ", ".join(d.get("children") or [])
-    if reason == "timer" and d.get("until_ms"):
-        at = int(d["until_ms"])
-        return "a timer due " + time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + (
-            f".{at % 1000:03d}")
-    return "resume" if reason == "paused" else str(reason)
-
-
-def _final(d: dict[str, Any]) -> str:
-    status = d.get("status")
-    if status == "succeeded":
-        return f"run succeeded: {msgspec.json.encode(d.get('result')).decode()}"
-    if status == "failed":
-        err = d.get("error") or {}
-        return f"run failed: {err.get('type')}: {err.get('message')}"
-    return f"run {status}" + (f": {d['reason']}" if d.get("reason") else "")

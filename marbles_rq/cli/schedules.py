@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ..deployment import Settings
 from ..terminal import safe
 from ..triggers.schedules import (
     KEY_PATTERN,
@@ -15,7 +16,6 @@ from ..triggers.schedules import (
     list_schedules,
     set_paused,
 )
-from . import Settings
 
 
 def _iso(ms: int | None) -> str | None:

@@ -9,13 +9,13 @@ from typing import Any
 import click
 import redis
 
+from ..deployment import Settings
 from ..engine.runs import RunStore
 from ..engine.waits import Answered, Question, WaitStore
 from ..errors import MarblesError
 from ..store.ids import check_id
 from ..store.redis_errors import one_line
 from ..terminal import safe
-from . import Settings
 
 
 def _waits(settings: Settings, *, read_only: bool = False) -> WaitStore:

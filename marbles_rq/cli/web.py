@@ -8,8 +8,8 @@ import socket
 
 import click
 
+from ..deployment import Settings
 from ..errors import ConfigError
-from . import Settings
 from .procs import metrics_options
 
 

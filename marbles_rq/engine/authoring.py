@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from .. import metrics
 from ..errors import MarblesError
 
 SOURCE_ENV = "MARBLES_SOURCE"
@@ -209,6 +210,7 @@ class Registry:
 
 
 REGISTRY = Registry()
+metrics.know_workflows(lambda: REGISTRY.workflows)
 
 
 def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,

@@ -5,18 +5,16 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass
 
 import msgspec
-import redis
 
 from ..envvars import env_int
 from ..errors import InvalidIdError
 from ..store.ids import check_id
 from ..store.records import RunRecord
-from ..transport import dispatch
-from ..transport.lanes import RQLike, as_lanes
+from ..transport.first_delivery import FirstDelivery
+from ..transport.lanes import RQLike
 from . import flowctl
 from .authoring import REGISTRY, InputError, Registry, queue_problem
 from .runs import Recorded, RunStore
@@ -174,22 +172,14 @@ def enqueue(runs: RunStore, rq: RQLike, request: RunRequest,
     """Record the run (journal first), then enqueue its first delivery: in one script call
     when the store and RQ share one standalone Redis, else in two round trips. The same run
     id again returns the existing run and enqueues nothing."""
-    record = prepare(request, registry)
-    prefix = runs.keys.prefix
-    lanes = as_lanes(rq, runs.keys)
-    if (shared := lanes.same_server(runs.client)) is not None:
-        push = dispatch.delivery_push(shared, prefix, flowctl.delivery_queue(record),
-                                      record.id, 1)
-        recorded = runs.record(record, push)
-        return _result(recorded, dispatched=recorded.enqueued)
-    recorded = runs.record(record)
-    if not recorded.created:
-        return _result(recorded, dispatched=False)
-    try:
-        lanes.enqueue(flowctl.delivery_queue(record), record.id, 1)
-    except redis.RedisError:
-        return _result(recorded, dispatched=False)  # the controller dispatches it
-    return _result(recorded, dispatched=True)
+    return enqueue_record(runs, rq, prepare(request, registry))
+
+
+def enqueue_record(runs: RunStore, rq: RQLike, record: RunRecord) -> Enqueued:
+    """`enqueue` of a request `prepare` has made into `record`."""
+    recorded, dispatched = FirstDelivery(rq, runs.keys, runs.client).record(
+        lambda push: runs.record(record, push), flowctl.delivery_queue(record), record.id)
+    return _result(recorded, dispatched=dispatched)
 
 
 def enqueue_many(runs: RunStore, rq: RQLike, requests: list[RunRequest],
@@ -210,24 +200,10 @@ def enqueue_records(runs: RunStore, rq: RQLike, records: list[RunRecord]) -> lis
     store and RQ share one standalone Redis (record and enqueue in one script call per
     run, all in one transaction), else recorded in one round trip and enqueued in one per
     queue. A run whose id exists is returned as it is and not enqueued again."""
-    prefix = runs.keys.prefix
-    lanes = as_lanes(rq, runs.keys)
-    if (shared := lanes.same_server(runs.client)) is not None:
-        pushes = [dispatch.delivery_push(shared, prefix, flowctl.delivery_queue(r), r.id, 1)
-                  for r in records]
-        return [_result(r, dispatched=r.enqueued) for r in runs.record_chunk(records, pushes)]
-    recorded = runs.record_chunk(records)
-    fresh: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for rec in recorded:
-        if rec.created:
-            fresh[flowctl.delivery_queue(rec.record)].append((rec.record.id, 1))
-    dispatched = True
-    try:
-        for queue_name, batch in fresh.items():
-            lanes.enqueue_many(queue_name, batch)
-    except redis.RedisError:
-        dispatched = False  # recorded: the controller dispatches them
-    return [_result(r, dispatched=r.created and dispatched) for r in recorded]
+    delivered = FirstDelivery(rq, runs.keys, runs.client).record_chunk(
+        lambda pushes: runs.record_chunk(records, pushes),
+        [(flowctl.delivery_queue(r), r.id) for r in records])
+    return [_result(recorded, dispatched=dispatched) for recorded, dispatched in delivered]
 
 
 def _result(recorded: Recorded, *, dispatched: bool) -> Enqueued:

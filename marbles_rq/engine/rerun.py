@@ -33,12 +33,11 @@ import uuid
 from dataclasses import dataclass
 
 import msgspec
-import redis
 
 from ..store.ids import check_id
 from ..store.records import RunRecord, StepRecord
-from ..transport import dispatch
-from ..transport.lanes import RQLike, as_lanes
+from ..transport.first_delivery import FirstDelivery
+from ..transport.lanes import RQLike
 from .authoring import REGISTRY, InputError, Registry
 from .flowctl import delivery_queue
 from .ops import check_origin
@@ -137,11 +136,8 @@ def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = No
                        rerun_from_step=key or "", priority=old.priority,
                        concurrency=old.concurrency, concurrency_label=old.concurrency_label)
     band = delivery_queue(record)  # its priority band, as every delivery of it
-    lanes = as_lanes(rq, runs.keys)
-    shared = lanes.same_server(runs.client)
-    push = (dispatch.delivery_push(shared, runs.keys.prefix, band, record.id, 1)
-            if shared is not None else None)
-    recorded = runs.record_seeded(record, copied, push)
+    recorded, dispatched = FirstDelivery(rq, runs.keys, runs.client).record(
+        lambda push: runs.record_seeded(record, copied, push), band, record.id)
     existing = recorded.record
     if not recorded.created and (existing.rerun_of, existing.rerun_from_step) != (
             old.id, record.rerun_from_step):
@@ -152,13 +148,6 @@ def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = No
                    else "from the top") if existing.rerun_of else f"a run of {existing.name}")
         raise RerunError(f"run {target} exists already and is {what}, not this rerun of "
                          f"{old.id}; choose another new id")
-    dispatched = recorded.enqueued
-    if recorded.created and push is None:
-        try:
-            lanes.enqueue(band, record.id, 1)  # on the run's lane
-            dispatched = True
-        except redis.RedisError:
-            dispatched = False  # recorded: the controller dispatches it
     return Rerun(recorded.record.id, recorded.created, recorded.status, old.id, key,
                  [s.key for s in copied] if recorded.created else [], dispatched,
                  recorded.record)

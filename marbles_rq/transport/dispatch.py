@@ -19,11 +19,13 @@ A delivery is enqueued in one round trip: RQ builds the job (``Queue.create_job`
 ``Job.to_dict``: the hash RQ's own enqueue writes and ``Job.fetch`` reads back) and a script
 writes it, pushes its id on the queue list and registers the queue (``enqueue_delivery``).
 When the store and RQ share one standalone Redis (`same_server`), recording a run enqueues
-its first delivery in the same script call (``claim_run``).
+its first delivery in the same script call (``claim_run``; transport/first_delivery.py
+chooses).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import weakref
@@ -52,7 +54,6 @@ from ..errors import ConfigError, MarblesError
 from ..store.connection import NO_CLIENT_INFO, socket_timeout_from_env
 from ..store.ids import ID_PATTERN
 from ..store.scripts import JobPush, Scripts
-from .lanes import lane_classes
 from .serializer import JSONSerializer
 
 ENTRY = "marbles_rq.engine.execute.execute_delivery"
@@ -174,6 +175,18 @@ FORBIDDEN_FIELDS = (
 )
 
 
+# The deployment whose deliveries this process executes, set by the worker with the engine
+# it configures: a job is checked against it before it runs. (The transport's job classes
+# never reach into the engine for it: the engine enqueues through them.)
+_SERVED_PREFIX: str | None = None
+
+
+def serve_prefix(prefix: str) -> None:
+    """Execute deliveries of deployment `prefix` only, in this process."""
+    global _SERVED_PREFIX
+    _SERVED_PREFIX = prefix
+
+
 class MarblesJob(Job):
     """Runs only marbles-rq's entry point, with (run id: str, attempt: int), under the job id
     that delivery has in this worker's deployment.
@@ -223,9 +236,10 @@ class MarblesJob(Job):
         return None
 
     def _execute(self) -> Any:
-        from ..engine.execute import engine
-
-        prefix = engine().runs.keys.prefix
+        prefix = _SERVED_PREFIX
+        if prefix is None:
+            raise MarblesError("no marbles-rq engine configured in this process: run "
+                               "deliveries with 'marbles-rq worker'")
         args = self.args
         if self._marbles_planted:
             raise RefusedJobError(f"refusing job {self.id}: it carries "
@@ -319,6 +333,25 @@ class MarblesStartedJobRegistry(StartedJobRegistry):
     def get_queue(self) -> Queue:
         return MarblesQueue(self.name, connection=self.connection, serializer=self.serializer,
                             job_class=self.job_class)
+
+
+@functools.cache
+def lane_classes(rq_prefix: str | None) -> tuple[type[Any], type[Any]]:
+    """(queue class, job class) of a lane keyspace: RQ's classes with the key prefixes RQ
+    computes from RQ_KEY_PREFIX, computed from `rq_prefix` instead (None: RQ's own)."""
+    if rq_prefix is None:
+        return MarblesQueue, MarblesJob
+    name = "".join(c for c in rq_prefix if c.isalnum())
+    job = type(f"MarblesJob_{name}", (MarblesJob,),
+               {"redis_job_namespace_prefix": f"{rq_prefix}:job:"})
+    queue = type(f"MarblesQueue_{name}", (MarblesQueue,), {
+        "redis_queue_namespace_prefix": f"{rq_prefix}:queue:",
+        "redis_queues_keys": f"{rq_prefix}:queues",
+        "lane_prefix": rq_prefix,
+        "registry_cleaning_key": property(lambda self: f"{rq_prefix}:clean_registries:"
+                                                       f"{self.name}"),
+    })
+    return queue, job
 
 
 def clean_registries(queue: Queue, exception_handlers: list[Any] | None = None) -> None:

@@ -20,7 +20,6 @@ again when that master fails over (its connections report MOVED, READONLY, or dr
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import threading
@@ -210,27 +209,6 @@ _MAPS_LOCK = threading.Lock()
 # -- the lanes -------------------------------------------------------------------------------
 
 
-@functools.cache
-def lane_classes(rq_prefix: str | None) -> tuple[type[Any], type[Any]]:
-    """(queue class, job class) of a lane keyspace: RQ's classes with the key prefixes RQ
-    computes from RQ_KEY_PREFIX, computed from `rq_prefix` instead (None: RQ's own)."""
-    from .dispatch import MarblesJob, MarblesQueue
-
-    if rq_prefix is None:
-        return MarblesQueue, MarblesJob
-    name = "".join(c for c in rq_prefix if c.isalnum())
-    job = type(f"MarblesJob_{name}", (MarblesJob,),
-               {"redis_job_namespace_prefix": f"{rq_prefix}:job:"})
-    queue = type(f"MarblesQueue_{name}", (MarblesQueue,), {
-        "redis_queue_namespace_prefix": f"{rq_prefix}:queue:",
-        "redis_queues_keys": f"{rq_prefix}:queues",
-        "lane_prefix": rq_prefix,
-        "registry_cleaning_key": property(lambda self: f"{rq_prefix}:clean_registries:"
-                                                       f"{self.name}"),
-    })
-    return queue, job
-
-
 @dataclass(frozen=True)
 class Lane:
     index: int
@@ -239,10 +217,14 @@ class Lane:
 
     @property
     def queue_class(self) -> type[Any]:
+        from .dispatch import lane_classes
+
         return lane_classes(self.rq_prefix)[0]
 
     @property
     def job_class(self) -> type[Any]:
+        from .dispatch import lane_classes
+
         return lane_classes(self.rq_prefix)[1]
 
     def queue(self, prefix: str, name: str) -> Any:

@@ -49,6 +49,7 @@ from .dispatch import (
     MarblesQueue,
     RefusedJobError,
     clean_registries,
+    serve_prefix,
 )
 from .lanes import Lanes, as_lanes
 from .lean import LeanForkingWorker, LeanSimpleWorker
@@ -300,6 +301,7 @@ def work(engine: Engine, cls: type[Any], queues: list[str], rq: Lanes | redis.Re
             engine.worker_name = name
             engine.deliver = lanes.enqueue
             configure(engine)
+            serve_prefix(prefix)
             with beating(engine.runs, name, idle=functools.partial(_no_horse, worker),
                          lanes=serve):
                 worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)

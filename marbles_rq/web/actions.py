@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from ..cli import Settings
+from ..deployment import Settings
 from ..engine.rerun import rerun as rerun_run
 from ..engine.runs import RunNotFoundError
 from ..engine.waits import WaitStore

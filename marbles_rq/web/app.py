@@ -42,7 +42,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..cli import Settings
+from ..deployment import Settings
 from ..engine.authoring import REGISTRY, InputError
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.rerun import new_run_id

@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cli import Settings
-from ..cli.runs import format_event
 from ..controller.loop import LEASE_NAME
+from ..deployment import Settings
+from ..engine.output_lines import format_event
 from ..engine.runs import TERMINAL, OutputEvent, RunView
 from ..engine.waits import Question, Report, WaitStore
 from ..transport import dispatch

@@ -1,5 +1,6 @@
-"""The CLI's Settings, shared by the server's threads: the store, the reader and RQ's lanes
-are each opened once, under a lock, for the life of the process."""
+"""The deployment's Settings (marbles_rq/deployment.py), shared by the server's threads: the
+store, the reader and RQ's lanes are each opened once, under a lock, for the life of the
+process."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cli import Settings
+from ..deployment import Settings
 from ..store import RedisStore
 from ..transport.lanes import Lanes
 

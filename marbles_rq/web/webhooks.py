@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from ..cli import Settings
+from ..deployment import Settings
 from ..engine.authoring import InputError
 from ..engine.ops import MAX_DEPTH, json_depth_exceeds, max_payload
 from ..errors import ConfigError, InvalidIdError, RedisUnavailableError
