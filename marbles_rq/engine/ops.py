@@ -17,7 +17,7 @@ from ..store.ids import check_id
 from ..store.records import RunRecord
 from ..transport import dispatch
 from ..transport.lanes import RQLike, as_lanes
-from . import flowctl
+from . import limits as flowctl
 from .authoring import REGISTRY, InputError, Registry, queue_problem
 from .runs import Recorded, RunStore
 

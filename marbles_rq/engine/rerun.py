@@ -40,7 +40,7 @@ from ..store.records import RunRecord, StepRecord
 from ..transport import dispatch
 from ..transport.lanes import RQLike, as_lanes
 from .authoring import REGISTRY, InputError, Registry
-from .flowctl import delivery_queue
+from .limits import delivery_queue
 from .ops import check_origin
 from .runs import TERMINAL, RunNotFoundError, RunStore, RunView
 
