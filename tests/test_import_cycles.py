@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "marbles_rq"
 
 # Circles the package is allowed to keep (a found circle inside one of these passes), each
-# with the reason it cannot be cut. Issue 17 cuts these three and leaves this empty.
+# with the reason it cannot be cut. Issue 17 cuts these and leaves this empty.
 ALLOWED: list[frozenset[str]] = [
     frozenset({  # definitions <-> runs in the store <-> metrics
         "marbles_rq.engine.authoring", "marbles_rq.engine.limits", "marbles_rq.engine.runs",

@@ -203,6 +203,8 @@ def check_not_in_foreign_thread(what: str) -> None:
 
 
 def current(what: str = "mr.current()") -> Run:
+    """The run whose body is executing in this thread; `what` names the call that needs it
+    in the error raised outside a run."""
     run = _current.get()
     if run is None:
         # In a thread the body started, say so (and what to use instead), not "not inside".
