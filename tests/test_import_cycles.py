@@ -22,8 +22,8 @@ ALLOWED: list[frozenset[str]] = [
         "marbles_rq.engine.waits", "marbles_rq.metrics", "marbles_rq.store",
         "marbles_rq.store.redis_store", "marbles_rq.store.scripts"}),
     frozenset({  # engine <-> transport: "record, then deliver"
-        "marbles_rq.engine.execute", "marbles_rq.engine.fanout", "marbles_rq.engine.ops",
-        "marbles_rq.transport.dispatch", "marbles_rq.transport.lanes"}),
+        "marbles_rq.engine.execute", "marbles_rq.engine.ops", "marbles_rq.transport.dispatch",
+        "marbles_rq.transport.lanes"}),
     frozenset({  # controller <-> triggers
         "marbles_rq.controller.duties", "marbles_rq.controller.loop",
         "marbles_rq.controller.waiting", "marbles_rq.triggers.events",

@@ -23,7 +23,7 @@ import msgspec
 
 from ..envvars import env_int
 from ..errors import MarblesError
-from ..store.records import ErrorInfo, StepRecord
+from ..store.records import ErrorInfo, RunRecord, StepRecord
 from . import authoring
 from .runs import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_OUTPUT_LINES
 
@@ -136,6 +136,10 @@ class Run(Protocol):
 
     def step(self, fn: StepDef | Any, *args: Any, **kwargs: Any) -> Any:
         """Run `fn` as a recorded step."""
+        ...
+
+    def prepare_child(self, workflow: str, input: bytes, child_id: str) -> RunRecord:
+        """A child run's record, its request validated as any enqueue's (engine/ops.py)."""
         ...
 
     def call_store(self, call: Any, *args: Any) -> Any:

@@ -20,7 +20,7 @@ import redis
 
 from .. import metrics
 from ..errors import MarblesError, RedisUnavailableError
-from ..store.records import ErrorInfo, StepRecord
+from ..store.records import ErrorInfo, RunRecord, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
 from . import context, fanout, waiting
@@ -317,6 +317,12 @@ class RunContext:
                 now + START_DELAY_S))
             return
         self.check_reply(self.call_store(self.runs.start_step, ex, running))
+
+    def prepare_child(self, workflow: str, input: bytes, child_id: str) -> RunRecord:
+        """A child run's record, its request validated as any enqueue's (engine/ops.py)."""
+        from .ops import RunRequest, prepare
+
+        return prepare(RunRequest(workflow, input, child_id, origin="child"), self.registry)
 
     def call_store(self, call: Any, *args: Any) -> Any:
         """A store call from inside the body: unreachable Redis, or one that refuses writes

@@ -101,8 +101,6 @@ def child_id(parent: str, key: str) -> str:
 
 def start_child(run: Run, workflow: str, input: Any = None,
                 key: str | None = None) -> ChildRun:
-    from .ops import RunRequest, prepare
-
     check_not_in_foreign_thread("start_child")
     check_branch()
     lkey, seq = run.position("|child")
@@ -128,8 +126,7 @@ def start_child(run: Run, workflow: str, input: Any = None,
             raise MarblesError(f"child id {cid} is already used by this run's child started "
                                f"at {used_at}: give each child its own key")
         run.child_ids[cid] = lkey
-    record = prepare(RunRequest(workflow, msgspec.json.encode(input), cid, origin="child"),
-                     run.registry)
+    record = run.prepare_child(workflow, msgspec.json.encode(input), cid)
     record = msgspec.structs.replace(record, parent=run.run_id)
     named = msgspec.Raw(msgspec.json.encode({"id": cid, "workflow": record.name}))
     # The parent's ledger names the child before the child exists, in the parent's own slot:
