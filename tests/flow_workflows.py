@@ -22,7 +22,7 @@ import msgspec
 import redis
 
 import marbles_rq as mr
-from marbles_rq.engine.flow import ChildFailedError
+from marbles_rq.engine.fanout import ChildFailedError
 
 EFFECTS_KEY = "fl:effects"
 HOLDING_KEY = "fl:holding"
@@ -214,13 +214,13 @@ def fl_boom() -> None:
 
 @mr.step
 def fl_b1() -> str:
-    from marbles_rq.engine.execute import _branch_cancel
+    from marbles_rq.engine.context import branch_cancel
 
     effect("b1")
     _client().sadd(STARTED_KEY, mr.current().run_id)
     # Finish only once the engine has told this branch its sibling failed (the engine's
     # own signal; without it this step returns after 30 s and the test sees fl_b2 start).
-    cancel = _branch_cancel.get()
+    cancel = branch_cancel.get()
     assert cancel is not None, "fl_b1 runs in a parallel branch"
     cancel.wait(30)
     # Take a moment more: a run that settled its failure without waiting for this branch

@@ -20,7 +20,8 @@ import marbles_rq as mr
 from marbles_rq.controller import Controller
 from marbles_rq.engine import ops
 from marbles_rq.engine.authoring import REGISTRY
-from marbles_rq.engine.execute import Limits, execute
+from marbles_rq.engine.context import Limits
+from marbles_rq.engine.execute import execute
 from marbles_rq.engine.ops import RunRequest, prepare
 from marbles_rq.engine.runs import RunStore, event
 from marbles_rq.store import open_store

@@ -1,5 +1,5 @@
 """A model-checked store: Hypothesis drives the run transitions in random interleavings
-through the real store API (RunStore, WaitStore, flowctl, scripts.py) against a real
+through the real store API (RunStore, WaitStore, limits, scripts.py) against a real
 redis-server, next to a small reference model in Python, and checks after every step:
 
 * the store agrees with the model (status, delivery number, deferred deliveries,
@@ -58,7 +58,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from marbles_rq.engine import flow, flowctl
+from marbles_rq.engine import fanout, limits
 from marbles_rq.engine.runs import Execution, RunStore, event
 from marbles_rq.engine.waits import (
     AlreadyAnsweredError,
@@ -211,7 +211,7 @@ class StoreModel(RuleBasedStateMachine):
         return m.status in TERMINAL
 
     def _limit_keys(self) -> tuple[str, str]:
-        lid = flowctl.limit_id("limited", "")
+        lid = limits.limit_id("limited", "")
         return self.keys.limit_slots(lid), self.keys.limit_holders(lid)
 
     def _run_keys(self, m: MRun) -> list[str]:
@@ -354,7 +354,7 @@ class StoreModel(RuleBasedStateMachine):
     def _wake_parent(self, m: MRun) -> None:
         if m.parent is not None:
             parent = self.model[m.parent]
-            flow.wake_parent(self.runs, m.parent, m.id, None)
+            fanout.wake_parent(self.runs, m.parent, m.id, None)
             self._wake_model(parent, "child", self._server_ms())
 
     # -- rules: recording ------------------------------------------------------------------
@@ -387,7 +387,7 @@ class StoreModel(RuleBasedStateMachine):
                   and self._children_started() < MAX_CHILDREN)
     @rule(i=st.integers(0, 50), j=st.integers(0, 50), whole=st.booleans())
     def child_note(self, i: int, j: int, whole: bool) -> None:
-        """flow.start_child's first write: note_child names the child in the parent's ledger
+        """fanout.start_child's first write: note_child names the child in the parent's ledger
         (fenced: a stale, finished, cancel-requested or paused parent notes none). `whole`:
         the child is recorded and its entry committed at once; else later (child_record),
         whatever happens meanwhile (a frozen parent)."""
@@ -445,7 +445,7 @@ class StoreModel(RuleBasedStateMachine):
         self.order.append(cid)
         if not parent.purged:
             parent.children.append(cid)
-        # engine/flow.start_child: after the record the parent's execution reads its own run;
+        # engine/fanout.start_child: after the record the parent's execution reads its own run;
         # finished, cancelled or asked to be, or purged, it cancels the child at once instead
         # of delivering it (a cancel's walk may have passed before the child existed, and a
         # parent that finished or is gone would never gather it).
@@ -465,7 +465,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 50), short=st.booleans(), old=st.booleans())
     def start(self, i: int, short: bool, old: bool) -> None:
-        """A delivery starts (flowctl.start: a slot first for a limited run). `old`: the
+        """A delivery starts (limits.start: a slot first for a limited run). `old`: the
         delivery before the current one; `short`: its lease expires at once."""
         m = self._pick(i)
         if m is None:
@@ -474,7 +474,7 @@ class StoreModel(RuleBasedStateMachine):
         attempt = m.attempt - 1 if old and m.attempt > 1 else m.attempt
         stale_delivery = attempt != m.attempt
         worker = f"w{self._next()}"
-        started = flowctl.start(self.runs, m.id, attempt, ttl_ms=1 if short else LONG_MS,
+        started = limits.start(self.runs, m.id, attempt, ttl_ms=1 if short else LONG_MS,
                                 worker=worker)
         s = started.status
         if m.purged:
@@ -941,11 +941,11 @@ class StoreModel(RuleBasedStateMachine):
             final_cancel=event(status="cancelled"), final_gave_up=event(status="failed"),
             worker=x.worker if lost else "")
         if reply.status == "redelivered" and reply.values[2]:
-            flowctl.release_vanished(self.runs, m.id, int(reply.values[0]) - 1,
+            limits.release_vanished(self.runs, m.id, int(reply.values[0]) - 1,
                                      _s(reply.values[2]))
         elif reply.status in ("gave_up", "cancelled") and reply.values[1]:
             # Item 6: a settled run's slot is freed at once, a cancelled one's too.
-            flowctl.release_vanished(self.runs, m.id, int(reply.values[0]),
+            limits.release_vanished(self.runs, m.id, int(reply.values[0]),
                                      _s(reply.values[1]))
         if m.purged or m.status != "running":
             assert reply.status == "gone", reply

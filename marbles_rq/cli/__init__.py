@@ -13,6 +13,7 @@ import click
 import redis
 
 from ..deployment import Settings
+from ..engine.authoring import SOURCE_ENV
 from ..errors import (
     BucketMismatchError,
     ConfigError,
@@ -48,7 +49,7 @@ def _version() -> str:
               help="Lane count of a new deployment: RQ keyspaces and controller shards "
                    "(default 1, or one per master on a Redis Cluster); an existing one uses "
                    "its recorded count (env MARBLES_LANE_COUNT).")
-@click.option("--source", envvar="MARBLES_SOURCE", default=None,
+@click.option("--source", envvar=SOURCE_ENV, default=None,
               help="Workflow definitions: a module path, a file, or a folder of modules "
                    "(env MARBLES_SOURCE).")
 @click.option("--rq-url", envvar="MARBLES_RQ_URL", default=None,

@@ -96,7 +96,8 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
            metrics_bind: str) -> None:
     """Execute run deliveries from RQ queues."""
     from ..engine.authoring import REGISTRY
-    from ..engine.execute import Engine, Limits
+    from ..engine.context import Limits
+    from ..engine.execute import Engine
     from ..transport.worker import MarblesWorker, run_pool, work
 
     names = _queue_names(queues)

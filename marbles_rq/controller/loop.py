@@ -33,7 +33,7 @@ from typing import Any
 import redis
 
 from .. import metrics
-from ..engine.flowctl import release_vanished
+from ..engine.limits import release_vanished
 from ..engine.runs import DISPATCH_GRACE_MS, TERMINAL, RunStore, event
 from ..errors import (
     CorruptRecordError,

@@ -86,13 +86,7 @@ class StepDef:
     result_type: Any = Any
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from .execute import check_not_in_foreign_thread, current_run
-
-        run = current_run()
-        if run is None:
-            check_not_in_foreign_thread(f"step {self.name!r}")
-            return self.fn(*args, **kwargs)
-        return run.step(self, *args, **kwargs)
+        return _route(self, args, kwargs)
 
     def delay_for(self, attempt: int) -> float:
         """Seconds to wait before attempt `attempt + 1`; `attempt` counts from 1."""
@@ -101,6 +95,26 @@ class StepDef:
         delay = self.delay_s if self.backoff == "fixed" else self.delay_s * 2 ** (attempt - 1)
         delay = min(delay, self.max_delay_s)
         return delay * random.uniform(0.5, 1.0) if self.jitter else delay
+
+
+StepRoute = Callable[[StepDef, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _call_plainly(step: StepDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return step.fn(*args, **kwargs)
+
+
+# How a decorated step is called: plainly, until the run context (engine/context.py)
+# installs its route, which takes a call made inside a run through the run's ledger. The
+# run context installs itself rather than being imported here: it sits above the
+# definitions it runs (it needs the registry's types).
+_route: StepRoute = _call_plainly
+
+
+def route_steps(route: StepRoute) -> None:
+    """Send every call of a decorated step through `route` (the run context's, once)."""
+    global _route
+    _route = route
 
 
 @dataclass
@@ -113,7 +127,7 @@ class WorkflowDef:
     max_deliveries: int = 20
     retention_s: float = 7 * 86400.0
     _input_type: Any = field(default=None, repr=False)
-    # Flow control (engine/flowctl.py): at most `concurrency` runs at once (0: no limit),
+    # Flow control (engine/limits.py): at most `concurrency` runs at once (0: no limit),
     # per value of the input field `concurrency_key` when given; `priority` is the runs'
     # default priority (higher before lower within a queue).
     concurrency: int = 0
@@ -245,8 +259,8 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     A finished run is kept `retention_s` seconds (default 7 days), then pruned.
     `concurrency=N`: at most N runs execute at once across the fleet; with
     `concurrency_key="field"`, at most N per value of that input field. `priority`: the
-    runs' default priority (see engine/flowctl.py)."""
-    from .flowctl import definition_problem
+    runs' default priority (see engine/limits.py)."""
+    from .limits import definition_problem
 
     problem = queue_problem(queue) or definition_problem(concurrency, concurrency_key,
                                                          priority)

@@ -39,7 +39,8 @@ from ..store.records import (
     ledger_order,
 )
 from .authoring import REGISTRY, Registry
-from .execute import Limits, execute
+from .context import Limits
+from .execute import execute
 from .ops import RunRequest, prepare
 from .runs import (
     TERMINAL,

@@ -11,33 +11,34 @@ import os
 import threading
 import time
 import traceback
-from collections import defaultdict
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, cast
 
 import msgspec
 import redis
 
 from .. import metrics
-from ..envvars import env_int
 from ..errors import MarblesError, RedisUnavailableError
-from ..store.records import ErrorInfo, StepRecord
+from ..store.records import ErrorInfo, RunRecord, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
-from . import flow, flowctl
+from . import context, fanout, waiting
 from .authoring import REGISTRY, Registry, StepDef
-from .flow import BranchCancelled, NonDeterminismError, ParkRun, Wait
-from .runs import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    DEFAULT_MAX_OUTPUT_LINES,
-    TIMEOUT_ERROR,
-    Execution,
-    RunStore,
-    StepStart,
-    event,
+from .context import (
+    BranchCancelled,
+    Frame,
+    Limits,
+    StepFailedError,
+    StopExecution,
+    check_branch,
+    check_not_in_foreign_thread,
+    decode_result,
+    now_ms,
 )
+from .limits import start as start_with_slot
+from .runs import TIMEOUT_ERROR, Execution, RunStore, StepStart, event
+from .waiting import NonDeterminismError, ParkRun, Wait, deliver_now
 
 log = logging.getLogger("marbles_rq.engine.execute")
 
@@ -49,15 +50,6 @@ FRESH_FLAGS_S = 0.2
 START_DELAY_S = 0.15
 
 
-class StopExecution(BaseException):
-    """The execution must stop without writing (fenced) or settle (cancelled, timed out).
-    A BaseException, so user code that catches Exception cannot swallow it."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 class StoreUnavailable(StopExecution):
     """The store could not be reached from inside the body. Not the step's failure: the
     execution stops unsettled, its lease expires, and the run is delivered again."""
@@ -67,96 +59,10 @@ class StoreUnavailable(StopExecution):
         self.cause = cause
 
 
-class StepFailedError(MarblesError):
-    code = "step_failed"
-
-    def __init__(self, error: ErrorInfo) -> None:
-        super().__init__(f"step {error.step} failed: {error.type}: {error.message}")
-        self.error = error
-
-
-class ValueTooLargeError(MarblesError):
-    """A run tried to write a value over its configured limit; nothing was written."""
-
-    code = "value_too_large"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one run may write. Each from an environment variable of the worker."""
-
-    write_bytes: int = 1 << 20        # one stream.write          MARBLES_MAX_WRITE
-    log_bytes: int = 1 << 20          # one log line              MARBLES_MAX_LOG
-    step_result_bytes: int = 1 << 20  # one step's result         MARBLES_MAX_STEP_RESULT
-    result_bytes: int = 1 << 20       # the run's result          MARBLES_MAX_RESULT
-    output_lines: int = DEFAULT_MAX_OUTPUT_LINES  # lines per run MARBLES_MAX_OUTPUT_LINES
-    output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES  # bytes per run MARBLES_MAX_OUTPUT_BYTES
-
-    ENV: ClassVar[dict[str, str]] = {
-           "write_bytes": "MARBLES_MAX_WRITE", "log_bytes": "MARBLES_MAX_LOG",
-           "step_result_bytes": "MARBLES_MAX_STEP_RESULT", "result_bytes": "MARBLES_MAX_RESULT",
-           "output_lines": "MARBLES_MAX_OUTPUT_LINES", "output_bytes": "MARBLES_MAX_OUTPUT_BYTES"}
-
-    @classmethod
-    def from_env(cls) -> Limits:
-        defaults = cls()
-        return cls(**{name: env_int(var, getattr(defaults, name),
-                                    unit="lines" if name == "output_lines" else "bytes")
-                      for name, var in cls.ENV.items()})
-
-    def check(self, what: str, size: int, limit: int, field_name: str) -> None:
-        if size > limit:
-            raise ValueTooLargeError(f"{what} is {size:,} bytes, over the limit of {limit:,} "
-                                     f"({self.ENV[field_name]}); nothing was written")
-
-
-_current: ContextVar[RunContext | None] = ContextVar("marbles_run", default=None)
-# The frames of the thread executing (a parallel branch has its own), and the event that
-# tells a branch its sibling failed.
-_frames: ContextVar[list[Frame] | None] = ContextVar("marbles_frames", default=None)
-_branch_cancel: ContextVar[threading.Event | None] = ContextVar("marbles_branch", default=None)
-_ACTIVE: list[RunContext] = []  # the run executing in this process, if any
-
-
-def current_run() -> RunContext | None:
-    """The run whose body is executing in this thread, if any."""
-    return _current.get()
-
-
-def check_not_in_foreign_thread(what: str) -> None:
-    """A recorded call from a thread the body started would go unrecorded: refuse it."""
-    if _ACTIVE and _current.get() is None:
-        raise MarblesError(f"{what} was called from a thread that run {_ACTIVE[0].run_id} "
-                           f"started; it would not be recorded. Run concurrent steps with "
-                           f"mr.parallel(...)")
-
-
-@dataclass
-class Frame:
-    """One (re)entry of a step body, or the workflow body: its path and call counters."""
-
-    path: str
-    counters: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
-    seq: int = 0  # recorded calls made in this frame so far (steps, timers, children)
-    # Which entry of the frame this is: the path with the try of each step on the way (a
-    # retried step's writes are new output; a replay of the same try writes nothing again).
-    tag: str = ""
-    writes: int = 0  # output writes made in this entry so far: the next one's index
-
-    def write_position(self) -> tuple[str, int]:
-        """The position of the next output write here: (entry id, index)."""
-        index = self.writes
-        self.writes += 1
-        return hashlib.sha1((self.tag or self.path).encode()).hexdigest()[:16], index
-
-
 def current(what: str = "mr.current()") -> RunContext:
-    run = _current.get()
-    if run is None:
-        # In a thread the body started, say so (and what to use instead), not "not inside".
-        check_not_in_foreign_thread(what)
-        raise MarblesError("not inside a marbles-rq run")
-    return run
+    """The run executing in this thread, as its body holds it (`mr.current()`)."""
+    # The executor installs only its own RunContext (engine/context.enter).
+    return cast(RunContext, context.current(what))
 
 
 def _error(exc: BaseException, step: str = "") -> ErrorInfo:
@@ -215,8 +121,8 @@ class RunContext:
         self._watchdog = watchdog
         self.deliver = deliver
         self.registry = registry or REGISTRY
-        self.ask = flow.Ask(self)
-        self.report = flow.Reporter(self)
+        self.ask = waiting.Ask(self)
+        self.report = waiting.Reporter(self)
         # One frame per step body entered. A frame gets fresh counters on every (re)entry,
         # so a retried step replays its children at the positions it used before.
         self.root_frames: list[Frame] = [Frame(ex.record.name)]
@@ -227,16 +133,16 @@ class RunContext:
             cut = record.key.rfind(f".{record.name}#")
             if record.seq >= 0 and cut > 0:
                 self.recorded_at[(record.key[:cut], record.seq)] = record
-        self._asks: dict[str, Any] | None = None
+        self.found_asks: dict[str, dict[str, Any]] | None = None
         # Child run id -> the ledger key of the call that took it in this execution. The
         # ledger shows a child only once committed: parallel branches starting children at
-        # once must each see the other's before either records its child (engine/flow.py).
+        # once must each see the other's before either records its child (engine/fanout.py).
         self.child_ids: dict[str, str] = {}
         self.child_ids_lock = threading.Lock()
 
     @property
     def _frames(self) -> list[Frame]:
-        return _frames.get() or self.root_frames
+        return context.thread_frames() or self.root_frames
 
     @property
     def frame(self) -> Frame:
@@ -259,24 +165,24 @@ class RunContext:
     def sleep(self, seconds: float) -> None:
         """Park the run for `seconds` (durable: the controller wakes it, on the server's
         clock, after any restart). Holds no worker while it waits."""
-        flow.sleep(self, seconds)
+        waiting.sleep(self, seconds)
 
     def sleep_until(self, when: Any) -> None:
         """Park the run until `when` (a timezone-aware datetime)."""
-        flow.sleep_until(self, when)
+        waiting.sleep_until(self, when)
 
     def start_child(self, workflow: str, input: Any = None, key: str | None = None
-                    ) -> flow.ChildRun:
+                    ) -> fanout.ChildRun:
         """Start a child run (recorded before it is enqueued, under a stable id)."""
-        return flow.start_child(self, workflow, input, key)
+        return fanout.start_child(self, workflow, input, key)
 
-    def gather(self, *children: flow.ChildRun) -> list[Any]:
+    def gather(self, *children: fanout.ChildRun) -> list[Any]:
         """The results of these children, parking until every one has settled."""
-        return flow.gather(self, list(children))
+        return fanout.gather(self, list(children))
 
     def parallel(self, *calls: Callable[[], Any]) -> list[Any]:
         """Run zero-argument callables (steps, usually) together; their results in order."""
-        return flow.parallel(self, list(calls))
+        return fanout.parallel(self, list(calls))
 
     @property
     def run_id(self) -> str:
@@ -313,10 +219,11 @@ class RunContext:
             # A step whose start waits for its commit (or the watchdog) writes it first: a
             # receipt never names a step the ledger does not show started, even if the run
             # is settled (cancelled, reaped) before that commit.
-            started = self._store(self.runs.write_due_starts, self.ex, math.inf)
+            started = self.call_store(self.runs.write_due_starts, self.ex, math.inf)
             if started is not None:
-                self._check(started)
-        status: str = self._store(self.runs.claim_effect, self.ex, key or self.idempotency_key)
+                self.check_reply(started)
+        status: str = self.call_store(self.runs.claim_effect, self.ex,
+                                      key or self.idempotency_key)
         if status == "stale_epoch":
             raise StopExecution("stale")
         return status == "ok"
@@ -329,7 +236,7 @@ class RunContext:
         # `ctx.step` from a thread the body started would take the workflow's own frame and
         # race the body for its positions: refused like every other recorded call.
         check_not_in_foreign_thread(f"step {definition.name!r}")
-        self._check_branch()
+        check_branch()
         key, seq = self.position(definition.name)
         digest = _digest(args, kwargs)
         recorded = self.ex.ledger.get(key)
@@ -337,7 +244,7 @@ class RunContext:
             if recorded.args and digest and recorded.args != digest:
                 self.log.warning("step %s is replayed with other arguments than it was "
                                  "recorded with; returning its recorded result", key)
-            return _decode_result(recorded.result, definition.result_type)
+            return decode_result(recorded.result, definition.result_type)
         if recorded is not None and recorded.status == "failed":
             assert recorded.error is not None
             raise StepFailedError(recorded.error)
@@ -345,7 +252,7 @@ class RunContext:
 
         def record(status: str, **extra: Any) -> StepRecord:
             return StepRecord(version=1, key=key, name=definition.name, status=status,
-                              attempts=extra.pop("attempts", attempts), at_ms=_now_ms(),
+                              attempts=extra.pop("attempts", attempts), at_ms=now_ms(),
                               seq=seq, args=digest, **extra)
 
         while True:
@@ -370,8 +277,8 @@ class RunContext:
                 metrics.step_tried(self.ex.record.name, "succeeded",
                                    time.perf_counter() - tried)
                 done = record("succeeded", result=msgspec.Raw(result))
-                self._commit(done, "step_succeeded", {"step": key, "attempt": attempts})
-                return _decode_result(done.result, definition.result_type)
+                self.commit_entry(done, "step_succeeded", {"step": key, "attempt": attempts})
+                return decode_result(done.result, definition.result_type)
             finally:
                 self._frames.pop()
             error = _error(failure, key)
@@ -379,15 +286,15 @@ class RunContext:
                                else "failed", time.perf_counter() - tried)
             if attempts <= definition.retries:
                 delay = definition.delay_for(attempts)
-                self._commit(record("running", error=error),
-                             "step_retry", {"step": key, "attempt": attempts,
-                                            "error": f"{error.type}: {error.message}",
-                                            "retry_in_s": round(delay, 3)})
+                self.commit_entry(record("running", error=error),
+                                  "step_retry", {"step": key, "attempt": attempts,
+                                                 "error": f"{error.type}: {error.message}",
+                                                 "retry_in_s": round(delay, 3)})
                 self._watchdog.sleep(delay)
                 continue
-            self._commit(record("failed", error=error),
-                         "step_failed", {"step": key, "attempt": attempts,
-                                         "error": f"{error.type}: {error.message}"})
+            self.commit_entry(record("failed", error=error),
+                              "step_failed", {"step": key, "attempt": attempts,
+                                              "error": f"{error.type}: {error.message}"})
             raise StepFailedError(error)
 
     def _begin(self, definition: StepDef, running: StepRecord) -> None:
@@ -402,16 +309,22 @@ class RunContext:
         if definition.retries == 0 and now - ex.flags_at < FRESH_FLAGS_S and (
                 not ex.deadline_ms or ex.server_now_ms() < ex.deadline_ms):
             self._watchdog.raise_if_stopped()
-            self._check_branch()
+            check_branch()
             started_ms = ex.server_now_ms()
             self._watchdog.defer_start(StepStart(
                 running.key, running,
                 event(step=running.key, attempt=running.attempts, started_ms=started_ms),
                 now + START_DELAY_S))
             return
-        self._check(self._store(self.runs.start_step, ex, running))
+        self.check_reply(self.call_store(self.runs.start_step, ex, running))
 
-    def _store(self, call: Any, *args: Any) -> Any:
+    def prepare_child(self, workflow: str, input: bytes, child_id: str) -> RunRecord:
+        """A child run's record, its request validated as any enqueue's (engine/ops.py)."""
+        from .ops import RunRequest, prepare
+
+        return prepare(RunRequest(workflow, input, child_id, origin="child"), self.registry)
+
+    def call_store(self, call: Any, *args: Any) -> Any:
         """A store call from inside the body: unreachable Redis, or one that refuses writes
         (OOM, MISCONF, READONLY ...), stops the execution unsettled."""
         try:
@@ -423,13 +336,14 @@ class RunContext:
                 raise StoreUnavailable(exc) from exc
             raise
 
-    def _commit(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
-        self._check(self._commit_status(record, event_type, data))
+    def commit_entry(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
+        self.check_reply(self.commit_entry_reply(record, event_type, data))
 
-    def _commit_status(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> str:
+    def commit_entry_reply(self, record: StepRecord, event_type: str,
+                           data: dict[str, Any]) -> str:
         """Commit a ledger entry; the reply, not yet checked (the caller acts on it first)."""
-        status: str = self._store(self.runs.commit_step, self.ex, record, event_type,
-                             msgspec.json.encode(data))
+        status: str = self.call_store(self.runs.commit_step, self.ex, record, event_type,
+                                      msgspec.json.encode(data))
         if status in ("ok", "cancelled", "paused"):
             self.ex.ledger[record.key] = record
         return status
@@ -440,28 +354,22 @@ class RunContext:
         # A write has a position in the body (its frame entry and its index there), so a
         # replay writes nothing again. One from a thread the body started has none: its
         # place among the body's writes is not the same from one execution to the next.
-        position = self.frame.write_position() if _current.get() is self else None
-        self._check(self._store(self._append, type, encoded, position))
+        position = self.frame.write_position() if context.current_run() is self else None
+        self.check_reply(self.call_store(self._append, type, encoded, position))
 
     def _append(self, type: str, encoded: bytes, position: tuple[str, int] | None) -> str:
         status = self.runs.write(self.ex, type, encoded, max_lines=self.limits.output_lines,
                                  max_bytes=self.limits.output_bytes, position=position)
         return "ok" if status in ("capped", "replayed") else status
 
-    def _check(self, status: str) -> None:
+    def check_reply(self, status: str) -> None:
         if status == "ok":
             self._watchdog.raise_if_stopped()
-            self._check_branch()
+            check_branch()
             return
         if status == "paused":
             raise ParkRun([Wait("paused")])
         raise StopExecution({"stale": "stale", "settled": "stale"}.get(status, status))
-
-    def _check_branch(self) -> None:
-        """A parallel branch whose sibling failed stops at its next boundary."""
-        cancel = _branch_cancel.get()
-        if cancel is not None and cancel.is_set():
-            raise BranchCancelled()
 
 
 def _digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -471,18 +379,6 @@ def _digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     except (TypeError, ValueError, OverflowError):
         return ""
     return hashlib.sha1(encoded).hexdigest()[:16]
-
-
-def _decode_result(raw: msgspec.Raw, result_type: Any) -> Any:
-    data = bytes(raw)
-    try:
-        return msgspec.json.decode(data, type=result_type)
-    except msgspec.ValidationError:
-        return msgspec.json.decode(data)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Watchdog:
@@ -670,7 +566,7 @@ def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, wo
         count_finished(outcome.ex, outcome.status)
     if outcome.parent and outcome.status in ("succeeded", "failed", "cancelled", "timed_out"):
         # A parent waiting for this child goes on now, not at the controller's next check.
-        flow.wake_parent(runs, outcome.parent, run_id, deliver)
+        fanout.wake_parent(runs, outcome.parent, run_id, deliver)
     return outcome.status
 
 
@@ -685,6 +581,39 @@ def count_finished(ex: Execution, status: str) -> None:
                          (ex.server_now_ms() - ex.record.requested_at_ms) / 1000)
 
 
+def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
+             deliver: Callable[[str, str, int], bool] | None) -> str:
+    """Park the run for what `parked` waits for; returns the delivery's outcome."""
+    waits = parked.waits
+    reasons = {w.reason for w in waits}
+    reason = next(r for r in ("paused", "question", "child", "timer") if r in reasons)
+    wake_at = min((w.wake_at_ms for w in waits if w.wake_at_ms), default=0)
+    wait_for: dict[str, Any] = {}
+    questions = [q for w in waits for q in w.questions]
+    children = [c for w in waits for c in w.children]
+    until = min((w.until_ms for w in waits if w.until_ms), default=0)
+    if questions:
+        wait_for["questions"] = questions
+    if children:
+        wait_for["children"] = children
+    if until:
+        wait_for["until_ms"] = until
+    status, attempt, queue = runs.waits().park(
+        ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
+        asks=[a for w in waits for a in w.asks])
+    if status == "cancelled":
+        if settle_stopped(runs, ex, "cancelled") == "ok":
+            count_finished(ex, "cancelled")
+        return "cancelled"
+    if status == "requeued":
+        deliver_now(deliver, queue, ex.run_id, attempt)
+        return "requeued"
+    if status == "ok":
+        log.info("run %s attempt %s parked: %s", ex.run_id, ex.attempt, reason)
+        return "parked"
+    return status
+
+
 @dataclass(frozen=True)
 class _Outcome:
     status: str
@@ -696,8 +625,8 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
              lease_ms: int, hard_exit: bool, limits: Limits | None,
              deliver: Callable[[str, str, int], bool] | None) -> _Outcome:
     limits = limits or Limits()
-    # A run with a concurrency limit takes its slot first, or is handed back (flowctl).
-    started = flowctl.start(runs, run_id, attempt, ttl_ms=lease_ms, worker=worker)
+    # A run with a concurrency limit takes its slot first, or is handed back (engine/limits).
+    started = start_with_slot(runs, run_id, attempt, ttl_ms=lease_ms, worker=worker)
     if started.status == "corrupt":
         log.warning("run %s delivery %s: %s; failing the run", run_id, attempt, started.detail)
         runs.fail_corrupt(run_id, started.detail)
@@ -717,7 +646,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
     if parent and runs.parent_cancelled(parent):
         # The parent was cancelled (or asked to be) after this child was noted in its ledger:
         # its cancel may have walked its children before this run was recorded (the child
-        # lives in another slot; see flow.start_child). It never runs its body.
+        # lives in another slot; see fanout.start_child). It never runs its body.
         runs.cancel(run_id, f"its parent {parent} was cancelled")
         reply = settle_stopped(runs, ex, "cancelled")
         if ex.slot is not None:
@@ -737,7 +666,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
                     ex.record.name, status)
         return _Outcome("deferred")
     watchdog = Watchdog(runs, ex, hard_exit=hard_exit)
-    token = frames_token = None
+    tokens = None
     try:
         try:
             value = definition.decode_input(bytes(ex.record.input))
@@ -745,9 +674,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
             return _Outcome(_settled(runs.settle(ex, "failed", error=_error(exc)), "failed"),
                             parent, ex)
         ctx = RunContext(runs, ex, value, watchdog, limits, deliver, registry)
-        token = _current.set(ctx)
-        frames_token = _frames.set(ctx.root_frames)
-        _ACTIVE.append(ctx)
+        tokens = context.enter(ctx, ctx.root_frames)
         watchdog.start()
         status, result, error = "succeeded", b"", None
         try:
@@ -759,7 +686,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
             status, error = "failed", exc.error
         except ParkRun as park:
             watchdog.finish()
-            return _Outcome(flow.park(runs, ex, park, deliver), parent)
+            return _Outcome(park_run(runs, ex, park, deliver), parent)
         except NonDeterminismError as exc:
             status, error = "failed", ErrorInfo(type="NonDeterminism", message=str(exc),
                                                 step=exc.frame)
@@ -792,8 +719,5 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         watchdog.finish()
         if ex.slot is not None:
             ex.slot.release()  # settled, parked, handed back or stopped: no longer executing
-        if token is not None:
-            _current.reset(token)
-        if frames_token is not None:
-            _frames.reset(frames_token)
-            _ACTIVE.clear()
+        if tokens is not None:
+            context.leave(tokens)

@@ -39,7 +39,7 @@ from ..store.records import RunRecord, StepRecord
 from ..transport.first_delivery import FirstDelivery
 from ..transport.lanes import RQLike
 from .authoring import REGISTRY, InputError, Registry
-from .flowctl import delivery_queue
+from .limits import delivery_queue
 from .ops import check_origin
 from .runs import TERMINAL, RunNotFoundError, RunStore, RunView
 

@@ -115,7 +115,7 @@ class Execution:
     # When (monotonic) a reply last said the run was not cancelled, paused or past its
     # deadline: start_attempt, start_step or commit_step (measured before the send).
     flags_at: float = field(default_factory=time.monotonic)
-    # The concurrency slot this execution holds (engine/flowctl.Slot), renewed with its lease.
+    # The concurrency slot this execution holds (engine/limits.Slot), renewed with its lease.
     slot: Any = None
     # When (monotonic, before the send) the lease was last set: start_attempt, a renewal, or
     # a commit that extended it. A commit extends it only when the watchdog's renewals
@@ -140,7 +140,7 @@ class Started:
     # ok | missing | settled | stale_attempt | busy | cancelled | timed_out | corrupt |
     # waiting (parked: a wake makes a new delivery) | paused (parked now: a pause was asked)
     # | needs_slot (detail: the run's limit) | held (its limit is full: handed back; both
-    # engine/flowctl.py)
+    # engine/limits.py)
     status: str
     execution: Execution | None = None
     detail: str = ""
@@ -275,7 +275,7 @@ class RunStore:
     # -- recording -------------------------------------------------------------------------
 
     def _claim_args(self, record: RunRecord) -> dict[str, Any]:
-        from .flowctl import delivery_queue, limit_field
+        from .limits import delivery_queue, limit_field
 
         check_id(record.id, "run id")
         # The hash's `queue` is the RQ-side queue every delivery of the run goes to: its
@@ -342,7 +342,7 @@ class RunStore:
 
     def start(self, run_id: str, attempt: int, *, ttl_ms: int, worker: str,
               slot: bool = False, slot_until: int = 0) -> Started:
-        """`slot`: the caller holds the run's concurrency slot (engine/flowctl.py, which
+        """`slot`: the caller holds the run's concurrency slot (engine/limits.py, which
         calls this), until `slot_until` (the lease ends no later); without it a run with a
         limit answers needs_slot."""
         keys = self.keys.run_keys(run_id)

@@ -24,7 +24,6 @@ from .authoring import InputError
 from .runs import DISPATCH_GRACE_MS, Execution, RunNotFoundError, RunStore, event, stamp
 
 REASONS = ("question", "timer", "child", "paused")
-MAX_CHOICES = 9
 MAX_KEY = 128
 
 

@@ -104,7 +104,7 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     # the ledger entries before that step were copied from that run (engine/rerun.py).
     rerun_of: str = ""
     rerun_from_step: str = ""
-    # Flow control (engine/flowctl.py), fixed when the run is recorded: its priority (higher
+    # Flow control (engine/limits.py), fixed when the run is recorded: its priority (higher
     # before lower within its queue), and its concurrency limit (0: none) with the label of
     # the limit's key ("customer=acme"; "" for a workflow-wide limit).
     priority: int = 0

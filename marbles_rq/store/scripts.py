@@ -611,7 +611,7 @@ class Scripts:
         return self._reply("defer_run", [keys.run, keys.leases, keys.dispatch, keys.output],
                            [epoch, run_id, delay_ms, note, event], ("ok", "stale", "settled"))
 
-    # -- flow control (marbles_rq/engine/flowctl.py) ------------------------------------
+    # -- flow control (marbles_rq/engine/limits.py) ------------------------------------
 
     def acquire_slot(self, *, slots_key: str, holders_key: str, run_id: str, attempt: int,
                      token: str, limit: int, ttl_ms: int) -> Reply:

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import redis
 
 from marbles_rq.engine import ops
-from marbles_rq.engine.flowctl import limit_id
+from marbles_rq.engine.limits import limit_id
 from marbles_rq.engine.rerun import rerun
 from marbles_rq.engine.runs import TERMINAL, RunNotFoundError, RunStore
 from marbles_rq.engine.waits import AlreadyAnsweredError, NotPausedError, WaitStore

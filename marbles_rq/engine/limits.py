@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from .authoring import WorkflowDef
     from .runs import RunStore, Started
 
-log = logging.getLogger("marbles_rq.engine.flowctl")
+log = logging.getLogger("marbles_rq.engine.limits")
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 BAND_SEP = "~"
