@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from marbles_rq.engine import limits
+from marbles_rq.engine import limit_specs, limits
 from marbles_rq.engine.authoring import load_source
 from marbles_rq.engine.ops import RunRequest, enqueue_many
 from marbles_rq.engine.runs import RunStore
@@ -53,7 +53,7 @@ def _enqueue(url: str, requests: list[RunRequest]) -> None:
 
 
 def _slots_key(name: str, label: str = "") -> str:
-    return Keyspace(prefix=PREFIX).limit_slots(limits.limit_id(name, label))
+    return Keyspace(prefix=PREFIX).limit_slots(limit_specs.limit_id(name, label))
 
 
 class HolderWatch(threading.Thread):
@@ -289,7 +289,7 @@ def test_kill_of_a_slot_holder(procs: Procs) -> None:
         assert [m for m, _ in holds] == [first["run"]]
         killed_at = time.monotonic()
         victim.kill9()
-        holders = Keyspace(prefix=PREFIX).limit_holders(limits.limit_id("solo", ""))
+        holders = Keyspace(prefix=PREFIX).limit_holders(limit_specs.limit_id("solo", ""))
 
         def killed_hold_gone() -> bool:
             """The killed delivery no longer holds a live slot: released, taken over by
@@ -350,7 +350,7 @@ def test_priorities_high_before_low(procs: Procs) -> None:
     assert "mrq.default~5" in info.stdout and "mrq.default~7" in info.stdout, info.stdout
     # The deployment's prefix is still everything before a band's last '.' (the delivery
     # id checks and MarblesIntermediateQueue.cleanup rely on it).
-    assert limits.band_queue("mrq.default", 5).rpartition(".")[0] == "mrq"
+    assert limit_specs.band_queue("mrq.default", 5).rpartition(".")[0] == "mrq"
     # The worker reads which bands exist at most every BAND_REFRESH_S: the blocker started
     # (its pop read them) before the bands existed, so hold it that long.
     wait_for(lambda: time.monotonic() - blocked_at > BAND_REFRESH_S + 0.2,

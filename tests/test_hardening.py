@@ -22,8 +22,9 @@ from marbles_rq.engine import ops
 from marbles_rq.engine.authoring import REGISTRY
 from marbles_rq.engine.context import Limits
 from marbles_rq.engine.execute import execute
+from marbles_rq.engine.execution import event
 from marbles_rq.engine.ops import RunRequest, prepare
-from marbles_rq.engine.runs import RunStore, event
+from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
 from marbles_rq.store.records import WorkspaceEntry
 from marbles_rq.transport.dispatch import rq_connection

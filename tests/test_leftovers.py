@@ -22,8 +22,9 @@ import redis
 
 from marbles_rq.engine.authoring import REGISTRY
 from marbles_rq.engine.execute import execute
+from marbles_rq.engine.execution import Execution
 from marbles_rq.engine.ops import RunRequest, prepare
-from marbles_rq.engine.runs import Execution, OutputEvent, RunStore, RunView
+from marbles_rq.engine.runs import OutputEvent, RunStore, RunView
 from marbles_rq.store import open_store
 from marbles_rq.store.records import StepRecord
 from tests import leftover_workflows as lw

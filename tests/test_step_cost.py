@@ -18,8 +18,9 @@ import pytest
 import marbles_rq as mr
 from marbles_rq.engine.authoring import REGISTRY
 from marbles_rq.engine.execute import FRESH_FLAGS_S, START_DELAY_S, execute
+from marbles_rq.engine.execution import StepStart
 from marbles_rq.engine.ops import RunRequest, prepare
-from marbles_rq.engine.runs import OutputEvent, RunStore, StepStart
+from marbles_rq.engine.runs import OutputEvent, RunStore
 from marbles_rq.engine.waits import WaitStore
 from marbles_rq.store import open_store
 from marbles_rq.store.records import StepRecord, encode

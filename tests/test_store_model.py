@@ -58,8 +58,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from marbles_rq.engine import fanout, limits
-from marbles_rq.engine.runs import Execution, RunStore, event
+from marbles_rq.engine import fanout, limit_specs, limits
+from marbles_rq.engine.execution import Execution, event
+from marbles_rq.engine.runs import RunStore
 from marbles_rq.engine.waits import (
     AlreadyAnsweredError,
     NotPausedError,
@@ -211,7 +212,7 @@ class StoreModel(RuleBasedStateMachine):
         return m.status in TERMINAL
 
     def _limit_keys(self) -> tuple[str, str]:
-        lid = limits.limit_id("limited", "")
+        lid = limit_specs.limit_id("limited", "")
         return self.keys.limit_slots(lid), self.keys.limit_holders(lid)
 
     def _run_keys(self, m: MRun) -> list[str]:

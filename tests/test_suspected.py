@@ -27,7 +27,7 @@ import pytest
 import marbles_rq as mr
 from marbles_rq.controller import Controller
 from marbles_rq.controller.waiting import WaitingDuty
-from marbles_rq.engine import limits
+from marbles_rq.engine import limit_specs, limits
 from marbles_rq.engine.authoring import REGISTRY
 from marbles_rq.engine.execute import execute
 from marbles_rq.engine.ops import RunRequest, prepare
@@ -179,7 +179,7 @@ def test_a_run_reaped_as_cancelled_frees_its_slot_and_cancels_its_children(
     kid = obs.view("b-1.kid")
     assert kid is not None and kid.status == "queued", kid
     _kill_tree(worker)
-    limit = limits.limit_id("sus_limited_parent", "")
+    limit = limit_specs.limit_id("sus_limited_parent", "")
     slots, holders = runs.keys.limit_slots(limit), runs.keys.limit_holders(limit)
     expiry = runs.client.zscore(slots, "b-1")
     assert expiry is not None and expiry > _server_ms(runs) + 10_000, expiry
@@ -201,7 +201,7 @@ def sus_lim1(ctx: mr.RunContext) -> str:
 
 
 def _live_holds(runs: RunStore, name: str) -> list[str]:
-    slots = runs.keys.limit_slots(limits.limit_id(name, ""))
+    slots = runs.keys.limit_slots(limit_specs.limit_id(name, ""))
     now = _server_ms(runs)
     return sorted(m.decode() for m, at in runs.client.zrange(slots, 0, -1, withscores=True)
                   if at > now)
@@ -213,7 +213,7 @@ def _started(runs: RunStore, run_id: str, ttl_ms: int, worker: str) -> Any:
     ex = started.execution
     assert ex.slot is not None
     lease = runs.client.zscore(runs.keys.run_keys(run_id).leases, run_id)
-    hold = runs.client.zscore(runs.keys.limit_slots(limits.limit_id("sus_lim1", "")), run_id)
+    hold = runs.client.zscore(runs.keys.limit_slots(limit_specs.limit_id("sus_lim1", "")), run_id)
     assert lease is not None and hold is not None
     assert lease <= hold  # a live lease lies within its hold
     return ex
@@ -241,7 +241,7 @@ def test_an_execution_frozen_past_its_lease_neither_retakes_its_slot_nor_writes(
     x = _started(runs, "c-x", 1_000, "wx")
     assert _commit(runs, x, 0) == "ok"
     lease = runs.client.zscore(runs.keys.run_keys("c-x").leases, "c-x")
-    hold = runs.client.zscore(runs.keys.limit_slots(limits.limit_id("sus_lim1", "")), "c-x")
+    hold = runs.client.zscore(runs.keys.limit_slots(limit_specs.limit_id("sus_lim1", "")), "c-x")
     assert lease is not None and hold is not None
     wait_for(lambda: _server_ms(runs) > max(lease, hold), timeout=10,
              what="X's lease and hold to expire")

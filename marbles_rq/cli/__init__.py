@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"Redis: {type(exc).__name__}: {_first_line(exc)}", EXIT_REDIS)
     except MarblesError as exc:
         from ..engine.authoring import DefinitionError, InputError, UnknownWorkflowError
-        from ..engine.runs import RunNotFoundError
+        from ..engine.execution import RunNotFoundError
         from ..triggers.schedules import UnknownScheduleError
 
         bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError,

@@ -12,6 +12,7 @@ import click
 
 from ..deployment import Settings
 from ..engine.authoring import InputError
+from ..engine.execution import RunNotFoundError
 from ..engine.ops import (
     MAX_PAYLOAD_ENV,
     PayloadTooLargeError,
@@ -21,7 +22,7 @@ from ..engine.ops import (
     prepare,
 )
 from ..engine.output_lines import format_event
-from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunNotFoundError, RunStore, RunView
+from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunStore, RunView
 from ..terminal import safe
 
 

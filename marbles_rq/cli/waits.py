@@ -10,7 +10,6 @@ import click
 import redis
 
 from ..deployment import Settings
-from ..engine.runs import RunStore
 from ..engine.waits import Answered, Question, WaitStore
 from ..errors import MarblesError
 from ..store.ids import check_id
@@ -22,7 +21,7 @@ def _waits(settings: Settings, *, read_only: bool = False) -> WaitStore:
     return WaitStore(settings.runs(read_only=read_only))
 
 
-def _enqueue(settings: Settings, runs: RunStore, run_id: str, attempt: int, queue: str) -> str:
+def _enqueue(settings: Settings, run_id: str, attempt: int, queue: str) -> str:
     """Enqueue the woken run's delivery now; the controller dispatches it if this fails."""
     try:
         settings.rq().enqueue(queue, run_id, attempt)
@@ -35,7 +34,7 @@ def _answered(settings: Settings, waits: WaitStore, run_id: str, done: Answered,
               what: str) -> None:
     tail = ""
     if done.woken_attempt:
-        tail = "; run woken" + _enqueue(settings, waits.runs, run_id, done.woken_attempt,
+        tail = "; run woken" + _enqueue(settings, run_id, done.woken_attempt,
                                         done.queue)
     else:
         tail = "; the run sees it when it next replays"
@@ -162,7 +161,7 @@ def resume(settings: Settings, run_id: str) -> None:
     waits = _waits(settings)
     outcome, attempt, queue = waits.resume(run_id)
     if outcome == "woken":
-        tail = _enqueue(settings, waits.runs, run_id, attempt, queue)
+        tail = _enqueue(settings, run_id, attempt, queue)
         click.echo(f"run {run_id} resumed (delivery {attempt}){tail}")
     elif outcome == "resumed":
         click.echo(f"run {run_id} resumed before it parked; it carries on")

@@ -33,8 +33,9 @@ from typing import Any
 import redis
 
 from .. import metrics
+from ..engine.execution import DISPATCH_GRACE_MS, event
 from ..engine.limits import release_vanished
-from ..engine.runs import DISPATCH_GRACE_MS, TERMINAL, RunStore, event
+from ..engine.runs import TERMINAL, RunStore
 from ..errors import (
     CorruptRecordError,
     MarblesError,

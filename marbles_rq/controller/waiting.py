@@ -20,7 +20,8 @@ import msgspec
 import redis
 
 from .. import metrics
-from ..engine.runs import DISPATCH_GRACE_MS, TERMINAL
+from ..engine.execution import DISPATCH_GRACE_MS
+from ..engine.runs import TERMINAL
 from ..errors import MarblesError
 from ..store.redis_errors import one_line
 

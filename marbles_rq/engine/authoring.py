@@ -260,7 +260,7 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     `concurrency=N`: at most N runs execute at once across the fleet; with
     `concurrency_key="field"`, at most N per value of that input field. `priority`: the
     runs' default priority (see engine/limits.py)."""
-    from .limits import definition_problem
+    from .limit_specs import definition_problem
 
     problem = queue_problem(queue) or definition_problem(concurrency, concurrency_key,
                                                          priority)

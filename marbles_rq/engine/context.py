@@ -29,7 +29,8 @@ from .runs import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_OUTPUT_LINES
 
 if TYPE_CHECKING:
     from .authoring import Registry, StepDef
-    from .runs import Execution, RunStore
+    from .execution import Execution
+    from .runs import RunStore
 
 
 class StopExecution(BaseException):

@@ -41,18 +41,9 @@ from ..store.records import (
 from .authoring import REGISTRY, Registry
 from .context import Limits
 from .execute import execute
+from .execution import Execution, stamp, take_due_starts
 from .ops import RunRequest, prepare
-from .runs import (
-    TERMINAL,
-    Execution,
-    OutputEvent,
-    Recorded,
-    RunStore,
-    RunView,
-    Started,
-    stamp,
-    take_due_starts,
-)
+from .runs import TERMINAL, OutputEvent, Recorded, RunStore, RunView, Started
 from .waits import Question
 
 DRY_LEASE_MS = 3_600_000  # no lease to keep: the watchdog renews in memory, rarely

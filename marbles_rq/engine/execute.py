@@ -36,8 +36,9 @@ from .context import (
     decode_result,
     now_ms,
 )
+from .execution import Execution, StepStart, event
 from .limits import start as start_with_slot
-from .runs import TIMEOUT_ERROR, Execution, RunStore, StepStart, event
+from .runs import TIMEOUT_ERROR, RunStore
 from .waiting import NonDeterminismError, ParkRun, Wait, deliver_now
 
 log = logging.getLogger("marbles_rq.engine.execute")

@@ -39,10 +39,8 @@ bands high to low.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
-import re
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -53,19 +51,15 @@ import redis
 
 from ..errors import RedisUnavailableError
 from ..store.redis_errors import one_line
+from .limit_specs import MAX_KEY_VALUE
 
 if TYPE_CHECKING:
     from ..store.keys import Keyspace
-    from ..store.records import RunRecord
     from .authoring import WorkflowDef
     from .runs import RunStore, Started
 
 log = logging.getLogger("marbles_rq.engine.limits")
 
-PRIORITY_MIN, PRIORITY_MAX = -100, 100
-BAND_SEP = "~"
-_BAND = re.compile(r"(.+)~(-?[1-9][0-9]{0,2})")
-MAX_KEY_VALUE = 256  # characters of a concurrency key's value
 # A held run is looked at again after HOLD_BASE_MS, then 1.5x longer per hold, at most
 # HOLD_CAP_MS, each jittered by +-25 %: runs held together do not come back together, and a
 # long wait costs a delivery every ~2 s, never a hot loop.
@@ -74,26 +68,6 @@ HOLD_CAP_MS = 2_000
 
 
 # -- definitions and requests ------------------------------------------------------------------
-
-
-def priority_problem(value: Any) -> str | None:
-    if type(value) is not int or not PRIORITY_MIN <= value <= PRIORITY_MAX:
-        return (f"invalid priority {value!r}: use a whole number from {PRIORITY_MIN} to "
-                f"{PRIORITY_MAX} (higher runs first; default 0)")
-    return None
-
-
-def definition_problem(concurrency: Any, key: Any, priority: Any) -> str | None:
-    """Why these workflow options are invalid, or None."""
-    if concurrency is not None and (type(concurrency) is not int or concurrency < 1):
-        return (f"invalid concurrency {concurrency!r}: use a whole number >= 1 (omit it for "
-                f"no limit)")
-    if key is not None:
-        if concurrency is None:
-            return "concurrency_key needs concurrency=N (the limit per key)"
-        if not isinstance(key, str) or not key:
-            return f"invalid concurrency_key {key!r}: name a field of the workflow's input"
-    return priority_problem(priority)
 
 
 def limit_of(definition: WorkflowDef, recorded_input: bytes) -> tuple[int, str]:
@@ -121,37 +95,6 @@ def limit_of(definition: WorkflowDef, recorded_input: bytes) -> tuple[int, str]:
         raise InputError(f"input field {key_field!r} (the concurrency key of workflow "
                          f"{definition.name!r}) must be 1 to {MAX_KEY_VALUE} characters")
     return definition.concurrency, f"{key_field}={text}"
-
-
-def limit_id(name: str, label: str) -> str:
-    """The id of a limit's keys: a digest, so any workflow name or key value makes a valid,
-    fixed-length hash tag."""
-    return hashlib.sha1(f"{name}\0{label}".encode()).hexdigest()[:20]
-
-
-def limit_field(record: RunRecord) -> str:
-    """The run hash's `limit` field for `record` ("" without a limit)."""
-    if not record.concurrency:
-        return ""
-    return f"{record.concurrency}|{limit_id(record.name, record.concurrency_label)}|" \
-           f"{record.concurrency_label or record.name}"
-
-
-def band_queue(queue: str, priority: int) -> str:
-    """The marbles-side name of the RQ queue carrying runs of `priority` on `queue`."""
-    return queue if priority == 0 else f"{queue}{BAND_SEP}{priority}"
-
-
-def delivery_queue(record: RunRecord) -> str:
-    return band_queue(record.queue, record.priority)
-
-
-def parse_band(name: str) -> tuple[str, int]:
-    """(queue, priority) of a band's name; (name, 0) for a queue's own."""
-    match = _BAND.fullmatch(name)
-    if match is None:
-        return name, 0
-    return match.group(1), int(match.group(2))
 
 
 # -- slots -------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from ..store.ids import check_id
 from ..store.records import RunRecord
 from ..transport.first_delivery import FirstDelivery
 from ..transport.lanes import RQLike
-from . import limits
+from . import limit_specs, limits
 from .authoring import REGISTRY, InputError, Registry, queue_problem
 from .runs import Recorded, RunStore
 
@@ -113,7 +113,7 @@ class RunRequest:
     # than dropping them silently as msgspec does by default. Engine-made runs (events,
     # schedules, monitors) keep msgspec's default.
     strict: bool = False
-    # Higher runs first within the queue, PRIORITY_MIN..PRIORITY_MAX (engine/limits.py);
+    # Higher runs first within the queue, PRIORITY_MIN..PRIORITY_MAX (engine/limit_specs.py);
     # None: the workflow's default.
     priority: int | None = None
     # Who asks: "" an enqueuer; a trigger (event | schedule | monitor), the only one that may
@@ -151,7 +151,7 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
     if request.queue is not None and (problem := queue_problem(request.queue)) is not None:
         raise InvalidIdError(problem)
     if request.priority is not None and (
-            problem := limits.priority_problem(request.priority)) is not None:
+            problem := limit_specs.priority_problem(request.priority)) is not None:
         raise InputError(problem)
     definition = registry.workflow(request.name)
     _, recorded_input = definition.parse_input(request.input, strict=request.strict)
@@ -178,7 +178,7 @@ def enqueue(runs: RunStore, rq: RQLike, request: RunRequest,
 def enqueue_record(runs: RunStore, rq: RQLike, record: RunRecord) -> Enqueued:
     """`enqueue` of a request `prepare` has made into `record`."""
     recorded, dispatched = FirstDelivery(rq, runs.keys, runs.client).record(
-        lambda push: runs.record(record, push), limits.delivery_queue(record), record.id)
+        lambda push: runs.record(record, push), limit_specs.delivery_queue(record), record.id)
     return _result(recorded, dispatched=dispatched)
 
 
@@ -202,7 +202,7 @@ def enqueue_records(runs: RunStore, rq: RQLike, records: list[RunRecord]) -> lis
     queue. A run whose id exists is returned as it is and not enqueued again."""
     delivered = FirstDelivery(rq, runs.keys, runs.client).record_chunk(
         lambda pushes: runs.record_chunk(records, pushes),
-        [(limits.delivery_queue(r), r.id) for r in records])
+        [(limit_specs.delivery_queue(r), r.id) for r in records])
     return [_result(recorded, dispatched=dispatched) for recorded, dispatched in delivered]
 
 

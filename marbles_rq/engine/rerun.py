@@ -39,9 +39,10 @@ from ..store.records import RunRecord, StepRecord
 from ..transport.first_delivery import FirstDelivery
 from ..transport.lanes import RQLike
 from .authoring import REGISTRY, InputError, Registry
-from .limits import delivery_queue
+from .execution import RunNotFoundError
+from .limit_specs import delivery_queue
 from .ops import check_origin
-from .runs import TERMINAL, RunNotFoundError, RunStore, RunView
+from .runs import TERMINAL, RunStore, RunView
 
 
 class RerunError(InputError):

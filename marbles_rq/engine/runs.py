@@ -8,13 +8,11 @@ pipelined commands.
 from __future__ import annotations
 
 import logging
-import math
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import msgspec
 import redis
@@ -34,16 +32,22 @@ from ..store.records import (
     ledger_order,
 )
 from ..store.scripts import JobPush
-
-if TYPE_CHECKING:
-    from .waits import WaitStore
+from .execution import (
+    DISPATCH_GRACE_MS,
+    Execution,
+    StepStart,
+    event,
+    stamp,
+    take_due_starts,
+)
+from .limit_specs import delivery_queue, limit_field
+from .waits import WaitStore
 
 log = logging.getLogger("marbles_rq.engine.runs")
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 STATUSES = ("queued", "running", "waiting", *TERMINAL)
 DEFAULT_LEASE_MS = 10_000
-DISPATCH_GRACE_MS = 5_000
 DEFAULT_RETENTION_MS = 7 * 86400 * 1000
 # A run's output journal holds at most this many lines / bytes of stream.write and log data
 # (MARBLES_MAX_OUTPUT_LINES / MARBLES_MAX_OUTPUT_BYTES); past it a "truncated" marker.
@@ -51,16 +55,8 @@ DEFAULT_MAX_OUTPUT_LINES = 10_000
 DEFAULT_MAX_OUTPUT_BYTES = 8 << 20
 
 
-def event(**data: Any) -> bytes:
-    return msgspec.json.encode(data)
-
-
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-class RunNotFoundError(MarblesError):
-    code = "run_not_found"
 
 
 @dataclass(frozen=True)
@@ -69,70 +65,6 @@ class Recorded:
     record: RunRecord
     status: str
     enqueued: bool = False  # its first delivery was enqueued by the same call (a JobPush)
-
-
-@dataclass(eq=False)
-class StepStart:
-    """The start of a step attempt, not written yet. A step with no retries costs one
-    round trip: its commit writes this start with the outcome. Any other write of the
-    execution writes it first (so the output keeps its order), and so does the watchdog once
-    `due` (monotonic) has passed, so a step that runs longer shows as running."""
-
-    key: str
-    record: StepRecord  # status running; stamped with its place when it is written
-    event: bytes  # data of its step_started event: step, attempt, started_ms (server clock)
-    due: float
-
-    def triple(self, ex: Execution) -> tuple[str, bytes, bytes]:
-        """The start as the scripts write it, under the execution's current write number."""
-        return self.key, encode(stamp(self.record, ex)), self.event
-
-
-@dataclass
-class Execution:
-    """One execution of one delivery: the epoch fences everything it writes."""
-
-    run_id: str
-    attempt: int
-    epoch: int
-    keys: RunKeys
-    ttl_ms: int
-    record: RunRecord
-    deadline_ms: int
-    ledger: dict[str, StepRecord] = field(default_factory=dict)
-    # Each fenced write carries the next number; the scripts apply a number once, so a
-    # resend after a timeout is a no-op. The lock keeps numbers in send order.
-    seq: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    output_capped: bool = False  # the run's output cap was reached: later lines are dropped
-    # The server clock when this execution started, and the local monotonic clock then:
-    # timers are due on the server clock, and a replayed timer is fired iff its due time is
-    # at or before the start (the controller wakes it only once the server clock passed it).
-    server_ms: int = 0
-    mono_at_start: float = field(default_factory=time.monotonic)
-    # Deferred step starts not written yet, oldest first (under `lock`; see StepStart).
-    starts: dict[int, StepStart] = field(default_factory=dict)
-    # When (monotonic) a reply last said the run was not cancelled, paused or past its
-    # deadline: start_attempt, start_step or commit_step (measured before the send).
-    flags_at: float = field(default_factory=time.monotonic)
-    # The concurrency slot this execution holds (engine/limits.Slot), renewed with its lease.
-    slot: Any = None
-    # When (monotonic, before the send) the lease was last set: start_attempt, a renewal, or
-    # a commit that extended it. A commit extends it only when the watchdog's renewals
-    # (every third of the lease) fell behind: past half the lease.
-    lease_at: float = field(default_factory=time.monotonic)
-    # What start_attempt counted: 1 + redeliveries, wakes after a park, and what made this
-    # execution (first | redelivery | resumption | handback). `attempt` above is the delivery
-    # number, which every new delivery moves (a resumption too).
-    tries: int = 1
-    resumptions: int = 0
-    kind: str = "first"
-
-    def server_now_ms(self) -> int:
-        """The server clock now, as far as this process can tell without asking: never
-        behind it (a timer due this far ahead must not end early), so the local clock runs
-        from before the start request was sent, and partial milliseconds round up."""
-        return self.server_ms + math.ceil((time.monotonic() - self.mono_at_start) * 1000)
 
 
 @dataclass(frozen=True)
@@ -275,8 +207,6 @@ class RunStore:
     # -- recording -------------------------------------------------------------------------
 
     def _claim_args(self, record: RunRecord) -> dict[str, Any]:
-        from .limits import delivery_queue, limit_field
-
         check_id(record.id, "run id")
         # The hash's `queue` is the RQ-side queue every delivery of the run goes to: its
         # priority band (flow control), so redeliveries keep the run's priority.
@@ -567,8 +497,6 @@ class RunStore:
     def waits(self) -> WaitStore:
         """Questions, reports, parking and waking of this store's runs. (A method, so the
         in-memory runs of a dry run hand out their own: engine/dryrun.py.)"""
-        from .waits import WaitStore
-
         return WaitStore(self)
 
     def child_states(self, ids: list[str]) -> list[tuple[str, bytes | None, bytes | None]]:
@@ -716,18 +644,3 @@ T = TypeVar("T")
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
-
-
-def stamp(record: StepRecord, ex: Execution, after: int = 0) -> StepRecord:
-    """`record` with its place in the run's commit order: the execution's epoch and the write
-    number it is sent under (`after` more for entries of one write that must keep their
-    order, such as a park's). Under ex.lock, after `ex.seq` was raised for the write."""
-    return msgspec.structs.replace(record, epoch=ex.epoch, wseq=ex.seq + after)
-
-
-def take_due_starts(ex: Execution, now: float) -> list[StepStart]:
-    """Under ex.lock: the deferred starts due by `now` (monotonic), taken off the list."""
-    due = [s for s in ex.starts.values() if s.due <= now]
-    for start in due:
-        del ex.starts[id(start)]
-    return due

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from ..errors import CorruptRecordError, MarblesError
 from ..store import new_request_id
+from ..store.connection import Client
 from ..store.ids import check_id
+from ..store.keys import Keyspace
 from ..store.records import AskRecord, ReportRecord, StepRecord, decode, encode
+from ..store.scripts import Scripts
 from .authoring import InputError
-from .runs import DISPATCH_GRACE_MS, Execution, RunNotFoundError, RunStore, event, stamp
+from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, event, stamp
 
 REASONS = ("question", "timer", "child", "paused")
 MAX_KEY = 128
@@ -105,8 +108,24 @@ class Answered:
     queue: str
 
 
+class Runs(Protocol):
+    """What a WaitStore uses of the runs it serves (engine/runs.RunStore hands one out)."""
+
+    keys: Keyspace
+    scripts: Scripts
+    client: Client
+
+    def write_starts_locked(self, ex: Execution) -> None: ...
+
+    def flush_starts(self, ex: Execution) -> None: ...
+
+    def get(self, run_id: str) -> object | None: ...
+
+    def cancel(self, run_id: str, reason: str = ...) -> str: ...
+
+
 class WaitStore:
-    def __init__(self, runs: RunStore) -> None:
+    def __init__(self, runs: Runs) -> None:
         self.runs = runs
         self.keys = runs.keys
         self.scripts = runs.scripts

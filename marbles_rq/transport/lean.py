@@ -238,7 +238,7 @@ class LeanWorker:
         return self._lean_order or self._ordered_queues
 
     def _lean_read_bands(self) -> list[Any] | None:
-        from ..engine.limits import band_queue, parse_band
+        from ..engine.limit_specs import band_queue, parse_band
 
         base = self._ordered_queues
         sets: dict[str, Any] = {}  # RQ queues-set key -> its connection

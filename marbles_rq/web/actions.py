@@ -14,8 +14,8 @@ from typing import Any
 import redis
 
 from ..deployment import Settings
+from ..engine.execution import RunNotFoundError
 from ..engine.rerun import rerun as rerun_run
-from ..engine.runs import RunNotFoundError
 from ..engine.waits import WaitStore
 from ..errors import MarblesError
 from ..store.ids import check_id

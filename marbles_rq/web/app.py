@@ -44,9 +44,10 @@ from starlette.staticfiles import StaticFiles
 
 from ..deployment import Settings
 from ..engine.authoring import REGISTRY, InputError
+from ..engine.execution import RunNotFoundError
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.rerun import new_run_id
-from ..engine.runs import STATUSES, TERMINAL, RunNotFoundError
+from ..engine.runs import STATUSES, TERMINAL
 from ..engine.waits import AlreadyAnsweredError, WaitStore
 from ..errors import InvalidIdError, MarblesError, RedisUnavailableError
 from ..store.ids import check_id

@@ -35,9 +35,10 @@ from typing import Any, TypeVar
 import redis
 
 from marbles_rq.engine import ops
-from marbles_rq.engine.limits import limit_id
+from marbles_rq.engine.execution import RunNotFoundError
+from marbles_rq.engine.limit_specs import limit_id
 from marbles_rq.engine.rerun import rerun
-from marbles_rq.engine.runs import TERMINAL, RunNotFoundError, RunStore
+from marbles_rq.engine.runs import TERMINAL, RunStore
 from marbles_rq.engine.waits import AlreadyAnsweredError, NotPausedError, WaitStore
 from marbles_rq.errors import MarblesError
 from marbles_rq.store import open_store
