@@ -92,7 +92,6 @@ MAX_LABEL_VALUES = 100  # distinct workflow (or queue) names one process reports
 OTHER = "_other"
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # engine.authoring.QUEUE_PATTERN
 
-REDIS_ERROR_KINDS = ("timeout", "connection", "oom", "readonly", "other")
 REDELIVERY_CAUSES = ("lease_expired", "worker_lost", "delivery_lost", "delivery_failed",
                      "not_in_rq")
 

@@ -23,7 +23,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -31,7 +31,6 @@ from .. import metrics
 from ..errors import MarblesError
 
 SOURCE_ENV = "MARBLES_SOURCE"
-F = TypeVar("F", bound=Callable[..., Any])
 # RQ splits --queues on commas and names keys after the queue; keep names to a set that
 # every worker command line and every key can carry as is.
 QUEUE_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")

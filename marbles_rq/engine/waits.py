@@ -26,7 +26,6 @@ from ..store.scripts import Scripts
 from .authoring import InputError
 from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, event, stamp
 
-REASONS = ("question", "timer", "child", "paused")
 MAX_KEY = 128
 
 

@@ -51,10 +51,6 @@ LAYOUTS = (LAYOUT_V1, LAYOUT_V2)
 _SUFFIX_LEN = 4
 
 
-def _slot(text: str) -> int:
-    return crc_hqx(text.encode(), 0) & (SLOTS - 1)
-
-
 def _nibble_basis() -> list[tuple[int, int]]:
     """Echelon basis of the slot bits each nibble bit flips: (slot vector, nibble mask)."""
     basis: list[tuple[int, int]] = []

@@ -83,9 +83,6 @@ class MemoryStore:
         self.listings.setdefault(listing, {})[member] = at
         return None
 
-    def _decode_existing(self, cls: type[R], key: str) -> R:
-        return decode(cls, self.docs[key].doc, key)
-
     def _list(self, cls: type[R], listing_keys: list[str], record_key: Any) -> list[R]:
         with self._lock:
             rows = sorted((at, m) for lk in listing_keys
