@@ -23,10 +23,6 @@ ALLOWED: list[frozenset[str]] = [
         "marbles_rq.engine.waits", "marbles_rq.metrics", "marbles_rq.store",
         "marbles_rq.store.redis_store", "marbles_rq.store.scripts",
         "marbles_rq.transport.dispatch", "marbles_rq.transport.lanes"}),
-    frozenset({  # controller <-> triggers
-        "marbles_rq.controller.duties", "marbles_rq.controller.loop",
-        "marbles_rq.controller.waiting", "marbles_rq.triggers.events",
-        "marbles_rq.triggers.monitors", "marbles_rq.triggers.schedules"}),
     frozenset({  # cli (Settings) <-> web
         "marbles_rq.cli", "marbles_rq.cli.bulk", "marbles_rq.cli.control",
         "marbles_rq.cli.dev", "marbles_rq.cli.doctor", "marbles_rq.cli.dryrun",

@@ -56,7 +56,7 @@ from ..store.scripts import Reply
 from ..transport.lanes import RQLike
 
 if TYPE_CHECKING:
-    from ..controller.loop import Controller
+    from ..controller.context import DutyContext
 
 log = logging.getLogger("marbles_rq.triggers.schedules")
 
@@ -582,14 +582,14 @@ class ScheduleDuty:
 
     # -- registration and recovery ---------------------------------------------------------
 
-    def recover(self, ctl: Controller) -> int:
+    def recover(self, ctl: DutyContext) -> int:
         """Register every declared schedule and retire the registered ones the source no
         longer declares (orphaned); they resume from their stored cursors. Returns how many
         are declared here."""
         self.register(ctl)
         return len(self.registry.schedules)
 
-    def register(self, ctl: Controller) -> None:
+    def register(self, ctl: DutyContext) -> None:
         keys = ctl.keys
         epoch = ctl.epoch
         declared = {}
@@ -647,7 +647,7 @@ class ScheduleDuty:
             return str(exc)
         return None
 
-    def start_open(self, ctl: Controller, older_than_ms: int) -> int:
+    def start_open(self, ctl: DutyContext, older_than_ms: int) -> int:
         """Start the occurrences claimed (their cursor moved on) but never started."""
         keys = ctl.keys
         cutoff = ctl.server_ms() - older_than_ms
@@ -698,7 +698,7 @@ class ScheduleDuty:
         self.stats.recovered += len(requests)
         return len(requests)
 
-    def _fenced(self, ctl: Controller, reply: Reply) -> bool:
+    def _fenced(self, ctl: DutyContext, reply: Reply) -> bool:
         if reply.status == "fenced":
             ctl.step_down(f"a newer controller (epoch {_s(reply.values[0])}) acts on "
                           f"schedules")
@@ -707,7 +707,7 @@ class ScheduleDuty:
 
     # -- one pass ------------------------------------------------------------------------------
 
-    def tick(self, ctl: Controller) -> None:
+    def tick(self, ctl: DutyContext) -> None:
         """Register the declared schedules once per leadership, then make sure the firing
         thread runs for this epoch (or, unthreaded, fire what is due now)."""
         if self._registered_epoch != ctl.epoch:
@@ -731,7 +731,7 @@ class ScheduleDuty:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
 
-    def _serve(self, ctl: Controller, epoch: int) -> None:
+    def _serve(self, ctl: DutyContext, epoch: int) -> None:
         """Fire what is due, then sleep until the soonest due time (at most 1 s, at least
         5 ms so that due schedules are taken in batches), while this epoch leads. The pass
         interval of the controller does not bound lateness; every write is still fenced."""
@@ -750,7 +750,7 @@ class ScheduleDuty:
         except (redis.RedisError, MarblesError, OSError) as exc:
             log.error("schedules: %s; the next pass starts again", one_line(exc))
 
-    def fire_due(self, ctl: Controller) -> None:
+    def fire_due(self, ctl: DutyContext) -> None:
         """Fire (or move) every schedule whose due time passed: O(what is due)."""
         keys = ctl.keys
         now_ms = ctl.server_ms()
@@ -823,7 +823,7 @@ class ScheduleDuty:
         if moves and ctl.lease is not None:
             self._move(ctl, moves)
 
-    def _move(self, ctl: Controller, moves: list[_Move]) -> None:
+    def _move(self, ctl: DutyContext, moves: list[_Move]) -> None:
         keys = ctl.keys
         replies = ctl.runs.scripts.move_schedules([
             (keys.schedule_keys(m.definition.key), m.definition.key, ctl.epoch, m.expected,
@@ -837,7 +837,7 @@ class ScheduleDuty:
                          "buffered" if move.buffered not in ("", "-") else
                          "overlap or outside the catch-up window")
 
-    def _fire(self, ctl: Controller, fires: list[_Fire], now_ms: int) -> None:
+    def _fire(self, ctl: DutyContext, fires: list[_Fire], now_ms: int) -> None:
         keys = ctl.keys
         calls = []
         for f in fires:
@@ -1001,10 +1001,10 @@ class OccurrenceDuty:
     def __init__(self, schedules: ScheduleDuty) -> None:
         self.schedules = schedules
 
-    def recover(self, ctl: Controller) -> int:
+    def recover(self, ctl: DutyContext) -> int:
         return self.schedules.start_open(ctl, older_than_ms=0)
 
-    def tick(self, ctl: Controller) -> None:
+    def tick(self, ctl: DutyContext) -> None:
         """The schedules duty rechecks open occurrences itself, every few seconds."""
 
 
