@@ -29,8 +29,10 @@ ALLOWED: list[frozenset[str]] = [
         "marbles_rq.cli.events", "marbles_rq.cli.health", "marbles_rq.cli.layout",
         "marbles_rq.cli.procs", "marbles_rq.cli.rerun", "marbles_rq.cli.runs",
         "marbles_rq.cli.schedules", "marbles_rq.cli.waits", "marbles_rq.cli.web",
-        "marbles_rq.web.actions", "marbles_rq.web.app", "marbles_rq.web.reads",
-        "marbles_rq.web.settings", "marbles_rq.web.webhooks"}),
+        "marbles_rq.web.actions", "marbles_rq.web.app", "marbles_rq.web.endpoint",
+        "marbles_rq.web.reads", "marbles_rq.web.routes_admin", "marbles_rq.web.routes_live",
+        "marbles_rq.web.routes_runs", "marbles_rq.web.routes_triggers",
+        "marbles_rq.web.routes_waits", "marbles_rq.web.settings", "marbles_rq.web.webhooks"}),
 ]
 
 
