@@ -46,7 +46,6 @@ class Dispatching:
                 break
         return done
 
-
     def dispatch(self, ctl: PassContext, budget: int | None = None,
                  now_ms: int | None = None) -> int:
         """One round of dispatch checks (see `_dispatch_round`); returns how many
@@ -57,7 +56,7 @@ class Dispatching:
                         now_ms: int | None = None) -> tuple[int, int]:
         """Each recorded delivery is checked once, after the enqueuer's grace: enqueue it if
         RQ has no job for it (a crash between recording and enqueueing, a failed enqueue, a
-        deferral), then drop the check. At most `dispatch_budget` checks per pass; the
+        deferral), then drop the check. At most `budget` checks per pass; the
         missing deliveries are enqueued in one pipeline per queue. Returns (checks made,
         deliveries enqueued)."""
         budget = budget or self.budget
@@ -107,7 +106,6 @@ class Dispatching:
             ctl.runs.scripts.dispatch_done(
                 [(ctl.keys.run_keys(rid), rid, attempt) for rid, attempt in checked])
         return len(due), done
-
 
 
 def _is_int(value: Any) -> bool:

@@ -141,6 +141,5 @@ class LostDeliveries:
         return True
 
 
-
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

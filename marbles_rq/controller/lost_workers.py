@@ -99,6 +99,5 @@ class LostWorkers:
         return out
 
 
-
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

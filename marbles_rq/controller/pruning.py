@@ -111,6 +111,5 @@ class Pruning:
         return held
 
 
-
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -122,6 +122,5 @@ def _cancel_children(ctl: PassContext, run_id: str) -> None:
         log.info("run %s: cancelled %s child runs with it", run_id, len(children))
 
 
-
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -44,7 +44,6 @@ class UnknownScheduleError(MarblesError):
     code = "unknown_schedule"
 
 
-
 # -- time zones and occurrences ----------------------------------------------------------------
 
 

@@ -132,13 +132,13 @@ def _read_flash(request: Request) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _flash(response: Response, ok: bool, message: str) -> None:
+def set_flash(response: Response, ok: bool, message: str) -> None:
     raw = base64.urlsafe_b64encode(json.dumps({"ok": ok, "msg": message[:500]}).encode())
     response.set_cookie(FLASH_COOKIE, raw.decode(), max_age=60, httponly=True,
                         samesite="strict", path="/")
 
 
-def _local(target: str | None, default: str) -> str:
+def local_target(target: str | None, default: str) -> str:
     """A redirect target that stays on this server (no //host, no scheme)."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return default
@@ -155,7 +155,7 @@ def _why(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, MarblesError) else one_line(exc)
 
 
-def _why_for(exc: BaseException, detail: bool) -> str:
+def why_for(exc: BaseException, detail: bool) -> str:
     """What a page says went wrong: the error itself to whoever holds the token, and to
     anyone else a line without the Redis host, port or user it may name (logged)."""
     if detail:
@@ -187,11 +187,11 @@ def readable(web: Web) -> Callable[[Callable[[Request], Response]],
             except UNREACHABLE as exc:
                 return web.render(request, "error.html", 503, message=(
                     f"Redis is not answering: {_why(exc)}" if guard.authenticated(request)
-                    else _why_for(exc, False)))
+                    else why_for(exc, False)))
             except TROUBLE as exc:  # a refusal, a cluster without a master, a mismatch
                 log.warning("%s: %s", request.url.path, _why(exc))
                 return web.render(request, "error.html", 503, message="cannot read this "
-                                  f"page now: {_why_for(exc, guard.authenticated(request))}")
+                                  f"page now: {why_for(exc, guard.authenticated(request))}")
         return endpoint
 
     return wrap
@@ -201,10 +201,10 @@ async def write(web: Web, request: Request,
                 do: Callable[[dict[str, str]], str | tuple[str, str]], back: str) -> Response:
     """A write from a form (or a script with the token): refused without a session and its
     CSRF value; a redirect with a flash message to a browser, JSON to a script."""
-    form = await _form(request)
+    form = await read_form(request)
     guard = web.guard
     refusal = guard.write_refusal(request, form.get(CSRF_FIELD))
-    target = _local(form.get("next"), back)
+    target = local_target(form.get("next"), back)
     if refusal is not None:
         if _wants_json(request) or guard._bearer(request) is not None:
             return JSONResponse({"ok": False, "error": refusal}, status_code=403)
@@ -229,7 +229,7 @@ async def write(web: Web, request: Request,
     return _write_reply(request, target, True, message, 200)
 
 
-async def _form(request: Request) -> dict[str, str]:
+async def read_form(request: Request) -> dict[str, str]:
     """A urlencoded form (the only kind the pages send), at most MAX_FORM bytes; anything
     else reads as empty, which every write then refuses (no CSRF value)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -251,9 +251,9 @@ async def _form(request: Request) -> dict[str, str]:
     return dict(pairs)
 
 
-def _redirect_flash(target: str, ok: bool, message: str) -> Response:
+def redirect_flash(target: str, ok: bool, message: str) -> Response:
     response = RedirectResponse(target, status_code=303)
-    _flash(response, ok, message)
+    set_flash(response, ok, message)
     return response
 
 
@@ -262,4 +262,4 @@ def _write_reply(request: Request, target: str, ok: bool, message: str, status: 
     if _wants_json(request) or request.headers.get("authorization"):
         return JSONResponse({"ok": ok, "message" if ok else "error": message},
                             status_code=status)
-    return _redirect_flash(target, ok, message)
+    return redirect_flash(target, ok, message)

@@ -12,7 +12,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from . import reads
-from .endpoint import Web, _flash, _form, _local, readable
+from .endpoint import Web, local_target, read_form, readable, set_flash
 from .security import CSRF_FIELD, SESSION_COOKIE, SESSION_TTL_S
 
 
@@ -30,13 +30,13 @@ def routes(web: Web) -> list[BaseRoute]:
 
     def login_page(request: Request) -> Response:
         return web.render(request, "login.html", title="Sign in",
-                          next=_local(request.query_params.get("next"), "/runs"))
+                          next=local_target(request.query_params.get("next"), "/runs"))
 
     async def login(request: Request) -> Response:
         from .security import csrf_refusal
 
-        form = await _form(request)
-        target = _local(form.get("next"), "/runs")
+        form = await read_form(request)
+        target = local_target(form.get("next"), "/runs")
         refusal = csrf_refusal(request, form.get(CSRF_FIELD))
         if refusal is None and not guard.writable:
             refusal = "this dashboard is read-only: no token is configured"
@@ -54,13 +54,13 @@ def routes(web: Web) -> list[BaseRoute]:
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(SESSION_COOKIE, guard.session_cookie(), httponly=True,
                             samesite="strict", path="/", max_age=SESSION_TTL_S)
-        _flash(response, True, "signed in")
+        set_flash(response, True, "signed in")
         return response
 
     async def logout(request: Request) -> Response:
         from .security import csrf_refusal
 
-        form = await _form(request)
+        form = await read_form(request)
         if csrf_refusal(request, form.get(CSRF_FIELD)) is not None:
             return PlainTextResponse("refused", 403)
         guard.sign_out(request)  # a copy of the cookie is refused from now on
@@ -94,7 +94,7 @@ def elsewhere(request: Request) -> Response:
     public mode is whatever the client sent); anything else is 404."""
     path = request.url.path
     if request.method in ("GET", "HEAD") and path.endswith("/") and path != "/":
-        target = _local(path.rstrip("/"), "/runs")
+        target = local_target(path.rstrip("/"), "/runs")
         if request.url.query:
             target += "?" + request.url.query
         return RedirectResponse(target, status_code=307)

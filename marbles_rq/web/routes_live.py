@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute, Route
 from ..errors import InvalidIdError
 from ..store.ids import check_id
 from . import reads
-from .endpoint import CSRF_MARK, TROUBLE, Web, _why_for
+from .endpoint import CSRF_MARK, TROUBLE, Web, why_for
 from .routes_runs import runs_params
 from .security import CSRF_COOKIE, Guard
 
@@ -102,7 +102,7 @@ def page_stream(web: Web, fragments: dict[str, Callable[[Request], str]],
                 try:
                     html = await shared.get(key, lambda: render(request))
                 except TROUBLE as exc:
-                    yield _sse("problem", _why_for(exc, detail))
+                    yield _sse("problem", why_for(exc, detail))
                 else:
                     html = html.replace(CSRF_MARK, csrf)
                     digest = hashlib.sha256(html.encode()).hexdigest()
@@ -152,7 +152,7 @@ def output_stream(web: Web, streams: StreamSlots) -> Endpoint:
                     rows = await run_in_threadpool(reads.output_after, settings, run_id,
                                                    after)
                 except TROUBLE as exc:
-                    yield _sse("problem", _why_for(exc, detail))
+                    yield _sse("problem", why_for(exc, detail))
                     rows = []
                 for entry_id, kind, text, at_ms in rows:
                     after = entry_id

@@ -18,7 +18,7 @@ from ..engine.runs import STATUSES
 from ..errors import InvalidIdError
 from ..store.ids import check_id
 from . import reads
-from .endpoint import CSRF_MARK, Web, _redirect_flash, readable, write
+from .endpoint import CSRF_MARK, Web, readable, redirect_flash, write
 from .security import CSRF_FIELD
 
 PAGE_SIZE = 50
@@ -72,10 +72,10 @@ def routes(web: Web) -> list[BaseRoute]:
             try:
                 check_id(search, "run id")
             except InvalidIdError as exc:
-                return _redirect_flash("/runs", False, str(exc))
+                return redirect_flash("/runs", False, str(exc))
             if settings.runs(read_only=True).get(search) is not None:
                 return RedirectResponse(f"/runs/{search}", status_code=303)
-            return _redirect_flash("/runs", False, f"no run with id {search!r}")
+            return redirect_flash("/runs", False, f"no run with id {search!r}")
         ctx = runs_context(web, request)
         response = web.render(request, "runs.html", title="Runs", live="runs",
                               live_query=request.url.query, **ctx)
