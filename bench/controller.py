@@ -135,7 +135,7 @@ def run(url: str, args: Any) -> None:
     while sum(client.zcard(runs.keys.run_dispatch(b)) for b in range(runs.keys.buckets)):
         checking.append(timed_pass(ctl, client))
     print(f"\nfirst checks (each queued run's dispatch check comes due once, after the "
-          f"enqueuer's grace; budget {ctl.dispatch_budget} per pass)")
+          f"enqueuer's grace; budget {ctl.dispatching.budget} per pass)")
     print(f"  {len(checking)} passes  {summary(checking)}")
 
     # 2. steady state: everything queued, nothing due

@@ -21,12 +21,12 @@ import redis
 
 import marbles_rq as mr
 from marbles_rq.controller import Controller
+from marbles_rq.engine.authoring import DefinitionError
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
 from marbles_rq.store.keys import Keyspace
 from marbles_rq.transport.dispatch import rq_connection
 from marbles_rq.triggers.schedules import (
-    DefinitionError,
     ScheduleDuty,
     ScheduleRegistry,
     _Fire,

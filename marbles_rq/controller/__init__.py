@@ -2,6 +2,7 @@
 accepted run moving (redelivery of vanished executions, dispatch of recorded deliveries,
 deliveries lost inside RQ, retention)."""
 
-from .loop import Controller, Stats
+from .context import Stats
+from .loop import Controller
 
 __all__ = ["Controller", "Stats"]

@@ -1,10 +1,13 @@
 """What the leader keeps besides redelivery: schedules, inbound events, monitors.
 
-A duty is handed the controller on every pass as leader (`tick`) and once when this
-process wins the lease (`recover`), before any tick. Recovery runs in the seed's order
-(RECOVERY_ORDER): pending inbound events become runs, then recorded child runs are
-dispatched, then waiting runs that are due continue, then schedule occurrences claimed but
-never started are started, then schedules and monitors resume from their stored cursors.
+A duty is handed the controller, seen through controller/context.DutyContext, on every
+pass as leader (`tick`) and once when this process wins the lease (`recover`), before any
+tick. (Redelivery is the controller's own duties -- reaping, lost workers, dispatch, lost
+deliveries, pruning -- which every pass makes first, in that order: see controller/loop.py.)
+Recovery runs in the seed's order (RECOVERY_ORDER): pending inbound events become runs,
+then recorded child runs are dispatched, then waiting runs that are due continue, then
+schedule occurrences claimed but never started are started, then schedules and monitors
+resume from their stored cursors.
 
 Every write a duty makes on the controller's behalf is fenced by the controller's lease
 epoch (`ctl.epoch`) in the bucket it writes, like reap_run: pass `ctl.keys.controller_fence(
@@ -16,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .loop import Controller
+    from .context import DutyContext
 
 # Kinds in the order recovery visits them; a duty's `kind` places it.
 RECOVERY_ORDER = ("events", "children", "waiting", "occurrences", "schedules", "monitors")
@@ -25,11 +28,11 @@ RECOVERY_ORDER = ("events", "children", "waiting", "occurrences", "schedules", "
 class Duty(Protocol):
     kind: str  # one of RECOVERY_ORDER
 
-    def recover(self, ctl: Controller) -> int:
+    def recover(self, ctl: DutyContext) -> int:
         """Finish what a previous leader left; returns how many entries it handled."""
         ...
 
-    def tick(self, ctl: Controller) -> None:
+    def tick(self, ctl: DutyContext) -> None:
         """One pass as leader; costs what is due, not what exists."""
         ...
 

@@ -25,69 +25,32 @@ import socket
 import threading
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from .. import metrics
-from ..engine.execution import DISPATCH_GRACE_MS, event
-from ..engine.limits import release_vanished
-from ..engine.runs import TERMINAL, RunStore
-from ..errors import (
-    CorruptRecordError,
-    MarblesError,
-    RedisUnavailableError,
-    UnsupportedRecordVersionError,
-)
+from ..engine.runs import RunStore
+from ..errors import RedisUnavailableError
 from ..store import Lease
 from ..store.keys import CONTROLLER_LEASE
-from ..store.records import RunRecord, decode
 from ..store.redis_errors import is_outage, one_line
 from ..transport import dispatch
 from ..transport.lanes import Lanes, as_lanes
-from ..transport.liveness import WORKER_BEAT_S, WORKER_TTL_MS
+from .context import Stats
+from .dispatching import DISPATCH_BUDGET, Dispatching
 from .duties import RECOVERY_ORDER, Duty
+from .lost_deliveries import LOST_AFTER_S, LostDeliveries
+from .lost_workers import LIVENESS_GRACE_S, STALL_S, LostWorkers
+from .pruning import PRUNE_BUDGET, Pruning
+from .reaping import Reaping
 
 log = logging.getLogger("marbles_rq.controller")
 
 LEASE_NAME = CONTROLLER_LEASE  # lane 0's lease: the one lease of a single-lane deployment
-REAP_BATCH = 200          # expired leases read per bucket per pass
-LOST_WORKERS_BATCH = 100  # lost workers handled per pass
-# Lost workers are believed only after this long in contact with Redis (since the controller
-# started, won the lease, or got through an outage): workers cut off by the same outage beat
-# again within a beat once it ends, and must not all be taken for lost.
-LIVENESS_GRACE_S = WORKER_TTL_MS / 1000 + WORKER_BEAT_S
-STALL_S = 1.0  # a pass this slow to reach the lost workers' read, or that read itself, met a
-               # stalled Redis: beats may not have landed either; the grace starts again
-DISPATCH_BUDGET = 1_000   # dispatch checks per pass, over all buckets
-PRUNE_BUDGET = 200        # finished runs pruned per prune pass
-PRUNE_EVERY_S = 5.0
-HOLD_MAX_MS = 3_600_000  # a child kept for its parent is looked at again at most this late
-RECOVERY_BATCH = 5_000    # dispatch checks per round while recovering
-RECOVERY_ROUNDS = 1_000   # at most 5,000,000 entries; the rest are due in later passes
-LOST_AFTER_S = 5.0        # a popped delivery whose run has not started by then was lost
-# With several lanes, each lane's controller handles a lost worker's runs in its own buckets,
-# so nobody may take the worker off the liveness index at once: lane 0's controller does,
-# this long after it was lost (every lane's leader has seen it by then; a run in a lane
-# nobody led that long is reaped when its lease expires).
-FORGET_LOST_AFTER_MS = 30_000
 MAX_BACKOFF_S = 30.0
 WARN_AGAIN_S = 600.0      # repeat a warning about the same bad key at most this often
-REAP_CANCELLED = event(status="cancelled", reason="cancel requested; its execution had vanished")
-REAP_GAVE_UP = event(status="failed", error={"type": "DeliveriesExhausted",
-                                             "message": "executions kept vanishing"})
-
-
-@dataclass
-class Stats:
-    redelivered: int = 0
-    dispatched: int = 0
-    settled: int = 0
-    pruned: int = 0
-    corrupt: int = 0
 
 
 class Controller:
@@ -100,8 +63,6 @@ class Controller:
         self.keys = runs.keys
         self.rq = as_lanes(rq, runs.keys)
         self.lease_ms, self.interval_s = lease_ms, interval_s
-        self.lost_after_s = lost_after_s
-        self.dispatch_budget = dispatch_budget
         # The lane this controller leads: its buckets are all it reads and writes, fenced by
         # its lane's epoch. One lane (the default) is every bucket under the `controller`
         # lease, as before lanes.
@@ -112,19 +73,19 @@ class Controller:
         self.lease: Lease | None = None
         self._floor = 0  # a fresh epoch must be above this (see recover)
         self._leading = False
-        self._lost_seen: set[tuple[str, int]] = set()  # lost workers handled (lanes > 1)
         self.stats = Stats()
         self.stop_event = threading.Event()
-        # Its own lane's deliveries in flight only: each lane is its own RQ keyspace, read
-        # by that lane's controller.
-        self.in_flight = [dispatch.InFlight(rq_lane.conn, self.keys.prefix, rq_lane.rq_prefix)
-                          for rq_lane in self.rq.lanes if rq_lane.index == lane]
-        self._lost: dict[tuple[str, int], float] = {}  # popped, unstarted -> first seen
-        self._failed: set[tuple[str, int]] = set()  # failed in RQ; kept until resolved
-        self._next_prune = 0.0
         self._warned: dict[str, float] = {}
         self._in_contact_since: float | None = None  # monotonic; None after a failed pass
         self.duties = sorted(duties, key=lambda d: RECOVERY_ORDER.index(d.kind))
+        # Its own duties, which every pass makes in this order before the duties above.
+        self.reaping = Reaping()
+        self.lost_workers = LostWorkers()
+        self.dispatching = Dispatching(dispatch_budget)
+        self.lost_deliveries = LostDeliveries(
+            [dispatch.InFlight(rq_lane.conn, self.keys.prefix, rq_lane.rq_prefix)
+             for rq_lane in self.rq.lanes if rq_lane.index == lane], lost_after_s)
+        self.pruning = Pruning()
 
     # -- election -----------------------------------------------------------------------------
 
@@ -157,7 +118,7 @@ class Controller:
         secs, micros = self.store.client.time()
         return int(secs) * 1000 + int(micros) // 1000
 
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+    def warn_once(self, key: str, message: str, *args: Any) -> None:
         now = time.monotonic()
         if now - self._warned.get(key, -WARN_AGAIN_S) >= WARN_AGAIN_S:
             self._warned[key] = now
@@ -178,19 +139,19 @@ class Controller:
             if isinstance(ids, Exception):
                 if is_outage(ids):
                     raise ids
-                self._warn_once(key_of(bucket), "skipping unreadable index %s: %s",
-                                key_of(bucket), one_line(ids))
+                self.warn_once(key_of(bucket), "skipping unreadable index %s: %s",
+                               key_of(bucket), one_line(ids))
                 continue
             for rid in map(_s, ids):
                 if self.keys.bucket_of(rid) == bucket:
                     due.append((bucket, rid))
                 else:  # planted or left by a bug: its scripts would never touch this entry
                     self.store.client.zrem(key_of(bucket), rid)
-                    self._warn_once(f"stray:{key_of(bucket)}", "removed %r from %s: that id "
-                                    "belongs to another bucket", rid, key_of(bucket))
+                    self.warn_once(f"stray:{key_of(bucket)}", "removed %r from %s: that id "
+                                   "belongs to another bucket", rid, key_of(bucket))
         return due if budget is None else due[:budget]
 
-    def _run_script(self, run_id: str, call: Callable[[], Any]) -> Any:
+    def run_script(self, run_id: str, call: Callable[[], Any]) -> Any:
         """One run's script call. A script error costs only this run's turn: one warning
         (at most every 10 min per run), then the pass goes on. (It is not the run's fault
         for sure -- a shared index key of its bucket may be what is broken -- so the run is
@@ -200,8 +161,8 @@ class Controller:
         except redis.ResponseError as exc:
             if is_outage(exc):
                 raise
-            self._warn_once(f"script:{run_id}", "run %s: a script failed on its keys (%s); "
-                            "skipped", run_id, one_line(exc))
+            self.warn_once(f"script:{run_id}", "run %s: a script failed on its keys (%s); "
+                           "skipped", run_id, one_line(exc))
             return None
 
     def leads(self, epoch: int) -> bool:
@@ -227,7 +188,7 @@ class Controller:
         log.warning("%s; stepping down", why)
         self.lease = None
 
-    def _handled(self, run_id: str, reply: Any) -> bool:
+    def handled(self, run_id: str, reply: Any) -> bool:
         """True when a run script's reply is not about the run's progress: the call failed
         (None), a newer controller fenced this one (it steps down), or the run is corrupt
         (it is failed once)."""
@@ -238,16 +199,16 @@ class Controller:
                            f"{run_id}")
             return True
         if reply.status == "corrupt":
-            self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
+            self.fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
             return True
         return False
 
-    def _fail_corrupt(self, run_id: str, reason: str) -> None:
+    def fail_corrupt(self, run_id: str, reason: str) -> None:
         log.warning("run %s: corrupt record (%s); failing it", run_id, reason)
         self.runs.fail_corrupt(run_id, f"corrupt record at {reason}")
         self.stats.corrupt += 1
 
-    def _enqueue(self, queue_name: str, run_id: str, attempt: int) -> bool:
+    def enqueue(self, queue_name: str, run_id: str, attempt: int) -> bool:
         try:
             return self.rq.enqueue(queue_name, run_id, attempt)
         except redis.RedisError as exc:  # the dispatch entry stays; a later pass retries
@@ -255,7 +216,7 @@ class Controller:
                         one_line(exc))
             return False
 
-    def _enqueue_many(self, queue_name: str, batch: list[tuple[str, int]]) -> bool:
+    def enqueue_many(self, queue_name: str, batch: list[tuple[str, int]]) -> bool:
         """Enqueue deliveries (run id, attempt) of one queue in one round trip; False when
         it failed (their dispatch checks stay due: a later pass retries)."""
         try:
@@ -266,13 +227,8 @@ class Controller:
             return False
         return True
 
-    # -- reaping ------------------------------------------------------------------------------
-
-    def reap(self, now_ms: int | None = None) -> int:
-        """Redeliver every run whose lease expired (attempt + 1, same run id)."""
-        now_ms = self.server_ms() if now_ms is None else now_ms
-        return self._reap([(run_id, "") for _, run_id in
-                           self.due(self.keys.run_leases, now_ms, REAP_BATCH)])
+    def restart_grace(self) -> None:
+        self._in_contact_since = time.monotonic()
 
     def _liveness_trusted(self) -> bool:
         """Lapsed beats mean lost workers only once the controller has been in steady
@@ -280,379 +236,25 @@ class Controller:
         since = self._in_contact_since
         return since is not None and time.monotonic() - since >= LIVENESS_GRACE_S
 
-    def reap_lost_workers(self) -> int:
-        """Redeliver the runs of workers that stopped beating (killed, frozen, cut off: see
-        transport/liveness.py), without waiting for their leases. One read per pass; a lost
-        worker costs one look at the worker of every executing run (rare: a crash)."""
-        asked = time.monotonic()
-        now = self.server_ms()
-        lapsed: Any = self.store.client.zrangebyscore(
-            self.keys.workers, "-inf", now, start=0, num=LOST_WORKERS_BATCH, withscores=True)
-        found = {(_s(w), int(score)) for w, score in lapsed}
-        if not found:
-            self._lost_seen.clear()
-            return 0
-        if time.monotonic() - asked > STALL_S:
-            self._in_contact_since = time.monotonic()
-            return 0
-        # With several lanes a lost worker stays on the index for a while (see
-        # FORGET_LOST_AFTER_MS): look at the executing runs once per worker lost.
-        lost = {w for w, score in found if (w, score) not in self._lost_seen}
-        done = 0
-        if lost:
-            mine = [(run_id, worker) for run_id, worker in self._executing() if worker in lost]
-            for run_id, worker in mine:
-                log.warning("run %s: its worker %s is lost (no liveness beat)", run_id, worker)
-            done = self._reap(mine)
-            if self.lease is None:
-                return done
-        self._lost_seen = found
-        if self.keys.lanes == 1:
-            forget, cutoff = sorted(w for w, _ in found), now
-        elif self.lane == 0:
-            cutoff = now - FORGET_LOST_AFTER_MS
-            forget = sorted(w for w, score in found if score <= cutoff)
-        else:
-            forget = []
-        if forget:
-            self.runs.scripts.forget_workers(workers_key=self.keys.workers, workers=forget,
-                                             cutoff_ms=cutoff, lanes_key=self.keys.worker_lanes)
-        return done
+    # -- the controller's own duties, one at a time (tests, benches, tools) --------------
 
-    def _executing(self) -> list[tuple[str, str]]:
-        """(run id, worker) of every run holding a lease, read in pipelines."""
-        pipe = self.store.client.pipeline(transaction=False)
-        for bucket in self.buckets:
-            pipe.zrange(self.keys.run_leases(bucket), 0, -1)
-        ids = [_s(rid) for part in pipe.execute(raise_on_error=False)
-               if not isinstance(part, Exception) for rid in part]
-        out: list[tuple[str, str]] = []
-        for i in range(0, len(ids), 1000):
-            chunk = ids[i:i + 1000]
-            pipe = self.store.client.pipeline(transaction=False)
-            for rid in chunk:
-                pipe.hget(self.keys.run(rid), "worker")
-            out += [(rid, _s(w)) for rid, w in zip(chunk, pipe.execute(raise_on_error=False),
-                                                   strict=True)
-                    if isinstance(w, bytes)]
-        return out
+    def reap(self, now_ms: int | None = None) -> int:
+        return self.reaping.reap(self, now_ms)
 
     def _reap_one(self, run_id: str, worker: str = "") -> int:
-        """reap_run for one run (worker: a lost worker's name, or "" for an expired lease);
-        1 if it was redelivered."""
-        return self._reap([(run_id, worker)])
+        return self.reaping.reap_one(self, run_id, worker)
 
-    def _reap(self, items: list[tuple[str, str]]) -> int:
-        """reap_run for (run id, worker) pairs in one pipeline (one per master on a
-        cluster), then their redeliveries enqueued in one round trip per queue; returns how
-        many were redelivered. A run whose script fails costs only its own turn (see
-        _run_script); a fenced reply steps this lane down after the batch."""
-        if not items:
-            return 0
-        assert self.lease is not None
-        epoch = self.lease.epoch
-        replies = self.runs.scripts.reap_runs([
-            (self.keys.run_keys(run_id), run_id, epoch, DISPATCH_GRACE_MS, REAP_CANCELLED,
-             REAP_GAVE_UP, worker) for run_id, worker in items])
-        deliveries: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        done = 0
-        fenced: tuple[str, Any] | None = None
-        for (run_id, worker), reply in zip(items, replies, strict=True):
-            if isinstance(reply, redis.ResponseError):
-                if is_outage(reply):
-                    raise reply
-                self._warn_once(f"script:{run_id}", "run %s: a script failed on its keys (%s); "
-                                "skipped", run_id, one_line(reply))
-                continue
-            if reply.status == "fenced":
-                fenced = fenced or (run_id, reply.values[0])
-                continue
-            if reply.status == "corrupt":
-                self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
-                continue
-            if not worker and reply.status in ("redelivered", "cancelled", "gave_up"):
-                metrics.lease_expired(reply.status)
-            if reply.status == "redelivered":
-                attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
-                log.info("run %s: execution vanished (%s); redelivering as attempt %s", run_id,
-                         f"worker {worker} lost" if worker else "lease expired", attempt)
-                if len(reply.values) > 2 and reply.values[2]:
-                    # Flow control: free the vanished execution's concurrency slot now.
-                    release_vanished(self.runs, run_id, attempt - 1, _s(reply.values[2]))
-                deliveries[queue_name].append((run_id, attempt))
-                self.stats.redelivered += 1
-                metrics.redelivered(queue_name, "worker_lost" if worker else "lease_expired")
-                done += 1
-            elif reply.status in ("cancelled", "gave_up"):
-                if len(reply.values) > 1 and reply.values[1]:
-                    # A settled run executes no more: its slot is free now, not at expiry.
-                    release_vanished(self.runs, run_id, int(reply.values[0]),
-                                     _s(reply.values[1]))
-                log.info("run %s: %s", run_id, reply.status)
-                if reply.status == "cancelled":
-                    self._cancel_children(run_id)
-                self.stats.settled += 1
-        for queue_name, batch in deliveries.items():
-            if len(batch) == 1:
-                self._enqueue(queue_name, *batch[0])
-            else:
-                self._enqueue_many(queue_name, batch)
-        if fenced is not None:
-            self.step_down(f"a newer controller (epoch {_s(fenced[1])}) acts on run "
-                           f"{fenced[0]}")
-        return done
-
-    def _cancel_children(self, run_id: str) -> None:
-        """A run the reaper settled cancelled: its children go with it, as when its execution
-        settles it (engine/execute.settle_stopped). Children recorded after a cancel's own
-        walk (the body started one before it saw the cancel, then its worker died) are
-        reached only here."""
-        try:
-            children = self.runs.waits().cancel_children(run_id)
-        except (redis.RedisError, MarblesError) as exc:
-            log.warning("run %s: cannot cancel its children (%s)", run_id, one_line(exc))
-            return
-        if children:
-            log.info("run %s: cancelled %s child runs with it", run_id, len(children))
-
-    # -- dispatching --------------------------------------------------------------------------
+    def reap_lost_workers(self) -> int:
+        return self.lost_workers.reap_lost_workers(self)
 
     def dispatch(self, budget: int | None = None, now_ms: int | None = None) -> int:
-        """One round of dispatch checks (see `_dispatch_round`); returns how many
-        deliveries it enqueued."""
-        return self._dispatch_round(budget, now_ms)[1]
-
-    def _dispatch_round(self, budget: int | None = None,
-                        now_ms: int | None = None) -> tuple[int, int]:
-        """Each recorded delivery is checked once, after the enqueuer's grace: enqueue it if
-        RQ has no job for it (a crash between recording and enqueueing, a failed enqueue, a
-        deferral), then drop the check. At most `dispatch_budget` checks per pass; the
-        missing deliveries are enqueued in one pipeline per queue. Returns (checks made,
-        deliveries enqueued)."""
-        budget = budget or self.dispatch_budget
-        per_bucket = 2 * -(-budget // len(self.buckets))
-        due = self.due(self.keys.run_dispatch, self.server_ms() if now_ms is None else now_ms,
-                       per_bucket, budget)
-        if not due:
-            return 0, 0
-        pipe = self.store.client.pipeline(transaction=False)
-        for _, run_id in due:
-            pipe.hmget(self.keys.run(run_id), "status", "attempt", "queue")
-        states = pipe.execute(raise_on_error=False)
-        checked: list[tuple[str, str]] = []  # (run id, attempt seen) whose check is done
-        queued: list[tuple[str, int, str]] = []
-        for (_, run_id), st in zip(due, states, strict=True):
-            if isinstance(st, Exception) or (st[0] == b"queued" and not _is_int(st[1])):
-                if isinstance(st, Exception) and is_outage(st):
-                    raise st
-                self._fail_corrupt(run_id, f"{self.keys.run(run_id)}: unreadable status/attempt")
-            elif st[0] == b"queued":
-                queued.append((run_id, int(st[1]), _s(st[2] or b"default")))
-            else:  # missing, running or settled: nothing left to dispatch
-                checked.append((run_id, ""))
-        exists = self.rq.deliveries_exist([(rid, a) for rid, a, _ in queued])
-        missing: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for (run_id, attempt, queue_name), present in zip(queued, exists, strict=True):
-            if present:
-                checked.append((run_id, str(attempt)))
-            else:
-                missing[queue_name].append((run_id, attempt))
-        done = 0
-        for queue_name, batch in missing.items():
-            if not self._enqueue_many(queue_name, batch):
-                continue  # the checks stay due; a later pass retries
-            for run_id, attempt in batch:
-                if len(batch) <= 20:
-                    log.info("run %s: dispatched attempt %s (it was not in RQ)", run_id,
-                             attempt)
-                checked.append((run_id, str(attempt)))
-            if len(batch) > 20:
-                log.info("dispatched %s deliveries on %s (they were not in RQ)", len(batch),
-                         queue_name)
-            self.stats.dispatched += len(batch)
-            metrics.redelivered_many(queue_name, "not_in_rq", len(batch))
-            done += len(batch)
-        if checked:
-            self.runs.scripts.dispatch_done(
-                [(self.keys.run_keys(rid), rid, attempt) for rid, attempt in checked])
-        return len(due), done
-
-    # -- deliveries lost inside RQ ------------------------------------------------------------
+        return self.dispatching.dispatch(self, budget, now_ms)
 
     def find_lost(self) -> int:
-        """Deliver again, as attempt + 1, a delivery lost before its run started:
-        - one a worker popped (intermediate list, or the started registry of a worker of an
-          earlier version) whose run is still queued under that attempt after LOST_AFTER_S
-          (the worker died between its pop and the run's start, its horse died before the
-          start, the store refused the start, or Redis restarted there);
-        - one that failed in RQ while its run is still queued under that attempt (a job
-          refused by the worker): at once. A failed job is read once from RQ's registry, so
-          it is kept here until its run moves on.
-        A popped delivery whose run has moved on (started under a newer delivery, settled,
-        waiting, gone) is over: what its worker left in the intermediate list is taken out
-        (`InFlight.forget`). One still running under that delivery is left alone."""
-        assert self.lease is not None
-        popped_ids: set[str] = set()
-        failed_ids: set[str] = set()
-        for lane in self.in_flight:
-            try:
-                popped, failed = lane.job_ids()
-            except redis.RedisError as exc:  # one lane's node away: the others go on
-                if is_outage(exc) and len(self.in_flight) == 1:
-                    raise
-                self._warn_once(f"in-flight:{lane.rq_prefix}", "cannot read lane %s's "
-                                "deliveries in flight (%s)", lane.rq_prefix, one_line(exc))
-                continue
-            popped_ids |= popped
-            failed_ids |= failed
-        popped_job: dict[tuple[str, int], str] = {}
-        for job_id in popped_ids:
-            parsed = self._parse(job_id)
-            if parsed is not None:
-                popped_job[parsed] = job_id
-        self._failed.update(p for p in map(self._parse, failed_ids) if p is not None)
-        candidates = sorted(set(popped_job) | self._failed)
-        now = time.monotonic()
-        if not candidates:
-            self._lost.clear()
-            return 0
-        pipe = self.store.client.pipeline(transaction=False)
-        for run_id, _ in candidates:
-            pipe.hmget(self.keys.run(run_id), "status", "attempt")
-        states = pipe.execute(raise_on_error=False)
-        still: dict[tuple[str, int], float] = {}
-        over: list[str] = []
-        done = 0
-        for (run_id, attempt), st in zip(candidates, states, strict=True):
-            if isinstance(st, Exception):
-                self._failed.discard((run_id, attempt))
-                continue  # not ours to judge here
-            this = st[1] == str(attempt).encode()
-            if st[0] != b"queued" or not this:
-                self._failed.discard((run_id, attempt))
-                if (run_id, attempt) in popped_job and not (st[0] == b"running" and this):
-                    over.append(popped_job[(run_id, attempt)])
-                continue  # started, settled, moved on
-            if (run_id, attempt) not in self._failed:
-                first = self._lost.get((run_id, attempt), now)
-                if now - first < self.lost_after_s:
-                    still[(run_id, attempt)] = first
-                    continue
-            cause = "delivery_failed" if (run_id, attempt) in self._failed else "delivery_lost"
-            if self._redispatch(run_id, attempt, cause):
-                done += 1
-        self._lost = still
-        if over:
-            for lane in self.in_flight:
-                lane.forget(over)
-        return done
-
-    def _parse(self, job_id: str) -> tuple[str, int] | None:
-        """(run id, attempt) of a delivery of this lane's buckets (RQ's keyspace may hold
-        other lanes' deliveries: their controllers judge those), else None."""
-        parsed = dispatch.parse_delivery_id(self.keys.prefix, job_id)
-        if parsed is None or self.keys.bucket_of(parsed[0]) not in self.buckets:
-            return None
-        return parsed
-
-    def _redispatch(self, run_id: str, attempt: int, cause: str) -> bool:
-        assert self.lease is not None
-        epoch = self.lease.epoch
-        reply = self._run_script(run_id, lambda: self.runs.scripts.redispatch_run(
-            keys=self.keys.run_keys(run_id), run_id=run_id, attempt=attempt, ctl_epoch=epoch,
-            grace_ms=DISPATCH_GRACE_MS, final_gave_up=event(status="failed", error={
-                "type": "DeliveriesExhausted", "message": "deliveries kept getting lost"})))
-        if self._handled(run_id, reply):
-            return False
-        if reply.status == "gave_up":
-            log.warning("run %s: deliveries used up (%s); failed", run_id, _s(reply.values[0]))
-            self.stats.settled += 1
-            return False
-        if reply.status != "redelivered":
-            return False
-        new_attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
-        log.warning("run %s: delivery %s was lost inside RQ before it started; redelivering "
-                    "as attempt %s", run_id, attempt, new_attempt)
-        self._enqueue(queue_name, run_id, new_attempt)
-        self.stats.redelivered += 1
-        metrics.redelivered(queue_name, cause)
-        return True
-
-    # -- retention ----------------------------------------------------------------------------
+        return self.lost_deliveries.find_lost(self)
 
     def prune(self, budget: int = PRUNE_BUDGET) -> int:
-        """Remove finished runs whose retention ended, with everything they stored; a child
-        run whose parent has not finished is held (see `_held`)."""
-        due = self.due(self.keys.run_finished, self.server_ms(),
-                       2 * -(-budget // len(self.buckets)), budget)
-        if not due:
-            return 0
-        held = self._held([run_id for _, run_id in due])
-        due = [(bucket, run_id) for bucket, run_id in due if run_id not in held]
-        pipe = self.store.client.pipeline(transaction=False)
-        for _, run_id in due:
-            pipe.smembers(self.keys.effect_index(run_id))
-        receipts = pipe.execute(raise_on_error=False)
-        done = 0
-        for (_, run_id), found in zip(due, receipts, strict=True):
-            members = [] if isinstance(found, Exception) else sorted(_s(m) for m in found)
-            reply = self._run_script(run_id, functools.partial(
-                self.runs.scripts.purge_run, keys=self.keys.run_keys(run_id), run_id=run_id,
-                receipts=members))
-            if reply is not None and reply.status == "ok":
-                done += 1
-        self.stats.pruned += done
-        if done:
-            log.info("pruned %s finished runs past their retention", done)
-        return done
-
-    def _held(self, run_ids: list[str]) -> set[str]:
-        """The children among `run_ids` whose parent has not finished: the parent reads a
-        child's outcome when it gathers, however long after the child's retention that is.
-        Each is held (lua/hold_finished.lua) and looked at again after its retention (at least
-        a prune pass, at most an hour); once its parent has finished (final: it never gathers
-        again) or is gone, the child is pruned. Read in two pipelined rounds: the children's
-        records (for their parent), then their parents' status."""
-        # A child's id is "<parent>.<key>" (engine/flow.child_id): only such ids are read.
-        maybe = [rid for rid in run_ids if "." in rid]
-        if not maybe:
-            return set()
-        pipe = self.store.client.pipeline(transaction=False)
-        for rid in maybe:
-            pipe.hget(self.keys.run(rid), "doc")
-        children: dict[str, RunRecord] = {}
-        for rid, doc in zip(maybe, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(doc, bytes):
-                try:
-                    record = decode(RunRecord, doc, self.keys.run(rid))
-                except (CorruptRecordError, UnsupportedRecordVersionError):
-                    continue  # purge_run judges it as any run
-                if record.parent:
-                    children[rid] = record
-        if not children:
-            return set()
-        pipe = self.store.client.pipeline(transaction=False)
-        for record in children.values():
-            pipe.hget(self.keys.run(record.parent), "status")
-        held: set[str] = set()
-        for (rid, record), status in zip(children.items(),
-                                         pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(status, Exception):
-                if is_outage(status):
-                    raise status
-                held.add(rid)  # unreadable now: not pruned on a guess
-                continue
-            if status is None or _s(status) in TERMINAL:
-                continue
-            hold_ms = min(max(int(record.retention_s * 1000), int(PRUNE_EVERY_S * 1000)),
-                          HOLD_MAX_MS)
-            self._run_script(rid, functools.partial(
-                self.runs.scripts.hold_finished, keys=self.keys.run_keys(rid), run_id=rid,
-                hold_ms=hold_ms))
-            held.add(rid)
-        if held:
-            log.debug("kept %s finished child runs whose parent has not finished", len(held))
-        return held
+        return self.pruning.prune(self, budget)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -687,7 +289,8 @@ class Controller:
             self._floor = max(self._floor, *seen)
             self.release()
             return
-        steps: list[tuple[str, Callable[[], int]]] = [("children", self._recover_dispatch)]
+        steps: list[tuple[str, Callable[[], int]]] = [
+            (self.dispatching.kind, functools.partial(self.dispatching.recover, self))]
         steps += [(duty.kind, functools.partial(duty.recover, self)) for duty in self.duties]
         for kind, step in sorted(steps, key=lambda s: RECOVERY_ORDER.index(s[0])):
             if self.lease is None:
@@ -704,38 +307,23 @@ class Controller:
                 continue
             log.info("recovered %s: %s in %.3f s", kind, count, time.monotonic() - started)
 
-    def _recover_dispatch(self) -> int:
-        """Recorded runs (children included) whose delivery never reached RQ: all of them
-        now, not one budget per pass."""
-        done = 0
-        for _ in range(RECOVERY_ROUNDS):
-            if self.lease is None:
-                break
-            checked, dispatched = self._dispatch_round(RECOVERY_BATCH)
-            done += dispatched
-            if not checked:  # nothing due is left (a round reads a bounded number per bucket)
-                break
-        return done
-
     def pass_once(self) -> None:
         """One pass as the leader: reaping first, so nothing waits behind dispatch checks.
         One read of the server clock serves the pass's reads of what is due."""
         started = time.monotonic()
         now_ms = self.server_ms()
-        self.reap(now_ms)
+        self.reaping.tick(self, now_ms)
         if self.lease is None:
             return
         if time.monotonic() - started > STALL_S:
             self._in_contact_since = time.monotonic()
         elif self._liveness_trusted():
-            self.reap_lost_workers()
+            self.lost_workers.tick(self)
             if self.lease is None:
                 return
-        self.dispatch(now_ms=now_ms)
-        self.find_lost()
-        if time.monotonic() >= self._next_prune:
-            self._next_prune = time.monotonic() + PRUNE_EVERY_S
-            self.prune()
+        self.dispatching.tick(self, now_ms)
+        self.lost_deliveries.tick(self)
+        self.pruning.tick(self)
         for duty in self.duties:
             if self.lease is None:
                 return
@@ -744,8 +332,8 @@ class Controller:
             except Exception as exc:
                 if _outage(exc):
                     raise
-                self._warn_once(f"duty:{duty.kind}", "%s failed (%s); carrying on", duty.kind,
-                                one_line(exc))
+                self.warn_once(f"duty:{duty.kind}", "%s failed (%s); carrying on", duty.kind,
+                               one_line(exc))
 
     def step(self) -> bool:
         """Lead (or keep leading) this lane and make one pass; on winning the lease,
@@ -829,11 +417,6 @@ def backing_off(exc: BaseException, backoff: float) -> float:
 
 def _outage(exc: BaseException) -> bool:
     return isinstance(exc, RedisUnavailableError | OSError) or is_outage(exc)
-
-
-def _is_int(value: Any) -> bool:
-    """A delivery number as the scripts write it: digits only (no sign, no 1.5, no inf)."""
-    return isinstance(value, bytes) and value.isdigit() and 0 < len(value) <= 15
 
 
 def _s(value: Any) -> str:

@@ -26,7 +26,7 @@ from ..errors import MarblesError
 from ..store.redis_errors import one_line
 
 if TYPE_CHECKING:
-    from .loop import Controller
+    from .context import DutyContext
 
 log = logging.getLogger("marbles_rq.controller.waiting")
 
@@ -54,7 +54,7 @@ class WaitingDuty:
         self._thread: threading.Thread | None = None
         self._thread_epoch = 0
 
-    def recover(self, ctl: Controller) -> int:
+    def recover(self, ctl: DutyContext) -> int:
         """Wake everything that came due while no controller led (timers included)."""
         done = 0
         for _ in range(RECOVERY_ROUNDS):
@@ -66,7 +66,7 @@ class WaitingDuty:
                 break
         return done
 
-    def tick(self, ctl: Controller) -> None:
+    def tick(self, ctl: DutyContext) -> None:
         if not self.threaded:
             self.wake_due(ctl)
             return
@@ -84,7 +84,7 @@ class WaitingDuty:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
 
-    def _serve(self, ctl: Controller, epoch: int) -> None:
+    def _serve(self, ctl: DutyContext, epoch: int) -> None:
         try:
             while ctl.leads(epoch):
                 handled, _ = self.wake_due(ctl)
@@ -102,7 +102,7 @@ class WaitingDuty:
         except (redis.RedisError, MarblesError, OSError) as exc:
             log.error("waiting runs: %s; the next pass starts again", one_line(exc))
 
-    def wake_due(self, ctl: Controller) -> tuple[int, int]:
+    def wake_due(self, ctl: DutyContext) -> tuple[int, int]:
         """Wake the waiting runs that are due: (entries handled, runs woken)."""
         keys, client = ctl.keys, ctl.store.client
         now_ms = ctl.server_ms()
@@ -180,7 +180,7 @@ class WaitingDuty:
         woken = self._wake(ctl, wakes, epoch, now_ms, timers)
         return len(due), woken
 
-    def _wake(self, ctl: Controller, wakes: list[tuple[str, str]], epoch: int,
+    def _wake(self, ctl: DutyContext, wakes: list[tuple[str, str]], epoch: int,
               now_ms: int, timers: dict[str, int] | None = None) -> int:
         if not wakes:
             return 0
@@ -207,7 +207,7 @@ class WaitingDuty:
         for queue_name, batch in deliveries.items():
             # Through the controller's enqueue (the one place it reaches RQ); a failure
             # leaves their dispatch checks due: retried.
-            ctl._enqueue_many(queue_name, batch)
+            ctl.enqueue_many(queue_name, batch)
             count += len(batch)
         if count:
             self.stats.woken += count

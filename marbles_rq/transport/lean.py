@@ -63,7 +63,7 @@ log = logging.getLogger("marbles_rq.transport.worker")
 
 HEARTBEAT_EVERY_S = 15.0  # RQ's worker hash lives worker_ttl + 60 s (480 s by default)
 # How often a worker reads which priority bands of its queues exist (RQ's queues sets; see
-# engine/flowctl.py): a band that appears is popped from within this long, and an idle
+# engine/limits.py): a band that appears is popped from within this long, and an idle
 # worker blocks at most this long before it looks again.
 BAND_REFRESH_S = 2.0
 SUSPENSION_CHECK_EVERY_S = 1.0

@@ -49,7 +49,7 @@ from ..store.redis_errors import is_outage, one_line
 from ..transport.lanes import RQLike
 
 if TYPE_CHECKING:
-    from ..controller.loop import Controller
+    from ..controller.context import DutyContext
 
 log = logging.getLogger("marbles_rq.triggers.events")
 
@@ -433,10 +433,10 @@ class EventsDuty:
         self._next_scan = 0.0
         self._next_prune = 0.0
 
-    def _events(self, ctl: Controller) -> Events:
+    def _events(self, ctl: DutyContext) -> Events:
         return Events(ctl.runs, ctl.rq, registry=self.registry, triggers=self.triggers)
 
-    def _start(self, ctl: Controller, events: Events, keys: list[str]) -> tuple[int, bool]:
+    def _start(self, ctl: DutyContext, events: Events, keys: list[str]) -> tuple[int, bool]:
         done = 0
         for key in keys:
             try:
@@ -457,7 +457,7 @@ class EventsDuty:
                 done += 1
         return done, True
 
-    def recover(self, ctl: Controller) -> int:
+    def recover(self, ctl: DutyContext) -> int:
         events, done = self._events(ctl), 0
         seen: set[str] = set()
         while True:
@@ -471,7 +471,7 @@ class EventsDuty:
             if not carry_on:
                 return done
 
-    def tick(self, ctl: Controller) -> None:
+    def tick(self, ctl: DutyContext) -> None:
         now = time.monotonic()
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_EVERY_S
@@ -485,7 +485,7 @@ class EventsDuty:
         if keys:
             self._start(ctl, events, keys)
 
-    def prune(self, ctl: Controller, budget: int = PRUNE_BUDGET) -> int:
+    def prune(self, ctl: DutyContext, budget: int = PRUNE_BUDGET) -> int:
         """Remove events received more than the retention ago (pending ones stay)."""
         cutoff = ctl.server_ms() - self.retention_ms
         due = ctl.due(ctl.keys.event_listing, cutoff, 2 * -(-budget // len(ctl.buckets)),

@@ -61,7 +61,7 @@ from ..store.redis_errors import is_outage, one_line
 from ..transport.lanes import RQLike
 
 if TYPE_CHECKING:
-    from ..controller.loop import Controller
+    from ..controller.context import DutyContext
 
 log = logging.getLogger("marbles_rq.triggers.monitors")
 # httpx logs every request at INFO: one line per poll would drown the controller's log.
@@ -561,7 +561,7 @@ class MonitorsDuty:
         self._running: dict[str, Future[Outcome]] = {}
         self._lock = threading.Lock()
 
-    def recover(self, ctl: Controller) -> int:
+    def recover(self, ctl: DutyContext) -> int:
         if not self.monitors.by_key:
             return 0
         armed = 0
@@ -575,7 +575,7 @@ class MonitorsDuty:
             armed += status == "ok"
         return armed
 
-    def _arm(self, ctl: Controller, key: str, mode: str) -> str:
+    def _arm(self, ctl: DutyContext, key: str, mode: str) -> str:
         """arm_monitor for one monitor; a key of the wrong type costs only that monitor."""
         mon, due, fence = self._keys(ctl, key)
         try:
@@ -589,12 +589,12 @@ class MonitorsDuty:
             return "error"
 
     @staticmethod
-    def _keys(ctl: Controller, key: str) -> tuple[str, str, str]:
+    def _keys(ctl: DutyContext, key: str) -> tuple[str, str, str]:
         bucket = ctl.keys.bucket_of(key)
         return (ctl.keys.monitor(key), ctl.keys.monitor_due(bucket),
                 ctl.keys.controller_fence(bucket))
 
-    def tick(self, ctl: Controller) -> None:
+    def tick(self, ctl: DutyContext) -> None:
         if not self.monitors.by_key:
             return
         with self._lock:

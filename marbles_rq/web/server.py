@@ -5,7 +5,7 @@ may take to send a request's headers: a client trickling one header line every f
 (slowloris) held its connection, and its file descriptor, forever, and a few thousand of
 them stop the server from accepting anyone (webhooks included). Here a connection whose
 request line and headers are not complete within HEADER_TIMEOUT_S is closed. (Bodies have
-their own deadline where they are read: `web.app._form`, `web.webhooks`.)
+their own deadline where they are read: `web.endpoint.read_form`, `web.webhooks`.)
 """
 
 from __future__ import annotations

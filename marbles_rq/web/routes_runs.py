@@ -1,0 +1,149 @@
+"""The dashboard's runs: the list (filters, a cursor), a run's page and its live fragment,
+and the writes on a run (cancel, pause, resume, rerun, answer)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ..engine.authoring import REGISTRY
+from ..engine.paging import Cursor, Filters, RunPager
+from ..engine.runs import STATUSES
+from ..errors import InvalidIdError
+from ..store.ids import check_id
+from . import reads
+from .endpoint import CSRF_MARK, Web, readable, redirect_flash, write
+from .security import CSRF_FIELD
+
+PAGE_SIZE = 50
+WINDOWS = {"15m": 15 * 60_000, "1h": 3_600_000, "24h": 86_400_000, "7d": 7 * 86_400_000}
+
+
+def runs_params(request: Request) -> dict[str, Any]:
+    """The filters and the cursor of a Runs page, as read (whatever else is in the
+    query)."""
+    q = request.query_params
+    status = q.get("status") or None
+    if status not in STATUSES:
+        status = None
+    window = q.get("window") or ""
+    if window not in WINDOWS:
+        window = ""
+    try:
+        after = Cursor.decode(q.get("after"))
+    except ValueError:
+        after = None
+    return dict(status=status, workflow=q.get("workflow") or None,
+                queue=q.get("queue") or None, window=window,
+                after=after.encode() if after is not None else "")
+
+
+def runs_context(web: Web, request: Request) -> dict[str, Any]:
+    settings = web.settings
+    p = runs_params(request)
+    status, window = p["status"], p["window"]
+    since = int(time.time() * 1000) - WINDOWS[window] if window else None
+    filters = Filters(status=status, workflow=p["workflow"], queue=p["queue"],
+                      since_ms=since)
+    after = Cursor.decode(p["after"]) if p["after"] else None
+    t0 = time.perf_counter()
+    page = RunPager(settings.runs(read_only=True)).page(limit=PAGE_SIZE, after=after,
+                                                         filters=filters)
+    took_ms = (time.perf_counter() - t0) * 1000
+    params = {"status": status or "", "workflow": filters.workflow or "",
+              "queue": filters.queue or "", "window": window if since else ""}
+    return dict(page=page, params=params, took_ms=took_ms, first=after is None,
+                workflows=sorted(REGISTRY.workflows), windows=list(WINDOWS))
+
+
+def routes(web: Web) -> list[BaseRoute]:
+    settings = web.settings
+
+    @readable(web)
+    def runs_page(request: Request) -> Response:
+        search = (request.query_params.get("id") or "").strip()
+        if search:
+            try:
+                check_id(search, "run id")
+            except InvalidIdError as exc:
+                return redirect_flash("/runs", False, str(exc))
+            if settings.runs(read_only=True).get(search) is not None:
+                return RedirectResponse(f"/runs/{search}", status_code=303)
+            return redirect_flash("/runs", False, f"no run with id {search!r}")
+        ctx = runs_context(web, request)
+        response = web.render(request, "runs.html", title="Runs", live="runs",
+                              live_query=request.url.query, **ctx)
+        # What the page's reads cost, for a browser's network panel and the bench.
+        response.headers["Server-Timing"] = f"runs;dur={ctx['took_ms']:.1f}"
+        return response
+
+    @readable(web)
+    def run_page(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            page = reads.run_page(settings, check_id(run_id, "run id"))
+        except InvalidIdError as exc:
+            return web.render(request, "error.html", 400, message=str(exc))
+        if page is None:
+            return web.render(request, "error.html", 404,
+                              message=f"no run with id {run_id!r} (finished runs are pruned "
+                                      f"once their retention ends)")
+        return web.render(request, "run.html", title=f"Run {run_id}", live="run",
+                          live_query=urlencode({"id": run_id}), run=page, run_id=run_id)
+
+    def run_action(name: str) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            run_id = request.path_params["run_id"]
+
+            def do(form: dict[str, str]) -> str | tuple[str, str]:
+                if name == "rerun":
+                    new_id, message = web.actions.rerun(run_id, form.get("from_step"),
+                                                        form.get("new_id"))
+                    return f"/runs/{quote(new_id)}", message
+                if name == "answer":
+                    key = form.get("key", "")
+                    decision = form.get("decision")
+                    if decision in ("approve", "reject"):
+                        return web.actions.answer(
+                            run_id, key, {"approved": decision == "approve",
+                                          "note": form.get("note") or None},
+                            kind="approval", what="approved" if decision == "approve"
+                            else "rejected")
+                    value = form.get("value", "")
+                    return web.actions.answer(run_id, key, value, kind="question",
+                                              what=f"answered {value!r}")
+                action: Callable[[str], str] = getattr(web.actions, name)
+                return action(run_id)
+
+            return await write(web, request, do, f"/runs/{run_id}")
+        return endpoint
+
+    return [
+        Route("/runs", runs_page),
+        Route("/runs/{run_id}", run_page),
+        *[Route(f"/runs/{{run_id}}/{name}", run_action(name), methods=["POST"])
+          for name in ("cancel", "pause", "resume", "rerun", "answer")],
+    ]
+
+
+def fragments(web: Web) -> dict[str, Callable[[Request], str]]:
+    settings = web.settings
+
+    def run_fragment(request: Request) -> str:
+        run_id = check_id(request.query_params.get("id", ""), "run id")
+        page = reads.run_page(settings, run_id)
+        if page is None:
+            return "<p class=empty>This run is gone (pruned).</p>"
+        return web.fragment("_run.html", run=page, run_id=run_id, csrf=CSRF_MARK,
+                            csrf_field=CSRF_FIELD)
+
+    return {
+        "runs": lambda r: web.fragment("_runs.html", **runs_context(web, r)),
+        "run": run_fragment,
+    }
