@@ -37,6 +37,7 @@ import redis
 
 from ..deployment import Settings
 from ..store.keys import DEFAULT_BUCKETS, Keyspace
+from ..store.replies import as_text
 from .exits import EXIT_INPUT, EXIT_REDIS
 from .procs import LOG_LEVELS
 
@@ -94,10 +95,6 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _exit_text(code: int) -> str:
     if code < 0:
         with contextlib.suppress(ValueError):
@@ -149,10 +146,10 @@ def probe_port(port: int, data_dir: Path) -> Probe:
         with contextlib.suppress(redis.BusyLoadingError):  # loading: still tell whose it is
             client.ping()
         found = client.config_get("dir")
-        where = _s(next(iter(found.values()), ""))
+        where = as_text(next(iter(found.values()), ""))
         if not where or Path(where).resolve() != data_dir.resolve():
             return Probe("foreign", detail=f"a Redis server with data dir {where or '?'}")
-        pid = int(_s(client.info("server").get("process_id", 0)))
+        pid = int(as_text(client.info("server").get("process_id", 0)))
         return Probe("ours", pid=pid)
     except redis.AuthenticationError:
         return Probe("foreign", detail="a Redis server that wants a password")
@@ -243,7 +240,7 @@ class RunCounter:
         pipe = self.client.pipeline(transaction=False)
         for bucket in range(self.keys.buckets):
             pipe.zrange(self.keys.listing("run", bucket), 0, -1)
-        ids = [_s(rid) for part in pipe.execute(raise_on_error=False)
+        ids = [as_text(rid) for part in pipe.execute(raise_on_error=False)
                if isinstance(part, list) for rid in part]
         present = set(ids)
         self.final = {rid: st for rid, st in self.final.items() if rid in present}  # pruned
@@ -257,7 +254,7 @@ class RunCounter:
             for rid, status in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
                 if status is None or isinstance(status, Exception):
                     continue
-                text = _s(status)
+                text = as_text(status)
                 counts[text] += 1
                 if text in TERMINAL:
                     self.final[rid] = text
@@ -270,7 +267,7 @@ class RunCounter:
         value = self.client.get(self.keys.lease(LEASE_NAME))
         if value is None:
             return None
-        token = _s(value).partition("|")[2]
+        token = as_text(value).partition("|")[2]
         host, _, rest = token.partition(":")
         return f"{host}:{rest.partition(':')[0]}"
 

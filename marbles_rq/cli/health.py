@@ -28,15 +28,12 @@ from typing import Any
 import click
 
 from ..deployment import Settings
+from ..store.replies import as_text
 from ..terminal import safe
 from .exits import EXIT_PROBLEM
 
 # Global options of `marbles-rq` that take a value: skipped when finding a subcommand.
 _VALUED = {"--redis-url", "--prefix", "--buckets", "--lane-count", "--source", "--rq-url"}
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def subcommand(argv: list[str]) -> str | None:
@@ -177,7 +174,7 @@ def worker_health(settings: Settings, as_json: bool) -> None:
     rq = settings.rq().registration
     here = socket.gethostname()
     workers_key, worker_prefix = rq_worker_keys()
-    keys = sorted(_s(k) for k in rq.smembers(workers_key))
+    keys = sorted(as_text(k) for k in rq.smembers(workers_key))
     keys = [k for k in keys if k.startswith(f"{worker_prefix}{here}.")]
     local = set(local_processes("worker"))
     pipe = rq.pipeline(transaction=False)
@@ -187,18 +184,18 @@ def worker_health(settings: Settings, as_json: bool) -> None:
     for key, (pid, queues, state, beat) in zip(keys, pipe.execute(), strict=True):
         if pid is None or queues is None:
             continue  # registration expired: no heartbeat for RQ's worker TTL
-        if not all(queue_of(settings.prefix, q) for q in _s(queues).split(",")):
+        if not all(queue_of(settings.prefix, q) for q in as_text(queues).split(",")):
             continue  # another deployment's worker on this host
-        if not _s(pid).isdigit() or int(_s(pid)) not in local:
+        if not as_text(pid).isdigit() or int(as_text(pid)) not in local:
             continue  # killed hard: RQ keeps its registration for minutes
         age = ""
         if beat is not None:
             try:
-                seen = datetime.strptime(_s(beat), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+                seen = datetime.strptime(as_text(beat), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
                 age = f", heartbeat {time.time() - seen.timestamp():.0f} s ago"
             except ValueError:
                 pass
-        alive.append(f"{key.removeprefix(worker_prefix)} ({_s(state or b'?')}{age})")
+        alive.append(f"{key.removeprefix(worker_prefix)} ({as_text(state or b'?')}{age})")
     if not alive:
         _unhealthy(f"no live worker of prefix {settings.prefix!r} from this host ({here}) is "
                    f"registered with RQ (local worker processes: "

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..store.redis_errors import is_outage
+from ..store.replies import as_text
 
 if TYPE_CHECKING:
     from .context import PassContext
@@ -77,7 +78,7 @@ class Dispatching:
                     raise st
                 ctl.fail_corrupt(run_id, f"{ctl.keys.run(run_id)}: unreadable status/attempt")
             elif st[0] == b"queued":
-                queued.append((run_id, int(st[1]), _s(st[2] or b"default")))
+                queued.append((run_id, int(st[1]), as_text(st[2] or b"default")))
             else:  # missing, running or settled: nothing left to dispatch
                 checked.append((run_id, ""))
         exists = ctl.rq.deliveries_exist([(rid, a) for rid, a, _ in queued])
@@ -111,7 +112,3 @@ class Dispatching:
 def _is_int(value: Any) -> bool:
     """A delivery number as the scripts write it: digits only (no sign, no 1.5, no inf)."""
     return isinstance(value, bytes) and value.isdigit() and 0 < len(value) <= 15
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

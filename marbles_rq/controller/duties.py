@@ -4,10 +4,10 @@ A duty is handed the controller, seen through controller/context.DutyContext, on
 pass as leader (`tick`) and once when this process wins the lease (`recover`), before any
 tick. (Redelivery is the controller's own duties -- reaping, lost workers, dispatch, lost
 deliveries, pruning -- which every pass makes first, in that order: see controller/loop.py.)
-Recovery runs in the seed's order (RECOVERY_ORDER): pending inbound events become runs,
-then recorded child runs are dispatched, then waiting runs that are due continue, then
-schedule occurrences claimed but never started are started, then schedules and monitors
-resume from their stored cursors.
+Recovery finishes what was accepted before it makes anything new (RECOVERY_ORDER): pending
+inbound events become runs, then recorded child runs are dispatched, then waiting runs that
+are due continue, then schedule occurrences claimed but never started are started; only then
+do schedules and monitors resume from their stored cursors.
 
 Every write a duty makes on the controller's behalf is fenced by the controller's lease
 epoch (`ctl.epoch`) in the bucket it writes, like reap_run: pass `ctl.keys.controller_fence(

@@ -36,6 +36,7 @@ from ..errors import RedisUnavailableError
 from ..store import Lease
 from ..store.keys import CONTROLLER_LEASE
 from ..store.redis_errors import is_outage, one_line
+from ..store.replies import as_text
 from ..transport import dispatch
 from ..transport.lanes import Lanes, as_lanes
 from .context import Stats
@@ -142,7 +143,7 @@ class Controller:
                 self.warn_once(key_of(bucket), "skipping unreadable index %s: %s",
                                key_of(bucket), one_line(ids))
                 continue
-            for rid in map(_s, ids):
+            for rid in map(as_text, ids):
                 if self.keys.bucket_of(rid) == bucket:
                     due.append((bucket, rid))
                 else:  # planted or left by a bug: its scripts would never touch this entry
@@ -195,11 +196,11 @@ class Controller:
         if reply is None:
             return True
         if reply.status == "fenced":
-            self.step_down(f"a newer controller (epoch {_s(reply.values[0])}) acts on run "
+            self.step_down(f"a newer controller (epoch {as_text(reply.values[0])}) acts on run "
                            f"{run_id}")
             return True
         if reply.status == "corrupt":
-            self.fail_corrupt(run_id, f"{self.keys.run(run_id)}: {_s(reply.values[0])}")
+            self.fail_corrupt(run_id, f"{self.keys.run(run_id)}: {as_text(reply.values[0])}")
             return True
         return False
 
@@ -266,8 +267,8 @@ class Controller:
     def recover(self) -> None:
         """On winning the lease, before anything new: claim every bucket of the lane (so a
         paused ex-leader that wakes has its writes refused everywhere), then finish what the
-        previous leader left, kind by kind in the seed's order (RECOVERY_ORDER); one log line
-        per kind with its count and the time it took.
+        previous leader left, kind by kind in RECOVERY_ORDER (controller/duties.py); one log
+        line per kind with its count and the time it took.
 
         A bucket whose fence holds a newer epoch was written by a newer leader of this lane
         -- or, after the lanes were split or merged, by a leader whose epoch came from
@@ -417,8 +418,3 @@ def backing_off(exc: BaseException, backoff: float) -> float:
 
 def _outage(exc: BaseException) -> bool:
     return isinstance(exc, RedisUnavailableError | OSError) or is_outage(exc)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-

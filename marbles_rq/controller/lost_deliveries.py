@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import redis
 
 from .. import metrics
 from ..engine.execution import DISPATCH_GRACE_MS, event
 from ..store.redis_errors import is_outage, one_line
+from ..store.replies import as_text
 from ..transport import dispatch
 
 if TYPE_CHECKING:
@@ -127,19 +128,15 @@ class LostDeliveries:
         if ctl.handled(run_id, reply):
             return False
         if reply.status == "gave_up":
-            log.warning("run %s: deliveries used up (%s); failed", run_id, _s(reply.values[0]))
+            log.warning("run %s: deliveries used up (%s); failed", run_id, as_text(reply.values[0]))
             ctl.stats.settled += 1
             return False
         if reply.status != "redelivered":
             return False
-        new_attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
+        new_attempt, queue_name = int(reply.values[0]), as_text(reply.values[1])
         log.warning("run %s: delivery %s was lost inside RQ before it started; redelivering "
                     "as attempt %s", run_id, attempt, new_attempt)
         ctl.enqueue(queue_name, run_id, new_attempt)
         ctl.stats.redelivered += 1
         metrics.redelivered(queue_name, cause)
         return True
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..store.replies import as_text
 from ..transport.liveness import WORKER_BEAT_S, WORKER_TTL_MS
 from .reaping import reap_runs
 
@@ -49,7 +50,7 @@ class LostWorkers:
         now = ctl.server_ms()
         lapsed: Any = ctl.store.client.zrangebyscore(
             ctl.keys.workers, "-inf", now, start=0, num=LOST_WORKERS_BATCH, withscores=True)
-        found = {(_s(w), int(score)) for w, score in lapsed}
+        found = {(as_text(w), int(score)) for w, score in lapsed}
         if not found:
             self._lost_seen.clear()
             return 0
@@ -85,7 +86,7 @@ class LostWorkers:
         pipe = ctl.store.client.pipeline(transaction=False)
         for bucket in ctl.buckets:
             pipe.zrange(ctl.keys.run_leases(bucket), 0, -1)
-        ids = [_s(rid) for part in pipe.execute(raise_on_error=False)
+        ids = [as_text(rid) for part in pipe.execute(raise_on_error=False)
                if not isinstance(part, Exception) for rid in part]
         out: list[tuple[str, str]] = []
         for i in range(0, len(ids), 1000):
@@ -93,11 +94,7 @@ class LostWorkers:
             pipe = ctl.store.client.pipeline(transaction=False)
             for rid in chunk:
                 pipe.hget(ctl.keys.run(rid), "worker")
-            out += [(rid, _s(w)) for rid, w in zip(chunk, pipe.execute(raise_on_error=False),
+            out += [(rid, as_text(w)) for rid, w in zip(chunk, pipe.execute(raise_on_error=False),
                                                    strict=True)
                     if isinstance(w, bytes)]
         return out
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

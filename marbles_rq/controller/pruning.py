@@ -8,12 +8,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..engine.runs import TERMINAL
 from ..errors import CorruptRecordError, UnsupportedRecordVersionError
 from ..store.records import RunRecord, decode
 from ..store.redis_errors import is_outage
+from ..store.replies import as_text
 
 if TYPE_CHECKING:
     from .context import PassContext
@@ -51,7 +52,7 @@ class Pruning:
         receipts = pipe.execute(raise_on_error=False)
         done = 0
         for (_, run_id), found in zip(due, receipts, strict=True):
-            members = [] if isinstance(found, Exception) else sorted(_s(m) for m in found)
+            members = [] if isinstance(found, Exception) else sorted(as_text(m) for m in found)
             reply = ctl.run_script(run_id, functools.partial(
                 ctl.runs.scripts.purge_run, keys=ctl.keys.run_keys(run_id), run_id=run_id,
                 receipts=members))
@@ -98,7 +99,7 @@ class Pruning:
                     raise status
                 held.add(rid)  # unreadable now: not pruned on a guess
                 continue
-            if status is None or _s(status) in TERMINAL:
+            if status is None or as_text(status) in TERMINAL:
                 continue
             hold_ms = min(max(int(record.retention_s * 1000), int(PRUNE_EVERY_S * 1000)),
                           HOLD_MAX_MS)
@@ -109,7 +110,3 @@ class Pruning:
         if held:
             log.debug("kept %s finished child runs whose parent has not finished", len(held))
         return held
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

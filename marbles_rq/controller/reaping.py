@@ -18,6 +18,7 @@ from ..engine.execution import DISPATCH_GRACE_MS, event
 from ..engine.limits import release_vanished
 from ..errors import MarblesError
 from ..store.redis_errors import is_outage, one_line
+from ..store.replies import as_text
 
 if TYPE_CHECKING:
     from .context import PassContext
@@ -74,17 +75,17 @@ def reap_runs(ctl: PassContext, items: list[tuple[str, str]]) -> int:
             fenced = fenced or (run_id, reply.values[0])
             continue
         if reply.status == "corrupt":
-            ctl.fail_corrupt(run_id, f"{ctl.keys.run(run_id)}: {_s(reply.values[0])}")
+            ctl.fail_corrupt(run_id, f"{ctl.keys.run(run_id)}: {as_text(reply.values[0])}")
             continue
         if not worker and reply.status in ("redelivered", "cancelled", "gave_up"):
             metrics.lease_expired(reply.status)
         if reply.status == "redelivered":
-            attempt, queue_name = int(reply.values[0]), _s(reply.values[1])
+            attempt, queue_name = int(reply.values[0]), as_text(reply.values[1])
             log.info("run %s: execution vanished (%s); redelivering as attempt %s", run_id,
                      f"worker {worker} lost" if worker else "lease expired", attempt)
             if len(reply.values) > 2 and reply.values[2]:
                 # Flow control: free the vanished execution's concurrency slot now.
-                release_vanished(ctl.runs, run_id, attempt - 1, _s(reply.values[2]))
+                release_vanished(ctl.runs, run_id, attempt - 1, as_text(reply.values[2]))
             deliveries[queue_name].append((run_id, attempt))
             ctl.stats.redelivered += 1
             metrics.redelivered(queue_name, "worker_lost" if worker else "lease_expired")
@@ -93,7 +94,7 @@ def reap_runs(ctl: PassContext, items: list[tuple[str, str]]) -> int:
             if len(reply.values) > 1 and reply.values[1]:
                 # A settled run executes no more: its slot is free now, not at expiry.
                 release_vanished(ctl.runs, run_id, int(reply.values[0]),
-                                 _s(reply.values[1]))
+                                 as_text(reply.values[1]))
             log.info("run %s: %s", run_id, reply.status)
             if reply.status == "cancelled":
                 _cancel_children(ctl, run_id)
@@ -104,7 +105,7 @@ def reap_runs(ctl: PassContext, items: list[tuple[str, str]]) -> int:
         else:
             ctl.enqueue_many(queue_name, batch)
     if fenced is not None:
-        ctl.step_down(f"a newer controller (epoch {_s(fenced[1])}) acts on run "
+        ctl.step_down(f"a newer controller (epoch {as_text(fenced[1])}) acts on run "
                       f"{fenced[0]}")
     return done
 
@@ -120,7 +121,3 @@ def _cancel_children(ctl: PassContext, run_id: str) -> None:
         return
     if children:
         log.info("run %s: cancelled %s child runs with it", run_id, len(children))
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -42,6 +42,7 @@ from ..engine.runs import RunStore
 from ..errors import RedisUnavailableError
 from ..store import LeaseInfo, RedisStore
 from ..store.redis_errors import one_line
+from ..store.replies import as_text
 from ..transport.lanes import RQLike
 from .duties import Duty
 from .loop import Controller, backing_off, new_token
@@ -96,7 +97,7 @@ class Sharing:
 
     def live(self, now_ms: int) -> list[str]:
         """Tokens of the controllers registered and not lapsed, this one included."""
-        found = {_s(t) for t in self.runs.client.zrangebyscore(self.keys.controllers,
+        found = {as_text(t) for t in self.runs.client.zrangebyscore(self.keys.controllers,
                                                                 now_ms, "+inf")}
         return sorted(found | {self.token})
 
@@ -105,7 +106,7 @@ class Sharing:
         pipe = self.runs.client.pipeline(transaction=False)
         for lane in range(self.keys.lanes):
             pipe.get(self.keys.lease(self.keys.lane_lease(lane)))
-        return [None if v is None else _s(v).partition("|")[2] for v in pipe.execute()]
+        return [None if v is None else as_text(v).partition("|")[2] for v in pipe.execute()]
 
     # -- sharing ------------------------------------------------------------------------------
 
@@ -152,7 +153,7 @@ class Sharing:
                         self.led[lane] = ctl
         unled = any(h is None for lane, h in enumerate(holders) if lane not in self.led)
         self._eager = len(self.led) < share or unled
-        gone = [_s(t) for t in self.runs.client.zrangebyscore(
+        gone = [as_text(t) for t in self.runs.client.zrangebyscore(
             self.keys.controllers, "-inf", now_ms - FORGET_GONE_AFTER_MS, start=0, num=100)]
         if gone:
             self.runs.scripts.forget_workers(workers_key=self.keys.controllers, workers=gone,
@@ -166,7 +167,7 @@ class Sharing:
         if self.keys.lanes == 1 or 0 in self.led:
             return False
         value = self.runs.client.get(self.keys.lease(self.keys.lane_lease(0)))
-        holder = None if value is None else _s(value).partition("|")[2]
+        holder = None if value is None else as_text(value).partition("|")[2]
         return holder is not None and not holder.endswith(LANE_MARK) and holder != self._older
 
     def hand_back(self, lane: int, why: str) -> None:
@@ -270,7 +271,3 @@ def lane_leaders(store: RedisStore) -> list[LaneLeader]:
     keys = store.keys
     return [LaneLeader(lane, keys.lane_buckets(lane), store.lease_holder(keys.lane_lease(lane)))
             for lane in range(keys.lanes)]
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import redis
@@ -24,6 +24,7 @@ from ..engine.execution import DISPATCH_GRACE_MS
 from ..engine.runs import TERMINAL
 from ..errors import MarblesError
 from ..store.redis_errors import one_line
+from ..store.replies import as_text
 
 if TYPE_CHECKING:
     from .context import DutyContext
@@ -141,7 +142,7 @@ class WaitingDuty:
             # at every check of its child, and one that also slept not before its child
             # finished.)
             child_waits.append((run_id, children, int(st[3] or now_ms), questions, until,
-                                _s(st[5] or b"")))
+                                as_text(st[5] or b"")))
         recheck: list[tuple[str, str, int]] = []  # (run id, its epoch read, when)
         if child_waits:
             pipe = client.pipeline(transaction=False)
@@ -192,11 +193,11 @@ class WaitingDuty:
         late: list[int] = []  # due times of the timers woken now
         for (run_id, _), reply in zip(wakes, replies, strict=True):
             if reply.status == "fenced":
-                ctl.step_down(f"a newer controller (epoch {_s(reply.values[0])}) acts on run "
+                ctl.step_down(f"a newer controller (epoch {as_text(reply.values[0])}) acts on run "
                               f"{run_id}")
                 return 0
             if reply.status == "woken":
-                deliveries[_s(reply.values[1])].append((run_id, int(reply.values[0])))
+                deliveries[as_text(reply.values[1])].append((run_id, int(reply.values[0])))
                 if timers and run_id in timers:
                     late.append(timers[run_id])
         if late and metrics.enabled():
@@ -214,7 +215,3 @@ class WaitingDuty:
             if count > 20:
                 log.info("woke %s waiting runs", count)
         return count
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -44,13 +44,14 @@ import random
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import redis
 
 from ..errors import RedisUnavailableError
 from ..store.redis_errors import one_line
+from ..store.replies import as_text
 from .limit_specs import MAX_KEY_VALUE
 
 if TYPE_CHECKING:
@@ -220,7 +221,7 @@ def start(runs: RunStore, run_id: str, attempt: int, *, ttl_ms: int, worker: str
         holders_key=keys.limit_holders(limit.limit_id), run_id=run_id, attempt=attempt,
         token=token, limit=limit.limit, ttl_ms=ttl_ms)
     if reply.status == "stale":
-        return Started("stale_attempt", detail=_s(reply.values[0]))
+        return Started("stale_attempt", detail=as_text(reply.values[0]))
     if reply.status == "full":
         held = int(reply.values[0])
         note = f"concurrency limit {limit.label} {held}/{limit.limit}"
@@ -229,7 +230,7 @@ def start(runs: RunStore, run_id: str, attempt: int, *, ttl_ms: int, worker: str
             cap_ms=HOLD_CAP_MS, jitter=random.uniform(0.75, 1.25), note=note,
             event=msgspec.json.encode({"reason": note, "previous": attempt}))
         log.info("run %s delivery %s: %s; held (%s)", run_id, attempt, note,
-                 hold.status if hold.status != "ok" else f"retry in {_s(hold.values[1])} ms")
+                 hold.status if hold.status != "ok" else f"retry in {as_text(hold.values[1])} ms")
         return Started("held", detail=note)
     slot = Slot(runs, limit, run_id, attempt, token, ttl_ms, until=int(reply.values[1]))
     try:
@@ -243,7 +244,3 @@ def start(runs: RunStore, run_id: str, attempt: int, *, ttl_ms: int, worker: str
     elif started.status != "busy":  # busy: another execution of this delivery holds it
         slot.release()
     return started
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

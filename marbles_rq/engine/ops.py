@@ -30,7 +30,7 @@ _JSON_STRUCTURE = re.compile(rb'[][{}"\\]')
 
 # The ids the engine's triggers derive from what they start (an event's key, a schedule's
 # slot, a monitor's launch): predictable, so nobody else may take one first and have the
-# trigger find a foreign run there (issue 16, item 7).
+# trigger find a foreign run there.
 RESERVED_IDS = {
     "event": (re.compile(r"ev-[0-9a-f]{32}"), "ev-<32 hex digits>"),
     "schedule": (re.compile(r"sched:.*"), "sched:<schedule>:<ms>"),

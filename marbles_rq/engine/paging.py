@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from ..store.records import RunRecord
+from ..store.replies import as_text
 from .runs import RunStore, attempt_of
 
 DEFAULT_SCAN_BUDGET = 5_000
@@ -88,10 +89,6 @@ _FIELDS = ("doc", "status", "attempt", "queue", "created_ms", "started_ms", "fin
            "deferred", "resumptions")
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _num(value: Any) -> int | None:
     try:
         return None if value in (None, b"") else int(value)
@@ -131,7 +128,7 @@ class RunPager:
                 frontier.pop(b, None)
                 last: tuple[int, str] | None = None
                 for member, score in part:
-                    pair = (int(score), _s(member))
+                    pair = (int(score), as_text(member))
                     last = pair
                     # Same millisecond as the cursor: only ids below it (the order is
                     # (ms, id) descending, as ZREVRANGEBYSCORE gives within one score).
@@ -160,8 +157,8 @@ class RunPager:
             keep = []
             for reply in pipe.execute(raise_on_error=False):
                 ok = not isinstance(reply, Exception) and (
-                    filters.status is None or _s(reply[0] or b"") == filters.status) and (
-                    filters.queue is None or _s(reply[1] or b"") == filters.queue)
+                    filters.status is None or as_text(reply[0] or b"") == filters.status) and (
+                    filters.queue is None or as_text(reply[1] or b"") == filters.queue)
                 keep.append(ok)
         else:
             keep = [True] * len(ids)
@@ -179,7 +176,8 @@ class RunPager:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 rows[rid] = None  # a corrupt record costs only itself
                 continue
-            row = RunRow(rid, record.name, _s(reply[3] or record.queue), _s(reply[1] or b"?"),
+            row = RunRow(rid, record.name, as_text(reply[3] or record.queue),
+                         as_text(reply[1] or b"?"),
                          attempt_of(_num(reply[2]) or 0, _num(reply[7]) or 0),
                          _num(reply[4]) or ms, _num(reply[5]), _num(reply[6]), record.parent,
                          _num(reply[8]) or 0)

@@ -31,6 +31,7 @@ from ..store.records import (
     encode,
     ledger_order,
 )
+from ..store.replies import as_text
 from ..store.scripts import JobPush
 from .execution import (
     DISPATCH_GRACE_MS,
@@ -53,10 +54,6 @@ DEFAULT_RETENTION_MS = 7 * 86400 * 1000
 # (MARBLES_MAX_OUTPUT_LINES / MARBLES_MAX_OUTPUT_BYTES); past it a "truncated" marker.
 DEFAULT_MAX_OUTPUT_LINES = 10_000
 DEFAULT_MAX_OUTPUT_BYTES = 8 << 20
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)
@@ -221,13 +218,13 @@ class RunStore:
 
     def _recorded(self, record: RunRecord, reply: Any) -> Recorded:
         if reply.status == "corrupt":
-            raise CorruptRecordError(self.keys.run(record.id), _s(reply.values[0]))
+            raise CorruptRecordError(self.keys.run(record.id), as_text(reply.values[0]))
         if reply.status == "ok":
             enqueued = len(reply.values) > 1 and int(reply.values[1]) == 1
             metrics.run_enqueued(record.name, record.queue)
             return Recorded(True, record, "queued", enqueued)
         existing = decode(RunRecord, reply.values[0], self.keys.run(record.id))
-        return Recorded(False, existing, _s(reply.values[1]))
+        return Recorded(False, existing, as_text(reply.values[1]))
 
     def record(self, record: RunRecord, push: JobPush | None = None) -> Recorded:
         """Record a run (journal first). With `push` (its first delivery as an RQ job, when
@@ -265,7 +262,7 @@ class RunStore:
             # started (it was recorded a moment ago), so cancel it before it can.
             self.cancel(record.id, "its ledger key holds another type")
             raise CorruptRecordError(self.keys.run_keys(record.id).steps,
-                                     _s(seeded.values[0]) if seeded.values else "corrupt")
+                                     as_text(seeded.values[0]) if seeded.values else "corrupt")
         return recorded
 
     # -- executing (every call fenced by the execution's epoch) ---------------------------
@@ -287,9 +284,9 @@ class RunStore:
             token=uuid.uuid4().hex, slot=slot, slot_until=slot_until)
         if reply.status == "corrupt":
             return Started("corrupt", detail=f"corrupt record at {keys.run}: "
-                                             f"{_s(reply.values[0])}")
+                                             f"{as_text(reply.values[0])}")
         if reply.status != "ok":
-            detail = _s(reply.values[0]) if reply.values else ""
+            detail = as_text(reply.values[0]) if reply.values else ""
             return Started(reply.status, detail=detail)
         epoch, doc, deadline_ms, flat, server_ms, tries, resumptions, kind = reply.values
         ledger = {}
@@ -300,14 +297,14 @@ class RunStore:
                 # seeded with the steps it does not execute again (engine/rerun.py).
                 flat = [x for kv in self.client.hgetall(keys.steps).items() for x in kv]
             for i in range(0, len(flat), 2):
-                key = _s(flat[i])
+                key = as_text(flat[i])
                 ledger[key] = decode(StepRecord, flat[i + 1], f"{keys.steps}#{key}")
         except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
             return Started("corrupt", detail=str(exc))
         return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
                                        int(deadline_ms), ledger, server_ms=int(server_ms),
                                        mono_at_start=sent, lease_at=sent, tries=int(tries),
-                                       resumptions=int(resumptions), kind=_s(kind)))
+                                       resumptions=int(resumptions), kind=as_text(kind)))
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
         """Write a step's start before it runs, checking cancel, pause and the deadline:
@@ -341,13 +338,13 @@ class RunStore:
     def parent_cancelled(self, parent: str) -> bool:
         """Whether run `parent` is cancelled or asked to be (a read in its own slot)."""
         status, cancel = self.client.hmget(self.keys.run(parent), ["status", "cancel"])
-        return _s(status or b"") == "cancelled" or _s(cancel or b"") == "1"
+        return as_text(status or b"") == "cancelled" or as_text(cancel or b"") == "1"
 
     def parent_stopped(self, parent: str) -> bool:
         """Whether run `parent` can no longer take a child it just recorded: finished,
         cancelled or asked to be, or its record gone (a read in its own slot)."""
         status, cancel = self.client.hmget(self.keys.run(parent), ["status", "cancel"])
-        return status is None or _s(status) in TERMINAL or _s(cancel or b"") == "1"
+        return status is None or as_text(status) in TERMINAL or as_text(cancel or b"") == "1"
 
     def defer_start(self, ex: Execution, start: StepStart) -> None:
         """Keep a step's start to be written with its commit (or before any other write)."""
@@ -485,7 +482,7 @@ class RunStore:
                                         event=event(status="cancelled", reason=reason),
                                         request_id=new_request_id())
         if reply.status == "corrupt":
-            raise CorruptRecordError(keys.run, _s(reply.values[0]))
+            raise CorruptRecordError(keys.run, as_text(reply.values[0]))
         return reply.status
 
     def abandon(self, run_id: str, attempt: int, worker: str) -> str:
@@ -539,8 +536,8 @@ class RunStore:
         if b"doc" not in f or b"status" not in f:
             raise CorruptRecordError(keys.run, "the run hash has no doc or status")
         result, error = f.get(b"result"), f.get(b"error")
-        ledger = sorted((decode(StepRecord, v, f"{keys.steps}#{_s(k)}") for k, v in steps.items()),
-                        key=ledger_order)
+        ledger = sorted((decode(StepRecord, v, f"{keys.steps}#{as_text(k)}")
+                         for k, v in steps.items()), key=ledger_order)
         try:
             error_info = msgspec.json.decode(error, type=ErrorInfo) if error else None
             if result:
@@ -557,10 +554,10 @@ class RunStore:
             created_ms=num("created_ms") or 0, started_ms=num("started_ms"),
             finished_ms=num("finished_ms"),
             result=msgspec.Raw(result) if result else None, error=error_info,
-            worker=_s(f[b"worker"]) if f.get(b"worker") else None,
+            worker=as_text(f[b"worker"]) if f.get(b"worker") else None,
             cancel_requested=f.get(b"cancel") == b"1", steps=ledger,
-            note=_s(f[b"note"]) if f.get(b"note") else None,
-            wait_reason=_s(f[b"wait_reason"]) if f.get(b"wait_reason") else None,
+            note=as_text(f[b"note"]) if f.get(b"note") else None,
+            wait_reason=as_text(f[b"wait_reason"]) if f.get(b"wait_reason") else None,
             wait_for=_json_or_none(f.get(b"wait_for")), wait_since_ms=num("wait_since"),
             pause_requested=f.get(b"pause") == b"1", lane=num("lane") or 0)
 
@@ -572,7 +569,7 @@ class RunStore:
         pipe = self.client.pipeline(transaction=False)
         for key in listings:
             pipe.zrevrange(key, 0, scan - 1, withscores=True)
-        rows = sorted(((score, _s(rid)) for part in pipe.execute() for rid, score in part),
+        rows = sorted(((score, as_text(rid)) for part in pipe.execute() for rid, score in part),
                       reverse=True)[:scan]
         views: list[RunView] = []
         for chunk in _chunks([rid for _, rid in rows], 500):
@@ -620,12 +617,12 @@ class RunStore:
         events = []
         for eid, f in rows:
             try:
-                events.append(OutputEvent(_s(eid), f[b"t"].decode(), int(f[b"a"]),
+                events.append(OutputEvent(as_text(eid), f[b"t"].decode(), int(f[b"a"]),
                                           msgspec.json.decode(f[b"d"])))
             except (KeyError, ValueError, UnicodeDecodeError, msgspec.DecodeError) as exc:
                 # One bad entry costs only itself; the id keeps followers moving past it.
-                log.warning("skipping unreadable output entry %s %s: %r", key, _s(eid), exc)
-                events.append(OutputEvent(_s(eid), "unreadable", 0, {"error": repr(exc)}))
+                log.warning("skipping unreadable output entry %s %s: %r", key, as_text(eid), exc)
+                events.append(OutputEvent(as_text(eid), "unreadable", 0, {"error": repr(exc)}))
         return events
 
 

@@ -22,6 +22,7 @@ from ..store.connection import Client
 from ..store.ids import check_id
 from ..store.keys import Keyspace
 from ..store.records import AskRecord, ReportRecord, StepRecord, decode, encode
+from ..store.replies import as_text
 from ..store.scripts import Scripts
 from .authoring import InputError
 from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, event, stamp
@@ -55,10 +56,6 @@ def check_key(key: str, what: str = "key") -> str:
         raise InputError(f"invalid {what} {key!r}: 1 to {MAX_KEY} printable characters, "
                          f"no '|'")
     return key
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)
@@ -148,7 +145,7 @@ class WaitStore:
                 ledger=[(r.key, encode(stamp(r, ex, i + 1))) for i, r in enumerate(ledger)],
                 asks=[(a.key, encode(a), int(a.timeout_s * 1000)) for a in asks])
         if reply.status == "requeued":
-            return "requeued", int(reply.values[0]), _s(reply.values[1])
+            return "requeued", int(reply.values[0]), as_text(reply.values[1])
         return reply.status, 0, ""
 
     def add_report(self, ex: Execution, record: ReportRecord) -> str:
@@ -169,7 +166,7 @@ class WaitStore:
             grace_ms=DISPATCH_GRACE_MS, event=msgspec.json.encode({"cause": cause,
                                                                   **(detail or {})}))
         if reply.status == "woken":
-            return "woken", int(reply.values[0]), _s(reply.values[1])
+            return "woken", int(reply.values[0]), as_text(reply.values[1])
         return reply.status, 0, ""
 
     def questions(self, run_id: str) -> list[Question]:
@@ -180,7 +177,7 @@ class WaitStore:
 
     def _questions(self, run_id: str, fields: dict[bytes, bytes]) -> list[Question]:
         out = []
-        f = {_s(k): v for k, v in fields.items()}
+        f = {as_text(k): v for k, v in fields.items()}
         for name, doc in f.items():
             if "|" in name:
                 continue
@@ -193,8 +190,8 @@ class WaitStore:
             answer = f.get(f"{name}|answer")
             try:
                 out.append(Question(
-                    run_id, record, _s(f.get(f"{name}|state", b"open")),
-                    _s(f.get(f"{name}|rev", b"1")), num("asked_ms") or 0,
+                    run_id, record, as_text(f.get(f"{name}|state", b"open")),
+                    as_text(f.get(f"{name}|rev", b"1")), num("asked_ms") or 0,
                     None if answer is None else msgspec.json.decode(answer),
                     num("answered_ms"), num("timeout_at")))
             except (ValueError, msgspec.DecodeError) as exc:
@@ -234,15 +231,15 @@ class WaitStore:
             event=msgspec.json.encode({"key": key, "answer": value}),
             grace_ms=DISPATCH_GRACE_MS, request_id=new_request_id())
         if reply.status == "ok":
-            return Answered(question, int(reply.values[0]), _s(reply.values[1]))
+            return Answered(question, int(reply.values[0]), as_text(reply.values[1]))
         if reply.status == "closed":  # e.g. timed_out: past its timeout, though still open
             raise AlreadyAnsweredError(f"{key!r} of run {run_id} is already "
-                                       f"{_closed_state(_s(reply.values[0]))}")
+                                       f"{_closed_state(as_text(reply.values[0]))}")
         if reply.status == "conflict":
             raise AlreadyAnsweredError(f"{key!r} of run {run_id} is already answered")
         if reply.status == "settled":
             raise AlreadyAnsweredError(f"run {run_id} has already finished "
-                                       f"({_s(reply.values[0])}); nothing recorded")
+                                       f"({as_text(reply.values[0])}); nothing recorded")
         if reply.status == "missing":
             raise RunNotFoundError(f"no run with id {run_id!r}")
         raise UnknownQuestionError(f"run {run_id} has no question {key!r}")
@@ -279,7 +276,7 @@ class WaitStore:
         if reply.status == "not_paused":
             raise NotPausedError(f"run {run_id} is not paused; nothing to resume")
         if reply.status == "woken":
-            return "woken", int(reply.values[0]), _s(reply.values[1])
+            return "woken", int(reply.values[0]), as_text(reply.values[1])
         return reply.status, 0, ""
 
     def cancel_children(self, run_id: str) -> list[str]:
@@ -323,7 +320,7 @@ class WaitStore:
             if isinstance(part, Exception):
                 continue
             for member, score in part:
-                run_id, _, key = _s(member).partition("|")
+                run_id, _, key = as_text(member).partition("|")
                 rows.append((score, run_id, key))
         rows.sort(reverse=newest)
         return rows[:limit]
@@ -371,7 +368,7 @@ class WaitStore:
         for key, doc in fields.items():
             try:
                 out.append(Report(run_id, decode(ReportRecord, doc,
-                                                 f"{self.keys.reports(run_id)}#{_s(key)}")))
+                                                 f"{self.keys.reports(run_id)}#{as_text(key)}")))
             except MarblesError:
                 continue
         return sorted(out, key=lambda r: (r.record.at_ms, r.record.key))

@@ -18,6 +18,7 @@ from redis.cluster import RedisCluster
 
 from ..errors import UnsafeRedisError
 from .connection import Client
+from .replies import as_text
 
 log = logging.getLogger("marbles_rq.store.doctor")
 
@@ -60,22 +61,18 @@ class Check:
         return f"{mark:8} {where}{self.name} = {self.value} (want {self.expected})"
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _node_checks(node: str, config: dict[str, Any], info: dict[str, Any]) -> list[Check]:
     checks = []
-    version = _s(info.get("redis_version", "0"))
+    version = as_text(info.get("redis_version", "0"))
     parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
     checks.append(Check(node, "redis_version", version, ">= 7.0", parts >= MIN_VERSION,
                         "problem", "marbles-rq needs Redis 7.0 (fsync-before-reply fixes, "
                                    "script shebangs)"))
     for table, severity in ((REQUIRED, "problem"), (RECOMMENDED, "warning")):
         for name, (want, why) in table.items():
-            value = _s(config.get(name, "<unreadable>"))
+            value = as_text(config.get(name, "<unreadable>"))
             checks.append(Check(node, name, value, want, value == want, severity, why))
-    status = _s(info.get("aof_last_write_status", "ok"))
+    status = as_text(info.get("aof_last_write_status", "ok"))
     checks.append(Check(node, "aof_last_write_status", status, "ok", status == "ok", "problem",
                         "the server reports failing AOF writes"))
     checks.append(_memory_check(node, config, info))
@@ -89,7 +86,7 @@ def _mib(n: int) -> str:
 
 def _int(value: Any) -> int:
     try:
-        return int(_s(value))
+        return int(as_text(value))
     except ValueError:
         return 0
 
@@ -109,9 +106,9 @@ def _memory_check(node: str, config: dict[str, Any], info: dict[str, Any]) -> Ch
 
 
 def _replication_check(node: str, config: dict[str, Any], info: dict[str, Any]) -> Check:
-    role = _s(info.get("role", "master"))
+    role = as_text(info.get("role", "master"))
     if role != "master":
-        primary = f"{_s(info.get('master_host', '?'))}:{_s(info.get('master_port', '?'))}"
+        primary = f"{as_text(info.get('master_host', '?'))}:{as_text(info.get('master_port', '?'))}"
         return Check(node, "replication", f"a replica of {primary}", "a primary", False,
                      "problem", "a replica refuses writes (READONLY); give the primary's URL")
     replicas = _int(info.get("connected_slaves", 0))
@@ -132,7 +129,7 @@ def _script_check(conn: redis.Redis, node: str) -> Check:
     except redis.ResponseError as exc:
         user = "?"
         with contextlib.suppress(redis.ResponseError):
-            user = _s(conn.acl_whoami())
+            user = as_text(conn.acl_whoami())
         code = "NOPERM" if isinstance(exc, redis.exceptions.NoPermissionError) else str(exc)
         return Check(node, "scripts", f"refused for ACL user {user!r} ({code})", "allowed",
                      False, "problem", f"every write is a Lua script; grant ACL user {user!r} "
@@ -157,7 +154,7 @@ def _read(conn: redis.Redis, node: str, names: list[str]) -> list[Check]:
     try:
         config: dict[str, Any] = {}
         for name in names:
-            config.update({_s(k): v for k, v in conn.config_get(name).items()})
+            config.update({as_text(k): v for k, v in conn.config_get(name).items()})
     except redis.ResponseError as exc:  # CONFIG renamed or denied (managed services)
         return [Check(node, "config", f"unreadable ({exc})", "readable", False, "problem",
                       "durability settings cannot be verified")]

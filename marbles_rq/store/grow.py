@@ -32,11 +32,11 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import ConfigError, MarblesError
 from .connection import Client
 from .keys import LAYOUT_V2, MAX_BUCKETS, Keyspace
+from .replies import as_text
 from .scripts import Scripts
 
 GROW_TOKEN = "buckets-grow"
@@ -71,7 +71,7 @@ class GrowState:
 def read_state(client: Client, prefix: str) -> GrowState | None:
     raw = client.hmget(Keyspace(prefix, 1).meta,
                        ["buckets", "layout", "lanes", "grow_to", "grow_moved"])
-    buckets, layout, lanes, grow_to, moved = (_s(v) if v is not None else "" for v in raw)
+    buckets, layout, lanes, grow_to, moved = (as_text(v) if v is not None else "" for v in raw)
     if not buckets:
         return None
     return GrowState(int(buckets), int(layout or "1"), int(lanes or "1"),
@@ -120,16 +120,17 @@ class Grower:
 
     def _begin(self) -> None:
         holder = self.client.get(self.tombstone_key)
-        if holder is not None and not _s(holder).endswith("|" + GROW_TOKEN):
-            raise GrowError(f"a controller leads ({_s(holder)}): stop every controller and "
+        if holder is not None and not as_text(holder).endswith("|" + GROW_TOKEN):
+            raise GrowError(f"a controller leads ({as_text(holder)}): stop every controller and "
                             f"worker of this deployment before growing its buckets")
         epoch = self.client.get(self.old.lease_epoch(CONTROLLER_LEASE))
         # No TTL: controllers that still have the old layout must never lead again.
-        if not self.client.set(self.tombstone_key, f"{_s(epoch or '0')}|{GROW_TOKEN}", nx=True):
+        tombstone = f"{as_text(epoch or '0')}|{GROW_TOKEN}"
+        if not self.client.set(self.tombstone_key, tombstone, nx=True):
             holder = self.client.get(self.tombstone_key)
-            if holder is None or not _s(holder).endswith("|" + GROW_TOKEN):
-                raise GrowError(f"a controller took the lease ({_s(holder or '')}): stop every "
-                                f"controller and worker before growing the buckets")
+            if holder is None or not as_text(holder).endswith("|" + GROW_TOKEN):
+                raise GrowError(f"a controller took the lease ({as_text(holder or '')}): stop "
+                                f"every controller and worker before growing the buckets")
         reply = self.scripts.begin_grow(meta_key=self.new.meta, workers_key=self.new.workers,
                                         buckets=self.state.buckets, to=self.to)
         if reply[0] == "workers":
@@ -149,10 +150,10 @@ class Grower:
             pipe = self.client.pipeline(transaction=False)
             for b in range(self.old.buckets):
                 pipe.hget(self.old.controller_fence(b), "epoch")
-            epochs = [int(_s(v)) for v in pipe.execute() if v is not None]
+            epochs = [int(as_text(v)) for v in pipe.execute() if v is not None]
             self.client.hset(meta, "grow_fence", str(max(epochs, default=0)))
             recorded = self.client.hget(meta, "grow_fence")
-        fence = int(_s(recorded))
+        fence = int(as_text(recorded))
         if fence:
             pipe = self.client.pipeline(transaction=False)
             for b in range(self.to):
@@ -181,7 +182,7 @@ class Grower:
                   for n in primaries()] if primaries is not None else [self.client])
         for node in nodes:
             for raw in node.scan_iter(match=match, count=1000):
-                key = _s(raw)
+                key = as_text(raw)
                 end = key.find("}")
                 if end > 0 and key[:end + 1] in self.old_tags:
                     yield key
@@ -216,7 +217,7 @@ class Grower:
                 writes.restore(self._renamed(key, route), max(int(pttl), 0), dumped,
                                replace=True)
             elif family == "effidx":
-                members = [_s(m) for m in next(replies)]
+                members = [as_text(m) for m in next(replies)]
                 tag = self.new.tag_of(route or "")
                 if members:  # the scope's receipt keys, renamed to where they move
                     writes.sadd(self._renamed(key, route or ""),
@@ -224,7 +225,7 @@ class Grower:
             elif family == "own":
                 groups: dict[str, list[str]] = defaultdict(list)
                 for raw in next(replies):
-                    target, member = self._own_member(key, _s(raw))
+                    target, member = self._own_member(key, as_text(raw))
                     groups[target].append(member)
                 for target, members in groups.items():
                     writes.sadd(target, *members)
@@ -232,7 +233,7 @@ class Grower:
                 zgroups: dict[str, dict[str, float]] = defaultdict(dict)
                 rest = key[key.index("}") + 1:]
                 for raw, score in next(replies):
-                    member = _s(raw)
+                    member = as_text(raw)
                     zgroups[self.new.tag_of(_member_route(family, member)) + rest][member] = \
                         float(score)
                 for target, rows in zgroups.items():
@@ -310,8 +311,3 @@ def _member_route(family: str, member: str) -> str:
     if family == "occ_open":
         return member.rsplit("@", 1)[0]  # <schedule key>@<nominal ms>
     return member
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-

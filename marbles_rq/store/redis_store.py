@@ -43,6 +43,7 @@ from .records import (
     encode,
     kind_of,
 )
+from .replies import as_text
 from .scripts import MetaReply, Scripts
 
 log = logging.getLogger("marbles_rq.store")
@@ -126,6 +127,12 @@ class LeaseHolder:
 
 
 class Store(Protocol):
+    """The durable store on its own (README, "The store API"). The engine uses records,
+    effects, leases and purge; agents (`provision`), workspace entries (`compare_and_set`)
+    and journals (`append`) have no caller in the engine yet: they are the storage the
+    seed's sessions and artifacts will be built on, kept working by the contract suite
+    (tests/test_store_contract.py) until then."""
+
     keys: Keyspace
 
     def claim(self, record: IdRecord, *, owner: str = "") -> ClaimResult[Any]: ...
@@ -237,7 +244,7 @@ class RedisStore:
     def _read_meta(self) -> MetaReply | None:
         """What ensure_meta would return, without its write; None when nothing is recorded."""
         raw = self.client.hmget(self.keys.meta, ["buckets", "layout", "lanes", "grow_to"])
-        buckets, layout, lanes, grow_to = (_s(v) if v is not None else "" for v in raw)
+        buckets, layout, lanes, grow_to = (as_text(v) if v is not None else "" for v in raw)
         if not buckets:
             return None
         return MetaReply(buckets, layout or "1", lanes, grow_to)
@@ -381,7 +388,7 @@ class RedisStore:
             found = self._smembers(owned)
             pending_next = []
             for bucket, key, members in zip(pending, owned, found, strict=True):
-                batch = sorted(_s(m) for m in members)[:batch_size]
+                batch = sorted(as_text(m) for m in members)[:batch_size]
                 if not batch:
                     continue
                 if max_batches is not None and batches >= max_batches:
@@ -402,7 +409,7 @@ class RedisStore:
         agent_key = self.keys.agent(agent_id)
         for _ in range(5):
             pkey = self._read(lambda: self.client.hget(agent_key, "pkey"))
-            prov = self.keys.provisioning(_s(pkey)) if pkey else self.keys.provisioning("-")
+            prov = self.keys.provisioning(as_text(pkey)) if pkey else self.keys.provisioning("-")
             status = self.scripts.purge_agent(
                 provisioning_key=prov, agent_key=agent_key,
                 listing_key=self.keys.agent_listing, agent_id=agent_id)
@@ -442,8 +449,8 @@ class RedisStore:
             lambda p: [p.get(keys[0]), p.pttl(keys[0]), p.get(keys[1])])
         if value is None:
             return None
-        epoch, _, token = _s(value).partition("|")
-        since_epoch, _, since_ms = _s(since or b"").partition("|")
+        epoch, _, token = as_text(value).partition("|")
+        since_epoch, _, since_ms = as_text(since or b"").partition("|")
         return LeaseInfo(int(epoch), token, max(int(pttl), 0),
                          int(since_ms) if since_epoch == epoch and since_ms else None)
 
@@ -476,7 +483,7 @@ class RedisStore:
         listings = [listing_key(b) for b in bucket_list]
         ranked = self._pipeline_read(
             lambda p: [p.zrange(k, 0, -1, withscores=True) for k in listings])
-        ids = sorted(((score, _s(member)) for rows in ranked for member, score in rows))
+        ids = sorted(((score, as_text(member)) for rows in ranked for member, score in rows))
         keys = [record_key(rid) for _, rid in ids]
         docs = self._pipeline_read(lambda p: [p.hget(k, "doc") for k in keys])
         records: list[R] = []
@@ -493,10 +500,6 @@ class RedisStore:
 def _record_and_listing(member: str) -> tuple[str, str]:
     record_key, listing_key, _ = member.split("|", 2)
     return record_key, listing_key
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def open_store(url: str | None = None, *, prefix: str = DEFAULT_PREFIX,

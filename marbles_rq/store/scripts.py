@@ -24,6 +24,7 @@ from .. import metrics
 from ..errors import ScriptReplyError
 from .connection import Client
 from .keys import RunKeys, ScheduleKeys
+from .replies import as_text
 
 T = TypeVar("T")
 _RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
@@ -67,10 +68,6 @@ def _scripts() -> dict[str, Script]:
     if _SCRIPTS is None:
         _SCRIPTS = load_scripts()
     return _SCRIPTS
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)
@@ -297,7 +294,7 @@ class Scripts:
                      owner: str) -> Claimed:
         reply = self.call("claim_record", [record_key, listing_key, owned_key, marker_key],
                           [record_id, doc, request_id, owner, MARKER_MS])
-        status = _s(reply[0])
+        status = as_text(reply[0])
         if status == "ok":
             return Claimed(True, None, int(reply[1]))
         if status == "exists":
@@ -309,11 +306,11 @@ class Scripts:
                         pkey: str) -> Provisioned:
         reply = self.call("provision_agent", [provisioning_key, agent_key, listing_key],
                           [agent_id, doc, request_id, pkey])
-        status = _s(reply[0])
+        status = as_text(reply[0])
         if status in ("created", "exists"):
             return Provisioned(status, reply[1])
         if status == "moved":
-            return Provisioned(status, agent_id=_s(reply[1]))
+            return Provisioned(status, agent_id=as_text(reply[1]))
         if status == "taken":
             return Provisioned(status)
         raise self._unexpected("provision_agent", reply)
@@ -323,11 +320,11 @@ class Scripts:
                   key: str) -> CasResult:
         reply = self.call("cas_entry", [entry_key, listing_key, owned_key, marker_key],
                           [expected, updated_at, doc, request_id, owner, key, MARKER_MS])
-        status = _s(reply[0])
+        status = as_text(reply[0])
         if status == "ok":
             return CasResult(True, updated_at)
         if status == "conflict":
-            return CasResult(False, _s(reply[1]) or None)
+            return CasResult(False, as_text(reply[1]) or None)
         raise self._unexpected("cas_entry", reply)
 
     def claim_effect(self, *, receipt_key: str, fence_key: str, index_key: str, doc: bytes,
@@ -339,7 +336,7 @@ class Scripts:
                                            *([lease[0]] if lease else [])],
                           [doc, request_id, "" if epoch is None else epoch,
                            "1" if required else "", lease[1] if lease else ""])
-        status = _s(reply[0])
+        status = as_text(reply[0])
         if status == "ok":
             return EffectClaim("ok")
         if status == "exists":
@@ -355,14 +352,14 @@ class Scripts:
         for _, record_key, listing_key in members:
             keys += [record_key, listing_key]
         reply = self.call("purge_owned", keys, [m for m, _, _ in members])
-        if _s(reply[0]) != "ok":
+        if as_text(reply[0]) != "ok":
             raise self._unexpected("purge_owned", reply)
         return int(reply[1]), int(reply[2])
 
     def purge_agent(self, *, provisioning_key: str, agent_key: str, listing_key: str,
                     agent_id: str) -> str:
         reply = self.call("purge_agent", [provisioning_key, agent_key, listing_key], [agent_id])
-        status = _s(reply[0])
+        status = as_text(reply[0])
         if status not in ("ok", "not_found", "moved"):
             raise self._unexpected("purge_agent", reply)
         return status
@@ -373,23 +370,23 @@ class Scripts:
                       ttl_ms: int, floor: int = 0) -> LeaseReply:
         reply = self.call("acquire_lease", [lease_key, epoch_key, since_key],
                           [token, ttl_ms, floor])
-        status = _s(reply[0])
+        status = as_text(reply[0])
         if status == "ok":
             return LeaseReply(True, int(reply[1]), token, int(reply[2]))
         if status == "held":
-            return LeaseReply(False, int(reply[1]), _s(reply[2]), int(reply[3]))
+            return LeaseReply(False, int(reply[1]), as_text(reply[2]), int(reply[3]))
         raise self._unexpected("acquire_lease", reply)
 
     def renew_lease(self, *, lease_key: str, epoch: int, token: str, ttl_ms: int) -> bool:
         reply = self.call("renew_lease", [lease_key], [epoch, token, ttl_ms])
-        status = _s(reply[0])
+        status = as_text(reply[0])
         if status not in ("ok", "lost"):
             raise self._unexpected("renew_lease", reply)
         return status == "ok"
 
     def release_lease(self, *, lease_key: str, epoch: int, token: str) -> bool:
         reply = self.call("release_lease", [lease_key], [epoch, token])
-        status = _s(reply[0])
+        status = as_text(reply[0])
         if status not in ("ok", "not_held"):
             raise self._unexpected("release_lease", reply)
         return status == "ok"
@@ -399,7 +396,7 @@ class Scripts:
     def _reply(self, name: str, keys: list[str], args: list[str | bytes | int],
                statuses: tuple[str, ...]) -> Reply:
         reply = self.call(name, keys, args)
-        status = _s(reply[0])
+        status = as_text(reply[0])
         if status not in statuses:
             raise self._unexpected(name, reply)
         return Reply(status, reply[1:])
@@ -438,7 +435,7 @@ class Scripts:
                                  transaction=True)
         out = []
         for reply in replies:
-            status = _s(reply[0])
+            status = as_text(reply[0])
             if status not in ("ok", "exists", "corrupt"):
                 raise self._unexpected("claim_run", reply)
             out.append(Reply(status, reply[1:]))
@@ -476,11 +473,11 @@ class Scripts:
                     raise reply
             seeded = self._checked("seed_ledger", replies[0])
             claimed = self._checked("claim_run", replies[1])
-        if _s(seeded[0]) not in ("ok", "exists", "corrupt"):
+        if as_text(seeded[0]) not in ("ok", "exists", "corrupt"):
             raise self._unexpected("seed_ledger", seeded)
-        if _s(claimed[0]) not in ("ok", "exists", "corrupt"):
+        if as_text(claimed[0]) not in ("ok", "exists", "corrupt"):
             raise self._unexpected("claim_run", claimed)
-        return Reply(_s(seeded[0]), seeded[1:]), Reply(_s(claimed[0]), claimed[1:])
+        return Reply(as_text(seeded[0]), seeded[1:]), Reply(as_text(claimed[0]), claimed[1:])
 
     def start_attempt(self, *, keys: RunKeys, run_id: str, attempt: int, ttl_ms: int,
                       worker: str, final_cancel: bytes, final_timeout: bytes,
@@ -571,9 +568,9 @@ class Scripts:
             if isinstance(reply, redis.ResponseError):
                 out.append(reply)
                 continue
-            if _s(reply[0]) not in statuses:
+            if as_text(reply[0]) not in statuses:
                 raise self._unexpected("reap_run", reply)
-            out.append(Reply(_s(reply[0]), reply[1:]))
+            out.append(Reply(as_text(reply[0]), reply[1:]))
         return out
 
     def redispatch_run(self, *, keys: RunKeys, run_id: str, attempt: int, ctl_epoch: int,
@@ -588,7 +585,7 @@ class Scripts:
         """raise_fence on each bucket fence, pipelined (per node on a cluster): ("ok", the
         epoch the fence held before) or ("fenced", the newer epoch it holds) for each."""
         replies = self.call_many("raise_fence", [([k], [ctl_epoch]) for k in fence_keys])
-        return [(_s(r[0]), int(r[1]) if len(r) > 1 else 0) for r in replies]
+        return [(as_text(r[0]), int(r[1]) if len(r) > 1 else 0) for r in replies]
 
     def fail_corrupt(self, *, keys: RunKeys, run_id: str, error: bytes, event: bytes,
                      retention_ms: int) -> Reply:
@@ -637,7 +634,7 @@ class Scripts:
         """For (keys, run id, attempt seen): drop the run's dispatch entry; pipelined."""
         replies = self.call_many("dispatch_done", [([k.run, k.dispatch], [rid, attempt])
                                                    for k, rid, attempt in calls])
-        return [_s(r[0]) for r in replies]
+        return [as_text(r[0]) for r in replies]
 
     def purge_run(self, *, keys: RunKeys, run_id: str, receipts: list[str]) -> Reply:
         return self._reply("purge_run", [keys.run, keys.steps, keys.output, keys.listing,
@@ -680,7 +677,7 @@ class Scripts:
              [rid, epoch, cause, grace, ev]) for k, rid, epoch, cause, grace, ev in calls])
         out = []
         for reply in replies:
-            status = _s(reply[0])
+            status = as_text(reply[0])
             if status not in ("woken", "not_due", "pending", "paused", "idle", "fenced"):
                 raise self._unexpected("wake_run", reply)
             out.append(Reply(status, reply[1:]))
@@ -693,7 +690,7 @@ class Scripts:
         replies = self.call_many("recheck_wait", [
             ([k.run, k.waits, k.fence], [rid, ctl_epoch, epoch, at])
             for k, rid, ctl_epoch, epoch, at in calls], errors=True)
-        return ["moved_on" if isinstance(r, Exception) else _s(r[0]) for r in replies]
+        return ["moved_on" if isinstance(r, Exception) else as_text(r[0]) for r in replies]
 
     def answer_ask(self, *, keys: RunKeys, run_id: str, key: str, rev: str, answer: bytes,
                    event: bytes, grace_ms: int, request_id: str) -> Reply:
@@ -731,7 +728,7 @@ class Scripts:
         (server ms)."""
         keys = [workers_key] if lanes_key is None else [workers_key, lanes_key]
         reply = self.call("beat_worker", keys, [worker, ttl_ms, lanes])
-        if _s(reply[0]) != "ok":
+        if as_text(reply[0]) != "ok":
             raise self._unexpected("beat_worker", reply)
         return int(reply[1])
 
@@ -742,7 +739,7 @@ class Scripts:
         cutoff = "" if cutoff_ms is None else cutoff_ms
         keys = [workers_key] if lanes_key is None else [workers_key, lanes_key]
         replies = self.call_many("forget_worker", [(keys, [w, cutoff]) for w in workers])
-        return [_s(r[0]) for r in replies]
+        return [as_text(r[0]) for r in replies]
 
     # -- the transport ----------------------------------------------------------------
 
@@ -757,9 +754,9 @@ class Scripts:
                                  transaction=True)
         out = []
         for reply in replies:
-            if _s(reply[0]) not in ("ok", "exists"):
+            if as_text(reply[0]) not in ("ok", "exists"):
                 raise self._unexpected("enqueue_delivery", reply)
-            out.append(_s(reply[0]) == "ok")
+            out.append(as_text(reply[0]) == "ok")
         return out
 
     # -- events ------------------------------------------------------------------------
@@ -828,9 +825,9 @@ class Scripts:
         statuses = ("ok", "exists", "moved", "paused", "locked", "missing", "fenced")
         out = []
         for reply in replies:
-            if _s(reply[0]) not in statuses:
+            if as_text(reply[0]) not in statuses:
                 raise self._unexpected("claim_occurrence", reply)
-            out.append(Reply(_s(reply[0]), reply[1:]))
+            out.append(Reply(as_text(reply[0]), reply[1:]))
         return out
 
     def move_schedules(self, calls: list[tuple[ScheduleKeys, str, int, str, int, int, str,
@@ -848,9 +845,9 @@ class Scripts:
         replies = self.call_many("move_schedule", batch)
         out = []
         for reply in replies:
-            if _s(reply[0]) not in ("ok", "moved", "paused", "missing", "fenced"):
+            if as_text(reply[0]) not in ("ok", "moved", "paused", "missing", "fenced"):
                 raise self._unexpected("move_schedule", reply)
-            out.append(Reply(_s(reply[0]), reply[1:]))
+            out.append(Reply(as_text(reply[0]), reply[1:]))
         return out
 
     def start_occurrences(self, calls: Sequence[tuple[ScheduleKeys, str, str, int | None]]
@@ -863,9 +860,9 @@ class Scripts:
             for keys, occ_key, occ_id, epoch in calls])
         out = []
         for reply in replies:
-            if _s(reply[0]) not in ("ok", "gone", "fenced"):
+            if as_text(reply[0]) not in ("ok", "gone", "fenced"):
                 raise self._unexpected("start_occurrence", reply)
-            out.append(Reply(_s(reply[0]), reply[1:]))
+            out.append(Reply(as_text(reply[0]), reply[1:]))
         return out
 
     def register_schedule(self, *, keys: ScheduleKeys, key: str, ctl_epoch: int,
@@ -896,17 +893,17 @@ class Scripts:
         reply = self.call("ensure_meta", [meta_key], [buckets, layout, lanes])
         if len(reply) != 4 or not reply[0]:
             raise self._unexpected("ensure_meta", reply)
-        return MetaReply(*(_s(v) for v in reply))
+        return MetaReply(*(as_text(v) for v in reply))
 
     def begin_grow(self, *, meta_key: str, workers_key: str, buckets: int,
                    to: int) -> list[str]:
-        reply = [_s(v) for v in self.call("begin_grow", [meta_key, workers_key], [buckets, to])]
+        reply = [as_text(v)
+                 for v in self.call("begin_grow", [meta_key, workers_key], [buckets, to])]
         if reply[0] not in ("ok", "workers", "changed"):
             raise self._unexpected("begin_grow", reply)
         return reply
 
     def finish_grow(self, *, meta_key: str, buckets: int, layout: int, moved: int) -> None:
-        reply = [_s(v) for v in self.call("finish_grow", [meta_key], [buckets, layout, moved])]
+        reply = [as_text(v) for v in self.call("finish_grow", [meta_key], [buckets, layout, moved])]
         if reply[0] not in ("ok", "done"):
             raise self._unexpected("finish_grow", reply)
-

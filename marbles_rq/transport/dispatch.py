@@ -53,6 +53,7 @@ from rq.utils import now as rq_now
 from ..errors import ConfigError, MarblesError
 from ..store.connection import NO_CLIENT_INFO, socket_timeout_from_env
 from ..store.ids import ID_PATTERN
+from ..store.replies import as_text
 from ..store.scripts import JobPush, Scripts
 from .serializer import JSONSerializer
 
@@ -562,7 +563,7 @@ def queue_depths(conn: redis.Redis, prefix: str,
     queue_class = lane_classes(rq_prefix)[0]
     space = queue_class.redis_queue_namespace_prefix
     named = {k: queue_of(prefix, k.removeprefix(space))
-             for k in map(_s, conn.smembers(queue_class.redis_queues_keys))
+             for k in map(as_text, conn.smembers(queue_class.redis_queues_keys))
              if k.startswith(space)}
     keys = sorted(k for k, queue in named.items() if queue is not None)
     if not keys:
@@ -602,7 +603,7 @@ class InFlight:
         queue_class = lane_classes(self.rq_prefix)[0]
         namespace = queue_class.redis_queue_namespace_prefix
         mine = namespace + rq_queue_name(self.prefix, "")
-        queues = sorted(k for k in map(_s, self.conn.smembers(queue_class.redis_queues_keys))
+        queues = sorted(k for k in map(as_text, self.conn.smembers(queue_class.redis_queues_keys))
                         if k.startswith(mine))
         self.popped_from = {}
         if not queues:
@@ -624,12 +625,12 @@ class InFlight:
             name = key.removeprefix(namespace)
             if not isinstance(started, Exception):
                 for member in started:
-                    self.popped_from.setdefault(_s(member).rsplit(":", 1)[0], None)
+                    self.popped_from.setdefault(as_text(member).rsplit(":", 1)[0], None)
             if not isinstance(intermediate, Exception):
                 inter = IntermediateQueue.get_intermediate_queue_key(key)
-                self.popped_from.update((_s(j), inter) for j in intermediate)
+                self.popped_from.update((as_text(j), inter) for j in intermediate)
             if not isinstance(failed, Exception) and failed:
-                newly_failed.update(_s(j) for j, _ in failed)
+                newly_failed.update(as_text(j) for j, _ in failed)
                 self.failed_seen[self._registry("failed", name)] = max(
                     score for _, score in failed)
         return set(self.popped_from), newly_failed
@@ -657,7 +658,3 @@ class InFlight:
             pipe.delete(job_class.key_for(job_id))
         replies = pipe.execute(raise_on_error=False)
         return sum(r for r in replies[0::2] if isinstance(r, int))
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

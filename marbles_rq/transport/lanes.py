@@ -44,6 +44,7 @@ from ..store.connection import (
     socket_timeout_from_env,
 )
 from ..store.keys import Keyspace
+from ..store.replies import as_text
 
 log = logging.getLogger("marbles_rq.transport.lanes")
 
@@ -110,10 +111,10 @@ class ClusterMap:
             ranges: list[tuple[int, int, tuple[str, int]]] = []
             for start, end, master, *replicas in table:
                 for node in (master, *replicas):
-                    address = (_s(node[0]) or host, int(node[1]))
+                    address = (as_text(node[0]) or host, int(node[1]))
                     if address not in self._known:
                         self._known.append(address)
-                ranges.append((int(start), int(end), (_s(master[0]) or host, int(master[1]))))
+                ranges.append((int(start), int(end), (as_text(master[0]) or host, int(master[1]))))
             if ranges:
                 return ranges
             errors.append(f"{host}:{port}: an empty slot map")
@@ -367,7 +368,3 @@ def as_lanes(rq: Lanes | redis.Redis, keys: Keyspace) -> Lanes:
         found = per[keys] = Lanes(
             keys, [Lane(k, rq, keys.lane_rq_prefix(k)) for k in range(keys.lanes)], rq)
     return found
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -29,6 +29,7 @@ import redis
 from ..engine.runs import RunStore
 from ..errors import RedisUnavailableError
 from ..store.redis_errors import one_line
+from ..store.replies import as_text
 
 log = logging.getLogger("marbles_rq.transport.liveness")
 
@@ -113,18 +114,13 @@ def lane_workers(runs: RunStore) -> dict[int, list[str]]:
     pipe.hgetall(runs.keys.worker_lanes)
     alive, served = pipe.execute()
     out: dict[int, list[str]] = {k: [] for k in range(runs.keys.lanes)}
-    lanes_of = {_s(k): _s(v) for k, v in served.items()}
+    lanes_of = {as_text(k): as_text(v) for k, v in served.items()}
     for name, until in alive:
         if until < now_ms:
             continue  # lapsed: lost
-        worker = _s(name)
+        worker = as_text(name)
         # A worker of an earlier version beats without its lanes: it serves lane 0's keyspace.
         for part in lanes_of.get(worker, "0").split(","):
             if part.isdigit() and int(part) in out:
                 out[int(part)].append(worker)
     return out
-
-
-def _s(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-

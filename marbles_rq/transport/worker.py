@@ -1,9 +1,10 @@
 """`marbles-rq worker`: RQ workers that execute run deliveries.
 
-By default each delivery runs in its own forked work-horse (RQ's Worker), like Foundry's
-process per run. RQ's horse calls setpgrp(), so a kill of the worker alone would leave it
-running; here the horse asks the kernel to SIGKILL it when its parent dies (and fencing
-refuses its writes even if it outlived it). ``--pool N`` runs N non-forking executors
+By default each delivery runs in its own forked work-horse (RQ's Worker): a body that
+crashes, leaks or corrupts its interpreter takes only its own delivery down. RQ's horse
+calls setpgrp(), so a kill of the worker alone would leave it running; here the horse asks
+the kernel to SIGKILL it when its parent dies (and fencing refuses its writes even if it
+outlived it). ``--pool N`` runs N non-forking executors
 (RQ's SimpleWorker) under a supervisor that restarts any that die, with a capped
 exponential backoff for executors that keep dying young.
 

@@ -46,6 +46,7 @@ from ..errors import CorruptRecordError, InvalidIdError, UnsupportedRecordVersio
 from ..store import RedisStore, new_request_id
 from ..store.records import EventRecord, decode, encode
 from ..store.redis_errors import is_outage, one_line
+from ..store.replies import as_text
 from ..transport.lanes import RQLike
 
 if TYPE_CHECKING:
@@ -271,7 +272,7 @@ class Events:
         if reply.status == "ok":
             return Sent(key, True, "pending" if trigger else "unmatched",
                         trigger.workflow if trigger else "", key if trigger else "")
-        state, workflow, run_id = (_s(v) for v in reply.values[1:4])
+        state, workflow, run_id = (as_text(v) for v in reply.values[1:4])
         return Sent(key, False, state, workflow, run_id)
 
     def send(self, source: str, event_id: str, *, type: str = "",
@@ -330,12 +331,12 @@ class Events:
         fields = self.store.client.hmget(self.keys.event(key), ["doc", "state", "workflow"])
         if fields[0] is None:
             return self._mark(key, ctl_epoch, "failed", "missing")  # clears the pending entry
-        if _s(fields[1]) != "pending":
+        if as_text(fields[1]) != "pending":
             return self._mark(key, ctl_epoch, "started")  # not_pending: drops a stale entry
         doc = fields[0]
         record = decode(EventRecord, doc.encode() if isinstance(doc, str) else doc,
                         self.keys.event(key))
-        workflow = _s(fields[2])
+        workflow = as_text(fields[2])
         try:
             enqueued = self._enqueue(workflow, record)
         except UnknownWorkflowError as exc:
@@ -367,7 +368,7 @@ class Events:
                     raise found
                 log.warning("skipping an unreadable pending-events index: %s", one_line(found))
                 continue
-            out += [_s(k) for k in found]
+            out += [as_text(k) for k in found]
         return out
 
     # -- reading ----------------------------------------------------------------------------
@@ -381,7 +382,7 @@ class Events:
         pipe = self.store.client.pipeline(transaction=False)
         for bucket in range(self.keys.buckets):
             pipe.zrevrange(self.keys.event_listing(bucket), 0, limit - 1, withscores=True)
-        rows = sorted(((score, _s(k)) for part in pipe.execute() for k, score in part),
+        rows = sorted(((score, as_text(k)) for part in pipe.execute() for k, score in part),
                       reverse=True)[:limit]
         return self._views([k for _, k in rows])
 
@@ -403,12 +404,12 @@ class Events:
                 log.warning("skipping event %s: %s", key, exc)
                 continue
             views.append(EventView(
-                key, record.source, record.type, record.event_id, _s(fields[1]),
-                _s(fields[2] or b""), _s(fields[3] or b""), int(fields[4] or 0),
-                _s(fields[5] or b""),
+                key, record.source, record.type, record.event_id, as_text(fields[1]),
+                as_text(fields[2] or b""), as_text(fields[3] or b""), int(fields[4] or 0),
+                as_text(fields[5] or b""),
                 # A failed event's id names no run of its own (a foreign one, at most).
                 None if isinstance(run_status, Exception) or run_status is None
-                or _s(fields[1]) == "failed" else _s(run_status)))
+                or as_text(fields[1]) == "failed" else as_text(run_status)))
         return views
 
 
@@ -509,7 +510,3 @@ class EventsDuty:
 
 def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

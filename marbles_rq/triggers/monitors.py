@@ -58,6 +58,7 @@ from ..engine.runs import RunStore
 from ..errors import InvalidIdError, MarblesError
 from ..store import RedisStore
 from ..store.redis_errors import is_outage, one_line
+from ..store.replies import as_text
 from ..transport.lanes import RQLike
 
 if TYPE_CHECKING:
@@ -333,7 +334,8 @@ class Poller:
     def _state(self, key: str) -> _State:
         f = self.store.client.hmget(self.keys.monitor(key),
                                     ["rev", "obs", "pending", "pending_run", "seq"])
-        return _State(_s(f[0] or b""), _b(f[1]), _b(f[2]), _s(f[3] or b""), int(f[4] or 0))
+        return _State(as_text(f[0] or b""), _b(f[1]), _b(f[2]), as_text(f[3] or b""),
+                      int(f[4] or 0))
 
     def _fence(self, key: str) -> tuple[str, str, str]:
         bucket = self.keys.bucket_of(key)
@@ -542,7 +544,7 @@ def list_monitors(store: RedisStore, monitors: Monitors = MONITORS) -> list[Moni
             continue
         views.append(MonitorView(d.key, d.kind, d.source, d.interval_s,
                                  num(due) if due is not None else num(f[0]), num(f[1]),
-                                 num(f[2]), _s(f[3] or b""), _s(f[4] or b"")))
+                                 num(f[2]), as_text(f[3] or b""), as_text(f[4] or b"")))
     return views
 
 
@@ -628,10 +630,6 @@ class MonitorsDuty:
         if outcome.status == "fenced":
             log.warning("monitor %s: a newer controller acts on it; not recorded", key)
         return outcome
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _b(value: Any) -> bytes | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..engine.runs import RunStore
 from ..store.redis_errors import is_outage, one_line
+from ..store.replies import as_text
 from .schedule_spec import KEY_PATTERN, SCHEDULES, ScheduleRegistry, UnknownScheduleError, as_int
 
 log = logging.getLogger("marbles_rq.triggers.schedules")
@@ -42,11 +43,7 @@ class ScheduleView:
 
 
 def decoded(fields: dict[Any, Any]) -> dict[str, str]:
-    return {_s(k): _s(v) for k, v in fields.items()}
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return {as_text(k): as_text(v) for k, v in fields.items()}
 
 
 def registered_keys(runs: RunStore, buckets: Iterable[int] | None = None) -> list[str]:
@@ -55,7 +52,7 @@ def registered_keys(runs: RunStore, buckets: Iterable[int] | None = None) -> lis
     pipe = runs.client.pipeline(transaction=False)
     for bucket in range(runs.keys.buckets) if buckets is None else buckets:
         pipe.zrange(runs.keys.schedule_index(bucket), 0, -1)
-    return sorted(_s(k) for found in pipe.execute() for k in found)
+    return sorted(as_text(k) for found in pipe.execute() for k in found)
 
 
 def list_schedules(runs: RunStore, registry: ScheduleRegistry | None = None, *,
@@ -112,4 +109,4 @@ def set_paused(runs: RunStore, key: str, paused: bool,
     if reply.status == "unknown":
         raise UnknownScheduleError(f"unknown schedule {key!r}: not declared by --source and "
                                    f"never registered")
-    return _s(reply.values[0]) == "1"
+    return as_text(reply.values[0]) == "1"

@@ -36,6 +36,7 @@ from ..engine.ops import RunRequest, enqueue_many, owned_by, prepare
 from ..engine.runs import TERMINAL, RunStore
 from ..errors import MarblesError
 from ..store.redis_errors import is_outage, one_line
+from ..store.replies import as_text
 from ..store.scripts import Reply
 from ..transport.lanes import RQLike
 from .schedule_spec import (
@@ -94,7 +95,7 @@ def roll_schedule(runs: RunStore, rq: RQLike, key: str, *,
     keys = runs.keys.schedule_keys(key)
     taken = runs.scripts.lock_schedule(keys=keys, holder=holder, ttl_ms=LOCK_TTL_MS)
     if taken.status == "held":
-        return RollResult(key, "skipped", holder=_s(taken.values[0]))
+        return RollResult(key, "skipped", holder=as_text(taken.values[0]))
     try:
         secs, micros = runs.client.time()
         now_ms = int(secs) * 1000 + int(micros) // 1000
@@ -107,7 +108,7 @@ def roll_schedule(runs: RunStore, rq: RQLike, key: str, *,
             raise UnknownScheduleError(f"schedule {key!r} is not registered yet: start a "
                                        f"controller with this --source first")
         if reply.status == "locked":
-            return RollResult(key, "skipped", holder=_s(reply.values[0]))
+            return RollResult(key, "skipped", holder=as_text(reply.values[0]))
         if reply.status != "ok":
             raise MarblesError(f"schedule {key!r}: could not claim an occurrence "
                                f"({reply.status})")
@@ -251,7 +252,7 @@ class ScheduleDuty:
         for bucket in ctl.buckets:
             pipe.zrangebyscore(keys.occurrences_open(bucket), "-inf", cutoff, start=0,
                                num=DUE_BATCH)
-        occ_ids = [_s(o) for found in pipe.execute() for o in found]
+        occ_ids = [as_text(o) for found in pipe.execute() for o in found]
         if not occ_ids:
             return 0
         pipe = ctl.store.client.pipeline(transaction=False)
@@ -274,11 +275,11 @@ class ScheduleDuty:
                                 occ_id)
                 continue
             requests.append(RunRequest(definition.workflow,
-                                       definition.input_for(self.workflows), _s(run_id),
+                                       definition.input_for(self.workflows), as_text(run_id),
                                        origin="schedule"))
             started.append((schedule_keys, keys.occurrence(key_s, occ_id), occ_id, ctl.epoch))
             log.info("occurrence %s was claimed but not started; starting run %s", occ_id,
-                     _s(run_id))
+                     as_text(run_id))
         if requests:
             try:
                 _foreign(enqueue_many(ctl.runs, ctl.rq, requests, self.workflows), requests,
@@ -296,7 +297,7 @@ class ScheduleDuty:
 
     def _fenced(self, ctl: DutyContext, reply: Reply) -> bool:
         if reply.status == "fenced":
-            ctl.step_down(f"a newer controller (epoch {_s(reply.values[0])}) acts on "
+            ctl.step_down(f"a newer controller (epoch {as_text(reply.values[0])}) acts on "
                           f"schedules")
             return True
         return False
@@ -363,7 +364,7 @@ class ScheduleDuty:
                 log.warning("skipping unreadable %s: %s", keys.schedule_due(bucket),
                             one_line(found))
                 continue
-            due += [(_s(k), int(score)) for k, score in found]
+            due += [(as_text(k), int(score)) for k, score in found]
         if time.monotonic() - self._open_checked >= OPEN_AFTER_MS / 1000:
             self._open_checked = time.monotonic()  # open claims: every few seconds
             self.start_open(ctl, OPEN_AFTER_MS)
@@ -455,13 +456,13 @@ class ScheduleDuty:
                 claimed.append(f)
             elif reply.status == "locked":
                 log.info("[schedule] %s skipped: held by %s", f.definition.key,
-                         _s(reply.values[0]))
+                         as_text(reply.values[0]))
                 # Looked at again a poll later, not at every pass while the lock is held.
                 cursor = int(f.expected)
                 held.append(_Move(f.definition, f.expected, cursor, now_ms + POLL_MS))
             elif reply.status == "exists":
                 log.warning("occurrence %s exists for run %s; not fired again",
-                            f.definition.occurrence_id(f.nominal_ms), _s(reply.values[0]))
+                            f.definition.occurrence_id(f.nominal_ms), as_text(reply.values[0]))
         if held:
             self._move(ctl, held)
         if not claimed:
@@ -522,7 +523,7 @@ def _prev(state: dict[str, str], raw: Any) -> _Previous:
     run_id = state.get("last_run")
     if not run_id or not isinstance(raw, list):
         return _Previous(None, False, None, None)
-    status, finished = (_s(x) if x is not None else None for x in raw)
+    status, finished = (as_text(x) if x is not None else None for x in raw)
     if status is None:  # pruned or never recorded: treat as finished at its start
         return _Previous(run_id, False, as_int(state.get("last_start")), None)
     return _Previous(run_id, status not in TERMINAL, as_int(finished), status)
@@ -609,10 +610,6 @@ def duties(registry: ScheduleRegistry | None = None,
     """The controller's schedule duties: occurrence recovery, then the schedules."""
     sched = ScheduleDuty(registry, workflows)
     return [OccurrenceDuty(sched), sched]
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 __all__ = [

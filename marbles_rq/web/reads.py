@@ -14,6 +14,7 @@ from ..deployment import Settings
 from ..engine.output_lines import format_event
 from ..engine.runs import TERMINAL, OutputEvent, RunView
 from ..engine.waits import Question, Report, WaitStore
+from ..store.replies import as_text
 from ..transport import dispatch
 
 OUTPUT_SHOWN = 2000  # output lines rendered with the page; later ones arrive live
@@ -177,7 +178,7 @@ def system(settings: Settings) -> System:
     counts = {}
     for i, name in enumerate(indexes):
         counts[name] = sum(int(n) for n in rest[i * keys.buckets:(i + 1) * keys.buckets])
-    executing = [_s(r) for part in rest[len(indexes) * keys.buckets:] for r in part]
+    executing = [as_text(r) for part in rest[len(indexes) * keys.buckets:] for r in part]
     pipe = client.pipeline(transaction=False)
     for rid in executing:
         pipe.hmget(keys.run(rid), ["worker", "doc"])
@@ -189,9 +190,9 @@ def system(settings: Settings) -> System:
             name = str(json.loads(doc)["name"]) if doc else "?"
         except (ValueError, KeyError, TypeError):
             name = "?"
-        by_worker.setdefault(_s(worker), []).append((rid, name))
-    workers = [WorkerRow(_s(w), int(score) > server_ms, int(score) - server_ms,
-                         sorted(by_worker.pop(_s(w), [])))
+        by_worker.setdefault(as_text(worker), []).append((rid, name))
+    workers = [WorkerRow(as_text(w), int(score) > server_ms, int(score) - server_ms,
+                         sorted(by_worker.pop(as_text(w), [])))
                for w, score in workers_raw]
     # Runs whose worker no longer beats (or predates liveness) still show, under its name.
     workers += [WorkerRow(w, False, 0, sorted(r)) for w, r in sorted(by_worker.items())]
@@ -219,7 +220,3 @@ def redeliveries_last_hour(settings: Settings, server_ms: int) -> int:
     for b in range(keys.buckets):
         pipe.zcount(keys.redeliveries(b), server_ms - 3_600_000, "+inf")
     return sum(int(n) for n in pipe.execute())
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
