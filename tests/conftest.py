@@ -11,10 +11,17 @@ cluster_url            function: ``redis+cluster://...`` URL of redis_cluster, e
                        emptied before the test; dead nodes restarted first.
 default_config_server  function: a server with Redis's built-in defaults (no AOF, no fsync
                        guarantees) for negative tests of durability checks.
+
+Every fixture is per process, so pytest-xdist workers (ops/test runs ``-n``) never share a
+server, a port or a directory. The run order is longest first, from tests/durations.json
+(``--write-durations`` records it again): with ``--dist loadgroup`` a worker that frees up
+takes the next test, so the minute-long tests start at once and the short ones fill the gaps
+at the end instead of one long test running alone last.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +30,69 @@ import pytest
 
 from tests.procs import Procs
 from tests.redis_procs import RedisCluster, RedisServer
+
+DURATIONS = Path(__file__).with_name("durations.json")
+# Tests one xdist worker runs one after the other: those sharing a module-scoped fixture too
+# costly to start on every worker (a 6-node replicated cluster, a browser), and the two chaos
+# runs, which each keep both cores busy for minutes. (file, fixture or None for every test)
+GROUPS = {"replicated-cluster": ("tests/test_lanes.py", "lane_cluster"),
+          "browser": ("tests/test_web_browser.py", "browser"),
+          "chaos": ("tests/test_chaos.py", None)}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--write-durations", action="store_true",
+                     help=f"record every test's duration in {DURATIONS.name} (the run order)")
+
+
+def _base_nodeid(nodeid: str) -> str:
+    # under --dist loadgroup xdist appends "@<group>" to a grouped test's id
+    return nodeid.split("@")[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        known: dict[str, float] = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        known = {}
+
+    def unit_of(item: pytest.Item) -> str:
+        mark = item.get_closest_marker("xdist_group")
+        return str(mark.args[0]) if mark is not None else item.nodeid
+
+    weight: dict[str, float] = {}
+    for item in items:
+        for group, (path, fixture) in GROUPS.items():
+            if item.nodeid.split("::")[0] == path and (
+                    fixture is None or fixture in getattr(item, "fixturenames", ())):
+                item.add_marker(pytest.mark.xdist_group(group))
+        unit = unit_of(item)
+        weight[unit] = weight.get(unit, 0.0) + known.get(item.nodeid, 0.0)
+    # stable: tests never timed keep their file order, after the timed ones
+    items.sort(key=lambda item: -weight[unit_of(item)])
+
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    nodeid = _base_nodeid(report.nodeid)
+    _durations[nodeid] = _durations.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if not config.getoption("write_durations") or hasattr(config, "workerinput"):
+        return  # the xdist controller writes it: it sees every worker's reports
+    try:
+        timed: dict[str, float] = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        timed = {}
+    timed.update((k, round(v, 1)) for k, v in _durations.items())  # a partial run updates
+    timed = {k: v for k, v in sorted(timed.items(), key=lambda kv: -kv[1]) if v >= 0.5}
+    DURATIONS.write_text("{\n" + ",\n".join(f"  {json.dumps(k)}: {v}"
+                                              for k, v in timed.items()) + "\n}\n")
 
 
 def _require_redis() -> None:

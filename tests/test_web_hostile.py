@@ -159,7 +159,7 @@ def test_idle_sse_crowd_costs_one_render_a_second_and_is_capped(procs: Procs) ->
             if r.status_code == 200:
                 break
         assert time.monotonic() < deadline, "the closed streams kept their slots"
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert web.proc.alive()
     client.close()
 
