@@ -258,6 +258,11 @@ def _combinations(h: History) -> None:
     spawner.ms = child.ms + 10
     spawner.run.status = "cancelled"
     spawner.ev("final", status="cancelled")
+    # Its second child was noted, then the execution was killed before recording it, and
+    # the cancel came before a redelivery could: a note, no child.
+    spawner.run.steps["cx_spawner.|child#1"] = Step(
+        "cx_spawner.|child#1", "|child", "running", 1,
+        {"id": "r-spawn.s1", "workflow": "cx_child"}, 1)
     h.submitted.append(Submitted("r-spawn", "cx_spawner", "api", True))
     h.cancels.append(Cancel("r-spawn", "api", "requested"))
 
@@ -435,6 +440,12 @@ def _lost(h: History) -> None:
     del h.runs["r-fan"]
 
 
+def _noted_child_missing(h: History) -> None:
+    """A parent that went on to succeed left a child noted and never recorded: lost (only a
+    stopped parent may leave a note without its child)."""
+    h.runs["r-spawn"].status = "succeeded"
+
+
 def _unexpected(h: History) -> None:
     stray = Builder(h, "r-stray", "cx_chain", {"n": 1})
     stray.start()
@@ -544,6 +555,7 @@ def _crash(h: History) -> None:
 
 MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "lost": ("lost", _lost),
+    "lost_noted_child": ("lost", _noted_child_missing),
     "stuck": ("stuck", _drop_final),
     "terminal": ("terminal", _final_disagrees),
     "outcome": ("outcome", _fails_for_nothing),

@@ -547,9 +547,17 @@ class Scripts:
                            [run_id, event, request_id],
                            ("cancelled", "requested", "settled", "missing", "corrupt"))
 
+    def reap_run(self, *, keys: RunKeys, run_id: str, ctl_epoch: int, grace_ms: int,
+                 final_cancel: bytes, final_gave_up: bytes, worker: str = "") -> Reply:
+        """worker: "" to reap an expired lease; a lost worker's name to reap its run."""
+        return self._reply(
+            "reap_run", self._reap_keys(keys),
+            [run_id, ctl_epoch, grace_ms, final_cancel, final_gave_up, worker],
+            ("redelivered", "cancelled", "gave_up", "not_expired", "gone", "fenced", "corrupt"))
+
     @staticmethod
     def _reap_keys(keys: RunKeys) -> list[str]:
-        """reap_run's KEYS."""
+        """reap_run's KEYS (one list for the single and the batched call)."""
         return [keys.run, keys.leases, keys.dispatch, keys.output, keys.fence, keys.finished,
                 keys.redeliveries]
 

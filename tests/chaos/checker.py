@@ -207,11 +207,17 @@ def _cancel_targets(history: History) -> set[str]:
 
 # -- runs: membership and terminal states -----------------------------------------------------
 
-def _child_ids(run: Run) -> list[str]:
-    """The children a run recorded, in the order it started them."""
-    children = [s for s in run.steps.values() if s.name == "|child"]
+def _child_ids(run: Run, runs: dict[str, Run]) -> list[str]:
+    """The children a run recorded, in the order it started them. A parent notes a child in
+    its ledger (status running) before it records it: an execution killed between the two
+    leaves the note alone, and its redelivery records the child on replay -- unless the
+    parent was stopped first. A note without a child is then no child at all."""
+    children = [s for s in run.steps.values() if s.name == "|child"
+                and isinstance(s.result, dict)
+                and not (s.status == "running" and run.status in ("cancelled", "failed")
+                         and str(s.result["id"]) not in runs)]
     children.sort(key=lambda s: (_frame(s.key), s.seq, s.key))
-    return [str(s.result["id"]) for s in children if isinstance(s.result, dict)]
+    return [str(s.result["id"]) for s in children]
 
 
 def _check_membership(history: History, report: Report) -> None:
@@ -226,7 +232,7 @@ def _check_membership(history: History, report: Report) -> None:
             report.add("lost", rid, "accepted, but not in the store")
     children: dict[str, str] = {}
     for run in runs.values():
-        for cid in _child_ids(run):
+        for cid in _child_ids(run, runs):
             children[cid] = run.id
             if cid not in runs and not _pruned_as_due(run, cid):
                 report.add("lost", cid, f"child of {run.id}, recorded in its ledger, missing")
@@ -555,7 +561,7 @@ def _check_children(run: Run, mine: list[str], history: History, report: Report)
     for cid, n in started.items():
         if n > 1:
             report.add("child_twice", run.id, f"child {cid} started {n} times")
-    ids = _child_ids(run)
+    ids = _child_ids(run, history.runs)
     report.checked["children"] += len(ids)
     present = sorted({c for c in ids if c in history.runs or not _pruned_as_due(run, c)})
     if present != mine or len(ids) != len(set(ids)):
