@@ -128,13 +128,16 @@ def _scenario(procs: Procs, client: redis.Redis, keys: Keyspace, *, controllers:
         return view is not None and view.status == "running" and view.worker is not None \
             and view.worker.endswith(f".{victim_worker.pid}")
 
-    # Enqueue until the forking worker (not the pool) takes one: each try is another id.
+    # Enqueue until the forking worker (not the pool) runs one: each try is another id. On a
+    # busy machine the forking worker may take an earlier try only after it was looked at.
+    tries: list[str] = []
     for n in range(20):
-        target = id_in_lane(keys, lane, f"ln-target-{n}")
-        procs.enqueue("zchain", {"steps": 8, "sleep_s": 0.6}, target)
-        steps[target] = 8
-        obs.wait_step_started(target, "zchain.zlink#0", attempt=1)
-        if on_victim_worker(target):
+        tries.append(id_in_lane(keys, lane, f"ln-target-{n}"))
+        procs.enqueue("zchain", {"steps": 8, "sleep_s": 0.6}, tries[-1])
+        steps[tries[-1]] = 8
+        obs.wait_step_started(tries[-1], "zchain.zlink#0", attempt=1)
+        target = next((rid for rid in tries if on_victim_worker(rid)), "")
+        if target:
             break
     else:
         raise AssertionError("the forking worker never took a run")
