@@ -34,10 +34,12 @@ from tests.redis_procs import RedisCluster, RedisServer
 DURATIONS = Path(__file__).with_name("durations.json")
 # Tests one xdist worker runs one after the other: those sharing a module-scoped fixture too
 # costly to start on every worker (a 6-node replicated cluster, a browser), and the two chaos
-# runs, which each keep both cores busy for minutes. (file, fixture or None for every test)
-GROUPS = {"replicated-cluster": ("tests/test_lanes.py", "lane_cluster"),
-          "browser": ("tests/test_web_browser.py", "browser"),
-          "chaos": ("tests/test_chaos.py", None)}
+# runs, which each keep both cores busy for minutes -- on the worker of the cluster's
+# failover tests, which the chaos load beside them once starved past their deadlines.
+# (group, file, fixture or None for every test)
+GROUPS = (("heavy", "tests/test_lanes.py", "lane_cluster"),
+          ("browser", "tests/test_web_browser.py", "browser"),
+          ("heavy", "tests/test_chaos.py", None))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,7 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     weight: dict[str, float] = {}
     for item in items:
-        for group, (path, fixture) in GROUPS.items():
+        for group, path, fixture in GROUPS:
             if item.nodeid.split("::")[0] == path and (
                     fixture is None or fixture in getattr(item, "fixturenames", ())):
                 item.add_marker(pytest.mark.xdist_group(group))
