@@ -98,7 +98,7 @@ class Controller:
         if self.lease is not None:
             renewed = self.store.renew_lease(self.lease)
             if renewed is None:
-                log.warning("lost the controller lease (epoch %s)", self.lease.epoch)
+                log.warning("lost the controller lease (epoch %s); stepping down", self.lease.epoch)
             self.lease = renewed
         if self.lease is None:
             got = self.store.acquire_lease(self.lease_name, self.token, self.lease_ms,
