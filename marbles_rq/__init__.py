@@ -1,5 +1,17 @@
 """marbles-rq: durable workflows on Redis with RQ workers."""
 
+from .client import (
+    AsyncClient,
+    Client,
+    ResultTimeoutError,
+    RunCancelledError,
+    RunFailedError,
+    RunHandle,
+    RunStatus,
+    StartRequest,
+    connect,
+    connect_async,
+)
 from .engine.api import ask, gather, parallel, report, sleep, sleep_until, start_child
 from .engine.authoring import step, workflow
 from .engine.execute import RunContext, current
@@ -12,6 +24,8 @@ from .triggers.monitors import FileChange, HttpChange, Launch, monitor
 from .triggers.schedules import schedule
 
 __all__ = [
+    "AsyncClient",
+    "Client",
     "Event",
     "FileChange",
     "HttpChange",
@@ -20,9 +34,17 @@ __all__ = [
     "MarblesError",
     "MemoryStore",
     "RedisStore",
+    "ResultTimeoutError",
+    "RunCancelledError",
     "RunContext",
+    "RunFailedError",
+    "RunHandle",
+    "RunStatus",
+    "StartRequest",
     "Store",
     "ask",
+    "connect",
+    "connect_async",
     "current",
     "gather",
     "monitor",

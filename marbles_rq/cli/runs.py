@@ -16,10 +16,7 @@ from ..engine.execution import RunNotFoundError
 from ..engine.ops import (
     MAX_PAYLOAD_ENV,
     PayloadTooLargeError,
-    RunRequest,
-    enqueue_record,
     max_payload,
-    prepare,
 )
 from ..engine.output_lines import format_event
 from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunStore, RunView
@@ -61,24 +58,27 @@ def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | 
 
         run_batch(settings, name, batch, queue, as_json)
         return
-    settings.load_source()
-    raw = read_input(name, input_json)
-    request = RunRequest(name, raw, run_id, queue, strict=True, priority=priority)
-    record = prepare(request)  # every input error before touching Redis
-    runs = settings.runs()
-    result = enqueue_record(runs, settings.rq(), record)
+    from ..client import Client
+
+    client = Client(settings)
+    limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
+    raw = None if input_json is None else json_argument(input_json, "input", limit)
+    # Every input error before touching Redis (but a workflow known only from its workers'
+    # declarations is looked up there).
+    record = client.prepare(name, input_json=raw, id=run_id, queue=queue, priority=priority,
+                            how="give --input")
+    run = client.start_record(record)
     if as_json:
-        view = runs.get(result.run_id)
-        click.echo(json.dumps({"created": result.created, **_view_json(view)}, indent=2))
-    elif result.created:
-        _echo(f"run {result.run_id} queued ({result.record.name} on "
-                   f"{result.record.queue})" + ("" if result.dispatched else
-                                                "; the controller will dispatch it"))
+        click.echo(json.dumps({"created": run.created, **client.status_json(run.id)},
+                              indent=2))
+    elif run.created:
+        _echo(f"run {run.id} queued ({run.workflow} on {run.queue})"
+              + ("" if run.dispatched else "; the controller will dispatch it"))
     else:
-        _echo(f"run {result.run_id} exists already ({result.record.name}, "
-                   f"{result.status}); not enqueued again")
+        _echo(f"run {run.id} exists already ({run.workflow}, {run.initial_status}); not "
+              f"enqueued again")
     if wait:
-        sys.exit(_follow(runs, result.run_id))
+        sys.exit(_follow(settings.runs(), run.id))
 
 
 def read_input(name: str, input_json: str | None) -> bytes:
@@ -115,12 +115,9 @@ def json_argument(text: str, noun: str, limit: int) -> bytes:
 @click.pass_obj
 def status(settings: Settings, run_id: str, as_json: bool) -> None:
     """Show one run: status, attempt, timings, result or error, steps."""
-    from .waits import questions_json, reports_json
+    from ..client import Client
 
-    view = _get(settings.runs(read_only=True), run_id)
-    data = view.to_json()
-    data["questions"] = questions_json(settings, run_id)
-    data["reports"] = reports_json(settings, run_id)
+    data = Client(settings).status_json(run_id)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -234,21 +231,13 @@ def cancel(settings: Settings, run_id: str) -> None:
     """Cancel a run: a queued or waiting run never starts again; a running one stops at its
     next step boundary (its horse is stopped) and never resumes. Its child runs are
     cancelled with it."""
-    from ..engine.waits import WaitStore
+    from ..client import Client
 
-    runs = settings.runs()
-    outcome = runs.cancel(run_id)
-    if outcome == "missing":
-        raise RunNotFoundError(f"no run with id {run_id!r}")
-    click.echo({"cancelled": f"run {run_id} cancelled",
-                "requested": f"run {run_id} is running; cancel requested, it stops at its "
-                             f"next step boundary",
-                "settled": f"run {run_id} has already finished; nothing to cancel"}[outcome])
-    if outcome != "settled":
-        children = WaitStore(runs).cancel_children(run_id)
-        if children:
-            _echo(f"cancelled {len(children)} child runs: {', '.join(children[:10])}"
-                  + (" ..." if len(children) > 10 else ""))
+    done = Client(settings).cancel(run_id)
+    _echo(done.message)
+    if done.children:
+        _echo(f"cancelled {len(done.children)} child runs: {', '.join(done.children[:10])}"
+              + (" ..." if len(done.children) > 10 else ""))
 
 
 def _get(runs: RunStore, run_id: str) -> RunView:
