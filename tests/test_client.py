@@ -246,3 +246,29 @@ def test_connect_reads_the_clis_environment(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(mr.MarblesError, match="MARBLES_BUCKETS"):
         mr.connect()
     assert os.environ["MARBLES_PREFIX"] == "other"
+
+
+def test_start_at_records_now_and_starts_then(procs: Procs, client: mr.Client) -> None:
+    import datetime as dt
+
+    procs.worker()
+    procs.controller()
+    when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=2)
+    run = client.start("cl_order", {"sku": "later"}, start_at=when)
+    assert run.dispatched is False
+    status = run.status()
+    assert status.status == "queued" and status.start_at is not None
+    assert run.result(timeout=30) == {"sku": "later", "total": 500}
+    view = procs.observer.view(run.id)
+    assert view is not None and view.started_ms is not None
+    assert view.started_ms >= int(when.timestamp() * 1000)  # never before its start
+    with pytest.raises(InputError, match="timezone-aware"):
+        client.start("cl_order", {"sku": "a"}, start_at=dt.datetime(2030, 1, 1))
+    with pytest.raises(InputError, match="ten years"):
+        client.start("cl_order", {"sku": "a"}, start_at=when + dt.timedelta(days=4000))
+    done = procs.cli("enqueue", "cl_order", "--input", '{"sku": "b"}', "--start-at", "+1h",
+                     "--id", "cli-later")
+    assert done.returncode == 0 and "it starts at" in done.stdout, done.stderr
+    bad = procs.cli("enqueue", "cl_order", "--input", '{"sku": "b"}', "--start-at",
+                    "tomorrow")
+    assert bad.returncode == 2 and "invalid start time" in bad.stderr
