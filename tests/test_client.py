@@ -253,7 +253,7 @@ def test_start_at_records_now_and_starts_then(procs: Procs, client: mr.Client) -
 
     procs.worker()
     procs.controller()
-    when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=2)
+    when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
     run = client.start("cl_order", {"sku": "later"}, start_at=when)
     assert run.dispatched is False
     status = run.status()
@@ -272,3 +272,20 @@ def test_start_at_records_now_and_starts_then(procs: Procs, client: mr.Client) -
     bad = procs.cli("enqueue", "cl_order", "--input", '{"sku": "b"}', "--start-at",
                     "tomorrow")
     assert bad.returncode == 2 and "invalid start time" in bad.stderr
+
+
+def test_events_and_reruns_through_the_client(procs: Procs, client: mr.Client) -> None:
+    procs.worker()
+    sent = client.send_event("shop", "order-77", "paid", {"amount": 12})
+    assert sent.created and sent.workflow == "cl_on_paid"
+    assert client.handle(sent.run_id).result(timeout=30) == {"paid": {"amount": 12}}
+    again = client.send_event("shop", "order-77", "paid", {"amount": 99})
+    assert not again.created and again.run_id == sent.run_id
+    with pytest.raises(InputError):
+        client.send_event("shop", "order-78", "paid", payload_json=b"{nope")
+    first = client.start("cl_order", {"sku": "re"}, id="to-rerun")
+    first.result(timeout=30)
+    rerun = client.rerun("to-rerun", new_id="rerun-1")
+    assert rerun.run_id == "rerun-1" and rerun.created
+    assert client.handle("rerun-1").result(timeout=30) == {"sku": "re", "total": 200}
+    assert client.status("rerun-1").rerun_of == "to-rerun"

@@ -54,6 +54,7 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.rerun import Rerun
     from ..transport.lanes import Lanes
     from ..triggers.events import Sent
 
@@ -377,15 +378,37 @@ class Client:
             tail = "; the run sees it when it next replays"
         return Outcome(run_id, "answered", f"run {run_id}: {done.question.key} {what}{tail}")
 
-    def send_event(self, source: str, id: str, type: str | None = None,
-                   payload: Any = None) -> Sent:
-        """Record an inbound event (as `marbles-rq events send`): the same (source, id) again
-        is recorded once. Workflows declared with `@mr.on_event` start from it; without
-        their source imported here, the controller starts them after a short grace."""
-        from ..triggers.events import send_event
+    def send_event(self, source: str, id: str, type: str | None = None, payload: Any = None,
+                   *, payload_json: bytes | str | None = None) -> Sent:
+        """Record an inbound event (as `marbles-rq events send`) and start the run of the
+        `@mr.on_event` trigger it matches; the same (source, id) again is recorded once. The
+        triggers are read from the source this client imports (connect(source=...) or
+        MARBLES_SOURCE): ConfigError when it declares none."""
+        from ..errors import ConfigError
+        from ..triggers.events import TRIGGERS, Events
 
-        return send_event(self.runs_store, self.lanes, source, id, type=type or "",
-                          payload=msgspec.json.encode(payload))
+        self.settings.load_source()
+        if not TRIGGERS.by_key:  # every event would be journaled as unmatched, for good
+            raise ConfigError("no event triggers are declared: set the source (connect("
+                              "source=...), --source or MARBLES_SOURCE) to the modules that "
+                              "declare them")
+        raw = msgspec.json.encode(payload) if payload_json is None else (
+            payload_json.encode() if isinstance(payload_json, str) else bytes(payload_json))
+        # Every input error before touching Redis.
+        Events.validate(source, id, type=type or "", payload=raw)
+        return Events(self.runs_store, self.lanes).send(source, id, type=type or "",
+                                                        payload=raw)
+
+    def rerun(self, run_id: str, *, from_step: str | None = None,
+              new_id: str | None = None) -> Rerun:
+        """A new run of a finished run's workflow with its recorded input (as `marbles-rq
+        rerun`); `from_step` copies the results recorded before that step. The same
+        `new_id` again returns that rerun. RerunError, RunNotFoundError, InvalidIdError."""
+        from ..engine.rerun import rerun
+
+        self.settings.load_source()
+        return rerun(self.runs_store, self.lanes, check_id(run_id, "run id"),
+                     from_step=from_step, new_id=new_id)
 
     # -- waiting ----------------------------------------------------------------------------
 
