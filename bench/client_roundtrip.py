@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  goal: within 1.2x of RQ at p50: {p50:.2f}x -> "
             f"{'met' if p50 <= 1.2 else 'NOT met'}")
         say(f"  {load_line()}")
-        say(f"  command: {' '.join([Path(sys.executable).name, '-m', 'bench.client_roundtrip', *(argv if argv is not None else sys.argv[1:])])}")
+        given = argv if argv is not None else sys.argv[1:]
+        say(f"  command: python -m bench.client_roundtrip {' '.join(given)}")
     finally:
         strays = procs.cleanup()
         server.stop()
