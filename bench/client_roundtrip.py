@@ -105,9 +105,10 @@ class ResultReads:
 
 
 class Side:
-    def __init__(self, name: str, once: Callable[[], Any]) -> None:
+    def __init__(self, name: str, once: Callable[[], float]) -> None:
         self.name, self.once = name, once
         self.samples: list[float] = []
+        self.starts: list[float] = []  # the start / enqueue part of each sample
         self.requests = 0
         self.server_reads = 0
         self.count = 0
@@ -169,16 +170,23 @@ def main(argv: list[str] | None = None) -> int:
         queue = Queue(RQ_QUEUE, connection=redis.Redis.from_url(server.url),
                       serializer=RQJSONSerializer)
 
-        def marbles_once() -> Any:
-            value = client.start("one_step").result(timeout=30)
+        def marbles_once() -> float:
+            t0 = time.perf_counter()
+            run = client.start("one_step")
+            started = time.perf_counter() - t0
+            value = run.result(timeout=30)
             if value != 0:
                 raise SystemExit(f"one_step returned {value!r}")
+            return started
 
-        def rq_once() -> Any:
+        def rq_once() -> float:
+            t0 = time.perf_counter()
             job = queue.enqueue(NOOP)
+            started = time.perf_counter() - t0
             got = job.latest_result(timeout=30)
             if got is None or got.type != got.Type.SUCCESSFUL:
                 raise SystemExit(f"RQ job {job.id}: {got}\n{rw.tail()}")
+            return started
 
         sides = [Side("marbles-rq start+result", marbles_once),
                  Side("RQ enqueue+latest_result", rq_once)]
@@ -193,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                 req0, srv0 = requests.n, server_reads(r)
                 for _ in range(n):
                     t0 = time.perf_counter()
-                    side.once()
+                    side.starts.append(side.once())
                     side.samples.append(time.perf_counter() - t0)
                 side.requests += requests.n - req0
                 side.server_reads += server_reads(r) - srv0 - 1  # less the INFO itself
@@ -216,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         say()
         say(table(["", "n", "p50 ms", "p90 ms", "p99 ms", "max ms", "client round trips",
                    "server round trips"], rows))
+        for side in sides:
+            waits = [a - b for a, b in zip(side.samples, side.starts, strict=True)]
+            say(f"  {side.name}: the start p50 {pct(side.starts, 50) * 1000:.2f} ms, p99 "
+                f"{pct(side.starts, 99) * 1000:.2f} ms; the wait for the result p50 "
+                f"{pct(waits, 50) * 1000:.2f} ms, p99 {pct(waits, 99) * 1000:.2f} ms")
         say(f"  result(): {reads.reads / m.count:.2f} blocking reads per run, "
             f"{reads.wait_s / m.count * 1000:.2f} ms waiting in them on average")
         p50 = pct(m.samples, 50) / pct(q.samples, 50)

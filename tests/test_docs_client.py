@@ -55,7 +55,8 @@ def blocks(path: Path) -> list[Block]:
     return found
 
 
-def run_blocks(procs: Procs, chosen: list[Block], tmp: Path) -> str:
+def run_blocks(procs: Procs, chosen: list[Block], tmp: Path,
+               env_extra: dict[str, str] | None = None) -> str:
     """Execute the blocks in order in one namespace, in a fresh interpreter; tracebacks
     name the document and line."""
     runner = tmp / "run_blocks.py"
@@ -66,6 +67,7 @@ def run_blocks(procs: Procs, chosen: list[Block], tmp: Path) -> str:
         "    print(f'=== {path}:{line}', flush=True)\n"
         "    exec(compile('\\n' * (line - 1) + code, path, 'exec'), namespace)\n")
     env = {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
+    env.update(env_extra or {})
     done = subprocess.run([sys.executable, str(runner)], env=env, cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
@@ -93,11 +95,15 @@ def test_the_readme_quick_start_runs_as_written(stack: Procs, tmp_path: Path) ->
         "import marbles_rq as mr",
         "client = mr.connect()",
         'print(client.start("chain", {"steps": 3}).result(timeout=60))']
-    # The shell lines above it point the client at what `marbles-rq dev` starts.
+    # The shell lines above it start `marbles-rq dev` and export what the client reads: the
+    # block runs with those variables, the URL moved to this test's server.
     shell = blocks(README)[blocks(README).index(quick[0]) - 1].code
     assert "--source examples/chain.py dev" in shell
-    assert f"export MARBLES_REDIS_URL=redis://127.0.0.1:{DEFAULT_PORT}/0" in shell
-    out = run_blocks(stack, quick, tmp_path)
+    export = next(line for line in shell.splitlines() if line.startswith("export "))
+    exported = dict(word.split("=", 1) for word in export.split("#")[0].split()[1:])
+    assert exported["MARBLES_REDIS_URL"] == f"redis://127.0.0.1:{DEFAULT_PORT}/0"
+    exported["MARBLES_REDIS_URL"] = stack.url
+    out = run_blocks(stack, quick, tmp_path, exported)
     assert printed(out, quick[0])[0].startswith("{'steps': 3, 'keys': [")
     # It started one run of chain, and that run succeeded.
     with mr.connect(stack.url) as client:

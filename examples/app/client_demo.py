@@ -2,7 +2,7 @@
 workflows (examples/app/shop.py) by name, waits for their results, approves an order that
 waits for a person, and handles the typed errors. It does not import the workflows.
 
-    marbles-rq --source examples/app/shop.py dev &        # Redis on :6399, 2 workers
+    marbles-rq --source examples/app/shop.py dev          # in another terminal
     export MARBLES_REDIS_URL=redis://127.0.0.1:6399/0
     .venv/bin/python examples/app/client_demo.py
 

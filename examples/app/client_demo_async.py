@@ -2,7 +2,7 @@
 placed at once on one event loop, each awaiting its result without holding a thread, and an
 approval answered while the run waits.
 
-    marbles-rq --source examples/app/shop.py dev &        # Redis on :6399, 2 workers
+    marbles-rq --source examples/app/shop.py dev          # in another terminal
     export MARBLES_REDIS_URL=redis://127.0.0.1:6399/0
     .venv/bin/python examples/app/client_demo_async.py
 """
