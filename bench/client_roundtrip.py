@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -240,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         strays = procs.cleanup()
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
         if strays:
             say(f"  stray processes left: {strays}")
     return 0
