@@ -13,14 +13,6 @@ import click
 from ..deployment import Settings
 from ..engine.authoring import InputError
 from ..engine.execution import RunNotFoundError
-from ..engine.ops import (
-    MAX_PAYLOAD_ENV,
-    PayloadTooLargeError,
-    RunRequest,
-    enqueue_record,
-    max_payload,
-    prepare,
-)
 from ..engine.output_lines import format_event
 from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunStore, RunView
 from ..terminal import safe
@@ -61,6 +53,9 @@ def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | 
 
         run_batch(settings, name, batch, queue, as_json)
         return
+    # Imported here: ops brings in RQ, which this module's other commands never need.
+    from ..engine.ops import RunRequest, enqueue_record, prepare
+
     settings.load_source()
     raw = read_input(name, input_json)
     request = RunRequest(name, raw, run_id, queue, strict=True, priority=priority)
@@ -84,7 +79,7 @@ def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | 
 def read_input(name: str, input_json: str | None) -> bytes:
     """--input as bytes: JSON text, @FILE read up to the payload limit, or for an omitted
     one what the workflow takes without input (see ops.omitted_input)."""
-    from ..engine.ops import omitted_input
+    from ..engine.ops import max_payload, omitted_input
 
     limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
     if input_json is None:
@@ -94,6 +89,8 @@ def read_input(name: str, input_json: str | None) -> bytes:
 
 def json_argument(text: str, noun: str, limit: int) -> bytes:
     """A JSON option's bytes: the text itself, or @FILE read up to `limit` bytes."""
+    from ..engine.ops import MAX_PAYLOAD_ENV, PayloadTooLargeError
+
     if not text.startswith("@"):
         return text.encode()
     try:
