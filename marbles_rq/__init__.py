@@ -67,13 +67,15 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home, __name__), name)
-    globals()[name] = value  # the next lookup is a plain attribute
-    return value
+if not TYPE_CHECKING:  # hidden from type checkers, which would take every misspelt name as Any
+
+    def __getattr__(name: str) -> Any:
+        home = _HOME.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home, __name__), name)
+        globals()[name] = value  # the next lookup is a plain attribute
+        return value
 
 
 def __dir__() -> list[str]:
