@@ -1,27 +1,33 @@
 """marbles-rq: durable workflows on Redis with RQ workers."""
 
-from .client import (
-    AsyncClient,
-    Client,
-    ResultTimeoutError,
-    RunCancelledError,
-    RunFailedError,
-    RunHandle,
-    RunStatus,
-    StartRequest,
-    connect,
-    connect_async,
-)
-from .engine.api import ask, gather, parallel, report, sleep, sleep_until, start_child
-from .engine.authoring import step, workflow
-from .engine.execute import RunContext, current
-from .errors import MarblesError
-from .store import RedisStore, Store, open_store
-from .store.keys import Keyspace
-from .store.memory import MemoryStore
-from .triggers.events import Event, on_event, send_event
-from .triggers.monitors import FileChange, HttpChange, Launch, monitor
-from .triggers.schedules import schedule
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .client import (
+        AsyncClient,
+        Client,
+        ResultTimeoutError,
+        RunCancelledError,
+        RunFailedError,
+        RunHandle,
+        RunStatus,
+        StartRequest,
+        connect,
+        connect_async,
+    )
+    from .engine.api import ask, gather, parallel, report, sleep, sleep_until, start_child
+    from .engine.authoring import step, workflow
+    from .engine.execute import RunContext, current
+    from .errors import MarblesError
+    from .store import RedisStore, Store, open_store
+    from .store.keys import Keyspace
+    from .store.memory import MemoryStore
+    from .triggers.events import Event, on_event, send_event
+    from .triggers.monitors import FileChange, HttpChange, Launch, monitor
+    from .triggers.schedules import schedule
 
 __all__ = [
     "AsyncClient",
@@ -61,3 +67,41 @@ __all__ = [
     "workflow",
 ]
 __version__ = "0.1.0"
+
+# Each public name's module, imported on first use (PEP 562): every `marbles-rq` process
+# imports this package, and most of them (a status, an enqueue, a worker whose workflows
+# declare no trigger) need only a few of these modules.
+_HOME = {
+    **{name: ".client" for name in (
+        "AsyncClient", "Client", "ResultTimeoutError", "RunCancelledError", "RunFailedError",
+        "RunHandle", "RunStatus", "StartRequest", "connect", "connect_async")},
+    "ask": ".engine.api", "gather": ".engine.api", "parallel": ".engine.api",
+    "report": ".engine.api", "sleep": ".engine.api", "sleep_until": ".engine.api",
+    "start_child": ".engine.api",
+    "step": ".engine.authoring", "workflow": ".engine.authoring",
+    "RunContext": ".engine.execute", "current": ".engine.execute",
+    "MarblesError": ".errors",
+    "RedisStore": ".store", "Store": ".store", "open_store": ".store",
+    "Keyspace": ".store.keys",
+    "MemoryStore": ".store.memory",
+    "Event": ".triggers.events", "on_event": ".triggers.events",
+    "send_event": ".triggers.events",
+    "FileChange": ".triggers.monitors", "HttpChange": ".triggers.monitors",
+    "Launch": ".triggers.monitors", "monitor": ".triggers.monitors",
+    "schedule": ".triggers.schedules",
+}
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, which would take every misspelt name as Any
+
+    def __getattr__(name: str) -> Any:
+        home = _HOME.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home, __name__), name)
+        globals()[name] = value  # the next lookup is a plain attribute
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

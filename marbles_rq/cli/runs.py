@@ -13,11 +13,6 @@ import click
 from ..deployment import Settings
 from ..engine.authoring import InputError
 from ..engine.execution import RunNotFoundError
-from ..engine.ops import (
-    MAX_PAYLOAD_ENV,
-    PayloadTooLargeError,
-    max_payload,
-)
 from ..engine.output_lines import format_event
 from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunStore, RunView
 from ..terminal import safe
@@ -63,7 +58,10 @@ def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | 
 
         run_batch(settings, name, batch, queue, as_json)
         return
+    # Imported here: starting a run brings in RQ, which this module's other commands never
+    # need.
     from ..client.sync import Client, parse_start_at
+    from ..engine.ops import max_payload
 
     client = Client(settings)
     when = None if start_at is None else parse_start_at(start_at)
@@ -95,7 +93,7 @@ def _iso(ms: int) -> str:
 def read_input(name: str, input_json: str | None) -> bytes:
     """--input as bytes: JSON text, @FILE read up to the payload limit, or for an omitted
     one what the workflow takes without input (see ops.omitted_input)."""
-    from ..engine.ops import omitted_input
+    from ..engine.ops import max_payload, omitted_input
 
     limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
     if input_json is None:
@@ -105,6 +103,8 @@ def read_input(name: str, input_json: str | None) -> bytes:
 
 def json_argument(text: str, noun: str, limit: int) -> bytes:
     """A JSON option's bytes: the text itself, or @FILE read up to `limit` bytes."""
+    from ..engine.ops import MAX_PAYLOAD_ENV, PayloadTooLargeError
+
     if not text.startswith("@"):
         return text.encode()
     try:

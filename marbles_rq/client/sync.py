@@ -33,7 +33,6 @@ from ..engine.authoring import (
     WorkflowDef,
 )
 from ..engine.execution import RunNotFoundError
-from ..engine.ops import ENQUEUE_CHUNK, Enqueued, RunRequest, enqueue_records, prepare
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.runs import OutputEvent, RunStore
 from ..engine.waits import Answered, WaitStore
@@ -54,6 +53,7 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.ops import Enqueued
     from ..engine.rerun import Rerun
     from ..transport.lanes import Lanes
     from ..triggers.events import Sent
@@ -189,6 +189,10 @@ class Client:
         """Validate a start completely (input, id, queue, priority) and return the record it
         would write; nothing is written. Raises the error `start` would (`how` ends the
         message of a missing input: how to give one)."""
+        # Here, not at the top: starting runs brings in RQ, which a client that only reads
+        # (a `status`, the dashboard's pages) never needs.
+        from ..engine.ops import RunRequest, prepare
+
         self.settings.load_source()  # once, on the first start: readers never import it
         name = workflow_name(workflow)
         registry = REGISTRY if isinstance(workflow, WorkflowDef) else self._registry_for(name)
@@ -225,6 +229,8 @@ class Client:
     def start_many(self, requests: Iterable[StartRequest]) -> list[RunHandle]:
         """Start many runs: all are validated first (one bad request starts none), then
         recorded and enqueued 500 to a round trip. Handles come back in request order."""
+        from ..engine.ops import ENQUEUE_CHUNK, enqueue_records
+
         records = [self.prepare(r.workflow, r.input, id=r.id, queue=r.queue,
                                 priority=r.priority, input_json=r.input_json,
                                 start_at=r.start_at)
