@@ -47,6 +47,9 @@ def test_importing_the_package_imports_none_of_its_narrow_parts() -> None:
 
 def test_every_public_name_is_its_modules_object() -> None:
     homes = {
+        "marbles_rq.client": ["AsyncClient", "Client", "ResultTimeoutError",
+                              "RunCancelledError", "RunFailedError", "RunHandle", "RunStatus",
+                              "StartRequest", "connect", "connect_async"],
         "marbles_rq.engine.api": ["ask", "gather", "parallel", "report", "sleep",
                                   "sleep_until", "start_child"],
         "marbles_rq.engine.authoring": ["step", "workflow"],
