@@ -258,6 +258,8 @@ def test_refusals_are_json_and_record_nothing(procs: Procs, web: Web) -> None:
     refused(curl(web, "POST", "/api/runs/never/questions/q/answer", raw=b"[1,"), 400,
             "malformed_json")
     refused(curl(web, "GET", "/api/runs?limit=0"), 400, "invalid_request")
+    refused(curl(web, "GET", "/api/runs?status=finished"), 400, "invalid_request")
+    refused(curl(web, "POST", "/api/runs", raw=b""), 400, "malformed_json")
     refused(curl(web, "GET", "/api/nothing-here"), 404, "not_found")
     refused(curl(web, "DELETE", "/api/runs"), 405, "method_not_allowed")
     refused(curl(web, "POST", "/api/events", {"source": "bad source", "id": "e"}), 422,
@@ -315,3 +317,19 @@ def test_openapi_document_lists_every_api_route(procs: Procs, web: Web) -> None:
                     assert ref.rsplit("/", 1)[1] in spec["components"]["schemas"], (path, status)
     assert "RunStatus" in spec["components"]["schemas"]
     assert "ErrorBody" in spec["components"]["schemas"]
+
+
+def test_a_kept_alive_connection_answers_without_the_delayed_ack(procs: Procs,
+                                                                  web: Web) -> None:
+    """The listening socket's proto once kept asyncio from setting TCP_NODELAY: every reply
+    on a kept-alive connection (headers and body, two writes) then waited for the client's
+    delayed ACK, 40 ms or more a request, whatever the load."""
+    import httpx
+
+    with httpx.Client(base_url=web.url, timeout=10) as http:
+        took = []
+        for _ in range(21):
+            began = time.perf_counter()
+            assert http.get("/api/openapi.json").status_code == 200
+            took.append(time.perf_counter() - began)
+    assert sorted(took)[10] < 0.030, sorted(took)

@@ -55,7 +55,10 @@ def web(settings: Settings, bind: str, port: int, log_level: str, metrics_port: 
     webhooks.check()
     app = create_app(settings, guard, webhooks, api_token=api_token)
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP.
+    # Without it a reply's headers and body (two writes) waited for the client's delayed
+    # ACK: 40 ms added to every request on a kept-alive connection.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((bind, port))

@@ -30,6 +30,7 @@ from ..client.errors import RunCancelledError, RunFailedError
 from ..client.views import Outcome, OutputEntry, RunError, RunsPage, RunStatus
 from ..deployment import Settings
 from ..engine.ops import MAX_DEPTH, json_depth_exceeds
+from ..engine.runs import STATUSES
 from ..store.ids import check_id
 from .api_auth import ApiGuard
 from .api_errors import ApiError, error_response, response_for
@@ -99,8 +100,11 @@ class Api:
                    empty: S | None = None) -> S:
         """The body decoded as `model` (`empty` stands for an empty body, when given)."""
         raw = await self.body(request, limit)
-        if not raw.strip() and empty is not None:
-            return empty
+        if not raw.strip():
+            if empty is not None:
+                return empty
+            raise ApiError("malformed_json", f"the body is empty: expected a JSON "
+                                             f"{model.__name__} object")
         if json_depth_exceeds(raw, MAX_DEPTH + 2):  # the decoder would recurse to a crash
             raise ApiError("input_too_deep", f"the body nests arrays or objects deeper "
                                              f"than {MAX_DEPTH + 2} levels")
@@ -166,6 +170,9 @@ class Api:
 
     async def runs(self, request: Request) -> Response:
         q = request.query_params
+        if q.get("status") and q["status"] not in STATUSES:
+            raise ApiError("invalid_request", f"status must be one of {', '.join(STATUSES)}, "
+                                              f"not {q['status'][:40]!r}")
         page: RunsPage = await self.client.runs(
             status=q.get("status") or None, workflow=q.get("workflow") or None,
             queue=q.get("queue") or None,
