@@ -333,3 +333,42 @@ def test_a_kept_alive_connection_answers_without_the_delayed_ack(procs: Procs,
             assert http.get("/api/openapi.json").status_code == 200
             took.append(time.perf_counter() - began)
     assert sorted(took)[10] < 0.030, sorted(took)
+
+
+def test_waiting_requests_hold_no_thread(procs: Procs, web: Web) -> None:
+    """60 long-polls at once (more than the server's 40 worker threads): a request that
+    needs a thread is still answered meanwhile, and every long-poll returns its result once
+    a worker runs the run."""
+    import asyncio
+
+    import httpx
+
+    assert curl(web, "POST", "/api/runs", {"workflow": "cl_order", "id": "many",
+                                           "input": {"sku": "ab"}}).status == 201
+
+    def blocked_reads() -> int:
+        clients = procs.observer.runs.client.execute_command("CLIENT", "LIST")
+        return int(clients.count(b"cmd=xread"))
+
+    async def main() -> tuple[list[httpx.Response], float]:
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        limits = httpx.Limits(max_connections=100)
+        async with httpx.AsyncClient(base_url=web.url, headers=headers, timeout=90,
+                                     limits=limits) as http:
+            polls = [asyncio.ensure_future(http.get("/api/runs/many/result?timeout=60"))
+                     for _ in range(60)]
+            deadline = time.monotonic() + 60
+            while blocked_reads() < 60:  # each long-poll blocked in XREAD on its stream
+                assert time.monotonic() < deadline, blocked_reads()
+                await asyncio.sleep(0.1)
+            began = time.monotonic()
+            status = await http.get("/api/runs/many")  # a thread-pool call
+            took = time.monotonic() - began
+            assert status.status_code == 200 and status.json()["status"] == "queued"
+            procs.worker()
+            return list(await asyncio.gather(*polls)), took
+
+    replies, took = asyncio.run(main())
+    assert took < 10, took
+    assert all(r.status_code == 200 for r in replies)
+    assert {r.json()["result"]["total"] for r in replies} == {200}

@@ -34,6 +34,7 @@ STATUS: dict[str, int] = {
     "not_found": 404,  # no such API path
     "method_not_allowed": 405,
     "timeout": 408,  # the result's long-poll ended before the run finished
+    "body_timeout": 408,  # the body did not arrive in time (a trickle)
     "payload_too_large": 413,  # the body, or an input or payload in it, is over the limit
     "throttled": 429,  # too many wrong tokens from this address
     "busy": 503,  # too many waiting requests (long-polls, output streams) at once

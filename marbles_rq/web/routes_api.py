@@ -80,20 +80,19 @@ class Api:
         limit = self.limit if limit is None else limit
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            raise ApiError("payload_too_large", f"the body is larger than {limit} bytes")
+            raise ApiError("payload_too_large", _too_large(limit))
         body = bytearray()
         try:
             with anyio.fail_after(BODY_TIMEOUT_S):  # a body trickled in (slowloris)
                 async for chunk in request.stream():
                     body += chunk
                     if len(body) > limit:
-                        raise ApiError("payload_too_large",
-                                       f"the body is larger than {limit} bytes")
+                        raise ApiError("payload_too_large", _too_large(limit))
         except ClientDisconnect:
             raise ApiError("invalid_request", "the client went away") from None
         except TimeoutError:
-            raise ApiError("invalid_request", f"the body did not arrive within "
-                                              f"{BODY_TIMEOUT_S:.0f} s") from None
+            raise ApiError("body_timeout", f"the body did not arrive within "
+                                           f"{BODY_TIMEOUT_S:.0f} s") from None
         return bytes(body)
 
     async def json(self, request: Request, model: type[S], *, limit: int | None = None,
@@ -105,9 +104,10 @@ class Api:
                 return empty
             raise ApiError("malformed_json", f"the body is empty: expected a JSON "
                                              f"{model.__name__} object")
-        if json_depth_exceeds(raw, MAX_DEPTH + 2):  # the decoder would recurse to a crash
+        # The decoder would recurse to a crash; an input sits at most 3 levels down (a batch).
+        if json_depth_exceeds(raw, MAX_DEPTH + 3):
             raise ApiError("input_too_deep", f"the body nests arrays or objects deeper "
-                                             f"than {MAX_DEPTH + 2} levels")
+                                             f"than {MAX_DEPTH + 3} levels")
         try:
             msgspec.json.decode(raw)  # JSON at all? (a typed decode stops at the first misfit)
         except msgspec.DecodeError as exc:
@@ -310,6 +310,10 @@ async def until_disconnected(request: Request, waiting: Awaitable[Any]) -> Any:
     return _GONE
 
 
+def _too_large(limit: int) -> str:
+    return f"the body is larger than {limit} bytes"
+
+
 def reply(value: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(value), status, media_type="application/json")
 
@@ -366,10 +370,11 @@ def _number(request: Request, name: str, default: Any, low: float, high: float, 
 # -- the table -----------------------------------------------------------------------------
 
 RUN_REFUSALS = ("invalid_id", "run_not_found")
-START_REFUSALS = ("malformed_json", "invalid_request", "invalid_input", "input_too_deep",
-                  "unknown_workflow", "invalid_id", "payload_too_large")
-ANSWER_REFUSALS = (*RUN_REFUSALS, "malformed_json", "invalid_request", "unknown_question",
-                   "answer_refused", "already_answered", "payload_too_large")
+BODY_REFUSALS = ("malformed_json", "invalid_request", "payload_too_large", "body_timeout",
+                 "input_too_deep")
+START_REFUSALS = (*BODY_REFUSALS, "invalid_input", "unknown_workflow", "invalid_id")
+ANSWER_REFUSALS = (*RUN_REFUSALS, *BODY_REFUSALS, "unknown_question", "answer_refused",
+                   "already_answered")
 
 ROUTES: list[ApiRoute] = [
     ApiRoute("POST", "/api/runs", Api.start, "Start a run (idempotent on `id`)",
@@ -429,8 +434,7 @@ ROUTES: list[ApiRoute] = [
     ApiRoute("POST", "/api/events", Api.send_event,
              "Record an inbound event (202 new, 200 received before)", body=EventBody,
              reply=EventSent, status=(202, 200),
-             refusals=("malformed_json", "invalid_request", "invalid_event", "invalid_input",
-                       "payload_too_large", "input_too_deep")),
+             refusals=(*BODY_REFUSALS, "invalid_event", "invalid_input")),
     ApiRoute("GET", "/api/openapi.json", Api.openapi,
              "This document (needs no token)", open=True),
 ]
