@@ -139,6 +139,12 @@ def test_a_service_drives_the_api_with_curl(procs: Procs, web: Web) -> None:
     wait_for(lambda: any(q["run"] == "appr-1" for q in
                          curl(web, "GET", "/api/feed").json()["questions"]),
              timeout=30, what="the approval in the feed")
+    assert curl(web, "POST", "/api/runs/appr-1/pause").json()["outcome"] == "paused"
+    assert curl(web, "POST", "/api/runs/appr-1/resume").json()["outcome"] == "woken"
+    wait_for(lambda: curl(web, "GET", "/api/runs/appr-1").json()["status"] == "waiting"
+             or None, timeout=30, what="the run waiting again")
+    not_paused = curl(web, "POST", "/api/runs/appr-1/resume")
+    assert not_paused.status == 409 and not_paused.error()["code"] == "not_paused"
     missing = curl(web, "POST", "/api/runs/appr-1/questions/nope/approve")
     assert missing.status == 404 and missing.error()["code"] == "unknown_question"
     approved = curl(web, "POST", "/api/runs/appr-1/questions/ship/approve", {"note": "go"})
