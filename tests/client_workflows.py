@@ -49,3 +49,9 @@ def cl_slow(ctx: mr.RunContext, inp: dict[str, Any]) -> int:
 @mr.workflow
 def cl_approval(ctx: mr.RunContext) -> dict[str, Any]:
     return dict(ctx.ask.approval("Ship it?", key="ship"))
+
+
+@mr.on_event("shop", type="paid")
+@mr.workflow
+def cl_on_paid(ctx: mr.RunContext, event: mr.Event) -> dict[str, Any]:
+    return {"paid": event.payload}

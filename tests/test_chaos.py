@@ -27,7 +27,8 @@ LANES_SEED = 4243
 COVERED = ("runs", "steps", "effects", "questions", "timers", "children", "events",
            "schedule cx-tick", "paused runs", "paused runs parked", "children gathered late",
            "children of cancelled parents", "limit samples cx_limited",
-           "limit samples cx_limited_key customer=acme", "reruns", "priority bands")
+           "limit samples cx_limited_key customer=acme", "reruns", "priority bands",
+           "runs started later")
 
 
 def _chaos(*args: str) -> None:

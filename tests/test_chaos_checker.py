@@ -296,6 +296,13 @@ def _combinations(h: History) -> None:
     band.finish({"steps": [band.step("cx_chain.cx_link#0")]})
     h.submitted.append(Submitted("r-band", "cx_chain", "api", True))
 
+    # A run asked to start later, started after that time.
+    later = Builder(h, "r-later", "cx_chain", {"n": 1})
+    later.run.start_at_ms = later.ms
+    later.start()
+    later.finish({"steps": [later.step("cx_chain.cx_link#0")]})
+    h.submitted.append(Submitted("r-later", "cx_chain", "later", True))
+
 
 # -- each mutation plants one kind of violation ----------------------------------------------
 
@@ -549,6 +556,10 @@ def _band_lost(h: History) -> None:
                                                      ex.attempt, ex.pid, ex.t, "cx.default")
 
 
+def _started_early(h: History) -> None:
+    h.runs["r-later"].start_at_ms += 60_000
+
+
 def _crash(h: History) -> None:
     h.crashes.append(Crash("c0 (controller, pid 42)", 1, tail="Traceback ..."))
 
@@ -595,6 +606,7 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "rerun_reran": ("rerun_reran", _rerun_reran),
     "rerun_skipped": ("rerun_skipped", _rerun_skipped),
     "band": ("band", _band_lost),
+    "start_early": ("start_early", _started_early),
 }
 
 
@@ -610,6 +622,7 @@ def test_a_correct_history_passes() -> None:
     assert report.checked["children of cancelled parents"] == 1
     assert report.checked["limit samples cx_limited"] == 900
     assert report.checked["priority bands"] == 1
+    assert report.checked["runs started later"] == 1
     text = summary(history, report)
     assert "violations: 0" in text
 

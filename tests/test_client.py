@@ -246,3 +246,46 @@ def test_connect_reads_the_clis_environment(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(mr.MarblesError, match="MARBLES_BUCKETS"):
         mr.connect()
     assert os.environ["MARBLES_PREFIX"] == "other"
+
+
+def test_start_at_records_now_and_starts_then(procs: Procs, client: mr.Client) -> None:
+    import datetime as dt
+
+    procs.worker()
+    procs.controller()
+    when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
+    run = client.start("cl_order", {"sku": "later"}, start_at=when)
+    assert run.dispatched is False
+    status = run.status()
+    assert status.status == "queued" and status.start_at is not None
+    assert run.result(timeout=30) == {"sku": "later", "total": 500}
+    view = procs.observer.view(run.id)
+    assert view is not None and view.started_ms is not None
+    assert view.started_ms >= int(when.timestamp() * 1000)  # never before its start
+    with pytest.raises(InputError, match="timezone-aware"):
+        client.start("cl_order", {"sku": "a"}, start_at=dt.datetime(2030, 1, 1))
+    with pytest.raises(InputError, match="ten years"):
+        client.start("cl_order", {"sku": "a"}, start_at=when + dt.timedelta(days=4000))
+    done = procs.cli("enqueue", "cl_order", "--input", '{"sku": "b"}', "--start-at", "+1h",
+                     "--id", "cli-later")
+    assert done.returncode == 0 and "it starts at" in done.stdout, done.stderr
+    bad = procs.cli("enqueue", "cl_order", "--input", '{"sku": "b"}', "--start-at",
+                    "tomorrow")
+    assert bad.returncode == 2 and "invalid start time" in bad.stderr
+
+
+def test_events_and_reruns_through_the_client(procs: Procs, client: mr.Client) -> None:
+    procs.worker()
+    sent = client.send_event("shop", "order-77", "paid", {"amount": 12})
+    assert sent.created and sent.workflow == "cl_on_paid"
+    assert client.handle(sent.run_id).result(timeout=30) == {"paid": {"amount": 12}}
+    again = client.send_event("shop", "order-77", "paid", {"amount": 99})
+    assert not again.created and again.run_id == sent.run_id
+    with pytest.raises(InputError):
+        client.send_event("shop", "order-78", "paid", payload_json=b"{nope")
+    first = client.start("cl_order", {"sku": "re"}, id="to-rerun")
+    first.result(timeout=30)
+    rerun = client.rerun("to-rerun", new_id="rerun-1")
+    assert rerun.run_id == "rerun-1" and rerun.created
+    assert client.handle("rerun-1").result(timeout=30) == {"sku": "re", "total": 200}
+    assert client.status("rerun-1").rerun_of == "to-rerun"

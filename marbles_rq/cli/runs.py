@@ -41,44 +41,55 @@ def _echo(line: str) -> None:
 @click.option("--queue", default=None, help="RQ queue (default: the workflow's).")
 @click.option("--priority", type=int, default=None, help="-100 to 100; higher runs first "
               "within its queue (default: the workflow's, else 0).")
+@click.option("--start-at", "start_at", default=None, metavar="WHEN",
+              help="Start no earlier than WHEN: ISO 8601 with a zone (2026-12-24T18:00:00Z) "
+                   "or +N s|m|h|d from now (+90s, +2h). Recorded now; the controller "
+                   "enqueues it then.")
 @click.option("--wait", is_flag=True, help="Follow the run's output until it finishes; exit "
               "like `watch`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 @click.pass_obj
 def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | None,
-            run_id: str | None, queue: str | None, priority: int | None, wait: bool,
-            as_json: bool) -> None:
+            run_id: str | None, queue: str | None, priority: int | None,
+            start_at: str | None, wait: bool, as_json: bool) -> None:
     """Record a run of workflow NAME, then enqueue it (or one run per line of --batch)."""
     if batch is not None:
-        if input_json is not None or run_id is not None or wait or priority is not None:
-            raise click.UsageError("--batch takes no --input, --id, --priority or --wait "
-                                   "(each line carries its input and, optionally, its id; "
+        if (input_json is not None or run_id is not None or wait or priority is not None
+                or start_at is not None):
+            raise click.UsageError("--batch takes no --input, --id, --priority, --start-at or "
+                                   "--wait (each line carries its input and, optionally, its id; "
                                    "runs take the workflow's priority)")
         from .bulk import run_batch
 
         run_batch(settings, name, batch, queue, as_json)
         return
-    from ..client import Client
+    from ..client.sync import Client, parse_start_at
 
     client = Client(settings)
+    when = None if start_at is None else parse_start_at(start_at)
     limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
     raw = None if input_json is None else json_argument(input_json, "input", limit)
     # Every input error before touching Redis (but a workflow known only from its workers'
     # declarations is looked up there).
     record = client.prepare(name, input_json=raw, id=run_id, queue=queue, priority=priority,
-                            how="give --input")
+                            start_at=when, how="give --input")
     run = client.start_record(record)
     if as_json:
         click.echo(json.dumps({"created": run.created, **client.status_json(run.id)},
                               indent=2))
     elif run.created:
         _echo(f"run {run.id} queued ({run.workflow} on {run.queue})"
-              + ("" if run.dispatched else "; the controller will dispatch it"))
+              + (f"; it starts at {_iso(record.not_before_ms)}" if record.not_before_ms else
+                 "" if run.dispatched else "; the controller will dispatch it"))
     else:
         _echo(f"run {run.id} exists already ({run.workflow}, {run.initial_status}); not "
               f"enqueued again")
     if wait:
         sys.exit(_follow(settings.runs(), run.id))
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
 def read_input(name: str, input_json: str | None) -> bytes:
@@ -129,6 +140,8 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         limit = data["concurrency"]
         _echo(f"  priority {data['priority']}" + ("" if not limit else
               f"  at most {limit['limit']} at once ({limit['key'] or data['name']})"))
+    if data["start_at"] and data["status"] == "queued":
+        _echo(f"  starts at {data['start_at']}")
     if data["worker"] and data["status"] == "running":
         _echo(f"  worker {data['worker']}")
     if data["cancel_requested"] and data["status"] not in TERMINAL:

@@ -26,6 +26,7 @@ from .sync import (
     BLOCK_SLICE_MS,
     Client,
     RunHandle,
+    StartAt,
     StartRequest,
     connect,
     entry_of,
@@ -74,10 +75,10 @@ class AsyncClient:
 
     async def start(self, workflow: str | WorkflowDef, input: Any = None, *,
                     id: str | None = None, queue: str | None = None,
-                    priority: int | None = None,
-                    input_json: bytes | str | None = None) -> AsyncRunHandle:
+                    priority: int | None = None, input_json: bytes | str | None = None,
+                    start_at: StartAt = None) -> AsyncRunHandle:
         handle = await self._call(self.sync.start, workflow, input, id=id, queue=queue,
-                                  priority=priority, input_json=input_json)
+                                  priority=priority, input_json=input_json, start_at=start_at)
         return self._wrap(handle)
 
     async def start_many(self, requests: Iterable[StartRequest]) -> list[AsyncRunHandle]:

@@ -13,6 +13,8 @@ MarblesError with the CLI's message.
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -52,10 +54,12 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.rerun import Rerun
     from ..transport.lanes import Lanes
     from ..triggers.events import Sent
 
 T = TypeVar("T")
+StartAt = dt.datetime | float | None
 
 # A blocking read is cut in slices so a timeout is honoured without a socket timeout: the
 # connection's own timeout (3 s by default) must stay above one slice.
@@ -72,6 +76,41 @@ class StartRequest:
     queue: str | None = None
     priority: int | None = None
     input_json: bytes | str | None = None
+    start_at: StartAt = None
+
+
+def start_ms(start_at: StartAt) -> int:
+    """`start_at` as epoch ms (0: at once)."""
+    if start_at is None:
+        return 0
+    if isinstance(start_at, dt.datetime):
+        if start_at.tzinfo is None:
+            raise InputError("start_at must be a timezone-aware datetime (e.g. "
+                             "datetime.now(timezone.utc) + timedelta(hours=1))")
+        return int(start_at.timestamp() * 1000)
+    if isinstance(start_at, bool) or not isinstance(start_at, int | float):
+        raise InputError(f"start_at must be a datetime or epoch seconds, not "
+                         f"{type(start_at).__name__}")
+    return int(start_at * 1000)
+
+
+_RELATIVE = re.compile(r"\+(\d+(?:\.\d+)?)([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_start_at(text: str, now: float | None = None) -> float:
+    """The CLI's --start-at: ISO 8601 with a zone (2026-12-24T18:00:00Z, ...+01:00) or
+    "+N" s|m|h|d from now; epoch seconds."""
+    if (m := _RELATIVE.fullmatch(text.strip())) is not None:
+        return (time.time() if now is None else now) + float(m[1]) * _UNIT_S[m[2]]
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(f"invalid start time {text!r}: give ISO 8601 with a zone "
+                         f"(2026-12-24T18:00:00Z) or +N s|m|h|d (+90s, +2h)") from None
+    if when.tzinfo is None:
+        raise InputError(f"start time {text!r} has no zone: add Z or an offset (+01:00)")
+    return when.timestamp()
 
 
 def workflow_name(workflow: str | WorkflowDef) -> str:
@@ -145,7 +184,7 @@ class Client:
 
     def prepare(self, workflow: str | WorkflowDef, input: Any = None, *,
                 id: str | None = None, queue: str | None = None, priority: int | None = None,
-                input_json: bytes | str | None = None,
+                input_json: bytes | str | None = None, start_at: StartAt = None,
                 how: str = "give an input") -> RunRecord:
         """Validate a start completely (input, id, queue, priority) and return the record it
         would write; nothing is written. Raises the error `start` would (`how` ends the
@@ -154,24 +193,26 @@ class Client:
         name = workflow_name(workflow)
         registry = REGISTRY if isinstance(workflow, WorkflowDef) else self._registry_for(name)
         raw = _input_bytes(registry.workflow(name), input, input_json, how)
-        return prepare(RunRequest(name, raw, id, queue, strict=True, priority=priority),
-                       registry)
+        return prepare(RunRequest(name, raw, id, queue, strict=True, priority=priority,
+                                  not_before_ms=start_ms(start_at)), registry)
 
     def start(self, workflow: str | WorkflowDef, input: Any = None, *, id: str | None = None,
               queue: str | None = None, priority: int | None = None,
-              input_json: bytes | str | None = None) -> RunHandle:
+              input_json: bytes | str | None = None, start_at: StartAt = None) -> RunHandle:
         """Record a run of `workflow` (its name, or the decorated function) and enqueue it.
 
         `input` is a Python value (dict, list, msgspec Struct, dataclass ...) sent as JSON;
         `input_json` passes JSON text instead. None (and no input_json) means what the CLI's
         omitted --input means: the workflow's default input. With `id`, the start is
         idempotent: the same id again returns a handle to the existing run, with
-        `handle.created` False, and starts nothing.
+        `handle.created` False, and starts nothing. `start_at` (a timezone-aware datetime,
+        or epoch seconds) records the run now and starts it then: the controller enqueues
+        it at that time; no worker holds it before.
 
         Raises InputError (input, queue, priority, payload size), InvalidIdError,
         UnknownWorkflowError; nothing is written then."""
         record = self.prepare(workflow, input, id=id, queue=queue, priority=priority,
-                              input_json=input_json)
+                              input_json=input_json, start_at=start_at)
         return self.start_record(record)
 
     def start_record(self, record: RunRecord) -> RunHandle:
@@ -185,7 +226,8 @@ class Client:
         """Start many runs: all are validated first (one bad request starts none), then
         recorded and enqueued 500 to a round trip. Handles come back in request order."""
         records = [self.prepare(r.workflow, r.input, id=r.id, queue=r.queue,
-                                priority=r.priority, input_json=r.input_json)
+                                priority=r.priority, input_json=r.input_json,
+                                start_at=r.start_at)
                    for r in requests]
         handles: list[RunHandle] = []
         for at in range(0, len(records), ENQUEUE_CHUNK):
@@ -336,15 +378,37 @@ class Client:
             tail = "; the run sees it when it next replays"
         return Outcome(run_id, "answered", f"run {run_id}: {done.question.key} {what}{tail}")
 
-    def send_event(self, source: str, id: str, type: str | None = None,
-                   payload: Any = None) -> Sent:
-        """Record an inbound event (as `marbles-rq events send`): the same (source, id) again
-        is recorded once. Workflows declared with `@mr.on_event` start from it; without
-        their source imported here, the controller starts them after a short grace."""
-        from ..triggers.events import send_event
+    def send_event(self, source: str, id: str, type: str | None = None, payload: Any = None,
+                   *, payload_json: bytes | str | None = None) -> Sent:
+        """Record an inbound event (as `marbles-rq events send`) and start the run of the
+        `@mr.on_event` trigger it matches; the same (source, id) again is recorded once. The
+        triggers are read from the source this client imports (connect(source=...) or
+        MARBLES_SOURCE): ConfigError when it declares none."""
+        from ..errors import ConfigError
+        from ..triggers.events import TRIGGERS, Events
 
-        return send_event(self.runs_store, self.lanes, source, id, type=type or "",
-                          payload=msgspec.json.encode(payload))
+        self.settings.load_source()
+        if not TRIGGERS.by_key:  # every event would be journaled as unmatched, for good
+            raise ConfigError("no event triggers are declared: set the source (connect("
+                              "source=...), --source or MARBLES_SOURCE) to the modules that "
+                              "declare them")
+        raw = msgspec.json.encode(payload) if payload_json is None else (
+            payload_json.encode() if isinstance(payload_json, str) else bytes(payload_json))
+        # Every input error before touching Redis.
+        Events.validate(source, id, type=type or "", payload=raw)
+        return Events(self.runs_store, self.lanes).send(source, id, type=type or "",
+                                                        payload=raw)
+
+    def rerun(self, run_id: str, *, from_step: str | None = None,
+              new_id: str | None = None) -> Rerun:
+        """A new run of a finished run's workflow with its recorded input (as `marbles-rq
+        rerun`); `from_step` copies the results recorded before that step. The same
+        `new_id` again returns that rerun. RerunError, RunNotFoundError, InvalidIdError."""
+        from ..engine.rerun import rerun
+
+        self.settings.load_source()
+        return rerun(self.runs_store, self.lanes, check_id(run_id, "run id"),
+                     from_step=from_step, new_id=new_id)
 
     # -- waiting ----------------------------------------------------------------------------
 

@@ -91,6 +91,7 @@ class RunStatus(msgspec.Struct, frozen=True):
     concurrency: Concurrency | None = None
     resumptions: int = 0
     delivery: int = 0
+    start_at: str | None = None  # asked to start no earlier than this
     created_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None

@@ -13,7 +13,6 @@ from typing import Any
 
 from ..client import Client
 from ..deployment import Settings
-from ..engine.rerun import rerun as rerun_run
 from ..store.ids import check_id
 from ..triggers.schedules import KEY_PATTERN, SCHEDULES, UnknownScheduleError, set_paused
 
@@ -50,8 +49,8 @@ class Actions:
         not have, an id taken by another run). The page's form carries the new id, minted
         when the page was drawn, so a repeated POST returns the rerun the first one made.
         Returns (the new run's id, the CLI's line)."""
-        done = rerun_run(self.settings.runs(), self.settings.rq(), check_id(run_id, "run id"),
-                         from_step=from_step or None, new_id=new_id or None)
+        done = self.client.rerun(check_id(run_id, "run id"), from_step=from_step or None,
+                                 new_id=new_id or None)
         return done.run_id, done.summary()
 
     def pause_schedule(self, key: str, paused: bool) -> str:
