@@ -51,6 +51,7 @@ def start_web(procs: Procs, *, token: str | None = TOKEN, bind: str = "127.0.0.1
     port = free_port()
     env = dict(procs.env)
     env.pop("MARBLES_WEB_TOKEN", None)
+    env.pop("MARBLES_API_TOKEN", None)  # only what extra_env sets
     if token is not None:
         env["MARBLES_WEB_TOKEN"] = token
     env["MARBLES_WEBHOOK_SECRET_GITHUB"] = SECRET

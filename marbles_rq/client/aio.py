@@ -87,7 +87,8 @@ class AsyncClient:
 
     def _wrap(self, handle: RunHandle) -> AsyncRunHandle:
         return AsyncRunHandle(self, handle.id, created=handle.created,
-                              workflow=handle.workflow)
+                              workflow=handle.workflow, queue=handle.queue,
+                              initial_status=handle.initial_status)
 
     def handle(self, run_id: str) -> AsyncRunHandle:
         return AsyncRunHandle(self, check_id(run_id, "run id"))
@@ -191,8 +192,10 @@ def _entry(eid: bytes, fields: dict[bytes, bytes]) -> OutputEntry:
 
 class AsyncRunHandle:
     def __init__(self, client: AsyncClient, run_id: str, *, created: bool | None = None,
-                 workflow: str | None = None) -> None:
+                 workflow: str | None = None, queue: str | None = None,
+                 initial_status: str | None = None) -> None:
         self.client, self.id, self.created, self.workflow = client, run_id, created, workflow
+        self.queue, self.initial_status = queue, initial_status  # as RunHandle's
 
     def __repr__(self) -> str:
         return f"AsyncRunHandle({self.id!r}, created={self.created})"

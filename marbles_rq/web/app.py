@@ -24,12 +24,17 @@ from starlette.staticfiles import StaticFiles
 
 from ..deployment import Settings
 from . import routes_admin, routes_live, routes_runs, routes_triggers, routes_waits
+from .api_auth import ApiGuard
 from .endpoint import HERE, Web
+from .routes_api import create_api
 from .security import Guard, loopback_host_header
 from .webhooks import Webhooks
 
 
-def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = None) -> Any:
+def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = None, *,
+               api_token: str | None = None) -> Any:
+    """The dashboard, its webhooks and the HTTP API (/api/, web/routes_api.py, with its own
+    token `api_token`: see web/api_auth.py)."""
     web = Web(settings, guard, webhooks or Webhooks({}, settings))
     fragments = {**routes_runs.fragments(web), **routes_waits.fragments(web),
                  **routes_triggers.fragments(web), **routes_admin.fragments(web)}
@@ -39,6 +44,8 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         *routes_waits.routes(web),
         *routes_triggers.routes(web),
         *routes_live.routes(web, fragments),
+        create_api(settings, ApiGuard(api_token, guard.public, guard.throttle),
+                   web.webhooks.limit),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         Route("/{rest:path}", routes_admin.elsewhere,
               methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
@@ -53,14 +60,16 @@ class LoopbackHosts:
     """Bound to loopback (reads need nothing), answer only requests whose Host names the
     loopback: a browser pointed here by DNS rebinding sends the attacker's host name, and
     would otherwise read every run as its own origin. Webhooks (POST /events/<source>) are
-    exempt: their signature is their credential, and a proxy may forward them as they came."""
+    exempt: their signature is their credential, and a proxy may forward them as they came.
+    The API (/api/) makes the same check itself, answering JSON (web/api_auth.py)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and not (scope["method"] == "POST"
-                                            and scope["path"].startswith("/events/")):
+                                            and scope["path"].startswith("/events/")
+                                            ) and not scope["path"].startswith("/api/"):
             host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
             if not loopback_host_header(host):
                 response = PlainTextResponse(
@@ -81,7 +90,8 @@ class Throttled:
         self.app, self.guard = app, guard
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self.guard.writable:
+        if scope["type"] == "http" and self.guard.writable and not scope["path"].startswith(
+                "/api/"):  # the API throttles its own token (web/api_auth.py)
             request = Request(scope)
             if self.guard._bearer(request) is not None:  # (/login answers for itself)
                 wait_s = self.guard.throttled_s(request)

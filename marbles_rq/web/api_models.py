@@ -1,0 +1,110 @@
+"""The bodies the HTTP API reads and writes (web/routes_api.py), as msgspec Structs.
+
+The handlers decode requests into these and encode replies from them (and from the client's
+own views: RunStatus, RunsPage, Outcome, QuestionInfo, OutputEntry), and the OpenAPI
+document (web/openapi.py) is generated from the same classes, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ..client.views import QuestionInfo, RunError
+
+
+class StartBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Start a run of `workflow`. `input` is any JSON value, checked against the workflow's
+    input type; absent (or null), the workflow's default input. With `id` the start is
+    idempotent: the same id again answers the existing run with `created` false."""
+
+    workflow: str
+    input: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    id: str | None = None
+    queue: str | None = None
+    priority: int | None = None
+    # Signal-with-start (a signal delivered atomically with the start) is added here by the
+    # signals work: `signal: SignalBody | None = None`, passed to AsyncClient.start.
+
+
+class StartBatchBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Start many runs: all are validated first, so one bad request starts none."""
+
+    runs: list[StartBody]
+
+
+class Started(msgspec.Struct, frozen=True):
+    """A start's answer. `created` false: a run with this id existed; nothing was started
+    and the rest describes that run. `status` is the run's status at the start."""
+
+    id: str
+    created: bool
+    workflow: str | None = None
+    queue: str | None = None
+    status: str | None = None
+
+
+class StartedBatch(msgspec.Struct, frozen=True):
+    runs: list[Started]  # in request order
+
+
+class RunResult(msgspec.Struct, frozen=True):
+    """A finished run: `status` succeeded (with `result`), failed (with `error`: the
+    exception's type, message and step) or cancelled (with `reason`)."""
+
+    id: str
+    status: str
+    result: Any = None
+    error: RunError | None = None
+    reason: str | None = None
+
+
+class AnswerBody(msgspec.Struct, forbid_unknown_fields=True):
+    """An answer to a question: one of its choices (or the choice's number as text)."""
+
+    value: Any
+
+
+class NoteBody(msgspec.Struct, forbid_unknown_fields=True):
+    """An approval or a rejection, with an optional note the run receives."""
+
+    note: str | None = None
+
+
+class EventBody(msgspec.Struct, forbid_unknown_fields=True):
+    """An inbound event, as `marbles-rq events send`: the same (source, id) again is
+    recorded once."""
+
+    source: str
+    id: str
+    type: str | None = None
+    payload: Any = None
+
+
+class EventSent(msgspec.Struct, frozen=True):
+    """`created` false: this (source, id) was received before; nothing new was recorded.
+    `workflow` and `run` name the run its trigger started, when one matched."""
+
+    event: str
+    created: bool
+    state: str
+    workflow: str | None = None
+    run: str | None = None
+
+
+class Feed(msgspec.Struct, frozen=True):
+    """Open questions and approvals across runs, oldest first."""
+
+    questions: list[QuestionInfo]
+
+
+class ErrorDetail(msgspec.Struct, frozen=True):
+    code: str  # a stable word (web/api_errors.py lists them with their HTTP status)
+    message: str  # one line, the one the CLI prints for the same refusal
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    """Every refusal of the API: one JSON object."""
+
+    error: ErrorDetail
