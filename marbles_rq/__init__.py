@@ -12,7 +12,17 @@ from .client import (
     connect,
     connect_async,
 )
-from .engine.api import ask, gather, parallel, report, sleep, sleep_until, start_child
+from .engine.api import (
+    ask,
+    gather,
+    parallel,
+    publish,
+    report,
+    sleep,
+    sleep_until,
+    start_child,
+    wait_for_event,
+)
 from .engine.authoring import step, workflow
 from .engine.execute import RunContext, current
 from .errors import MarblesError
@@ -51,6 +61,7 @@ __all__ = [
     "on_event",
     "open_store",
     "parallel",
+    "publish",
     "report",
     "schedule",
     "send_event",
@@ -58,6 +69,7 @@ __all__ = [
     "sleep_until",
     "start_child",
     "step",
+    "wait_for_event",
     "workflow",
 ]
 __version__ = "0.1.0"

@@ -41,13 +41,14 @@ from ..engine.authoring import (
     UnknownWorkflowError,
     WorkflowDef,
 )
+from ..engine.event_waits import offer_event
 from ..engine.runs import RunStore
 from ..errors import CorruptRecordError, InvalidIdError, UnsupportedRecordVersionError
 from ..store import RedisStore, new_request_id
 from ..store.records import EventRecord, decode, encode
 from ..store.redis_errors import is_outage, one_line
 from ..store.replies import as_text
-from ..transport.lanes import RQLike
+from ..transport.lanes import RQLike, as_lanes
 
 if TYPE_CHECKING:
     from ..controller.context import DutyContext
@@ -281,6 +282,7 @@ class Events:
         source and id) creates nothing and returns `created=False`."""
         record, trigger = self.prepare(source, event_id, type=type, payload=payload)
         sent = self.journal(record, trigger)
+        self.offer(record)
         if not sent.created or trigger is None:
             return sent
         enqueued = self._enqueue(trigger.workflow, record)
@@ -289,6 +291,13 @@ class Events:
             return Sent(sent.key, True, "failed", trigger.workflow, sent.key)
         self._mark(sent.key, 0, "started")
         return Sent(sent.key, True, "started", trigger.workflow, sent.key, enqueued.created)
+
+    def offer(self, record: EventRecord) -> dict[str, str]:
+        """Deliver the journaled event to every run waiting for it (engine/event_waits.py).
+        After the journal: a resend of the event offers it again, and a run given it once
+        is not given it twice."""
+        enqueue = as_lanes(self.rq, self.keys).enqueue if self.rq is not None else None
+        return offer_event(self.runs, record, enqueue)
 
     def _enqueue(self, workflow: str, record: EventRecord) -> ops.Enqueued:
         if self.rq is None:
