@@ -227,7 +227,7 @@ def wait_for_event(run: Run, source: str, type: str | None = None,
                                                  since - lookback_ms)
     if found is not None:
         return found
-    raise ParkRun([Wait("event", wake_at_ms=due, until_ms=due)])
+    raise ParkRun([Wait("event", wake_at_ms=due, until_ms=due, events=[wait])])
 
 
 def _ended(record: StepRecord) -> ReceivedEvent:

@@ -613,6 +613,8 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
         wait_for["children"] = children
     if until:
         wait_for["until_ms"] = until
+    if events := [e for w in waits for e in w.events]:
+        wait_for["events"] = events
     status, attempt, queue = runs.waits().park(
         ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
         asks=[a for w in waits for a in w.asks])

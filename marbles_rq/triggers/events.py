@@ -21,6 +21,7 @@ with no type.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -212,6 +213,7 @@ class Sent:
     workflow: str          # '' when no trigger matched
     run_id: str            # '' when no trigger matched
     run_created: bool = False  # this call recorded the run
+    delivered: tuple[str, ...] = ()  # the waiting runs this call delivered it to
 
 
 @dataclass(frozen=True)
@@ -282,15 +284,19 @@ class Events:
         source and id) creates nothing and returns `created=False`."""
         record, trigger = self.prepare(source, event_id, type=type, payload=payload)
         sent = self.journal(record, trigger)
-        self.offer(record)
+        # A failure here leaves a pending event's run to the controller, as any other.
+        delivered = tuple(sorted(run for run, outcome in self.offer(record).items()
+                                 if outcome != "consumed"))
         if not sent.created or trigger is None:
-            return sent
+            return dataclasses.replace(sent, delivered=delivered)
         enqueued = self._enqueue(trigger.workflow, record)
         if (foreign := self._foreign(enqueued, trigger.workflow, record)) is not None:
             self._mark(sent.key, 0, "failed", foreign)
-            return Sent(sent.key, True, "failed", trigger.workflow, sent.key)
+            return Sent(sent.key, True, "failed", trigger.workflow, sent.key,
+                        delivered=delivered)
         self._mark(sent.key, 0, "started")
-        return Sent(sent.key, True, "started", trigger.workflow, sent.key, enqueued.created)
+        return Sent(sent.key, True, "started", trigger.workflow, sent.key, enqueued.created,
+                    delivered)
 
     def offer(self, record: EventRecord) -> dict[str, str]:
         """Deliver the journaled event to every run waiting for it (engine/event_waits.py).

@@ -1,0 +1,169 @@
+"""Runs that wait for a matching inbound event (`ctx.wait_for_event`): real redis-server, real
+`marbles-rq worker` / `controller` processes, events sent as `marbles-rq events send` sends
+them (Events.send, in this process, or the CLI). Workflows in tests/published_workflows.py.
+
+A check that something did not happen relies on Events.send delivering to every matched run
+before it returns: once it returned, a run it did not wake stays as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from marbles_rq.engine import ops
+from marbles_rq.engine.event_waits import _spec_key
+from marbles_rq.store.records import StepRecord, decode
+from marbles_rq.transport.dispatch import rq_connection
+from marbles_rq.triggers.events import Events, event_key
+from tests.procs import REPO_ROOT, Procs, wait_for
+from tests.published_workflows import EXEC_PREFIX
+from tests.test_waiting_questions import kill9_groups, ok, server_ms, wait_parked
+
+PROCS_SOURCES = (REPO_ROOT / "tests" / "published_workflows.py",)
+
+
+def enqueue(procs: Procs, name: str, input: Any, run_id: str) -> None:
+    done = ops.enqueue(procs.observer.runs, rq_connection(procs.url),
+                       ops.RunRequest(name, json.dumps(input).encode(), run_id))
+    assert done.created and done.dispatched, done
+
+
+def send(procs: Procs, event_id: str, payload: Any, type: str = "paid") -> dict[str, str]:
+    """Send an event of source "shop"; {run id: outcome} of the waits it was delivered to."""
+    events = Events(procs.observer.runs, rq_connection(procs.url))
+    record, _ = events.prepare("shop", event_id, type=type,
+                               payload=json.dumps(payload).encode())
+    events.journal(record, None)
+    return events.offer(record)
+
+
+def result(procs: Procs, run_id: str) -> Any:
+    obs = procs.observer
+    obs.wait_final(run_id)
+    view = obs.view(run_id)
+    assert view is not None and view.status == "succeeded", obs.dump(run_id)
+    return view.to_json()["result"]
+
+
+def event_entries(procs: Procs, run_id: str) -> list[StepRecord]:
+    raw = procs.observer.runs.client.hgetall(procs.observer.runs.keys.steps(run_id))
+    return [r for r in (decode(StepRecord, v, "ledger") for v in raw.values())
+            if r.name == "|event"]
+
+
+def executions(procs: Procs, run_id: str) -> dict[str, int]:
+    raw = procs.observer.client.hgetall(EXEC_PREFIX + run_id)
+    return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+
+
+def types(procs: Procs, run_id: str) -> list[str]:
+    return [e.type for e in procs.observer.events(run_id)]
+
+
+def test_events_before_and_after_the_wait_wake_the_right_runs_and_no_other(
+        procs: Procs) -> None:
+    procs.start(workers=1, controller=False)
+    obs = procs.observer
+    # Before any run waits: found by run A within the lookback (1 h by default).
+    assert send(procs, "pay-A", {"order": "A", "amount": 5}) == {}
+    for order in ("A", "B", "C"):
+        enqueue(procs, "pw_wait_event", {"order": order}, f"ew-{order}")
+    got_a = result(procs, "ew-A")
+    assert got_a["id"] == "pay-A" and got_a["payload"] == {"order": "A", "amount": 5}
+    assert got_a["key"] == event_key("shop", "pay-A")
+    assert (got_a["source"], got_a["type"]) == ("shop", "paid")
+    wait_parked(obs, "ew-B", "event")
+    wait_parked(obs, "ew-C", "event")
+
+    # Not a match: another type, another order, a payload without the field.
+    assert send(procs, "refund-B", {"order": "B"}, type="refunded") == {}
+    assert send(procs, "pay-D", {"order": "D"}) == {}
+    assert send(procs, "pay-none", {"amount": 1}) == {}
+    assert send(procs, "pay-list", [1, 2]) == {}
+    assert obs.status("ew-B") == obs.status("ew-C") == "waiting"
+
+    # After the wait: B and only B.
+    assert send(procs, "pay-B", {"order": "B", "amount": 7}) == {"ew-B": "woken"}
+    assert result(procs, "ew-B")["id"] == "pay-B"
+    assert obs.status("ew-C") == "waiting", obs.dump("ew-C")
+    assert "woken" not in types(procs, "ew-C")
+    # The same event again (a provider's resend) is consumed once: B is done, nothing else.
+    assert send(procs, "pay-B", {"order": "B", "amount": 7}) == {}
+
+    for run_id, event_id in (("ew-A", "pay-A"), ("ew-B", "pay-B")):
+        entries = event_entries(procs, run_id)
+        assert [(e.status, json.loads(bytes(e.result))["id"]) for e in entries] == [
+            ("received", event_id)], obs.dump(run_id)
+        assert executions(procs, run_id) == {"before": 1, "after": 1}
+        assert types(procs, run_id).count("event_received") == 1
+    # Only C's wait is still indexed.
+    specs = obs.runs.client.hkeys(_spec_key(obs.runs.keys))
+    assert [s.decode().split("|")[0] for s in specs] == ["ew-C"]
+
+    status = ok(procs.cli("status", "ew-C"))
+    assert 'waiting: event; event shop/paid order="C"' in status, status
+    waiting = json.loads(ok(procs.cli("status", "ew-C", "--json")))["waiting"]
+    assert waiting["reason"] == "event"
+    assert waiting["for"]["events"] == [{"source": "shop", "type": "paid",
+                                         "match": {"order": "C"}}]
+
+    # The CLI path (events send) delivers too.
+    out = ok(procs.cli("events", "send", "shop", "--id", "pay-C", "--type", "paid",
+                       "--payload", json.dumps({"order": "C"})))
+    assert "delivered to 1 waiting run: ew-C" in out, out
+    assert result(procs, "ew-C")["id"] == "pay-C"
+    assert obs.runs.client.hlen(_spec_key(obs.runs.keys)) == 0
+
+
+def test_an_event_outside_the_lookback_does_not_match(procs: Procs) -> None:
+    procs.start(workers=1, controller=False)
+    obs = procs.observer
+    send(procs, "old", {"order": "L"})
+    sent_at = server_ms(obs)
+    wait_for(lambda: server_ms(obs) > sent_at + 600, timeout=10,
+             what="the server clock to pass the lookback")
+    enqueue(procs, "pw_wait_event", {"order": "L", "lookback_s": 0.5}, "ew-late")
+    wait_parked(obs, "ew-late", "event")
+    # Inside a longer lookback the same event matches.
+    enqueue(procs, "pw_wait_event", {"order": "L", "lookback_s": 60}, "ew-long")
+    assert result(procs, "ew-long")["id"] == "old"
+    assert obs.status("ew-late") == "waiting"
+    assert send(procs, "new", {"order": "L"}) == {"ew-late": "woken"}
+    assert result(procs, "ew-late")["id"] == "new"
+
+
+def test_a_wait_times_out_with_a_typed_error(procs: Procs) -> None:
+    procs.start(workers=1, controller=True)
+    obs = procs.observer
+    enqueue(procs, "pw_wait_event", {"order": "T", "timeout_s": 1}, "ew-timeout")
+    wait_parked(obs, "ew-timeout", "event")
+    assert result(procs, "ew-timeout") == {"timed_out": True}
+    assert [e.status for e in event_entries(procs, "ew-timeout")] == ["timed_out"]
+    # An event after the timeout is not consumed by the wait that gave up.
+    assert send(procs, "too-late", {"order": "T"}) == {}
+    assert "event_received" not in types(procs, "ew-timeout")
+
+
+def test_a_waiting_run_survives_kill9_and_consumes_each_event_once(procs: Procs) -> None:
+    procs.start(workers=1, controller=True)
+    obs = procs.observer
+    enqueue(procs, "pw_wait_twice", {"order": "K"}, "ew-kill")
+    wait_parked(obs, "ew-kill", "event")
+    kill9_groups(procs.procs)
+    assert obs.status("ew-kill") == "waiting", obs.dump("ew-kill")
+    procs.start(workers=1, controller=True)
+
+    # The first event ends the first wait; the second wait (whose lookback covers that
+    # event) must not take it again: it parks until the next one.
+    assert send(procs, "k1", {"order": "K"}) == {"ew-kill": "woken"}
+    wait_for(lambda: types(procs, "ew-kill").count("parked") == 2, timeout=30,
+             what="the run to park on its second wait", context=lambda: obs.dump("ew-kill"))
+    assert obs.status("ew-kill") == "waiting"
+    kill9_groups(procs.procs)
+    procs.start(workers=1, controller=True)
+    assert send(procs, "k2", {"order": "K"}) == {"ew-kill": "woken"}
+    assert result(procs, "ew-kill") == ["k1", "k2"]
+    assert sorted(json.loads(bytes(e.result))["id"] for e in event_entries(
+        procs, "ew-kill")) == ["k1", "k2"]
+    assert types(procs, "ew-kill").count("event_received") == 2
