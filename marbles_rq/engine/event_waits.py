@@ -202,6 +202,9 @@ def wait_for_event(run: Run, source: str, type: str | None = None,
     spec = {"run": run.run_id, "key": wait_key, "seq": seq, "source": source, "type": type,
             "match": match}
     wait = {"source": source, "type": type, "match": match}
+    if getattr(run.runs, "scripts", None) is None:
+        # A dry run (engine/dryrun.py) receives no events: it stops at the wait.
+        raise ParkRun([Wait("event", events=[wait])])
     timeout_record = StepRecord(version=1, key=wait_key, name="|event", status="timed_out",
                                 attempts=0, result=msgspec.Raw(msgspec.json.encode(wait)),
                                 at_ms=now_ms(), seq=seq)

@@ -95,6 +95,12 @@ def publish(run: Run, key: str, value: Any) -> None:
     record = StepRecord(version=1, key=ledger_key, name="|publish", status="published",
                         attempts=0, result=msgspec.Raw(msgspec.json.encode({"key": key})),
                         at_ms=now_ms(), seq=seq)
+    if getattr(run.runs, "scripts", None) is None:
+        # A dry run (engine/dryrun.py): in memory, where nobody reads it from outside; its
+        # output shows it.
+        run.commit_entry(record, "published", {"key": key, "step": ledger_key,
+                                               "value": msgspec.Raw(encoded)})
+        return
     status = run.call_store(_publish, run.runs, run.ex, record, key, encoded)
     if status in ("ok", "cancelled", "paused"):
         run.ex.ledger[ledger_key] = record
