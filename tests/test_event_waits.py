@@ -167,3 +167,23 @@ def test_a_waiting_run_survives_kill9_and_consumes_each_event_once(procs: Procs)
     assert sorted(json.loads(bytes(e.result))["id"] for e in event_entries(
         procs, "ew-kill")) == ["k1", "k2"]
     assert types(procs, "ew-kill").count("event_received") == 2
+
+
+def test_an_event_whose_sender_died_before_delivering_it_is_delivered_by_the_controller(
+        procs: Procs) -> None:
+    procs.start(workers=1, controller=True)
+    obs = procs.observer
+    enqueue(procs, "pw_wait_event", {"order": "S"}, "ew-orphan")
+    wait_parked(obs, "ew-orphan", "event")
+    # What a sender killed between the journal and the delivery leaves: the event journaled,
+    # nothing delivered.
+    events = Events(obs.runs, rq_connection(procs.url))
+    record, _ = events.prepare("shop", "orphan", type="paid",
+                               payload=json.dumps({"order": "S"}).encode())
+    assert events.journal(record, None).created
+    assert obs.status("ew-orphan") == "waiting"
+    assert result(procs, "ew-orphan")["id"] == "orphan"  # the controller's events duty
+    procs.procs[-1].wait_log("offered to waiting runs after its sender (ew-orphan woken)")
+    assert executions(procs, "ew-orphan") == {"before": 1, "after": 1}
+    bucket = obs.runs.keys.bucket_of(record.id)
+    assert obs.runs.client.zcard(obs.runs.keys.event_offer(bucket)) == 0

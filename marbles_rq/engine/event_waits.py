@@ -322,17 +322,18 @@ def _drop(runs: RunStore, run_id: str, wait_key: str, spec: dict[str, Any]) -> N
 
 # -- from the sender of an event --------------------------------------------------------------
 
-def offer_event(runs: RunStore, record: EventRecord,
-                enqueue: Any = None) -> dict[str, str]:
+def offer_event(runs: RunStore, record: EventRecord, enqueue: Any = None, *,
+                received_ms: int | None = None) -> dict[str, str]:
     """Keep a journaled event findable for the lookback window and deliver it to every run
     waiting for it. `enqueue(queue, run_id, attempt)` sends a woken run's delivery now (the
-    controller dispatches it otherwise). Returns {run id: outcome} for the waits it matched
+    controller dispatches it otherwise). `received_ms`: when it was received (server ms),
+    for an event offered late; None: now. Returns {run id: outcome} for the waits it matched
     (woken | pending | paused: delivered; consumed: that run had it already)."""
     payload = msgspec.json.decode(record.payload)
     terms = event_terms(record.source, record.type, payload)
     reply = runs.scripts.note_event(
         spec_key=_spec_key(runs.keys), term_keys=[_term_keys(runs.keys, t) for t in terms],
-        event_key=record.id, keep_ms=max_lookback_s() * 1000)
+        event_key=record.id, keep_ms=max_lookback_s() * 1000, received_ms=received_ms)
     values = reply.values[1:]
     outcomes: dict[str, str] = {}
     for member, raw in zip(values[0::2], values[1::2], strict=True):

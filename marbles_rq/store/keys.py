@@ -388,6 +388,11 @@ class Keyspace:
         """Sorted set: event keys in the bucket by time received (server ms)."""
         return f"{self.tag(bucket)}:evidx"
 
+    def event_offer(self, bucket: int) -> str:
+        """Sorted set: journaled event keys -> when the controller delivers them to waiting
+        runs (engine/event_waits.py) if their sender has not (it died in between)."""
+        return f"{self.tag(bucket)}:evoffer"
+
     def event_pending(self, bucket: int) -> str:
         """Sorted set: pending event keys -> when the controller turns them into runs."""
         return f"{self.tag(bucket)}:evpending"

@@ -771,10 +771,10 @@ class Scripts:
     # -- events ------------------------------------------------------------------------
 
     def claim_event(self, *, event_key: str, event_hash: str, listing_key: str,
-                    pending_key: str, doc: bytes, request_id: str, workflow: str, run_id: str,
-                    grace_ms: int) -> Reply:
+                    pending_key: str, offer_key: str, doc: bytes, request_id: str,
+                    workflow: str, run_id: str, grace_ms: int) -> Reply:
         """{"ok", received_ms} or {"exists", doc, state, workflow, run} (lua/claim_event.lua)."""
-        return self._reply("claim_event", [event_hash, listing_key, pending_key],
+        return self._reply("claim_event", [event_hash, listing_key, pending_key, offer_key],
                            [event_key, doc, request_id, workflow, run_id, grace_ms],
                            ("ok", "exists"))
 
@@ -931,10 +931,12 @@ class Scripts:
                                     ("ok",)).values[0]))
 
     def note_event(self, *, spec_key: str, term_keys: list[tuple[str, str]], event_key: str,
-                   keep_ms: int) -> Reply:
+                   keep_ms: int, received_ms: int | None = None) -> Reply:
         """{"ok", received_ms, member, spec, ...}: the waits indexed under the event's terms."""
         flat = [k for pair in term_keys for k in pair]
-        return self._reply("note_event", [spec_key, *flat], [event_key, keep_ms], ("ok",))
+        return self._reply("note_event", [spec_key, *flat],
+                           [event_key, keep_ms, "" if received_ms is None else received_ms],
+                           ("ok",))
 
     # -- deployment --------------------------------------------------------------------
 
