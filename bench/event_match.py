@@ -70,6 +70,13 @@ def seed(runs: RunStore, start: int, stop: int, match: dict[str, str] | None = N
         runs.scripts.call_many("add_event_wait", calls[i:i + 2000])
 
 
+def server_usec(r: redis.Redis) -> int:
+    """Microseconds the server has spent executing commands (INFO commandstats): the work
+    behind a send, less swayed than wall-clock times by other load on a shared machine."""
+    stats = r.info("commandstats")
+    return sum(int(v["usec"]) for v in stats.values())
+
+
 def ms(values: list[float]) -> str:
     return f"p50 {pct(values, 50):7.2f} ms  p99 {pct(values, 99):7.2f} ms"
 
@@ -125,18 +132,20 @@ def run(url: str, procs: Procs, levels: list[int], args: argparse.Namespace) -> 
     print(f"{len(real)} real runs parked, each waiting for its own order\n")
 
     seeded, n = 0, 0
-    print(f"{'waits on other values':>21} | {'send, matching no wait':<31} | "
-          f"{'send, waking one parked run':<31} | send -> that run's final event")
+    print(f"{'waits on other values':>21} | {'send, matching no wait':<31} | server "
+          f"| {'send, waking one parked run':<31} | send -> that run's final event")
     for level in levels:
         seed(runs, seeded, level)
         seeded = max(seeded, level)
         none: list[float] = []
+        before = server_usec(r)
         for _ in range(args.sends):
             n += 1
             payload = json.dumps({"order": f"nobody-{n}", "amount": 1}).encode()
             t0 = time.perf_counter()
             events.send("shop", f"e-{n}", type="paid", payload=payload)
             none.append((time.perf_counter() - t0) * 1000)
+        server = (server_usec(r) - before) / args.sends
         woke: list[float] = []
         finals: list[float] = []
         batch = real[:args.deliveries]
@@ -156,7 +165,7 @@ def run(url: str, procs: Procs, levels: list[int], args: argparse.Namespace) -> 
                     after = entry.id
                     done = done or entry.type == "final"
             finals.append((time.perf_counter() - t0) * 1000)
-        print(f"{level:>21,} | {ms(none)} | {ms(woke)} | {ms(finals)}")
+        print(f"{level:>21,} | {ms(none)} | {server:4.0f} µs | {ms(woke)} | {ms(finals)}")
 
     hot = {"order": "hot", "sku": "none-of-them"}
     print("\ncontrast: waits sharing the event's own term (order \"hot\", plus a field the "
@@ -165,13 +174,16 @@ def run(url: str, procs: Procs, levels: list[int], args: argparse.Namespace) -> 
         if count:
             seed(runs, 0, count, hot)
         times = []
+        before = server_usec(r)
         for _ in range(max(20, args.sends // 5)):
             n += 1
             t0 = time.perf_counter()
             events.send("shop", f"e-{n}", type="paid",
                         payload=json.dumps({"order": "hot"}).encode())
             times.append((time.perf_counter() - t0) * 1000)
-        print(f"{count:>6,} waits under the event's term: send {ms(times)}")
+        server = (server_usec(r) - before) / len(times)
+        print(f"{count:>6,} waits under the event's term: send {ms(times)}; server "
+              f"{server:.0f} µs per send")
 
 
 if __name__ == "__main__":
