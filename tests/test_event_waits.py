@@ -187,3 +187,36 @@ def test_an_event_whose_sender_died_before_delivering_it_is_delivered_by_the_con
     assert executions(procs, "ew-orphan") == {"before": 1, "after": 1}
     bucket = obs.runs.keys.bucket_of(record.id)
     assert obs.runs.client.zcard(obs.runs.keys.event_offer(bucket)) == 0
+
+
+def test_an_event_is_looked_up_under_the_term_of_every_wait_it_matches() -> None:
+    from marbles_rq.engine.event_waits import (
+        EventWaitError,
+        check_wait,
+        event_terms,
+        matches,
+        wait_term,
+    )
+
+    payload = {"order": "A", "amount": 5.0, "paid": True, "items": [1], "note": None}
+    terms = set(event_terms("shop", "paid", payload))
+    for type_, match in ((None, {}), ("paid", {}), (None, {"order": "A"}),
+                         ("paid", {"amount": 5, "order": "A"}), ("paid", {"paid": True}),
+                         (None, {"note": None})):
+        spec = {"source": "shop", "type": type_, "match": match}
+        assert matches(spec, "shop", "paid", payload), spec
+        assert wait_term("shop", type_, match) in terms, spec
+    for source, type_, match in (("shop", "refunded", {}), ("other", None, {}),
+                                 ("shop", None, {"order": "B"}), ("shop", None, {"paid": 1}),
+                                 ("shop", None, {"missing": None}), ("shop", None, {"items": 1})):
+        spec = {"source": source, "type": type_, "match": match}
+        assert not matches(spec, "shop", "paid", payload), spec
+    # A wait for other values is under another term: the event never reads it.
+    assert wait_term("shop", None, {"order": "B"}) not in terms
+    for bad in ({"order": ["A"]}, {"": 1}, {"order": {"a": 1}}):
+        try:
+            check_wait("shop", None, bad, None, None)
+        except EventWaitError as exc:
+            assert exc.code == "invalid_event_wait"
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
