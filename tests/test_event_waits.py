@@ -97,6 +97,9 @@ def test_events_before_and_after_the_wait_wake_the_right_runs_and_no_other(
             ("received", event_id)], obs.dump(run_id)
         assert executions(procs, run_id) == {"before": 1, "after": 1}
         assert types(procs, run_id).count("event_received") == 1
+    watched = ok(procs.cli("watch", "ew-B", "--no-follow"))
+    assert 'parked: waiting for an event shop/paid order="B"' in watched, watched
+    assert f"event {event_key('shop', 'pay-B')} (shop/paid) received by " in watched, watched
     # Only C's wait is still indexed.
     specs = obs.runs.client.hkeys(_spec_key(obs.runs.keys))
     assert [s.decode().split("|")[0] for s in specs] == ["ew-C"]

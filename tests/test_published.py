@@ -76,6 +76,8 @@ def test_publish_get_and_replay_after_kill9_publishes_once(procs: Procs) -> None
         ("pw_publish.|publish#2", b'{"key":"late"}')], obs.dump("pub1")
     assert [e["key"] for e in published_events(procs, "pub1")] == ["stage", "stage", "late"]
 
+    watched = ok(procs.cli("watch", "pub1", "--no-follow"))
+    assert watched.count("published stage") == 2 and "published late" in watched, watched
     data = json.loads(ok(procs.cli("status", "pub1", "--json")))
     assert data["published"] == {"late": {"n": 2}, "stage": "two"}
     assert all(not s["name"].startswith("|") for s in data["steps"])
