@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from marbles_rq.engine import ops
-from marbles_rq.engine.event_waits import _spec_key
+from marbles_rq.engine.event_waits import _spec_key, wait_term
 from marbles_rq.store.records import StepRecord, decode
 from marbles_rq.transport.dispatch import rq_connection
 from marbles_rq.triggers.events import Events, event_key
@@ -223,3 +223,46 @@ def test_an_event_is_looked_up_under_the_term_of_every_wait_it_matches() -> None
             assert exc.code == "invalid_event_wait"
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_every_script_of_published_state_and_event_waits_runs_on_a_cluster(
+        cluster_url: str) -> None:
+    """Each script touches the keys of one slot: the run's bucket, the event's bucket, or the
+    index's own tag (a cluster refuses a script whose keys span slots: CROSSSLOT)."""
+    import msgspec
+
+    from marbles_rq.engine.event_waits import _term_keys
+    from marbles_rq.engine.published import NotPublishedError, get_published
+    from marbles_rq.engine.runs import RunStore
+    from marbles_rq.store import open_store
+    from tests.published_workflows import pw_wait_event  # noqa: F401  (registers it)
+
+    runs = RunStore(open_store(cluster_url))
+    runs.record(ops.prepare(ops.RunRequest("pw_wait_event", b'{"order": "Z"}', "cw-1")))
+    keys = runs.keys.run_keys("cw-1")
+    reply = runs.scripts.publish_state(keys=keys, epoch=99, run_id="cw-1", seq=1, step_key="k",
+                                       record=b"{}", key="stage", value=b"1", event=b"{}")
+    assert reply.status == "stale"
+    reply = runs.scripts.open_event_wait(keys=keys, epoch=99, wait_key="w", timeout_ms=0,
+                                         timeout_record=b"{}", event=b"{}")
+    assert reply.status == "stale"
+    try:
+        get_published(runs, "cw-1", "stage")
+    except NotPublishedError:
+        pass
+    else:
+        raise AssertionError("a value nobody published was found")
+
+    # A wait indexed for the run: the event finds it by its term, delivers in the run's own
+    # slot (the run is queued, not waiting: nothing to deliver to), and drops the entry.
+    spec = {"run": "cw-1", "key": "pw_wait_event.|event#0", "seq": 1, "source": "shop",
+            "type": "paid", "match": {"order": "Z"}}
+    runs.scripts.add_event_wait(
+        term_key=_term_keys(runs.keys, wait_term("shop", "paid", {"order": "Z"}))[1],
+        spec_key=_spec_key(runs.keys), member="cw-1|pw_wait_event.|event#0",
+        spec=msgspec.json.encode(spec))
+    sent = Events(runs).send("shop", "cz-1", type="paid", payload=b'{"order": "Z"}')
+    assert sent.created and sent.delivered == ()
+    assert runs.client.hlen(_spec_key(runs.keys)) == 0
+    bucket = runs.keys.bucket_of(sent.key)
+    assert runs.client.zcard(runs.keys.event_offer(bucket)) == 0
