@@ -3,6 +3,8 @@
 KEYS[1] event hash      <tag>:evt:<event key>
 KEYS[2] event listing   <tag>:evidx              zset event key -> received (server ms)
 KEYS[3] pending zset    <tag>:evpending          event key -> when the controller starts it
+KEYS[4] offer zset      <tag>:evoffer            event key -> when the controller delivers it
+                                                 to waiting runs if its sender has not
 ARGV[1] event_key       the stable key, derived from source and the provider's event id
 ARGV[2] doc             EventRecord JSON, stored verbatim
 ARGV[3] request_id      a resend with the same id answers "ok" again
@@ -12,9 +14,10 @@ ARGV[6] grace_ms        the controller starts a pending event after this long
 Returns:
   {"ok", received_ms}                    journaled by this call (or an earlier send of it)
   {"exists", doc, state, workflow, run}  the event was received before; nothing written
-Writes (only when absent): HSET KEYS[1]; ZADD KEYS[2]; ZADD KEYS[3] (when a trigger matched)
+Writes (only when absent): HSET KEYS[1]; ZADD KEYS[2]; ZADD KEYS[3] (when a trigger matched);
+  ZADD KEYS[4]
 ]]
-local evt, listing, pending = KEYS[1], KEYS[2], KEYS[3]
+local evt, listing, pending, offer = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local key, doc, req, workflow, run_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 local existing = redis.call('HMGET', evt, 'doc', 'req', 'state', 'workflow', 'run',
@@ -32,4 +35,5 @@ redis.call('HSET', evt, 'doc', doc, 'req', req, 'state', state, 'workflow', work
   'run', run_id, 'received_ms', now_ms)
 redis.call('ZADD', listing, now_ms, key)
 if state == 'pending' then redis.call('ZADD', pending, now_ms + tonumber(ARGV[6]), key) end
+redis.call('ZADD', offer, now_ms + tonumber(ARGV[6]), key)
 return {'ok', now_ms}

@@ -18,7 +18,17 @@ if TYPE_CHECKING:
         connect,
         connect_async,
     )
-    from .engine.api import ask, gather, parallel, report, sleep, sleep_until, start_child
+    from .engine.api import (
+        ask,
+        gather,
+        parallel,
+        publish,
+        report,
+        sleep,
+        sleep_until,
+        start_child,
+        wait_for_event,
+    )
     from .engine.authoring import step, workflow
     from .engine.execute import RunContext, current
     from .errors import MarblesError
@@ -57,6 +67,7 @@ __all__ = [
     "on_event",
     "open_store",
     "parallel",
+    "publish",
     "report",
     "schedule",
     "send_event",
@@ -64,6 +75,7 @@ __all__ = [
     "sleep_until",
     "start_child",
     "step",
+    "wait_for_event",
     "workflow",
 ]
 __version__ = "0.1.0"
@@ -77,7 +89,7 @@ _HOME = {
         "RunHandle", "RunStatus", "StartRequest", "connect", "connect_async")},
     "ask": ".engine.api", "gather": ".engine.api", "parallel": ".engine.api",
     "report": ".engine.api", "sleep": ".engine.api", "sleep_until": ".engine.api",
-    "start_child": ".engine.api",
+    "start_child": ".engine.api", "publish": ".engine.api", "wait_for_event": ".engine.api",
     "step": ".engine.authoring", "workflow": ".engine.authoring",
     "RunContext": ".engine.execute", "current": ".engine.execute",
     "MarblesError": ".errors",

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         health,
         layout,
         procs,
+        published,
         rerun,
         runs,
         schedules,
@@ -68,6 +69,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "events": ("events", "events"), "schedules": ("schedules", "schedules"),
     "dev": ("dev", "dev"), "health": ("health", "health"), "web": ("web", "web"),
     "buckets": ("layout", "buckets"), "rerun": ("rerun", "rerun"), "run": ("dryrun", "run_cmd"),
+    "get": ("published", "get"),
 }
 
 

@@ -62,8 +62,14 @@ def send(settings: Settings, source: str, event_id: str, event_type: str, payloa
     if as_json:
         click.echo(json.dumps({"key": sent.key, "created": sent.created, "state": sent.state,
                                "workflow": sent.workflow or None, "run": sent.run_id or None,
-                               "run_created": sent.run_created}, indent=2))
-    elif not sent.created:
+                               "run_created": sent.run_created,
+                               "delivered": list(sent.delivered)}, indent=2))
+        return
+    if sent.delivered:
+        click.echo(safe(f"event {sent.key} delivered to {len(sent.delivered)} waiting "
+                        f"run{'' if len(sent.delivered) == 1 else 's'}: "
+                        f"{', '.join(sent.delivered)}"))
+    if not sent.created:
         run = f", run {sent.run_id}" if sent.run_id else ""
         click.echo(safe(f"event {sent.key} was received before ({sent.state}{run}); nothing "
                         f"created"))

@@ -189,6 +189,11 @@ def _waiting(waiting: dict[str, Any]) -> str:
         parts.append("questions " + ", ".join(what["questions"]))
     if what.get("children"):
         parts.append("children " + ", ".join(what["children"]))
+    for wanted in what.get("events") or []:
+        parts.append("event " + wanted.get("source", "?")
+                     + (f"/{wanted['type']}" if wanted.get("type") else "")
+                     + "".join(f" {k}={json.dumps(v)}" for k, v in
+                               (wanted.get("match") or {}).items()))
     if what.get("until_ms"):
         at = what["until_ms"]
         parts.append("until " + time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))

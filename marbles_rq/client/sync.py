@@ -34,6 +34,7 @@ from ..engine.authoring import (
 )
 from ..engine.execution import RunNotFoundError
 from ..engine.paging import Cursor, Filters, RunPager
+from ..engine.published import published
 from ..engine.runs import OutputEvent, RunStore
 from ..engine.waits import Answered, WaitStore
 from ..errors import InvalidIdError, RunSettledError
@@ -266,6 +267,7 @@ class Client:
         waits = WaitStore(self.reader)
         data["questions"] = [q.to_json() for q in waits.questions(run_id)]
         data["reports"] = [r.to_json() for r in waits.run_reports(run_id)]
+        data["published"] = published(self.reader, run_id)
         return data
 
     def runs(self, *, status: str | None = None, workflow: str | None = None,

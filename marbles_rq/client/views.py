@@ -111,6 +111,7 @@ class RunStatus(msgspec.Struct, frozen=True):
     steps: list[StepInfo] = msgspec.field(default_factory=list)
     questions: list[QuestionInfo] = msgspec.field(default_factory=list)
     reports: list[ReportInfo] = msgspec.field(default_factory=list)
+    published: dict[str, Any] = msgspec.field(default_factory=dict)  # ctx.publish's values
 
     @property
     def finished(self) -> bool:

@@ -8,7 +8,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from . import fanout, waiting
+from . import event_waits, fanout, published, waiting
 from .context import current
 from .fanout import ChildRun
 
@@ -36,6 +36,19 @@ def gather(*children: ChildRun) -> list[Any]:
 def parallel(*calls: Callable[[], Any]) -> list[Any]:
     """Run zero-argument callables together; their results, in order."""
     return fanout.parallel(current("mr.parallel"), list(calls))
+
+
+def publish(key: str, value: Any) -> None:
+    """Publish `value` under `key` for the run executing (see engine/published.py)."""
+    published.publish(current("mr.publish"), key, value)
+
+
+def wait_for_event(source: str, type: str | None = None, match: dict[str, Any] | None = None,
+                   timeout_s: float | None = None,
+                   lookback_s: float | None = None) -> event_waits.ReceivedEvent:
+    """Park until a matching inbound event arrives; returns it (see engine/event_waits.py)."""
+    return event_waits.wait_for_event(current("mr.wait_for_event"), source, type, match,
+                                      timeout_s, lookback_s)
 
 
 class _Ask:

@@ -23,7 +23,7 @@ from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import ErrorInfo, RunRecord, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
-from . import context, fanout, waiting
+from . import context, event_waits, fanout, published, waiting
 from .authoring import REGISTRY, Registry, StepDef
 from .context import (
     BranchCancelled,
@@ -184,6 +184,19 @@ class RunContext:
     def parallel(self, *calls: Callable[[], Any]) -> list[Any]:
         """Run zero-argument callables (steps, usually) together; their results in order."""
         return fanout.parallel(self, list(calls))
+
+    def publish(self, key: str, value: Any) -> None:
+        """Publish `value` (JSON) under `key`, readable from outside at any time (last write
+        wins); recorded, so a replay does not publish it again (engine/published.py)."""
+        published.publish(self, key, value)
+
+    def wait_for_event(self, source: str, type: str | None = None,
+                       match: dict[str, Any] | None = None, timeout_s: float | None = None,
+                       lookback_s: float | None = None) -> event_waits.ReceivedEvent:
+        """Park until an event of `source` (and `type`) whose payload matches `match`
+        arrives (or came within `lookback_s`, 1 h by default); returns it, recorded
+        (engine/event_waits.py). Raises EventWaitTimeoutError after `timeout_s`."""
+        return event_waits.wait_for_event(self, source, type, match, timeout_s, lookback_s)
 
     @property
     def run_id(self) -> str:
@@ -587,7 +600,8 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
     """Park the run for what `parked` waits for; returns the delivery's outcome."""
     waits = parked.waits
     reasons = {w.reason for w in waits}
-    reason = next(r for r in ("paused", "question", "child", "timer") if r in reasons)
+    reason = next(r for r in ("paused", "question", "child", "event", "timer")
+                  if r in reasons)
     wake_at = min((w.wake_at_ms for w in waits if w.wake_at_ms), default=0)
     wait_for: dict[str, Any] = {}
     questions = [q for w in waits for q in w.questions]
@@ -599,6 +613,8 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
         wait_for["children"] = children
     if until:
         wait_for["until_ms"] = until
+    if events := [e for w in waits for e in w.events]:
+        wait_for["events"] = events
     status, attempt, queue = runs.waits().park(
         ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
         asks=[a for w in waits for a in w.asks])

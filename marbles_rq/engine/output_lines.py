@@ -40,6 +40,10 @@ def format_event(ev: OutputEvent) -> str:
         "child_started": lambda: f"child {d.get('child')} started ({d.get('workflow')})",
         "timer_fired": lambda: f"timer {d.get('timer')} fired ({d.get('late_ms')} ms after "
                                f"its due time)",
+        "published": lambda: f"published {d.get('key')}",
+        "event_received": lambda: f"event {d.get('event')} ({_event_kind(d)}) received by "
+                                  f"{d.get('wait')}",
+        "event_wait_timed_out": lambda: f"wait {d.get('wait')} for an event timed out",
         "pause_requested": lambda: "pause requested",
         "resumed": lambda: "resumed",
         "truncated": lambda: f"output truncated: the run's cap of {d.get('max_lines')} lines / "
@@ -73,7 +77,16 @@ def _parked(d: dict[str, Any]) -> str:
         at = int(d["until_ms"])
         return "a timer due " + time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + (
             f".{at % 1000:03d}")
+    if reason == "event" and d.get("events"):
+        return "an event " + ", ".join(
+            _event_kind(e) + "".join(f" {k}={json.dumps(v)}" for k, v in
+                                     (e.get("match") or {}).items())
+            for e in d["events"] if isinstance(e, dict))
     return "resume" if reason == "paused" else str(reason)
+
+
+def _event_kind(d: dict[str, Any]) -> str:
+    return str(d.get("source")) + (f"/{d['type']}" if d.get("type") else "")
 
 
 def _final(d: dict[str, Any]) -> str:

@@ -48,13 +48,14 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 class Wait:
     """One thing a run waits for."""
 
-    reason: str  # question | timer | child | paused
+    reason: str  # question | timer | child | event | paused
     wake_at_ms: int = 0  # when the controller wakes it (0: only from outside)
     questions: list[str] = field(default_factory=list)
     children: list[str] = field(default_factory=list)
     until_ms: int = 0
     asks: list[AskRecord] = field(default_factory=list)
     ledger: list[StepRecord] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # {source, type, match}
 
 
 class ParkRun(BaseException):

@@ -124,6 +124,8 @@ class RunKeys:
     reports: str
     report_index: str
     redeliveries: str
+    published: str = ""
+    event_inbox: str = ""
 
 
 @dataclass(frozen=True)
@@ -345,6 +347,22 @@ class Keyspace:
         """Sorted set: reports ``<run id>|<key>`` in the bucket -> when reported (ms)."""
         return f"{self.tag(bucket)}:reportidx"
 
+    def published(self, run_id: str) -> str:
+        """Hash: the run's published state, key -> JSON value (last write wins)."""
+        return f"{self.tag_of(run_id)}:pub:{run_id}"
+
+    def event_inbox(self, run_id: str) -> str:
+        """Hash: the run's waits for events. ``<wait key>`` -> the StepRecord JSON that ended
+        the wait (an event received, or its timeout), ``<wait key>|since`` and
+        ``<wait key>|due`` (server ms: opened, times out; 0 = never), and ``seen|<event key>``
+        for every event the run consumed (each at most once)."""
+        return f"{self.tag_of(run_id)}:evin:{run_id}"
+
+    def event_waits_tag(self) -> str:
+        """The one tag of the index of runs waiting for events and of recent events by
+        source, type and field (one slot of a cluster: a script on it touches it alone)."""
+        return f"{{{self.prefix}:evwait}}"
+
     def run_keys(self, run_id: str) -> RunKeys:
         bucket = self.bucket_of(run_id)
         return RunKeys(run=self.run(run_id), steps=self.steps(run_id),
@@ -355,7 +373,9 @@ class Keyspace:
                        waits=self.run_waits(bucket), asks=self.asks(run_id),
                        feed=self.feed(bucket), reports=self.reports(run_id),
                        report_index=self.report_index(bucket),
-                       redeliveries=self.redeliveries(bucket))
+                       redeliveries=self.redeliveries(bucket),
+                       published=self.published(run_id),
+                       event_inbox=self.event_inbox(run_id))
 
     # -- events: an inbound event's hash and its bucket's indexes share the event's tag --------
 
@@ -367,6 +387,11 @@ class Keyspace:
     def event_listing(self, bucket: int) -> str:
         """Sorted set: event keys in the bucket by time received (server ms)."""
         return f"{self.tag(bucket)}:evidx"
+
+    def event_offer(self, bucket: int) -> str:
+        """Sorted set: journaled event keys -> when the controller delivers them to waiting
+        runs (engine/event_waits.py) if their sender has not (it died in between)."""
+        return f"{self.tag(bucket)}:evoffer"
 
     def event_pending(self, bucket: int) -> str:
         """Sorted set: pending event keys -> when the controller turns them into runs."""

@@ -647,7 +647,8 @@ class Scripts:
     def purge_run(self, *, keys: RunKeys, run_id: str, receipts: list[str]) -> Reply:
         return self._reply("purge_run", [keys.run, keys.steps, keys.output, keys.listing,
                                          keys.finished, keys.effects, keys.asks, keys.reports,
-                                         keys.feed, keys.report_index, keys.waits, *receipts],
+                                         keys.feed, keys.report_index, keys.waits,
+                                         keys.published, keys.event_inbox, *receipts],
                            [run_id], ("ok", "not_due", "retry"))
 
     def hold_finished(self, *, keys: RunKeys, run_id: str, hold_ms: int) -> Reply:
@@ -770,10 +771,10 @@ class Scripts:
     # -- events ------------------------------------------------------------------------
 
     def claim_event(self, *, event_key: str, event_hash: str, listing_key: str,
-                    pending_key: str, doc: bytes, request_id: str, workflow: str, run_id: str,
-                    grace_ms: int) -> Reply:
+                    pending_key: str, offer_key: str, doc: bytes, request_id: str,
+                    workflow: str, run_id: str, grace_ms: int) -> Reply:
         """{"ok", received_ms} or {"exists", doc, state, workflow, run} (lua/claim_event.lua)."""
-        return self._reply("claim_event", [event_hash, listing_key, pending_key],
+        return self._reply("claim_event", [event_hash, listing_key, pending_key, offer_key],
                            [event_key, doc, request_id, workflow, run_id, grace_ms],
                            ("ok", "exists"))
 
@@ -893,6 +894,49 @@ class Scripts:
     def lock_schedule(self, *, keys: ScheduleKeys, holder: str, ttl_ms: int) -> Reply:
         """ttl_ms > 0 takes the schedule's lock; 0 releases it if `holder` has it."""
         return self._reply("lock_schedule", [keys.lock], [holder, ttl_ms], ("ok", "held"))
+
+    # -- published state and waits for events ----------------------------------------
+
+    def publish_state(self, *, keys: RunKeys, epoch: int, run_id: str, seq: int,
+                      step_key: str, record: bytes, key: str, value: bytes,
+                      event: bytes) -> Reply:
+        return self._reply("publish_state", [keys.run, keys.steps, keys.leases, keys.output,
+                                             keys.published],
+                           [epoch, run_id, seq, step_key, record, key, value, event],
+                           ("ok", "cancelled", "paused", "stale", "settled"))
+
+    def open_event_wait(self, *, keys: RunKeys, epoch: int, wait_key: str, timeout_ms: int,
+                        timeout_record: bytes, event: bytes) -> Reply:
+        return self._reply("open_event_wait", [keys.run, keys.steps, keys.event_inbox,
+                                               keys.output],
+                           [epoch, wait_key, timeout_ms, timeout_record, event],
+                           ("open", "done", "timed_out", "stale", "settled"))
+
+    def deliver_event(self, *, keys: RunKeys, run_id: str, wait_key: str, record: bytes,
+                      event_key: str, epoch: int | None, grace_ms: int, event: bytes,
+                      woken: bytes) -> Reply:
+        return self._reply("deliver_event", [keys.run, keys.steps, keys.event_inbox,
+                                             keys.output, keys.waits, keys.dispatch],
+                           [run_id, wait_key, record, event_key,
+                            "" if epoch is None else epoch, grace_ms, event, woken],
+                           ("woken", "pending", "paused", "taken_now", "taken", "consumed",
+                            "not_open", "stale", "idle"))
+
+    def add_event_wait(self, *, term_key: str, spec_key: str, member: str,
+                       spec: bytes) -> None:
+        self._reply("add_event_wait", [term_key, spec_key], [member, spec], ("ok",))
+
+    def drop_event_wait(self, *, term_key: str, spec_key: str, member: str) -> bool:
+        return bool(int(self._reply("drop_event_wait", [term_key, spec_key], [member],
+                                    ("ok",)).values[0]))
+
+    def note_event(self, *, spec_key: str, term_keys: list[tuple[str, str]], event_key: str,
+                   keep_ms: int, received_ms: int | None = None) -> Reply:
+        """{"ok", received_ms, member, spec, ...}: the waits indexed under the event's terms."""
+        flat = [k for pair in term_keys for k in pair]
+        return self._reply("note_event", [spec_key, *flat],
+                           [event_key, keep_ms, "" if received_ms is None else received_ms],
+                           ("ok",))
 
     # -- deployment --------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ with no type.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -41,13 +42,14 @@ from ..engine.authoring import (
     UnknownWorkflowError,
     WorkflowDef,
 )
+from ..engine.event_waits import offer_event
 from ..engine.runs import RunStore
 from ..errors import CorruptRecordError, InvalidIdError, UnsupportedRecordVersionError
 from ..store import RedisStore, new_request_id
 from ..store.records import EventRecord, decode, encode
 from ..store.redis_errors import is_outage, one_line
 from ..store.replies import as_text
-from ..transport.lanes import RQLike
+from ..transport.lanes import RQLike, as_lanes
 
 if TYPE_CHECKING:
     from ..controller.context import DutyContext
@@ -211,6 +213,7 @@ class Sent:
     workflow: str          # '' when no trigger matched
     run_id: str            # '' when no trigger matched
     run_created: bool = False  # this call recorded the run
+    delivered: tuple[str, ...] = ()  # the waiting runs this call delivered it to
 
 
 @dataclass(frozen=True)
@@ -266,7 +269,8 @@ class Events:
         reply = self.store.scripts.claim_event(
             event_key=key, event_hash=self.keys.event(key),
             listing_key=self.keys.event_listing(bucket),
-            pending_key=self.keys.event_pending(bucket), doc=encode(record),
+            pending_key=self.keys.event_pending(bucket),
+            offer_key=self.keys.event_offer(bucket), doc=encode(record),
             request_id=new_request_id(), workflow=trigger.workflow if trigger else "",
             run_id=key if trigger else "", grace_ms=PENDING_GRACE_MS)
         if reply.status == "ok":
@@ -281,14 +285,55 @@ class Events:
         source and id) creates nothing and returns `created=False`."""
         record, trigger = self.prepare(source, event_id, type=type, payload=payload)
         sent = self.journal(record, trigger)
+        # A failure here leaves a pending event's run to the controller, as any other.
+        delivered = tuple(sorted(run for run, outcome in self.offer(record).items()
+                                 if outcome != "consumed"))
         if not sent.created or trigger is None:
-            return sent
+            return dataclasses.replace(sent, delivered=delivered)
         enqueued = self._enqueue(trigger.workflow, record)
         if (foreign := self._foreign(enqueued, trigger.workflow, record)) is not None:
             self._mark(sent.key, 0, "failed", foreign)
-            return Sent(sent.key, True, "failed", trigger.workflow, sent.key)
+            return Sent(sent.key, True, "failed", trigger.workflow, sent.key,
+                        delivered=delivered)
         self._mark(sent.key, 0, "started")
-        return Sent(sent.key, True, "started", trigger.workflow, sent.key, enqueued.created)
+        return Sent(sent.key, True, "started", trigger.workflow, sent.key, enqueued.created,
+                    delivered)
+
+    def offer(self, record: EventRecord, received_ms: int | None = None) -> dict[str, str]:
+        """Deliver the journaled event to every run waiting for it (engine/event_waits.py),
+        then drop it from the controller's to-offer index. After the journal: a resend of
+        the event offers it again, and a run given it once is not given it twice."""
+        enqueue = as_lanes(self.rq, self.keys).enqueue if self.rq is not None else None
+        outcomes = offer_event(self.runs, record, enqueue, received_ms=received_ms)
+        self.store.client.zrem(self.keys.event_offer(self.keys.bucket_of(record.id)),
+                               record.id)
+        return outcomes
+
+    def offer_due(self, now_ms: int, per_bucket: int, buckets: Iterable[int]) -> int:
+        """Offer the events whose sender did not (it died between the journal and the
+        offer) once their grace has passed; returns how many."""
+        pipe = self.store.client.pipeline(transaction=False)
+        for bucket in buckets:
+            pipe.zrangebyscore(self.keys.event_offer(bucket), "-inf", now_ms, start=0,
+                               num=per_bucket)
+        keys = [as_text(k) for found in pipe.execute() for k in found]
+        for key in keys:
+            fields = self.store.client.hmget(self.keys.event(key), ["doc", "received_ms"])
+            if fields[0] is None:  # pruned
+                self.store.client.zrem(self.keys.event_offer(self.keys.bucket_of(key)), key)
+                continue
+            doc = fields[0]
+            try:
+                record = decode(EventRecord, doc.encode() if isinstance(doc, str) else doc,
+                                self.keys.event(key))
+            except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
+                log.warning("event %s: not offered to waiting runs: %s", key, exc)
+                self.store.client.zrem(self.keys.event_offer(self.keys.bucket_of(key)), key)
+                continue
+            outcomes = self.offer(record, int(fields[1] or 0) or None)
+            log.info("event %s: offered to waiting runs after its sender (%s)", key,
+                     ", ".join(f"{r} {o}" for r, o in sorted(outcomes.items())) or "none")
+        return len(keys)
 
     def _enqueue(self, workflow: str, record: EventRecord) -> ops.Enqueued:
         if self.rq is None:
@@ -481,6 +526,7 @@ class EventsDuty:
             return
         self._next_scan = now + SCAN_EVERY_S
         events = self._events(ctl)
+        events.offer_due(ctl.server_ms(), PER_BUCKET, ctl.buckets)
         keys = events.pending(due_ms=ctl.server_ms(), per_bucket=PER_BUCKET,
                               buckets=ctl.buckets)
         if keys:
