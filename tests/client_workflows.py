@@ -55,3 +55,11 @@ def cl_approval(ctx: mr.RunContext) -> dict[str, Any]:
 @mr.workflow
 def cl_on_paid(ctx: mr.RunContext, event: mr.Event) -> dict[str, Any]:
     return {"paid": event.payload}
+
+
+@mr.workflow
+def cl_publish(ctx: mr.RunContext, inp: dict[str, Any]) -> str:
+    ctx.publish("stage", "started")
+    cl_nap(0, inp.get("sleep_s", 0.5))
+    ctx.publish("stage", "done")
+    return "ok"

@@ -289,3 +289,29 @@ def test_events_and_reruns_through_the_client(procs: Procs, client: mr.Client) -
     assert rerun.run_id == "rerun-1" and rerun.created
     assert client.handle("rerun-1").result(timeout=30) == {"sku": "re", "total": 200}
     assert client.status("rerun-1").rerun_of == "to-rerun"
+
+
+def test_published_state_through_the_client(procs: Procs, client: mr.Client) -> None:
+    from marbles_rq.engine.published import NotPublishedError, PublishedWaitTimeoutError
+
+    run = client.start("cl_publish", {"sleep_s": 0.5})
+    with pytest.raises(PublishedWaitTimeoutError):  # no worker yet: nothing published
+        run.wait_for("stage", timeout=0.3)
+    procs.worker()
+    assert run.wait_for("stage", timeout=30) in ("started", "done")
+    assert run.result(timeout=30) == "ok"
+    assert run.get("stage") == "done" and run.status().published == {"stage": "done"}
+    with pytest.raises(NotPublishedError):
+        run.get("other")
+    with pytest.raises(NotPublishedError):  # finished without it: at once, not at the timeout
+        run.wait_for("other", timeout=30)
+
+    async def main() -> None:
+        async with mr.connect_async(procs.url) as aclient:
+            handle = aclient.handle(run.id)
+            assert await handle.get("stage") == "done"
+            assert await handle.wait_for("stage", timeout=5) == "done"
+            with pytest.raises(NotPublishedError):
+                await handle.wait_for("other", timeout=30)
+
+    asyncio.run(main())

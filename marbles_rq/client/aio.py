@@ -124,6 +124,35 @@ class AsyncClient:
                          payload: Any = None) -> Any:
         return await self._call(self.sync.send_event, source, id, type, payload)
 
+    async def get(self, run_id: str, key: str) -> Any:
+        return await self._call(self.sync.get, run_id, key)
+
+    async def wait_for(self, run_id: str, key: str, timeout: float = 60.0) -> Any:
+        """As Client.wait_for, without holding a thread while it waits."""
+        from ..engine.published import NotPublishedError, PublishedWaitTimeoutError
+
+        check_id(run_id, "run id")
+        deadline = time.monotonic() + timeout
+        last = await self.aio.xrevrange(self.sync.reader.keys.output(run_id), count=1)
+        after = last[0][0].decode() if last else "0-0"
+        try:
+            return await self.get(run_id, key)
+        except NotPublishedError:
+            if last and last[0][1].get(b"t") == b"final":
+                raise NotPublishedError(f"run {run_id} finished without publishing "
+                                        f"{key!r}") from None
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise PublishedWaitTimeoutError(
+                    f"run {run_id} did not publish {key!r} within {timeout:g} s")
+            for entry in await self.output(run_id, after=after,
+                                           block_ms=min(left_ms, BLOCK_SLICE_MS)):
+                after = entry.id
+                if entry.type == "final" or (entry.type == "published" and isinstance(
+                        entry.data, dict) and entry.data.get("key") == key):
+                    return await self.get(run_id, key)  # NotPublishedError after a final
+
     # -- waiting, on redis.asyncio -----------------------------------------------------------
 
     async def output(self, run_id: str, *, after: str = "0-0", block_ms: int | None = None,
@@ -226,3 +255,9 @@ class AsyncRunHandle:
 
     def watch(self, *, after: str = "0-0", follow: bool = True) -> AsyncIterator[OutputEntry]:
         return self.client.watch(self.id, after=after, follow=follow)
+
+    async def get(self, key: str) -> Any:
+        return await self.client.get(self.id, key)
+
+    async def wait_for(self, key: str, timeout: float = 60.0) -> Any:
+        return await self.client.wait_for(self.id, key, timeout)

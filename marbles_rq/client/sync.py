@@ -418,6 +418,23 @@ class Client:
         return rerun(self.runs_store, self.lanes, check_id(run_id, "run id"),
                      from_step=from_step, new_id=new_id)
 
+    # -- published state --------------------------------------------------------------------
+
+    def get(self, run_id: str, key: str) -> Any:
+        """The value the run last published under `key` (`ctx.publish`). RunNotFoundError,
+        NotPublishedError."""
+        from ..engine.published import get_published
+
+        return get_published(self.reader, run_id, key)
+
+    def wait_for(self, run_id: str, key: str, timeout: float = 60.0) -> Any:
+        """Block until the run has published `key` and return the value (at once if it has):
+        a blocking read of its output stream, not polling. PublishedWaitTimeoutError;
+        NotPublishedError when the run finishes without publishing it."""
+        from ..engine.published import wait_published
+
+        return wait_published(self.reader, run_id, key, timeout)
+
     # -- waiting ----------------------------------------------------------------------------
 
     def result(self, run_id: str, timeout: float | None = None, *,
@@ -543,3 +560,9 @@ class RunHandle:
 
     def watch(self, *, after: str = "0-0", follow: bool = True) -> Iterator[OutputEntry]:
         return self.client.watch(self.id, after=after, follow=follow)
+
+    def get(self, key: str) -> Any:
+        return self.client.get(self.id, key)
+
+    def wait_for(self, key: str, timeout: float = 60.0) -> Any:
+        return self.client.wait_for(self.id, key, timeout)
