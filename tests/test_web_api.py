@@ -378,3 +378,20 @@ def test_waiting_requests_hold_no_thread(procs: Procs, web: Web) -> None:
     assert took < 10, took
     assert all(r.status_code == 200 for r in replies)
     assert {r.json()["result"]["total"] for r in replies} == {200}
+
+
+def test_published_state_over_http(procs: Procs, web: Web) -> None:
+    started = curl(web, "POST", "/api/runs", {"workflow": "cl_publish", "id": "pub-1",
+                                               "input": {"sleep_s": 0.3}})
+    assert started.status == 201, started.body
+    waited = curl(web, "GET", "/api/runs/pub-1/state/stage?wait=0.2")  # no worker yet
+    assert waited.status == 408 and waited.error()["code"] == "published_wait_timeout"
+    procs.worker()
+    waited = curl(web, "GET", "/api/runs/pub-1/state/stage?wait=30")
+    assert waited.status == 200 and waited.json()["value"] in ("started", "done")
+    assert curl(web, "GET", "/api/runs/pub-1/result?timeout=30").status == 200
+    got = curl(web, "GET", "/api/runs/pub-1/state/stage")
+    assert got.json() == {"id": "pub-1", "key": "stage", "value": "done"}
+    missing = curl(web, "GET", "/api/runs/pub-1/state/other")
+    assert missing.status == 404 and missing.error()["code"] == "not_published"
+    assert curl(web, "GET", "/api/runs/nope/state/stage").error()["code"] == "run_not_found"

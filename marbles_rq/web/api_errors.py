@@ -46,6 +46,9 @@ STATUS: dict[str, int] = {
     "answer_refused": 422,
     "run_not_found": 404,
     "unknown_question": 404,
+    "not_published": 404,  # the run has not published that key (or finished without it)
+    "published_wait_timeout": 408,
+    "invalid_publish": 400,  # a key outside its pattern
     "already_answered": 409,
     "run_settled": 409,
     "not_paused": 409,

@@ -60,6 +60,14 @@ class RunResult(msgspec.Struct, frozen=True):
     reason: str | None = None
 
 
+class State(msgspec.Struct, frozen=True):
+    """A value the run published (`ctx.publish`): the last one under `key`."""
+
+    id: str
+    key: str
+    value: Any = None
+
+
 class AnswerBody(msgspec.Struct, forbid_unknown_fields=True):
     """An answer to a question: one of its choices (or the choice's number as text)."""
 

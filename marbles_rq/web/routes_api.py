@@ -45,6 +45,7 @@ from .api_models import (
     StartBody,
     Started,
     StartedBatch,
+    State,
 )
 from .openapi import ApiRoute, Param, document
 from .webhooks import BODY_TIMEOUT_S
@@ -167,6 +168,21 @@ class Api:
         if waited is _GONE:
             return Response(status_code=499)  # nobody reads it
         return reply(RunResult(run_id, "succeeded", result=waited))
+
+    async def state(self, request: Request) -> Response:
+        run_id, key = _run_id(request), request.path_params["key"]
+        wait = _number(request, "wait", 0.0, 0.0, float("inf"))
+        if not wait:
+            return reply(State(run_id, key, await self.client.get(run_id, key)))
+        self.take_slot()
+        try:
+            value = await until_disconnected(request, self.client.wait_for(
+                run_id, key, min(wait, MAX_RESULT_WAIT_S)))
+        finally:
+            self.give_slot()
+        if value is _GONE:
+            return Response(status_code=499)
+        return reply(State(run_id, key, value))
 
     async def runs(self, request: Request) -> Response:
         q = request.query_params
@@ -426,7 +442,14 @@ ROUTES: list[ApiRoute] = [
              refusals=ANSWER_REFUSALS),
     # -- signals and published state: added by that work, each one client call ------------
     # POST /api/runs/{id}/signals/{name}  body {payload}  -> AsyncClient.signal(...)
-    # GET  /api/runs/{id}/state/{key}                     -> AsyncClient.get(...)
+    ApiRoute("GET", "/api/runs/{id}/state/{key}", Api.state,
+             "A value the run published under `key` (`ctx.publish`); with `wait`, wait "
+             "until it is published (long-poll)", reply=State,
+             query=(Param("wait", "number", (f"seconds to wait for it (at most "
+                                             f"{MAX_RESULT_WAIT_S:g}; default 0: answer "
+                                             f"at once)")),),
+             refusals=(*RUN_REFUSALS, "invalid_request", "invalid_publish", "not_published",
+                       "published_wait_timeout", "busy")),
     # (signal-with-start: a `signal` field of StartBody, see api_models.StartBody)
     ApiRoute("GET", "/api/feed", Api.feed, "Open questions and approvals, oldest first",
              reply=Feed, query=(Param("limit", "integer", "1 to 1000 (default 100)"),),
