@@ -1,6 +1,6 @@
 #!lua
 --[[ purge_run: remove a finished run whose retention has passed: its hash, ledger, output,
-questions, reports, effect receipts and index entries. Nothing of it stays in Redis.
+questions, reports, signals, effect receipts and index entries. Nothing of it stays in Redis.
 KEYS[1] run hash        <tag>:run:<run id>
 KEYS[2] ledger hash     <tag>:steps:<run id>
 KEYS[3] output stream   <tag>:out:<run id>
@@ -12,18 +12,21 @@ KEYS[8] reports hash    <tag>:reports:<run id>
 KEYS[9] feed zset       <tag>:feed
 KEYS[10] report index   <tag>:reportidx
 KEYS[11] waits zset     <tag>:waits
-KEYS[12..] receipts     every member of KEYS[6], as read by the caller
+KEYS[12] signals hash   <tag>:sig:<run id>
+KEYS[13..] receipts     every member of KEYS[6], as read by the caller
 ARGV[1] run_id
 Returns:
   {"ok", keys_deleted}
   {"not_due"}             not finished, or its retention has not passed; nothing written
   {"retry"}               the effect index changed since it was read; nothing written
-Writes (only for "ok"): DEL KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7], KEYS[8], KEYS[12..];
+Writes (only for "ok"): DEL KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7], KEYS[8], KEYS[12],
+  KEYS[13..];
   ZREM KEYS[4], KEYS[5], KEYS[9], KEYS[10], KEYS[11]
 ]]
 local run, steps, out, listing, finished, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   KEYS[6]
 local asks, reports, feed, report_index, waits = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local sigs = KEYS[12]
 local run_id = ARGV[1]
 local due = redis.call('ZSCORE', finished, run_id)
 local t = redis.call('TIME')
@@ -31,8 +34,8 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if not due or tonumber(due) > now_ms then return {'not_due'} end
 local s = redis.pcall('HGET', run, 'status')
 if s == 'queued' or s == 'running' or s == 'waiting' then return {'not_due'} end
-if redis.call('SCARD', index) ~= #KEYS - 11 then return {'retry'} end
-for i = 12, #KEYS do
+if redis.call('SCARD', index) ~= #KEYS - 12 then return {'retry'} end
+for i = 13, #KEYS do
   if redis.call('SISMEMBER', index, KEYS[i]) == 0 then return {'retry'} end
 end
 for _, pair in ipairs({{asks, feed}, {reports, report_index}}) do
@@ -44,7 +47,8 @@ for _, pair in ipairs({{asks, feed}, {reports, report_index}}) do
 end
 local n = 0
 for _, i in ipairs({1, 2, 3, 6, 7, 8}) do n = n + redis.call('DEL', KEYS[i]) end
-for i = 12, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
+n = n + redis.call('DEL', sigs)
+for i = 13, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
 redis.call('ZREM', listing, run_id)
 redis.call('ZREM', finished, run_id)
 redis.call('ZREM', waits, run_id)

@@ -1,8 +1,19 @@
 """marbles-rq: durable workflows on Redis with RQ workers."""
 
-from .engine.api import ask, gather, parallel, report, sleep, sleep_until, start_child
+from .engine.api import (
+    ask,
+    gather,
+    parallel,
+    report,
+    signals,
+    sleep,
+    sleep_until,
+    start_child,
+    wait_for_signal,
+)
 from .engine.authoring import step, workflow
 from .engine.execute import RunContext, current
+from .engine.signals import RunSettledError, SignalTimeoutError
 from .errors import MarblesError
 from .store import RedisStore, Store, open_store
 from .store.keys import Keyspace
@@ -21,6 +32,8 @@ __all__ = [
     "MemoryStore",
     "RedisStore",
     "RunContext",
+    "RunSettledError",
+    "SignalTimeoutError",
     "Store",
     "ask",
     "current",
@@ -32,10 +45,12 @@ __all__ = [
     "report",
     "schedule",
     "send_event",
+    "signals",
     "sleep",
     "sleep_until",
     "start_child",
     "step",
+    "wait_for_signal",
     "workflow",
 ]
 __version__ = "0.1.0"

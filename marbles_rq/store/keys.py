@@ -124,6 +124,7 @@ class RunKeys:
     reports: str
     report_index: str
     redeliveries: str
+    signals: str
 
 
 @dataclass(frozen=True)
@@ -320,6 +321,12 @@ class Keyspace:
         ``<key>|answer`` (JSON), ``<key>|answered_ms``, ``<key>|timeout_at``, ``<key>|req``."""
         return f"{self.tag_of(run_id)}:asks:{run_id}"
 
+    def signals(self, run_id: str) -> str:
+        """Hash: signals sent to the run, per name: ``<name>|n`` (sent so far, the last
+        sequence number), ``<name>|c`` (taken into the ledger), and for each signal not taken
+        yet ``<name>|<seq>`` (its payload, JSON) and ``<name>|<seq>|at`` (sent, server ms)."""
+        return f"{self.tag_of(run_id)}:sig:{run_id}"
+
     def feed(self, bucket: int) -> str:
         """Sorted set: open questions ``<run id>|<key>`` in the bucket -> when asked (ms)."""
         return f"{self.tag(bucket)}:feed"
@@ -349,7 +356,7 @@ class Keyspace:
                        waits=self.run_waits(bucket), asks=self.asks(run_id),
                        feed=self.feed(bucket), reports=self.reports(run_id),
                        report_index=self.report_index(bucket),
-                       redeliveries=self.redeliveries(bucket))
+                       redeliveries=self.redeliveries(bucket), signals=self.signals(run_id))
 
     # -- events: an inbound event's hash and its bucket's indexes share the event's tag --------
 
