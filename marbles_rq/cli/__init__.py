@@ -120,6 +120,7 @@ def _register() -> None:
         rerun,
         runs,
         schedules,
+        signals,
         waits,
         web,
     )
@@ -129,7 +130,7 @@ def _register() -> None:
                     waits.resume, procs.worker, procs.controller, doctor.doctor,
                     control.leader, control.roll, control.list_cmd, events.events,
                     schedules.schedules, dev.dev, health.health, web.web, layout.buckets,
-                    rerun.rerun, dryrun.run_cmd):
+                    rerun.rerun, dryrun.run_cmd, signals.signal):
         _accept_connection_options(command)
         cli.add_command(command)
 

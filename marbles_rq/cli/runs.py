@@ -115,12 +115,15 @@ def json_argument(text: str, noun: str, limit: int) -> bytes:
 @click.pass_obj
 def status(settings: Settings, run_id: str, as_json: bool) -> None:
     """Show one run: status, attempt, timings, result or error, steps."""
+    from ..engine.signals import signals_json
     from .waits import questions_json, reports_json
 
-    view = _get(settings.runs(read_only=True), run_id)
+    runs = settings.runs(read_only=True)
+    view = _get(runs, run_id)
     data = view.to_json()
     data["questions"] = questions_json(settings, run_id)
     data["reports"] = reports_json(settings, run_id)
+    data["signals"] = signals_json(runs, run_id)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -164,6 +167,8 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         _echo(f"  error {data['error']['type']}: {data['error']['message']}")
     for r in data["reports"]:
         _echo(f"  {r['kind']} {r['key']}  {json.dumps(r['entry'])[:200]}")
+    for name, c in data["signals"].items():
+        _echo(f"  signal {name}  sent {c['sent']}  taken {c['taken']}  buffered {c['buffered']}")
 
 
 def _resumed(resumptions: int) -> str:
@@ -179,6 +184,8 @@ def _waiting(waiting: dict[str, Any]) -> str:
         parts.append("questions " + ", ".join(what["questions"]))
     if what.get("children"):
         parts.append("children " + ", ".join(what["children"]))
+    if what.get("signals"):
+        parts.append("signal " + ", ".join(what["signals"]))
     if what.get("until_ms"):
         at = what["until_ms"]
         parts.append("until " + time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))
