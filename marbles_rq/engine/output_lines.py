@@ -40,6 +40,8 @@ def format_event(ev: OutputEvent) -> str:
         "child_started": lambda: f"child {d.get('child')} started ({d.get('workflow')})",
         "timer_fired": lambda: f"timer {d.get('timer')} fired ({d.get('late_ms')} ms after "
                                f"its due time)",
+        "signal": lambda: f"signal {d.get('name')} #{d.get('seq')} received",
+        "signal_taken": lambda: _taken(d),
         "pause_requested": lambda: "pause requested",
         "resumed": lambda: "resumed",
         "truncated": lambda: f"output truncated: the run's cap of {d.get('max_lines')} lines / "
@@ -69,11 +71,21 @@ def _parked(d: dict[str, Any]) -> str:
         return "an answer to " + ", ".join(d.get("questions") or [])
     if reason == "child":
         return "child " + ", ".join(d.get("children") or [])
+    if reason == "signal":
+        return "signal " + ", ".join(d.get("signals") or [])
     if reason == "timer" and d.get("until_ms"):
         at = int(d["until_ms"])
         return "a timer due " + time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + (
             f".{at % 1000:03d}")
     return "resume" if reason == "paused" else str(reason)
+
+
+def _taken(d: dict[str, Any]) -> str:
+    if d.get("timed_out"):
+        return f"wait for signal {d.get('name')} timed out at {d.get('call')}"
+    seqs = d.get("seqs") or []
+    taken = "nothing" if not seqs else ", ".join(f"#{s}" for s in seqs)
+    return f"signal {d.get('name')} {taken} taken at {d.get('call')}"
 
 
 def _final(d: dict[str, Any]) -> str:
