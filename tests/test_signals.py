@@ -264,3 +264,18 @@ def test_timeout_fires(procs: Procs) -> None:
     assert data["result"]["timed_out"] is True, obs.dump("late")
     assert data["result"]["code"] == "signal_timeout"
     assert [e.get("timed_out") for e in taken_events(obs, "late")] == [True]
+
+
+def test_a_retried_send_with_its_request_id_is_recorded_once(procs: Procs) -> None:
+    obs = procs.observer
+    enqueue(procs, "sg_collect", {"n": 2}, "retried")  # no worker: it stays queued
+    first = send_signal(obs.runs, "retried", "item", "a", request_id="req-1")
+    again = send_signal(obs.runs, "retried", "item", "a", request_id="req-1")
+    assert (first.seq, again.seq) == (1, 1)
+    out = ok(procs.cli("signal", "retried", "item", "--payload", '"b"', "--request-id", "req-2"))
+    out2 = ok(procs.cli("signal", "retried", "item", "--payload", '"b"', "--request-id", "req-2"))
+    assert "#2 recorded" in out and "#2 recorded" in out2, (out, out2)
+    assert signals_json(obs.runs, "retried") == {"item": {"sent": 2, "taken": 0,
+                                                          "buffered": 2}}
+    procs.start(workers=1, controller=False)
+    assert final(obs, "retried")["result"] == ["a", "b"]

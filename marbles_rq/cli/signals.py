@@ -26,11 +26,14 @@ from .runs import json_argument, read_input
               help="With --start: the new run's input (as `enqueue --input`).")
 @click.option("--queue", default=None, help="With --start: RQ queue (default: the workflow's).")
 @click.option("--priority", type=int, default=None, help="With --start: -100 to 100.")
+@click.option("--request-id", default=None, help="An id for this send: the same command "
+              "again with it within a minute (a retry) records nothing twice.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
 @click.pass_obj
 def signal(settings: Settings, args: tuple[str, ...], payload: str | None,
            workflow: str | None, run_id: str | None, input_json: str | None,
-           queue: str | None, priority: int | None, as_json: bool) -> None:
+           queue: str | None, priority: int | None, request_id: str | None,
+           as_json: bool) -> None:
     """Send signal NAME to run RUN (with --payload). The run takes it with
     ctx.wait_for_signal(NAME) or ctx.signals(NAME); sent before it asks, it waits for it.
     A finished run refuses it (exit 1).
@@ -46,7 +49,8 @@ def signal(settings: Settings, args: tuple[str, ...], payload: str | None,
             raise click.UsageError("--id, --input, --queue and --priority go with --start")
         run, name = args
         check_id(run, "run id")
-        sent = send_signal(settings.runs(), run, name, payload_json=raw, rq=settings.rq())
+        sent = send_signal(settings.runs(), run, name, payload_json=raw, rq=settings.rq(),
+                           request_id=request_id)
         if as_json:
             click.echo(json.dumps(sent.to_json(), indent=2))
             return
@@ -64,7 +68,7 @@ def signal(settings: Settings, args: tuple[str, ...], payload: str | None,
     request = RunRequest(workflow, read_input(workflow, input_json), run_id, queue,
                          strict=True, priority=priority)
     started = start_with_signal(settings.runs(), settings.rq(), request, name,
-                                payload_json=raw)
+                                payload_json=raw, request_id=request_id)
     if as_json:
         click.echo(json.dumps(started.to_json(), indent=2))
         return

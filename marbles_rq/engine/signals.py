@@ -176,21 +176,31 @@ def _enqueue_wake(runs: RunStore, rq: RQLike | None, queue: str, run_id: str,
     return True
 
 
+def _marker(runs: RunStore, run_id: str, request_id: str | None) -> str:
+    # A caller's request id makes a retry of the same send (its reply lost to a timeout or a
+    # restart) answer what the first did, within MARKER_MS (a minute); none: this call only.
+    rid = new_request_id() if request_id is None else check_id(request_id, "request id")
+    return runs.keys.request_marker(run_id, f"sig.{rid}")
+
+
 def send_signal(runs: RunStore, run_id: str, name: str, payload: Any = None, *,
-                payload_json: bytes | None = None, rq: RQLike | None = None) -> SignalSent:
+                payload_json: bytes | None = None, rq: RQLike | None = None,
+                request_id: str | None = None) -> SignalSent:
     """Send signal `name` to run `run_id`: appended durably after the run's earlier signals
     of that name; if the run is parked waiting for that name it is woken by the same script
     (and its delivery enqueued on `rq`; without `rq` the controller dispatches it after its
     grace). The payload is `payload` (a JSON-able value) or `payload_json` (JSON text, as
     the CLI and HTTP take it). Raises InvalidSignalError / PayloadTooLargeError (bad name or
     payload), RunNotFoundError (no such run), RunSettledError (the run has finished),
-    SignalBufferFullError; on any of them nothing is recorded."""
+    SignalBufferFullError; on any of them nothing is recorded. `request_id`: the caller's id
+    for this send; sent again with it within a minute (a retry after a lost reply), it is
+    not appended again and the first send's reply is returned."""
     check_id(run_id, "run id")
     check_name(name)
     raw = _payload(payload, payload_json)
     keys = runs.keys.run_keys(run_id)
     reply = runs.scripts.send_signal(
-        keys=keys, marker=runs.keys.request_marker(run_id, new_request_id()), run_id=run_id,
+        keys=keys, marker=_marker(runs, run_id, request_id), run_id=run_id,
         name=name, payload=raw, event_head=_event_head(name), grace_ms=DISPATCH_GRACE_MS,
         max_buffered=MAX_BUFFERED)
     if reply.status == "missing":
@@ -225,7 +235,8 @@ class _Written:
 
 def start_with_signal(runs: RunStore, rq: RQLike, request: RunRequest, name: str,
                       payload: Any = None, *, payload_json: bytes | None = None,
-                      registry: Registry = REGISTRY) -> SignalStarted:
+                      registry: Registry = REGISTRY,
+                      request_id: str | None = None) -> SignalStarted:
     """Signal-with-start: create run `request.run_id` if no run has that id and deliver
     signal `name` to it, in one script call on the store: a new run is recorded with the
     signal already buffered (and its first delivery enqueued in the same call when the store
@@ -233,14 +244,15 @@ def start_with_signal(runs: RunStore, rq: RQLike, request: RunRequest, name: str
     signal as `send_signal` gives it. Concurrent calls for one id create one run, which gets
     every signal. The request is validated completely first (as `ops.enqueue`'s); a
     request without an id is refused (the id is what makes the start idempotent). Raises as
-    `send_signal`, and RunSettledError when the run exists and has finished."""
+    `send_signal`, and RunSettledError when the run exists and has finished. `request_id`
+    as `send_signal`'s."""
     if request.run_id is None:
         raise InvalidSignalError("signal-with-start needs a run id (--id)")
     check_name(name)
     raw = _payload(payload, payload_json)
     record = prepare(request, registry)
     claim = runs._claim_args(record)
-    marker = runs.keys.request_marker(record.id, new_request_id())
+    marker = _marker(runs, record.id, request_id)
 
     def write(push: Any) -> _Written:
         reply = runs.scripts.start_signal(claim={**claim, "push": push}, marker=marker,
