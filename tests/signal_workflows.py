@@ -9,6 +9,7 @@ body runs, so a count of 1 after kills, wakes and replays means "never re-run".
 * `sg_timeout`: waits for signal "never" with `timeout_s`; returns whether it timed out.
 * `sg_drain`: a step that waits for the test's go (``sg:gate:<run id>``), then
   `ctx.signals("items")`, then one `ctx.wait_for_signal("items")`; returns both.
+* `sg_twins`: two parallel branches each wait for signal "twin".
 * `sg_pingpong`: for `n` rounds, waits for signal "ping" and runs a step stamping when it
   started (bench/signal_latency.py measures signal -> that step's start).
 """
@@ -116,3 +117,9 @@ def sg_pingpong(ctx: mr.RunContext, inp: PingInput) -> int:
         ctx.wait_for_signal("ping")
         sg_stamp(i)
     return inp.n
+
+
+@mr.workflow
+def sg_twins(ctx: mr.RunContext) -> list[Any]:
+    """Two parallel branches wait for the same name: each must get its own signal."""
+    return mr.parallel(lambda: mr.wait_for_signal("twin"), lambda: mr.wait_for_signal("twin"))

@@ -279,3 +279,16 @@ def test_a_retried_send_with_its_request_id_is_recorded_once(procs: Procs) -> No
                                                           "buffered": 2}}
     procs.start(workers=1, controller=False)
     assert final(obs, "retried")["result"] == ["a", "b"]
+
+
+def test_parallel_branches_waiting_for_one_name_each_get_their_own(procs: Procs) -> None:
+    procs.start(workers=1, controller=False)
+    obs = procs.observer
+    rq = rq_connection(procs.url)
+    enqueue(procs, "sg_twins", None, "twins")
+    wait_parked(obs, "twins", "signal")
+    send_signal(obs.runs, "twins", "twin", "one", rq=rq)
+    send_signal(obs.runs, "twins", "twin", "two", rq=rq)
+    data = final(obs, "twins")
+    assert sorted(data["result"]) == ["one", "two"], obs.dump("twins")
+    assert sorted(s for e in taken_events(obs, "twins") for s in e["seqs"]) == [1, 2]
