@@ -1,28 +1,48 @@
 """marbles-rq: durable workflows on Redis with RQ workers."""
 
-from .engine.api import (
-    ask,
-    gather,
-    parallel,
-    report,
-    signals,
-    sleep,
-    sleep_until,
-    start_child,
-    wait_for_signal,
-)
-from .engine.authoring import step, workflow
-from .engine.execute import RunContext, current
-from .engine.signals import RunSettledError, SignalTimeoutError
-from .errors import MarblesError
-from .store import RedisStore, Store, open_store
-from .store.keys import Keyspace
-from .store.memory import MemoryStore
-from .triggers.events import Event, on_event, send_event
-from .triggers.monitors import FileChange, HttpChange, Launch, monitor
-from .triggers.schedules import schedule
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .client import (
+        AsyncClient,
+        Client,
+        ResultTimeoutError,
+        RunCancelledError,
+        RunFailedError,
+        RunHandle,
+        RunStatus,
+        StartRequest,
+        connect,
+        connect_async,
+    )
+    from .engine.api import (
+        ask,
+        gather,
+        parallel,
+        report,
+        signals,
+        sleep,
+        sleep_until,
+        start_child,
+        wait_for_signal,
+    )
+    from .engine.authoring import step, workflow
+    from .engine.execute import RunContext, current
+    from .engine.signals import RunSettledError, SignalTimeoutError
+    from .errors import MarblesError
+    from .store import RedisStore, Store, open_store
+    from .store.keys import Keyspace
+    from .store.memory import MemoryStore
+    from .triggers.events import Event, on_event, send_event
+    from .triggers.monitors import FileChange, HttpChange, Launch, monitor
+    from .triggers.schedules import schedule
 
 __all__ = [
+    "AsyncClient",
+    "Client",
     "Event",
     "FileChange",
     "HttpChange",
@@ -31,11 +51,19 @@ __all__ = [
     "MarblesError",
     "MemoryStore",
     "RedisStore",
+    "ResultTimeoutError",
+    "RunCancelledError",
     "RunContext",
+    "RunFailedError",
+    "RunHandle",
     "RunSettledError",
+    "RunStatus",
     "SignalTimeoutError",
+    "StartRequest",
     "Store",
     "ask",
+    "connect",
+    "connect_async",
     "current",
     "gather",
     "monitor",
@@ -54,3 +82,42 @@ __all__ = [
     "workflow",
 ]
 __version__ = "0.1.0"
+
+# Each public name's module, imported on first use (PEP 562): every `marbles-rq` process
+# imports this package, and most of them (a status, an enqueue, a worker whose workflows
+# declare no trigger) need only a few of these modules.
+_HOME = {
+    **{name: ".client" for name in (
+        "AsyncClient", "Client", "ResultTimeoutError", "RunCancelledError", "RunFailedError",
+        "RunHandle", "RunStatus", "StartRequest", "connect", "connect_async")},
+    "ask": ".engine.api", "gather": ".engine.api", "parallel": ".engine.api",
+    "report": ".engine.api", "sleep": ".engine.api", "sleep_until": ".engine.api",
+    "start_child": ".engine.api", "signals": ".engine.api", "wait_for_signal": ".engine.api",
+    "RunSettledError": ".engine.signals", "SignalTimeoutError": ".engine.signals",
+    "step": ".engine.authoring", "workflow": ".engine.authoring",
+    "RunContext": ".engine.execute", "current": ".engine.execute",
+    "MarblesError": ".errors",
+    "RedisStore": ".store", "Store": ".store", "open_store": ".store",
+    "Keyspace": ".store.keys",
+    "MemoryStore": ".store.memory",
+    "Event": ".triggers.events", "on_event": ".triggers.events",
+    "send_event": ".triggers.events",
+    "FileChange": ".triggers.monitors", "HttpChange": ".triggers.monitors",
+    "Launch": ".triggers.monitors", "monitor": ".triggers.monitors",
+    "schedule": ".triggers.schedules",
+}
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, which would take every misspelt name as Any
+
+    def __getattr__(name: str) -> Any:
+        home = _HOME.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home, __name__), name)
+        globals()[name] = value  # the next lookup is a plain attribute
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -11,12 +11,28 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .engine.runs import RunStore
+from .errors import ConfigError
 from .store import RedisStore, open_store
-from .store.connection import DEFAULT_URL, check_url, connect
+from .store.connection import DEFAULT_URL, URL_ENV, check_url, connect
 from .store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, Keyspace
 
 if TYPE_CHECKING:
     from .transport.lanes import Lanes
+
+PREFIX_ENV = "MARBLES_PREFIX"
+BUCKETS_ENV = "MARBLES_BUCKETS"
+LANES_ENV = "MARBLES_LANE_COUNT"
+RQ_URL_ENV = "MARBLES_RQ_URL"
+
+
+def _env_count(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
 
 
 @dataclass
@@ -33,6 +49,24 @@ class Settings:
     _store: RedisStore | None = field(default=None, repr=False)
     _reader: RedisStore | None = field(default=None, repr=False)
     _loaded: bool = field(default=False, repr=False)
+
+    @classmethod
+    def from_env(cls, redis_url: str | None = None, prefix: str | None = None, *,
+                 buckets: int | None = None, lanes: int | None = None,
+                 source: str | None = None, rq_url: str | None = None) -> Settings:
+        """The settings the CLI would use: each argument, else its environment variable
+        (MARBLES_REDIS_URL, MARBLES_PREFIX, MARBLES_BUCKETS, MARBLES_LANE_COUNT,
+        MARBLES_SOURCE, MARBLES_RQ_URL), else the default."""
+        from .engine.authoring import SOURCE_ENV
+
+        settings = cls(redis_url or os.environ.get(URL_ENV) or DEFAULT_URL,
+                       prefix or os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX,
+                       buckets if buckets is not None else _env_count(BUCKETS_ENV),
+                       source or os.environ.get(SOURCE_ENV) or None,
+                       rq_url or os.environ.get(RQ_URL_ENV) or None,
+                       lanes if lanes is not None else _env_count(LANES_ENV))
+        settings.check()
+        return settings
 
     def load_source(self) -> None:
         """Import the workflow definitions named by --source (once)."""

@@ -78,3 +78,9 @@ class ScriptReplyError(MarblesError):
     """A Lua script answered with something its header does not document (a bug)."""
 
     code = "script_reply"
+
+
+class RunSettledError(MarblesError):
+    """An operation that needs an unfinished run (pause, resume, signal) found it finished."""
+
+    code = "run_settled"

@@ -201,7 +201,7 @@ def test_unknown_workflow_and_usage_are_one_line_exit_2(redis_url: str,
     for args, expected in (
             (["enqueue", "nope", "--batch", str(path)], "unknown workflow 'nope'"),
             (["enqueue", "bulk_item", "--batch", str(path), "--id", "x"],
-             "--batch takes no --input, --id, --priority or --wait"),
+             "--batch takes no --input, --id, --priority, --start-at or --wait"),
             (["enqueue", "bulk_item", "--batch", str(tmp_path / "missing")],
              "cannot read the batch file"),
             (["enqueue", "bulk_item", "--batch", str(path), "--queue", "bad queue"],

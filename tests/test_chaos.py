@@ -29,7 +29,7 @@ COVERED = ("runs", "steps", "effects", "questions", "timers", "children", "event
            "schedule cx-tick", "paused runs", "paused runs parked", "children gathered late",
            "children of cancelled parents", "limit samples cx_limited",
            "limit samples cx_limited_key customer=acme", "reruns", "priority bands",
-           "signals")
+           "runs started later", "signals")
 
 
 def _chaos(*args: str) -> None:

@@ -315,6 +315,13 @@ def _combinations(h: History) -> None:
     band.finish({"steps": [band.step("cx_chain.cx_link#0")]})
     h.submitted.append(Submitted("r-band", "cx_chain", "api", True))
 
+    # A run asked to start later, started after that time.
+    later = Builder(h, "r-later", "cx_chain", {"n": 1})
+    later.run.start_at_ms = later.ms
+    later.start()
+    later.finish({"steps": [later.step("cx_chain.cx_link#0")]})
+    h.submitted.append(Submitted("r-later", "cx_chain", "later", True))
+
 
 # -- each mutation plants one kind of violation ----------------------------------------------
 
@@ -593,6 +600,10 @@ def _signal_out_of_order(h: History) -> None:
                                                          first.result["payload"])
 
 
+def _started_early(h: History) -> None:
+    h.runs["r-later"].start_at_ms += 60_000
+
+
 def _crash(h: History) -> None:
     h.crashes.append(Crash("c0 (controller, pid 42)", 1, tail="Traceback ..."))
 
@@ -642,6 +653,7 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "signal_twice": ("signal_twice", _signal_taken_twice),
     "signal_lost": ("signal_lost", _signal_never_taken),
     "signal_order": ("signal_order", _signal_out_of_order),
+    "start_early": ("start_early", _started_early),
 }
 
 
@@ -658,6 +670,7 @@ def test_a_correct_history_passes() -> None:
     assert report.checked["limit samples cx_limited"] == 900
     assert report.checked["priority bands"] == 1
     assert report.checked["signals"] == 2
+    assert report.checked["runs started later"] == 1
     text = summary(history, report)
     assert "violations: 0" in text
 

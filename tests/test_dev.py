@@ -133,6 +133,11 @@ def test_dev_runs_restarts_stops_and_keeps_the_data(tmp_path: Path,
     dev = DevProc(home, port, "--workers", "1")
     devs.append(dev)
     dev.wait_line(" ready: ")
+    # The moment it says ready, a caller without the source can start its workflows by name.
+    import marbles_rq as mr
+
+    with mr.connect(dev.url) as client:
+        assert client.start("chain", {"steps": 1}, id="r0").created
     observer = Observer(dev.url, context=dev.report)
     try:
         def all_up() -> dict[str, list[int]] | None:
@@ -154,7 +159,7 @@ def test_dev_runs_restarts_stops_and_keeps_the_data(tmp_path: Path,
         _enqueue(dev.url, "r2")
         view = observer.wait_status("r2", "succeeded", timeout=60)
         assert view.worker is not None and view.worker.endswith(f".{new}"), view.worker
-        dev.wait_line("2 succeeded, 0 failed")  # the progress line counts from the store
+        dev.wait_line("3 succeeded, 0 failed")  # the progress line counts from the store
 
         # Health commands see this host's worker and the leading controller.
         assert _cli(dev.url, "health", "worker").returncode == 0
@@ -182,7 +187,7 @@ def test_dev_runs_restarts_stops_and_keeps_the_data(tmp_path: Path,
     again = DevProc(home, port, "--workers", "1")
     devs.append(again)
     again.wait_line(" ready: ")
-    again.wait_line("2 succeeded, 0 failed")
+    again.wait_line("3 succeeded, 0 failed")
     observer = Observer(again.url)
     try:
         assert observer.status("r1") == "succeeded"

@@ -30,6 +30,7 @@ from marbles_rq.triggers.monitors import (
     roll_monitor,
 )
 from tests.procs import CHAIN_SOURCE, KILL_SOURCE, REPO_ROOT, Procs, wait_for
+from tests.redis_procs import free_port
 from tests.trigger_workflows import HANDLER_KEY, LAUNCHED_KEY
 
 T_SOURCE = REPO_ROOT / "tests" / "trigger_workflows.py"
@@ -303,3 +304,20 @@ def test_a_monitor_whose_state_key_is_broken_costs_only_itself(
     ctl.wait_log("monitor t-files: cannot arm it")
     assert "recovered monitors: 0" in ctl.text() and "Redis error" not in ctl.text()
     assert ctl.alive()
+
+
+def test_an_http_monitor_whose_host_refuses_fails_the_poll_and_keeps_its_state(
+        redis_url: str) -> None:
+    """A transport error (httpx's, imported only when a monitor fetches) is a failed poll,
+    recorded on the monitor, not an error of the duty."""
+    seen: list[Any] = []
+    url = f"http://127.0.0.1:{free_port()}/data"  # nothing listens there
+    monitors = Monitors()
+    monitors.add(MonitorDef("m-refused", url, "http", seen.append, 60.0, None, ("127.0.0.1",),
+                            2.0), True)
+    runs = RunStore(open_store(redis_url))
+    out = roll_monitor(runs, rq_connection(redis_url), "m-refused", monitors=monitors)
+    assert out.status == "poll_failed" and out.detail.startswith("ConnectError"), out
+    assert seen == []
+    [view] = list_monitors(runs.store, monitors)
+    assert view.to_json()["last_error"] == out.detail and view.last_change_ms is None

@@ -5,9 +5,10 @@ the traceback of an unexpected one."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import redis
@@ -26,6 +27,26 @@ from ..store.connection import DEFAULT_URL, URL_ENV, refused, unavailable
 from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX
 from .exits import EXIT_INPUT, EXIT_PROBLEM, EXIT_REDIS
 
+if TYPE_CHECKING:
+    # The modules _COMMANDS names, imported by name when a command is looked up: listed here
+    # for the import-graph test (tests/test_import_cycles.py), which reads import statements.
+    from . import (  # noqa: F401
+        control,
+        dev,
+        doctor,
+        dryrun,
+        events,
+        health,
+        layout,
+        procs,
+        rerun,
+        runs,
+        schedules,
+        signals,
+        waits,
+        web,
+    )
+
 DEBUG_ENV = "MARBLES_DEBUG"
 
 
@@ -35,7 +56,48 @@ def _version() -> str:
     return __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Every subcommand: its name -> (its module in this package, the command's name there).
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "enqueue": ("runs", "enqueue"), "status": ("runs", "status"), "runs": ("runs", "runs_cmd"),
+    "watch": ("runs", "watch"), "cancel": ("runs", "cancel"),
+    "answer": ("waits", "answer"), "approve": ("waits", "approve"),
+    "reject": ("waits", "reject"), "feed": ("waits", "feed"), "pause": ("waits", "pause"),
+    "resume": ("waits", "resume"),
+    "worker": ("procs", "worker"), "controller": ("procs", "controller"),
+    "doctor": ("doctor", "doctor"),
+    "leader": ("control", "leader"), "roll": ("control", "roll"), "list": ("control", "list_cmd"),
+    "events": ("events", "events"), "schedules": ("schedules", "schedules"),
+    "dev": ("dev", "dev"), "health": ("health", "health"), "web": ("web", "web"),
+    "buckets": ("layout", "buckets"), "rerun": ("rerun", "rerun"), "run": ("dryrun", "run_cmd"),
+    "signal": ("signals", "signal"),
+}
+
+
+class _LazyGroup(click.Group):
+    """The top-level group: a subcommand's module is imported when the command is looked up
+    (to run it, complete it, or list it in --help), so a process imports what its one command
+    needs; the tests start hundreds of them."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *_COMMANDS})
+
+    def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in _COMMANDS:
+            module, name = _COMMANDS[cmd_name]
+            command: click.Command = getattr(importlib.import_module(f".{module}", __name__),
+                                             name)
+            _accept_connection_options(command)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in self.commands and args[0] not in _COMMANDS:
+            _register()  # an unknown name: click's error (its suggestions) sees every command
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=_version(), prog_name="marbles-rq", message="%(prog)s %(version)s")
 @click.option("--redis-url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True,
               help=f"Redis URL (env {URL_ENV}); redis+cluster://host:port for a cluster.")
@@ -108,36 +170,14 @@ def _accept_connection_options(command: click.Command) -> None:
 
 
 def _register() -> None:
-    from . import (
-        control,
-        dev,
-        doctor,
-        dryrun,
-        events,
-        health,
-        layout,
-        procs,
-        rerun,
-        runs,
-        schedules,
-        signals,
-        waits,
-        web,
-    )
-
-    for command in (runs.enqueue, runs.status, runs.runs_cmd, runs.watch, runs.cancel,
-                    waits.answer, waits.approve, waits.reject, waits.feed, waits.pause,
-                    waits.resume, procs.worker, procs.controller, doctor.doctor,
-                    control.leader, control.roll, control.list_cmd, events.events,
-                    schedules.schedules, dev.dev, health.health, web.web, layout.buckets,
-                    rerun.rerun, dryrun.run_cmd, signals.signal):
-        _accept_connection_options(command)
-        cli.add_command(command)
+    """Load every subcommand (the full command tree, e.g. for generated docs); `main` loads
+    only the one it runs."""
+    for name in _COMMANDS:
+        cli.get_command(None, name)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every expected failure becomes one line on stderr and an exit code."""
-    _register()
     try:
         cli.main(args=argv, prog_name="marbles-rq", standalone_mode=False)
     except click.exceptions.Abort:
@@ -164,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     except MarblesError as exc:
         from ..engine.authoring import DefinitionError, InputError, UnknownWorkflowError
         from ..engine.execution import RunNotFoundError
-        from ..triggers.schedules import UnknownScheduleError
+        from ..triggers.schedule_spec import UnknownScheduleError
 
         bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError,
                      UnknownScheduleError)

@@ -84,7 +84,6 @@ def roll(settings: Settings, name: str, input_json: str | None, run_id: str | No
     runs one tick under that schedule's lock (`skipped: held by <holder>` when another
     holds it); a monitor key polls that monitor once."""
     from ..engine.authoring import REGISTRY, UnknownWorkflowError
-    from ..engine.ops import RunRequest, enqueue_record, prepare
     from ..triggers.monitors import MONITORS, roll_monitor
     from ..triggers.schedules import SCHEDULES, roll_schedule
 
@@ -107,14 +106,17 @@ def roll(settings: Settings, name: str, input_json: str | None, run_id: str | No
         known = sorted([*REGISTRY.workflows, *SCHEDULES.schedules, *MONITORS.by_key])
         raise UnknownWorkflowError(f"no workflow, schedule or monitor named {name!r} (known: "
                                    f"{', '.join(known) or 'none; is --source set?'})")
-    from .runs import read_input
+    from ..client import Client
+    from ..engine.ops import max_payload
+    from .runs import json_argument
 
-    raw = read_input(name, input_json)
-    record = prepare(RunRequest(name, raw, run_id, strict=True))  # input errors before Redis
-    result = enqueue_record(settings.runs(), settings.rq(), record)
-    click.echo(f"run {result.run_id} queued ({result.record.name} on {result.record.queue})"
-               if result.created else
-               f"run {result.run_id} exists already ({result.status}); not enqueued again")
+    client = Client(settings)
+    limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
+    raw = None if input_json is None else json_argument(input_json, "input", limit)
+    run = client.start_record(client.prepare(name, input_json=raw, id=run_id,
+                                             how="give --input"))  # input errors before Redis
+    click.echo(f"run {run.id} queued ({run.workflow} on {run.queue})" if run.created else
+               f"run {run.id} exists already ({run.initial_status}); not enqueued again")
 
 
 @click.command("list")

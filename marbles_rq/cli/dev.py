@@ -498,7 +498,20 @@ class Dev:
         ]
         for line in lines:
             self.console.event(line)
+        self._declare(REGISTRY)
         self.console.event(f"ready: {self.url}")
+
+    def _declare(self, registry: Any) -> None:
+        """Declare the workflows before saying ready, as the workers will: a caller without
+        the source may start one the moment it reads `ready`."""
+        from ..deployment import Settings
+        from ..engine.catalog import declare
+
+        deployment = Settings(self.url, self.settings.prefix, self.settings.buckets,
+                              lanes=self.settings.lanes)
+        runs = deployment.runs()
+        declare(runs.client, runs.keys, registry)
+        runs.client.close()
 
     # -- the loop ----------------------------------------------------------------------------
 

@@ -50,15 +50,15 @@ def events(ctx: click.Context, limit: int, as_json: bool) -> None:
 def send(settings: Settings, source: str, event_id: str, event_type: str, payload: str,
          as_json: bool) -> None:
     """Journal an inbound event of SOURCE, then start the run its trigger names."""
+    from ..client import Client
+
+    client = Client(settings)
     settings.load_source()
-    if not TRIGGERS.by_key:  # every event would be journaled as unmatched, for good
+    if not TRIGGERS.by_key:  # the client refuses too; first, before reading a @FILE payload
         raise ConfigError("no event triggers are declared: set --source (env MARBLES_SOURCE) "
                           "to the modules that declare them")
     raw = json_argument(payload, "payload", max_payload())
-    # Every input error before touching Redis: validate with a store-less check first.
-    Events.validate(source, event_id, type=event_type, payload=raw)
-    sent = Events(settings.runs(), settings.rq()).send(source, event_id, type=event_type,
-                                                       payload=raw)
+    sent = client.send_event(source, event_id, event_type, payload_json=raw)
     if as_json:
         click.echo(json.dumps({"key": sent.key, "created": sent.created, "state": sent.state,
                                "workflow": sent.workflow or None, "run": sent.run_id or None,

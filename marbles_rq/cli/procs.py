@@ -96,6 +96,7 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
            metrics_bind: str) -> None:
     """Execute run deliveries from RQ queues."""
     from ..engine.authoring import REGISTRY
+    from ..engine.catalog import declare
     from ..engine.context import Limits
     from ..engine.execute import Engine
     from ..transport.worker import MarblesWorker, run_pool, work
@@ -115,7 +116,10 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
         raise ConfigError(f"--source {settings.source!r} defines no workflow")
     _logging(log_level)
     _check_redis(settings, allow_unsafe_redis)
-    engine = Engine(settings.runs(), REGISTRY, worker_name="", lease_ms=lease_ms,
+    runs = settings.runs()
+    # Callers that do not import the workflow code start its runs with these defaults.
+    declare(runs.client, runs.keys, REGISTRY)
+    engine = Engine(runs, REGISTRY, worker_name="", lease_ms=lease_ms,
                     limits=Limits.from_env())
     logging.getLogger("marbles_rq.transport.worker").info(
         "workflows: %s", ", ".join(sorted(REGISTRY.workflows)))

@@ -7,7 +7,6 @@ import json
 import click
 
 from ..deployment import Settings
-from ..engine.rerun import rerun as rerun_run
 from ..terminal import safe
 
 
@@ -25,9 +24,10 @@ def rerun(settings: Settings, run_id: str, from_step: str | None, new_id: str | 
           as_json: bool) -> None:
     """A new run of a finished run's workflow, with its recorded input; it records which run
     it reruns (`status` shows it). A run that has not finished is refused."""
-    settings.load_source()
+    from ..client import Client
+
     runs = settings.runs()
-    result = rerun_run(runs, settings.rq(), run_id, from_step=from_step, new_id=new_id)
+    result = Client(settings).rerun(run_id, from_step=from_step, new_id=new_id)
     if as_json:
         view = runs.get(result.run_id)
         data = {} if view is None else view.to_json()

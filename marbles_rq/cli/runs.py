@@ -13,14 +13,6 @@ import click
 from ..deployment import Settings
 from ..engine.authoring import InputError
 from ..engine.execution import RunNotFoundError
-from ..engine.ops import (
-    MAX_PAYLOAD_ENV,
-    PayloadTooLargeError,
-    RunRequest,
-    enqueue_record,
-    max_payload,
-    prepare,
-)
 from ..engine.output_lines import format_event
 from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunStore, RunView
 from ..terminal import safe
@@ -44,47 +36,64 @@ def _echo(line: str) -> None:
 @click.option("--queue", default=None, help="RQ queue (default: the workflow's).")
 @click.option("--priority", type=int, default=None, help="-100 to 100; higher runs first "
               "within its queue (default: the workflow's, else 0).")
+@click.option("--start-at", "start_at", default=None, metavar="WHEN",
+              help="Start no earlier than WHEN: ISO 8601 with a zone (2026-12-24T18:00:00Z) "
+                   "or +N s|m|h|d from now (+90s, +2h). Recorded now; the controller "
+                   "enqueues it then.")
 @click.option("--wait", is_flag=True, help="Follow the run's output until it finishes; exit "
               "like `watch`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 @click.pass_obj
 def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | None,
-            run_id: str | None, queue: str | None, priority: int | None, wait: bool,
-            as_json: bool) -> None:
+            run_id: str | None, queue: str | None, priority: int | None,
+            start_at: str | None, wait: bool, as_json: bool) -> None:
     """Record a run of workflow NAME, then enqueue it (or one run per line of --batch)."""
     if batch is not None:
-        if input_json is not None or run_id is not None or wait or priority is not None:
-            raise click.UsageError("--batch takes no --input, --id, --priority or --wait "
-                                   "(each line carries its input and, optionally, its id; "
+        if (input_json is not None or run_id is not None or wait or priority is not None
+                or start_at is not None):
+            raise click.UsageError("--batch takes no --input, --id, --priority, --start-at or "
+                                   "--wait (each line carries its input and, optionally, its id; "
                                    "runs take the workflow's priority)")
         from .bulk import run_batch
 
         run_batch(settings, name, batch, queue, as_json)
         return
-    settings.load_source()
-    raw = read_input(name, input_json)
-    request = RunRequest(name, raw, run_id, queue, strict=True, priority=priority)
-    record = prepare(request)  # every input error before touching Redis
-    runs = settings.runs()
-    result = enqueue_record(runs, settings.rq(), record)
+    # Imported here: starting a run brings in RQ, which this module's other commands never
+    # need.
+    from ..client.sync import Client, parse_start_at
+    from ..engine.ops import max_payload
+
+    client = Client(settings)
+    when = None if start_at is None else parse_start_at(start_at)
+    limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
+    raw = None if input_json is None else json_argument(input_json, "input", limit)
+    # Every input error before touching Redis (but a workflow known only from its workers'
+    # declarations is looked up there).
+    record = client.prepare(name, input_json=raw, id=run_id, queue=queue, priority=priority,
+                            start_at=when, how="give --input")
+    run = client.start_record(record)
     if as_json:
-        view = runs.get(result.run_id)
-        click.echo(json.dumps({"created": result.created, **_view_json(view)}, indent=2))
-    elif result.created:
-        _echo(f"run {result.run_id} queued ({result.record.name} on "
-                   f"{result.record.queue})" + ("" if result.dispatched else
-                                                "; the controller will dispatch it"))
+        click.echo(json.dumps({"created": run.created, **client.status_json(run.id)},
+                              indent=2))
+    elif run.created:
+        _echo(f"run {run.id} queued ({run.workflow} on {run.queue})"
+              + (f"; it starts at {_iso(record.not_before_ms)}" if record.not_before_ms else
+                 "" if run.dispatched else "; the controller will dispatch it"))
     else:
-        _echo(f"run {result.run_id} exists already ({result.record.name}, "
-                   f"{result.status}); not enqueued again")
+        _echo(f"run {run.id} exists already ({run.workflow}, {run.initial_status}); not "
+              f"enqueued again")
     if wait:
-        sys.exit(_follow(runs, result.run_id))
+        sys.exit(_follow(settings.runs(), run.id))
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
 def read_input(name: str, input_json: str | None) -> bytes:
     """--input as bytes: JSON text, @FILE read up to the payload limit, or for an omitted
     one what the workflow takes without input (see ops.omitted_input)."""
-    from ..engine.ops import omitted_input
+    from ..engine.ops import max_payload, omitted_input
 
     limit = max_payload()  # a bad MARBLES_MAX_PAYLOAD is refused whatever the input
     if input_json is None:
@@ -94,6 +103,8 @@ def read_input(name: str, input_json: str | None) -> bytes:
 
 def json_argument(text: str, noun: str, limit: int) -> bytes:
     """A JSON option's bytes: the text itself, or @FILE read up to `limit` bytes."""
+    from ..engine.ops import MAX_PAYLOAD_ENV, PayloadTooLargeError
+
     if not text.startswith("@"):
         return text.encode()
     try:
@@ -115,15 +126,9 @@ def json_argument(text: str, noun: str, limit: int) -> bytes:
 @click.pass_obj
 def status(settings: Settings, run_id: str, as_json: bool) -> None:
     """Show one run: status, attempt, timings, result or error, steps."""
-    from ..engine.signals import signals_json
-    from .waits import questions_json, reports_json
+    from ..client import Client
 
-    runs = settings.runs(read_only=True)
-    view = _get(runs, run_id)
-    data = view.to_json()
-    data["questions"] = questions_json(settings, run_id)
-    data["reports"] = reports_json(settings, run_id)
-    data["signals"] = signals_json(runs, run_id)
+    data = Client(settings).status_json(run_id)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -135,6 +140,8 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         limit = data["concurrency"]
         _echo(f"  priority {data['priority']}" + ("" if not limit else
               f"  at most {limit['limit']} at once ({limit['key'] or data['name']})"))
+    if data["start_at"] and data["status"] == "queued":
+        _echo(f"  starts at {data['start_at']}")
     if data["worker"] and data["status"] == "running":
         _echo(f"  worker {data['worker']}")
     if data["cancel_requested"] and data["status"] not in TERMINAL:
@@ -167,7 +174,7 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         _echo(f"  error {data['error']['type']}: {data['error']['message']}")
     for r in data["reports"]:
         _echo(f"  {r['kind']} {r['key']}  {json.dumps(r['entry'])[:200]}")
-    for name, c in data["signals"].items():
+    for name, c in data.get("signals", {}).items():
         _echo(f"  signal {name}  sent {c['sent']}  taken {c['taken']}  buffered {c['buffered']}")
 
 
@@ -241,21 +248,13 @@ def cancel(settings: Settings, run_id: str) -> None:
     """Cancel a run: a queued or waiting run never starts again; a running one stops at its
     next step boundary (its horse is stopped) and never resumes. Its child runs are
     cancelled with it."""
-    from ..engine.waits import WaitStore
+    from ..client import Client
 
-    runs = settings.runs()
-    outcome = runs.cancel(run_id)
-    if outcome == "missing":
-        raise RunNotFoundError(f"no run with id {run_id!r}")
-    click.echo({"cancelled": f"run {run_id} cancelled",
-                "requested": f"run {run_id} is running; cancel requested, it stops at its "
-                             f"next step boundary",
-                "settled": f"run {run_id} has already finished; nothing to cancel"}[outcome])
-    if outcome != "settled":
-        children = WaitStore(runs).cancel_children(run_id)
-        if children:
-            _echo(f"cancelled {len(children)} child runs: {', '.join(children[:10])}"
-                  + (" ..." if len(children) > 10 else ""))
+    done = Client(settings).cancel(run_id)
+    _echo(done.message)
+    if done.children:
+        _echo(f"cancelled {len(done.children)} child runs: {', '.join(done.children[:10])}"
+              + (" ..." if len(done.children) > 10 else ""))
 
 
 def _get(runs: RunStore, run_id: str) -> RunView:

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import click
-import redis
 
+from ..client import Client
 from ..deployment import Settings
-from ..engine.waits import Answered, Question, WaitStore
-from ..errors import MarblesError
+from ..engine.waits import Question, WaitStore
 from ..store.ids import check_id
-from ..store.redis_errors import one_line
 from ..terminal import safe
 
 
@@ -21,24 +18,8 @@ def _waits(settings: Settings, *, read_only: bool = False) -> WaitStore:
     return WaitStore(settings.runs(read_only=read_only))
 
 
-def _enqueue(settings: Settings, run_id: str, attempt: int, queue: str) -> str:
-    """Enqueue the woken run's delivery now; the controller dispatches it if this fails."""
-    try:
-        settings.rq().enqueue(queue, run_id, attempt)
-    except redis.RedisError as exc:
-        return f"; the controller will dispatch it ({one_line(exc)})"
-    return ""
-
-
-def _answered(settings: Settings, waits: WaitStore, run_id: str, done: Answered,
-              what: str) -> None:
-    tail = ""
-    if done.woken_attempt:
-        tail = "; run woken" + _enqueue(settings, run_id, done.woken_attempt,
-                                        done.queue)
-    else:
-        tail = "; the run sees it when it next replays"
-    click.echo(safe(f"run {run_id}: {done.question.key} {what}{tail}"))
+def _client(settings: Settings) -> Client:
+    return Client(settings)
 
 
 @click.command()
@@ -49,18 +30,15 @@ def _answered(settings: Settings, waits: WaitStore, run_id: str, done: Answered,
 def answer(settings: Settings, run_id: str, key: str, value: str) -> None:
     """Answer question KEY of run RUN_ID with VALUE (one of its choices, or the choice's
     number). The first answer wins; the run then goes on."""
-    check_id(run_id, "run id")
-    waits = _waits(settings)
-    done = waits.answer(run_id, key, value, kind="question")
-    _answered(settings, waits, run_id, done, f"answered {value!r}")
+    click.echo(safe(_client(settings).answer(check_id(run_id, "run id"), key, value).message))
 
 
 def _approval(settings: Settings, run_id: str, key: str, note: str | None,
               approved: bool) -> None:
+    client = _client(settings)
     check_id(run_id, "run id")
-    waits = _waits(settings)
-    done = waits.answer(run_id, key, {"approved": approved, "note": note}, kind="approval")
-    _answered(settings, waits, run_id, done, "approved" if approved else "rejected")
+    done = (client.approve if approved else client.reject)(run_id, key, note)
+    click.echo(safe(done.message))
 
 
 @click.command()
@@ -143,13 +121,8 @@ def pause(settings: Settings, run_id: str) -> None:
     """Pause a run: a running run parks at its next step boundary, a queued one when it
     starts, a waiting one at once. Only `resume` wakes it."""
     check_id(run_id, "run id")  # bad input is exit 2 whether Redis answers or not
-    outcome = _waits(settings).pause(run_id)
-    if outcome == "settled":
-        # Exit 1 is a failure, and every failure is one line on stderr (cli/__init__.py).
-        raise MarblesError(f"run {run_id} has already finished; nothing to pause")
-    click.echo({"paused": f"run {run_id} paused",
-                "requested": f"run {run_id} will park at its next step boundary (paused)",
-                "already": f"run {run_id} is already paused"}[outcome])
+    # Settled: exit 1, one line on stderr, like every failure (cli/__init__.py).
+    click.echo(_client(settings).pause(run_id).message)
 
 
 @click.command()
@@ -158,22 +131,4 @@ def pause(settings: Settings, run_id: str) -> None:
 def resume(settings: Settings, run_id: str) -> None:
     """Resume a paused run."""
     check_id(run_id, "run id")
-    waits = _waits(settings)
-    outcome, attempt, queue = waits.resume(run_id)
-    if outcome == "woken":
-        tail = _enqueue(settings, run_id, attempt, queue)
-        click.echo(f"run {run_id} resumed (delivery {attempt}){tail}")
-    elif outcome == "resumed":
-        click.echo(f"run {run_id} resumed before it parked; it carries on")
-    else:  # exit 1, one line on stderr, like every failure (and like "not paused")
-        raise MarblesError(f"run {run_id} has already finished; nothing to resume")
-
-
-def questions_json(settings: Settings, run_id: str) -> list[dict[str, Any]]:
-    waits = _waits(settings, read_only=True)
-    return [q.to_json() for q in waits.questions(run_id)]
-
-
-def reports_json(settings: Settings, run_id: str) -> list[dict[str, Any]]:
-    waits = _waits(settings, read_only=True)
-    return [r.to_json() for r in waits.run_reports(run_id)]
+    click.echo(_client(settings).resume(run_id).message)

@@ -17,11 +17,12 @@ from ..transport.first_delivery import FirstDelivery
 from ..transport.lanes import RQLike
 from . import limit_specs, limits
 from .authoring import REGISTRY, InputError, Registry, queue_problem
-from .runs import Recorded, RunStore
+from .runs import Recorded, RunStore, delayed
 
 MAX_PAYLOAD_ENV = "MARBLES_MAX_PAYLOAD"
 DEFAULT_MAX_PAYLOAD = 1 << 20
 ENQUEUE_CHUNK = 500
+MAX_START_DELAY_MS = 10 * 366 * 86_400_000
 # Deeper input is refused at enqueue: decoders recurse per level, and a document that one
 # accepts (msgspec, ~990 levels) another refuses later, in the worker, after it is recorded.
 MAX_DEPTH = 64
@@ -120,6 +121,8 @@ class RunRequest:
     # use an id of its namespace (RESERVED_IDS); "child" for start_child, whose ids extend
     # its parent's and may look like one.
     origin: str = ""
+    # Start no earlier than this (epoch ms); 0: at once.
+    not_before_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,16 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
                      priority=definition.priority if request.priority is None
                      else request.priority,
                      concurrency=concurrency, concurrency_label=label,
-                     origin=request.origin if request.origin in TRIGGER_ORIGINS else "")
+                     origin=request.origin if request.origin in TRIGGER_ORIGINS else "",
+                     not_before_ms=_start(request.not_before_ms))
+
+
+def _start(not_before_ms: int) -> int:
+    if not_before_ms and not 0 < not_before_ms - int(time.time() * 1000) <= MAX_START_DELAY_MS:
+        if not_before_ms <= int(time.time() * 1000):
+            return 0  # a start in the past is a start now
+        raise InputError("a run's start may be at most ten years away")
+    return not_before_ms
 
 
 def enqueue(runs: RunStore, rq: RQLike, request: RunRequest,
@@ -177,6 +189,8 @@ def enqueue(runs: RunStore, rq: RQLike, request: RunRequest,
 
 def enqueue_record(runs: RunStore, rq: RQLike, record: RunRecord) -> Enqueued:
     """`enqueue` of a request `prepare` has made into `record`."""
+    if delayed(record):  # the controller enqueues its first delivery at its start
+        return _result(runs.record(record), dispatched=False)
     recorded, dispatched = FirstDelivery(rq, runs.keys, runs.client).record(
         lambda push: runs.record(record, push), limit_specs.delivery_queue(record), record.id)
     return _result(recorded, dispatched=dispatched)
@@ -199,7 +213,14 @@ def enqueue_records(runs: RunStore, rq: RQLike, records: list[RunRecord]) -> lis
     """Record one chunk of prepared runs and enqueue the new ones: one round trip when the
     store and RQ share one standalone Redis (record and enqueue in one script call per
     run, all in one transaction), else recorded in one round trip and enqueued in one per
-    queue. A run whose id exists is returned as it is and not enqueued again."""
+    queue. A run whose id exists is returned as it is and not enqueued again. Runs asked to
+    start later are recorded only (the controller enqueues them at their start)."""
+    if any(delayed(r) for r in records):
+        later = [r for r in records if delayed(r)]
+        now = [r for r in records if not delayed(r)]
+        done = {e.run_id: e for e in [*enqueue_records(runs, rq, now), *(
+            _result(rec, dispatched=False) for rec in runs.record_chunk(later))]}
+        return [done[r.id] for r in records]
     delivered = FirstDelivery(rq, runs.keys, runs.client).record_chunk(
         lambda pushes: runs.record_chunk(records, pushes),
         [(limit_specs.delivery_queue(r), r.id) for r in records])

@@ -145,6 +145,7 @@ class RunView:
                 "limit": self.record.concurrency,
                 "key": self.record.concurrency_label or None},
             "status": self.status, "attempt": self.attempt, "resumptions": self.resumptions,
+            "start_at": iso(self.record.not_before_ms or None),
             "delivery": self.delivery,
             "created_at": iso(self.created_ms), "started_at": iso(self.started_ms),
             "finished_at": iso(self.finished_ms),
@@ -211,7 +212,7 @@ class RunStore:
                     request_id=new_request_id(), queue=delivery_queue(record),
                     limit=limit_field(record),
                     timeout_ms=int(record.timeout_s * 1000),
-                    max_deliveries=record.max_deliveries, grace_ms=DISPATCH_GRACE_MS,
+                    max_deliveries=record.max_deliveries, grace_ms=grace_ms(record),
                     event=event(name=record.name, queue=record.queue),
                     retention_ms=int(record.retention_s * 1000),
                     lane=self.keys.lane_of(record.id))
@@ -624,6 +625,21 @@ class RunStore:
                 log.warning("skipping unreadable output entry %s %s: %r", key, as_text(eid), exc)
                 events.append(OutputEvent(as_text(eid), "unreadable", 0, {"error": repr(exc)}))
         return events
+
+
+def delayed(record: RunRecord, now_ms: int | None = None) -> bool:
+    """Whether a run asked to start later than now (its first delivery then waits for the
+    controller's dispatch check, due at its start)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return record.not_before_ms > now_ms
+
+
+def grace_ms(record: RunRecord) -> int:
+    """When the controller checks a recorded run's first delivery: after the enqueuer's
+    grace, or at the run's start when it asked for a later one."""
+    if not record.not_before_ms:
+        return DISPATCH_GRACE_MS
+    return max(0, record.not_before_ms - int(time.time() * 1000))
 
 
 def attempt_of(delivery: int, deferred: int) -> int:

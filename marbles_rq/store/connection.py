@@ -176,3 +176,28 @@ def unavailable(url: str, exc: BaseException) -> RedisUnavailableError:
         return RedisUnavailableError(f"Redis at {redact(url)} did not answer in time: {exc}")
     detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return RedisUnavailableError(f"cannot reach Redis at {redact(url)}: {detail}")
+
+
+def connect_async(url: str | None = None, *, socket_timeout: float | None = None,
+                  connect_timeout: float = 2.0) -> Any:
+    """`connect`'s asyncio twin (redis.asyncio), for the blocking reads of the asyncio
+    client. Raises ConfigError on a malformed URL; does not touch the network."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    url = url or default_url()
+    if socket_timeout is None:
+        socket_timeout = socket_timeout_from_env()
+    parts = check_url(url)
+    options: dict[str, Any] = dict(socket_timeout=socket_timeout,
+                                      socket_connect_timeout=connect_timeout, protocol=2,
+                                      **NO_CLIENT_INFO)
+    try:
+        if parts.scheme in CLUSTER_SCHEMES:
+            plain = urlunsplit(parts._replace(scheme=CLUSTER_SCHEMES[parts.scheme]))
+            return AsyncRedisCluster.from_url(plain, **options)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("scheme must be redis://, rediss://, unix:// or redis+cluster://")
+        return aioredis.Redis.from_url(url, **options)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: {exc}") from None

@@ -231,6 +231,12 @@ class Keyspace:
         return f"{{{self.prefix}}}:workers"
 
     @property
+    def workflows(self) -> str:
+        """Hash: workflow name -> the defaults its runs are recorded with (engine/catalog.py),
+        written by each worker that serves it."""
+        return f"{{{self.prefix}}}:workflows"
+
+    @property
     def worker_lanes(self) -> str:
         """Hash: worker name -> the lanes it serves ("0,2"), written with its liveness beat."""
         return f"{{{self.prefix}}}:worker_lanes"

@@ -110,6 +110,9 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     priority: int = 0
     concurrency: int = 0
     concurrency_label: str = ""
+    # Asked to start no earlier than this (epoch ms; 0: at once): recorded without its first
+    # delivery, which the controller enqueues when its dispatch check comes due then.
+    not_before_ms: int = 0
 
 
 class StepRecord(Record, tag="step", kw_only=True, frozen=True):

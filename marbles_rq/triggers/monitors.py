@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import msgspec
 import redis
 
@@ -222,6 +222,8 @@ def monitor(source: str, *, root: str | Path | None = None,
 
 
 def _host(url: str) -> str:
+    import httpx  # here, not at the top: a process without an HTTP monitor never needs it
+
     try:
         host = httpx.URL(url).host
     except httpx.InvalidURL as exc:
@@ -257,6 +259,8 @@ def digest_files(definition: MonitorDef) -> dict[str, str]:
 def fetch(definition: MonitorDef, *, max_bytes: int | None = None) -> tuple[int, bytes]:
     """GET the source; redirects are followed only to allowed hosts. Returns (status, body);
     raises on a refused host, a transport error, a status other than 2xx, a body too large."""
+    import httpx
+
     limit = ops.max_payload() if max_bytes is None else max_bytes
     url = httpx.URL(definition.source)
     timeout = httpx.Timeout(definition.timeout_s)
@@ -280,6 +284,14 @@ def fetch(definition: MonitorDef, *, max_bytes: int | None = None) -> tuple[int,
                         raise MarblesError(f"body larger than {limit} bytes")
                 return response.status_code, bytes(body)
     raise MarblesError(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _poll_failures() -> tuple[type[Exception], ...]:
+    """What a failed poll raises: httpx's transport and status errors only once `fetch` has
+    imported httpx (before that nothing can have raised one)."""
+    httpx = sys.modules.get("httpx")
+    http: tuple[type[Exception], ...] = () if httpx is None else (httpx.HTTPError,)
+    return (OSError, *http, MarblesError, ValueError)
 
 
 def body_hash(body: bytes) -> str:
@@ -412,7 +424,7 @@ class Poller:
             state = self._state(key)
         try:
             new_obs, change = self._look(d, state.obs)
-        except (OSError, httpx.HTTPError, MarblesError, ValueError) as exc:
+        except _poll_failures() as exc:
             detail = one_line(exc)
             log.warning("monitor %s: poll failed: %s", key, detail)
             return Outcome(key, self._settled(self._observe(d, state, epoch, error=detail),

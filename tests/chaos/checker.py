@@ -92,6 +92,7 @@ KINDS: dict[str, str] = {
                    "copied)",
     "rerun_skipped": "a rerun did not execute its --from-step step or one committed after it",
     "band": "an execution came from another RQ queue than its run's priority band",
+    "start_early": "a run asked to start later began an execution before its start time",
     "signal_twice": "a signal was taken into a run's ledger twice, or numbered twice",
     "signal_lost": "a signal the store accepted was never taken by its run, or one was "
                    "taken that nobody sent",
@@ -167,6 +168,7 @@ def check(history: History) -> Report:
         _check_terminal(run, history, cancelled, report)
         _check_steps(run, executions[run.id], report)
         _check_band(run, executions[run.id], report)
+        _check_start(run, report)
         _check_fencing(run, executions[run.id], report)
         _check_questions(run, answers[run.id], report)
         _check_timers(run, executions[run.id], report)
@@ -813,6 +815,16 @@ def _check_band(run: Run, executions: list[Execution], report: Report) -> None:
             report.add("band", run.id, f"step {ex.step} (epoch {ex.epoch}) came from RQ queue "
                        f"{ex.origin}; the run's band is {band} (priority {run.priority})")
             return
+
+
+def _check_start(run: Run, report: Report) -> None:
+    if not run.start_at_ms:
+        return
+    report.checked["runs started later"] += 1
+    early = [ms for ms in _epochs(run).values() if ms < run.start_at_ms]
+    if early:
+        report.add("start_early", run.id, f"an execution started {run.start_at_ms - min(early)} "
+                   f"ms before the run's start_at")
 
 
 # -- processes -----------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ from typing import Any, TypeVar
 
 import redis
 
+from marbles_rq.client import Client
+from marbles_rq.deployment import Settings
 from marbles_rq.engine import ops
 from marbles_rq.engine.execution import RunNotFoundError
 from marbles_rq.engine.limit_specs import limit_id
@@ -257,6 +259,7 @@ class Harness:
         self.rq = open_lanes(self.url, self.runs.keys)
         self.waits = WaitStore(self.runs)
         self.events = Events(self.runs, self.rq)
+        self.client = Client(Settings(self.url, lanes=self.lanes))
 
     def start(self) -> None:
         self._connect()
@@ -543,7 +546,8 @@ class Harness:
         op = action.op
         if op in ("submit", "resend"):
             spec = action.runs[0]
-            self._submit(spec.run_id, spec.workflow, spec.input, action.via, spec.priority)
+            self._submit(spec.run_id, spec.workflow, spec.input, action.via, spec.priority,
+                         spec.start_in_ms)
         elif op == "batch":
             self._batch(action)
         elif op == "send":
@@ -575,13 +579,18 @@ class Harness:
             raise ValueError(op)
 
     def _submit(self, run_id: str, workflow: str, input: dict[str, Any], via: str,
-                priority: int | None = None) -> None:
+                priority: int | None = None, start_in_ms: int = 0) -> None:
         def failed(exc: BaseException) -> None:
             self.log.add(self.log.submitted, h.Submitted(run_id, workflow, via, None, wall_ms()))
 
         def api() -> bool:
             return ops.enqueue(self.runs, self.rq, ops.RunRequest(
                 workflow, json.dumps(input).encode(), run_id, priority=priority)).created
+
+        def client() -> bool:
+            start_at = None if not start_in_ms else time.time() + start_in_ms / 1000
+            return bool(self.client.start(workflow, input, id=run_id, priority=priority,
+                                          start_at=start_at).created)
 
         args: tuple[str, ...] = ("enqueue", workflow, "--input", json.dumps(input), "--id",
                                  run_id, "--json")
@@ -597,7 +606,8 @@ class Harness:
             self.log.add(self.log.submitted, h.Submitted(run_id, workflow, via, created,
                                                          wall_ms()))
             return
-        created = self._retry(f"enqueue {run_id}", cli if via == "cli" else api, failed)
+        call = {"cli": cli, "client": client, "later": client}.get(via, api)
+        created = self._retry(f"enqueue {run_id}", call, failed)
         if created is not None:
             self.log.add(self.log.submitted, h.Submitted(run_id, workflow, via, created,
                                                          wall_ms()))

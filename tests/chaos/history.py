@@ -62,6 +62,7 @@ class Run:
     priority: int = 0
     rerun_of: str = ""  # a rerun: the run it reruns, and the step it reruns from
     rerun_from_step: str = ""
+    start_at_ms: int = 0  # asked to start no earlier (epoch ms; 0: at once)
     events: list[Ev] = field(default_factory=list)
     steps: dict[str, Step] = field(default_factory=dict)
     questions: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> state, answer
@@ -303,6 +304,7 @@ def read_runs(runs: RunStore, ids: list[str]) -> dict[str, Run]:
                 parent=view.record.parent or None, attempt=view.attempt,
                 queue=view.record.queue, priority=view.record.priority,
                 rerun_of=view.record.rerun_of, rerun_from_step=view.record.rerun_from_step,
+                start_at_ms=view.record.not_before_ms,
                 events=_events(rows), questions=_questions(asks),
                 steps={s.key: Step(s.key, s.name, s.status, s.attempts,
                                    None if s.result is None else msgspec.json.decode(s.result),

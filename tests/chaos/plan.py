@@ -9,6 +9,7 @@ own seeded draw (`pick`); only that choice depends on timing.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,8 +52,9 @@ class RunSpec:
     kind: str  # a RUN_WEIGHTS key
     workflow: str
     input: dict[str, Any]
-    via: str = "api"  # api | cli | batch | event
+    via: str = "api"  # api | cli | batch | event | client (mr.Client) | later (start_at)
     priority: int | None = None  # enqueue with this priority (None: the workflow's)
+    start_in_ms: int = 0  # via later: start_at this long after the submission
 
 
 @dataclass(frozen=True)
@@ -174,9 +176,18 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
                        {"n": rng.randint(2, 5), "sleep_ms": rng.choice([2, 10, 30, 80]),
                         "flaky": flaky, "doomed": doomed}, via)
 
+    # Its own draws: which chains go through the public client, some with a start_at,
+    # leave every other draw of the plan as it was.
+    via_rng = random.Random(seed * 1_000_003 + 17)
     for at, kind in zip(times, kinds, strict=True):
         if kind == "chain":
             spec = chain(kind, "cli" if rng.random() < 0.04 else "api")
+            draw = via_rng.random()
+            if spec.via == "api" and draw < 0.06:
+                spec = dataclasses.replace(spec, via="later",
+                                           start_in_ms=via_rng.randint(300, 3000))
+            elif spec.via == "api" and draw < 0.16:
+                spec = dataclasses.replace(spec, via="client")
             actions.append(Action(at, "submit", (spec,), spec.via))
             submitted.append(spec)
         elif kind == "batch":

@@ -1,0 +1,225 @@
+"""The asyncio client: `Client`'s methods as coroutines, for Starlette/FastAPI apps.
+
+What waits (result, watch, output with a block) reads the run's output stream on
+redis.asyncio, so a thousand requests waiting for results hold no thread. The writes run the
+sync client's code in a worker thread: one code path per operation, shared with the CLI and
+the dashboard, each a single script call on a server that fsyncs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar
+
+import msgspec
+
+from ..engine.authoring import WorkflowDef
+from ..engine.execution import RunNotFoundError
+from ..engine.runs import OutputEvent
+from ..store.connection import connect_async as connect_redis_async
+from ..store.ids import check_id
+from .errors import ResultTimeoutError
+from .sync import (
+    BLOCK_SLICE_MS,
+    Client,
+    RunHandle,
+    StartAt,
+    StartRequest,
+    connect,
+    entry_of,
+    settle,
+)
+from .views import Outcome, OutputEntry, QuestionInfo, RunsPage, RunStatus
+
+T = TypeVar("T")
+
+
+def connect_async(redis_url: str | None = None, prefix: str | None = None, *,
+                  buckets: int | None = None, lanes: int | None = None,
+                  source: str | None = None, rq_url: str | None = None) -> AsyncClient:
+    """`mr.connect`'s asyncio twin: the same settings and environment variables."""
+    return AsyncClient(connect(redis_url, prefix, buckets=buckets, lanes=lanes, source=source,
+                               rq_url=rq_url))
+
+
+class AsyncClient:
+    def __init__(self, client: Client) -> None:
+        self.sync = client
+        self._aio: Any = None
+
+    @property
+    def aio(self) -> Any:
+        if self._aio is None:
+            self._aio = _connect_async(self.sync.settings.redis_url)
+        return self._aio
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+
+    async def aclose(self) -> None:
+        if self._aio is not None:
+            await self._aio.aclose()
+            self._aio = None
+        await self._call(self.sync.close)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- writes and reads (the sync client's code) -------------------------------------------
+
+    async def start(self, workflow: str | WorkflowDef, input: Any = None, *,
+                    id: str | None = None, queue: str | None = None,
+                    priority: int | None = None, input_json: bytes | str | None = None,
+                    start_at: StartAt = None) -> AsyncRunHandle:
+        handle = await self._call(self.sync.start, workflow, input, id=id, queue=queue,
+                                  priority=priority, input_json=input_json, start_at=start_at)
+        return self._wrap(handle)
+
+    async def start_many(self, requests: Iterable[StartRequest]) -> list[AsyncRunHandle]:
+        handles = await self._call(self.sync.start_many, list(requests))
+        return [self._wrap(h) for h in handles]
+
+    def _wrap(self, handle: RunHandle) -> AsyncRunHandle:
+        return AsyncRunHandle(self, handle.id, created=handle.created,
+                              workflow=handle.workflow)
+
+    def handle(self, run_id: str) -> AsyncRunHandle:
+        return AsyncRunHandle(self, check_id(run_id, "run id"))
+
+    async def status(self, run_id: str) -> RunStatus:
+        return await self._call(self.sync.status, run_id)
+
+    async def runs(self, **filters: Any) -> RunsPage:
+        return await self._call(self.sync.runs, **filters)
+
+    async def feed(self, limit: int = 100) -> list[QuestionInfo]:
+        return await self._call(self.sync.feed, limit)
+
+    async def cancel(self, run_id: str) -> Outcome:
+        return await self._call(self.sync.cancel, run_id)
+
+    async def pause(self, run_id: str) -> Outcome:
+        return await self._call(self.sync.pause, run_id)
+
+    async def resume(self, run_id: str) -> Outcome:
+        return await self._call(self.sync.resume, run_id)
+
+    async def answer(self, run_id: str, key: str, value: Any) -> Outcome:
+        return await self._call(self.sync.answer, run_id, key, value)
+
+    async def approve(self, run_id: str, key: str, note: str | None = None) -> Outcome:
+        return await self._call(self.sync.approve, run_id, key, note)
+
+    async def reject(self, run_id: str, key: str, note: str | None = None) -> Outcome:
+        return await self._call(self.sync.reject, run_id, key, note)
+
+    async def send_event(self, source: str, id: str, type: str | None = None,
+                         payload: Any = None) -> Any:
+        return await self._call(self.sync.send_event, source, id, type, payload)
+
+    # -- waiting, on redis.asyncio -----------------------------------------------------------
+
+    async def output(self, run_id: str, *, after: str = "0-0", block_ms: int | None = None,
+                     count: int = 1000) -> list[OutputEntry]:
+        key = self.sync.reader.keys.output(check_id(run_id, "run id"))
+        if block_ms is None:
+            rows = await self.aio.xrange(key, min=f"({after}" if after != "0-0" else "-",
+                                         count=count)
+        else:
+            reply = await self.aio.xread({key: after}, count=count, block=block_ms)
+            rows = reply[0][1] if reply else []
+        return [_entry(eid, fields) for eid, fields in rows]
+
+    async def result(self, run_id: str, timeout: float | None = None, *,
+                     type: Any = Any) -> Any:
+        """As Client.result, without holding a thread while it waits."""
+        check_id(run_id, "run id")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        key = self.sync.reader.keys.output(run_id)
+        rows = await self.aio.xrevrange(key, count=1)
+        last = _entry(*rows[0]) if rows else None
+        while True:
+            if last is not None and last.type == "final":
+                return settle(run_id, last.data, type)
+            left_ms = BLOCK_SLICE_MS if deadline is None else int(
+                (deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise ResultTimeoutError(f"run {run_id} did not finish within {timeout} s")
+            entries = await self.output(run_id, after="0-0" if last is None else last.id,
+                                        block_ms=max(1, min(left_ms, BLOCK_SLICE_MS)))
+            for entry in entries:
+                last = entry
+                if entry.type == "final":
+                    break
+            if not entries and last is None and not await self.aio.exists(
+                    self.sync.reader.keys.run(run_id)):
+                raise RunNotFoundError(f"no run with id {run_id!r}")
+
+    async def watch(self, run_id: str, *, after: str = "0-0", follow: bool = True
+                    ) -> AsyncIterator[OutputEntry]:
+        while True:
+            entries = await self.output(run_id, after=after,
+                                        block_ms=BLOCK_SLICE_MS if follow else None)
+            for entry in entries:
+                yield entry
+                after = entry.id
+                if entry.type == "final":
+                    return
+            if not follow and len(entries) < 1000:
+                return
+
+
+def _connect_async(url: str) -> Any:
+    return connect_redis_async(url)
+
+
+def _entry(eid: bytes, fields: dict[bytes, bytes]) -> OutputEntry:
+    ident = eid.decode()
+    try:
+        event = OutputEvent(ident, fields[b"t"].decode(), int(fields[b"a"]),
+                            msgspec.json.decode(fields[b"d"]))
+    except (KeyError, ValueError, UnicodeDecodeError, msgspec.DecodeError) as exc:
+        event = OutputEvent(ident, "unreadable", 0, {"error": repr(exc)})
+    return entry_of(event)
+
+
+class AsyncRunHandle:
+    def __init__(self, client: AsyncClient, run_id: str, *, created: bool | None = None,
+                 workflow: str | None = None) -> None:
+        self.client, self.id, self.created, self.workflow = client, run_id, created, workflow
+
+    def __repr__(self) -> str:
+        return f"AsyncRunHandle({self.id!r}, created={self.created})"
+
+    async def status(self) -> RunStatus:
+        return await self.client.status(self.id)
+
+    async def result(self, timeout: float | None = None, *, type: Any = Any) -> Any:
+        return await self.client.result(self.id, timeout, type=type)
+
+    async def cancel(self) -> Outcome:
+        return await self.client.cancel(self.id)
+
+    async def pause(self) -> Outcome:
+        return await self.client.pause(self.id)
+
+    async def resume(self) -> Outcome:
+        return await self.client.resume(self.id)
+
+    async def answer(self, key: str, value: Any) -> Outcome:
+        return await self.client.answer(self.id, key, value)
+
+    async def approve(self, key: str, note: str | None = None) -> Outcome:
+        return await self.client.approve(self.id, key, note)
+
+    async def reject(self, key: str, note: str | None = None) -> Outcome:
+        return await self.client.reject(self.id, key, note)
+
+    def watch(self, *, after: str = "0-0", follow: bool = True) -> AsyncIterator[OutputEntry]:
+        return self.client.watch(self.id, after=after, follow=follow)

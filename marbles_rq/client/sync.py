@@ -1,0 +1,545 @@
+"""The Python client: start runs, wait for their results, and act on them.
+
+    import marbles_rq as mr
+
+    client = mr.connect()                         # the CLI's settings and variables
+    run = client.start("report", {"month": "2026-11"}, id="report-2026-11")
+    print(run.result(timeout=60))
+
+Every write goes through the same engine call as the CLI command of the same name (the CLI
+and the dashboard call this client), so the three never disagree; each refusal is a typed
+MarblesError with the CLI's message.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+import redis
+
+from ..deployment import Settings
+from ..engine import catalog
+from ..engine.authoring import (
+    REGISTRY,
+    InputError,
+    Registry,
+    UnknownWorkflowError,
+    WorkflowDef,
+)
+from ..engine.execution import RunNotFoundError
+from ..engine.paging import Cursor, Filters, RunPager
+from ..engine.runs import OutputEvent, RunStore
+from ..engine.signals import signals_json
+from ..engine.waits import Answered, WaitStore
+from ..errors import InvalidIdError, RunSettledError
+from ..store.ids import check_id
+from ..store.records import RunRecord
+from ..store.redis_errors import one_line
+from ..store.replies import as_text
+from .errors import ResultTimeoutError, RunCancelledError, RunFailedError
+from .views import (
+    Outcome,
+    OutputEntry,
+    QuestionInfo,
+    ReportInfo,
+    RunsPage,
+    RunStatus,
+    RunSummary,
+)
+
+if TYPE_CHECKING:
+    from ..engine.ops import Enqueued
+    from ..engine.rerun import Rerun
+    from ..transport.lanes import Lanes
+    from ..triggers.events import Sent
+
+T = TypeVar("T")
+StartAt = dt.datetime | float | None
+
+# A blocking read is cut in slices so a timeout is honoured without a socket timeout: the
+# connection's own timeout (3 s by default) must stay above one slice.
+BLOCK_SLICE_MS = 1000
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """One run of `Client.start_many`: as `Client.start`'s arguments."""
+
+    workflow: str | WorkflowDef
+    input: Any = None
+    id: str | None = None
+    queue: str | None = None
+    priority: int | None = None
+    input_json: bytes | str | None = None
+    start_at: StartAt = None
+
+
+def start_ms(start_at: StartAt) -> int:
+    """`start_at` as epoch ms (0: at once)."""
+    if start_at is None:
+        return 0
+    if isinstance(start_at, dt.datetime):
+        if start_at.tzinfo is None:
+            raise InputError("start_at must be a timezone-aware datetime (e.g. "
+                             "datetime.now(timezone.utc) + timedelta(hours=1))")
+        return int(start_at.timestamp() * 1000)
+    if isinstance(start_at, bool) or not isinstance(start_at, int | float):
+        raise InputError(f"start_at must be a datetime or epoch seconds, not "
+                         f"{type(start_at).__name__}")
+    return int(start_at * 1000)
+
+
+_RELATIVE = re.compile(r"\+(\d+(?:\.\d+)?)([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_start_at(text: str, now: float | None = None) -> float:
+    """The CLI's --start-at: ISO 8601 with a zone (2026-12-24T18:00:00Z, ...+01:00) or
+    "+N" s|m|h|d from now; epoch seconds."""
+    if (m := _RELATIVE.fullmatch(text.strip())) is not None:
+        return (time.time() if now is None else now) + float(m[1]) * _UNIT_S[m[2]]
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(f"invalid start time {text!r}: give ISO 8601 with a zone "
+                         f"(2026-12-24T18:00:00Z) or +N s|m|h|d (+90s, +2h)") from None
+    if when.tzinfo is None:
+        raise InputError(f"start time {text!r} has no zone: add Z or an offset (+01:00)")
+    return when.timestamp()
+
+
+def workflow_name(workflow: str | WorkflowDef) -> str:
+    return workflow if isinstance(workflow, str) else workflow.name
+
+
+def connect(redis_url: str | None = None, prefix: str | None = None, *,
+            buckets: int | None = None, lanes: int | None = None, source: str | None = None,
+            rq_url: str | None = None) -> Client:
+    """A client of the deployment at `redis_url` (else MARBLES_REDIS_URL, else the local
+    default) with key prefix `prefix` (else MARBLES_PREFIX, else "mrq"): the settings and
+    environment variables of the CLI. `source` (else MARBLES_SOURCE) imports workflow
+    definitions so inputs are validated here; without it, a workflow is known by name from
+    what its workers declared. Nothing touches the network until the first call."""
+    return Client(Settings.from_env(redis_url, prefix, buckets=buckets, lanes=lanes,
+                                    source=source, rq_url=rq_url))
+
+
+class Client:
+    """A deployment, as an application uses it. Thread-safe: redis-py pools connections."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    # -- what it opens ----------------------------------------------------------------------
+
+    @property
+    def runs_store(self) -> RunStore:
+        return self.settings.runs()
+
+    @property
+    def reader(self) -> RunStore:
+        """The store for reads: it never records the deployment's meta (a status of a
+        deployment not created yet writes nothing) and runs no script."""
+        return self.settings.runs(read_only=True)
+
+    @property
+    def lanes(self) -> Lanes:
+        return self.settings.rq()
+
+    def _waits(self) -> WaitStore:
+        return WaitStore(self.runs_store)
+
+    def close(self) -> None:
+        """Close the connections (the client opens them again if used after)."""
+        for opened in (self.settings._store, self.settings._reader):
+            if opened is not None:
+                opened.client.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- starting runs ----------------------------------------------------------------------
+
+    def _registry_for(self, name: str) -> Registry:
+        """The definitions to validate with: the workflow's own when this process imported
+        it, else the defaults its workers declared (its input is then sent as JSON)."""
+        if name in REGISTRY.workflows:
+            return REGISTRY
+        reader = self.reader
+        try:
+            found = catalog.lookup(reader.client, reader.keys, name)
+        except UnknownWorkflowError:
+            if REGISTRY.workflows:  # workflows were imported: name them, as the CLI does
+                REGISTRY.workflow(name)
+            raise
+        return Registry(workflows={name: found})
+
+    def prepare(self, workflow: str | WorkflowDef, input: Any = None, *,
+                id: str | None = None, queue: str | None = None, priority: int | None = None,
+                input_json: bytes | str | None = None, start_at: StartAt = None,
+                how: str = "give an input") -> RunRecord:
+        """Validate a start completely (input, id, queue, priority) and return the record it
+        would write; nothing is written. Raises the error `start` would (`how` ends the
+        message of a missing input: how to give one)."""
+        # Here, not at the top: starting runs brings in RQ, which a client that only reads
+        # (a `status`, the dashboard's pages) never needs.
+        from ..engine.ops import RunRequest, prepare
+
+        self.settings.load_source()  # once, on the first start: readers never import it
+        name = workflow_name(workflow)
+        registry = REGISTRY if isinstance(workflow, WorkflowDef) else self._registry_for(name)
+        raw = _input_bytes(registry.workflow(name), input, input_json, how)
+        return prepare(RunRequest(name, raw, id, queue, strict=True, priority=priority,
+                                  not_before_ms=start_ms(start_at)), registry)
+
+    def start(self, workflow: str | WorkflowDef, input: Any = None, *, id: str | None = None,
+              queue: str | None = None, priority: int | None = None,
+              input_json: bytes | str | None = None, start_at: StartAt = None) -> RunHandle:
+        """Record a run of `workflow` (its name, or the decorated function) and enqueue it.
+
+        `input` is a Python value (dict, list, msgspec Struct, dataclass ...) sent as JSON;
+        `input_json` passes JSON text instead. None (and no input_json) means what the CLI's
+        omitted --input means: the workflow's default input. With `id`, the start is
+        idempotent: the same id again returns a handle to the existing run, with
+        `handle.created` False, and starts nothing. `start_at` (a timezone-aware datetime,
+        or epoch seconds) records the run now and starts it then: the controller enqueues
+        it at that time; no worker holds it before.
+
+        Raises InputError (input, queue, priority, payload size), InvalidIdError,
+        UnknownWorkflowError; nothing is written then."""
+        record = self.prepare(workflow, input, id=id, queue=queue, priority=priority,
+                              input_json=input_json, start_at=start_at)
+        return self.start_record(record)
+
+    def start_record(self, record: RunRecord) -> RunHandle:
+        """Record and enqueue a prepared run (see `prepare`)."""
+        from ..engine.ops import enqueue_record
+
+        done = enqueue_record(self.runs_store, self.lanes, record)
+        return self._handle_of(done)
+
+    def start_many(self, requests: Iterable[StartRequest]) -> list[RunHandle]:
+        """Start many runs: all are validated first (one bad request starts none), then
+        recorded and enqueued 500 to a round trip. Handles come back in request order."""
+        from ..engine.ops import ENQUEUE_CHUNK, enqueue_records
+
+        records = [self.prepare(r.workflow, r.input, id=r.id, queue=r.queue,
+                                priority=r.priority, input_json=r.input_json,
+                                start_at=r.start_at)
+                   for r in requests]
+        handles: list[RunHandle] = []
+        for at in range(0, len(records), ENQUEUE_CHUNK):
+            done = enqueue_records(self.runs_store, self.lanes, records[at:at + ENQUEUE_CHUNK])
+            handles += [self._handle_of(d) for d in done]
+        return handles
+
+    def _handle_of(self, done: Enqueued) -> RunHandle:
+        return RunHandle(self, done.run_id, created=done.created, workflow=done.record.name,
+                         queue=done.record.queue, dispatched=done.dispatched,
+                         initial_status=done.status)
+
+    def handle(self, run_id: str) -> RunHandle:
+        """A handle to an existing run (not checked until used)."""
+        return RunHandle(self, check_id(run_id, "run id"))
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def status(self, run_id: str) -> RunStatus:
+        return msgspec.convert(self.status_json(run_id), RunStatus)
+
+    def status_json(self, run_id: str) -> dict[str, Any]:
+        """`status --json`'s document (RunStatus's fields, as plain JSON values)."""
+        view = self.reader.get(check_id(run_id, "run id"))
+        if view is None:
+            raise RunNotFoundError(f"no run with id {run_id!r} (finished runs are pruned once "
+                                   f"their retention ends, 7 days unless the workflow sets "
+                                   f"retention_s)")
+        data = view.to_json()
+        waits = WaitStore(self.reader)
+        data["questions"] = [q.to_json() for q in waits.questions(run_id)]
+        data["reports"] = [r.to_json() for r in waits.run_reports(run_id)]
+        data["signals"] = signals_json(self.reader, run_id)  # per name: sent, taken, buffered
+        return data
+
+    def runs(self, *, status: str | None = None, workflow: str | None = None,
+             queue: str | None = None, since: float | None = None, until: float | None = None,
+             limit: int = 50, cursor: str | None = None) -> RunsPage:
+        """Runs newest first, a page at a time: `since`/`until` are epoch seconds of their
+        creation; `cursor` is the previous page's. A page's cost does not grow with the
+        number of runs (engine/paging.py)."""
+        if not 1 <= limit <= 10_000:
+            raise InputError(f"limit must be 1 to 10000, not {limit}")
+        try:
+            after = Cursor.decode(cursor)
+        except ValueError as exc:
+            raise InvalidIdError(str(exc)) from None
+        page = RunPager(self.reader).page(limit=limit, after=after, filters=Filters(
+            status=status, workflow=workflow, queue=queue,
+            since_ms=None if since is None else int(since * 1000),
+            until_ms=None if until is None else int(until * 1000)))
+        rows = [RunSummary(id=r.id, name=r.name, queue=r.queue, status=r.status,
+                           attempt=r.attempt, created_ms=r.created_ms, started_ms=r.started_ms,
+                           finished_ms=r.finished_ms, parent=r.parent,
+                           resumptions=r.resumptions) for r in page.rows]
+        return RunsPage(rows, None if page.next is None else page.next.encode(),
+                        not page.exhausted_budget)
+
+    def feed(self, limit: int = 100) -> list[QuestionInfo]:
+        """Open questions and approvals across runs, oldest first."""
+        now_ms = int(time.time() * 1000)
+        return [msgspec.convert(q.to_json(now_ms), QuestionInfo)
+                for q in WaitStore(self.reader).feed(limit)]
+
+    def reports(self, limit: int = 20) -> list[ReportInfo]:
+        """The newest reports across runs."""
+        reports = WaitStore(self.reader).reports(limit)
+        return [msgspec.convert(r.to_json(), ReportInfo) for r in reports]
+
+    def output(self, run_id: str, *, after: str = "0-0", block_ms: int | None = None,
+               count: int = 1000) -> list[OutputEntry]:
+        """Output entries of a run after the entry id `after` (a cursor); with `block_ms`,
+        waits up to that long for the first new one."""
+        events = self.reader.output(check_id(run_id, "run id"), after=after,
+                                        block_ms=block_ms, count=count)
+        return [entry_of(ev) for ev in events]
+
+    # -- acting on runs ---------------------------------------------------------------------
+
+    def _deliver(self, run_id: str, attempt: int, queue: str) -> str:
+        """Enqueue a woken run's delivery now; the controller dispatches it if this fails."""
+        try:
+            self.lanes.enqueue(queue, run_id, attempt)
+        except redis.RedisError as exc:
+            return f"; the controller will dispatch it ({one_line(exc)})"
+        return ""
+
+    def cancel(self, run_id: str) -> Outcome:
+        """Cancel a run and its children: a queued or waiting run never starts again; a
+        running one stops at its next step boundary. outcome: cancelled | requested |
+        settled (it had finished: nothing done)."""
+        runs = self.runs_store
+        outcome = runs.cancel(check_id(run_id, "run id"))
+        if outcome == "missing":
+            raise RunNotFoundError(f"no run with id {run_id!r}")
+        message = {"cancelled": f"run {run_id} cancelled",
+                   "requested": f"run {run_id} is running; cancel requested, it stops at its "
+                                f"next step boundary",
+                   "settled": f"run {run_id} has already finished; nothing to cancel"}[outcome]
+        children = [] if outcome == "settled" else WaitStore(runs).cancel_children(run_id)
+        return Outcome(run_id, outcome, message, children)
+
+    def pause(self, run_id: str) -> Outcome:
+        """Pause a run: a running one parks at its next step boundary, a queued one when it
+        starts, a waiting one at once; only `resume` wakes it. RunSettledError if it had
+        finished. outcome: paused | requested | already."""
+        outcome = self._waits().pause(check_id(run_id, "run id"))
+        if outcome == "settled":
+            raise RunSettledError(f"run {run_id} has already finished; nothing to pause")
+        return Outcome(run_id, outcome, {
+            "paused": f"run {run_id} paused",
+            "requested": f"run {run_id} will park at its next step boundary (paused)",
+            "already": f"run {run_id} is already paused"}[outcome])
+
+    def resume(self, run_id: str) -> Outcome:
+        """Resume a paused run. outcome: woken (delivered again) | resumed (it had not
+        parked yet; it carries on). NotPausedError, RunSettledError."""
+        outcome, attempt, queue = self._waits().resume(check_id(run_id, "run id"))
+        if outcome == "woken":
+            return Outcome(run_id, outcome, f"run {run_id} resumed (delivery {attempt})"
+                           + self._deliver(run_id, attempt, queue))
+        if outcome == "resumed":
+            return Outcome(run_id, outcome,
+                           f"run {run_id} resumed before it parked; it carries on")
+        raise RunSettledError(f"run {run_id} has already finished; nothing to resume")
+
+    def answer(self, run_id: str, key: str, value: Any) -> Outcome:
+        """Answer question `key` with `value` (one of its choices, or the choice's number as
+        text). The first answer wins: AlreadyAnsweredError after; UnknownQuestionError,
+        AnswerRefusedError."""
+        return self._answer(run_id, key, value, "question", f"answered {value!r}")
+
+    def approve(self, run_id: str, key: str, note: str | None = None) -> Outcome:
+        """Approve approval `key`; the run receives {"approved": True, "note": note}."""
+        return self._answer(run_id, key, {"approved": True, "note": note}, "approval",
+                            "approved")
+
+    def reject(self, run_id: str, key: str, note: str | None = None) -> Outcome:
+        """Reject approval `key`; the run receives {"approved": False, "note": note}."""
+        return self._answer(run_id, key, {"approved": False, "note": note}, "approval",
+                            "rejected")
+
+    def _answer(self, run_id: str, key: str, value: Any, kind: str, what: str) -> Outcome:
+        done: Answered = self._waits().answer(check_id(run_id, "run id"), key, value,
+                                              kind=kind)
+        if done.woken_attempt:
+            tail = "; run woken" + self._deliver(run_id, done.woken_attempt, done.queue)
+        else:
+            tail = "; the run sees it when it next replays"
+        return Outcome(run_id, "answered", f"run {run_id}: {done.question.key} {what}{tail}")
+
+    def send_event(self, source: str, id: str, type: str | None = None, payload: Any = None,
+                   *, payload_json: bytes | str | None = None) -> Sent:
+        """Record an inbound event (as `marbles-rq events send`) and start the run of the
+        `@mr.on_event` trigger it matches; the same (source, id) again is recorded once. The
+        triggers are read from the source this client imports (connect(source=...) or
+        MARBLES_SOURCE): ConfigError when it declares none."""
+        from ..errors import ConfigError
+        from ..triggers.events import TRIGGERS, Events
+
+        self.settings.load_source()
+        if not TRIGGERS.by_key:  # every event would be journaled as unmatched, for good
+            raise ConfigError("no event triggers are declared: set the source (connect("
+                              "source=...), --source or MARBLES_SOURCE) to the modules that "
+                              "declare them")
+        raw = msgspec.json.encode(payload) if payload_json is None else (
+            payload_json.encode() if isinstance(payload_json, str) else bytes(payload_json))
+        # Every input error before touching Redis.
+        Events.validate(source, id, type=type or "", payload=raw)
+        return Events(self.runs_store, self.lanes).send(source, id, type=type or "",
+                                                        payload=raw)
+
+    def rerun(self, run_id: str, *, from_step: str | None = None,
+              new_id: str | None = None) -> Rerun:
+        """A new run of a finished run's workflow with its recorded input (as `marbles-rq
+        rerun`); `from_step` copies the results recorded before that step. The same
+        `new_id` again returns that rerun. RerunError, RunNotFoundError, InvalidIdError."""
+        from ..engine.rerun import rerun
+
+        self.settings.load_source()
+        return rerun(self.runs_store, self.lanes, check_id(run_id, "run id"),
+                     from_step=from_step, new_id=new_id)
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    def result(self, run_id: str, timeout: float | None = None, *,
+               type: type[T] | Any = Any) -> Any:
+        """Wait until the run finishes and return its result (decoded as `type` when given).
+        Reads the run's output stream with blocking reads, so it returns as the final entry
+        is written. RunFailedError (its `.error`), RunCancelledError, ResultTimeoutError,
+        RunNotFoundError."""
+        final = self._final(check_id(run_id, "run id"), timeout)
+        return settle(run_id, final, type)
+
+    def _final(self, run_id: str, timeout: float | None) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = self._last_entry(run_id)
+        while True:
+            if last is not None and last[1] == "final":
+                return dict(last[2])
+            after = "0-0" if last is None else last[0]
+            left_ms = BLOCK_SLICE_MS if deadline is None else int(
+                (deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise ResultTimeoutError(f"run {run_id} did not finish within {timeout} s")
+            events = self.reader.output(run_id, after=after,
+                                            block_ms=max(1, min(left_ms, BLOCK_SLICE_MS)))
+            for ev in events:
+                last = (ev.id, ev.type, ev.data)
+                if ev.type == "final":
+                    return dict(ev.data)
+            if not events and last is None and self.reader.get(run_id) is None:
+                raise RunNotFoundError(f"no run with id {run_id!r}")
+
+    def _last_entry(self, run_id: str) -> tuple[str, str, Any] | None:
+        """The run's newest output entry (id, type, data), or None for an empty stream."""
+        rows: Any = self.reader.client.xrevrange(self.reader.keys.output(run_id), count=1)
+        if not rows:
+            return None
+        eid, fields = rows[0]
+        data = msgspec.json.decode(fields.get(b"d", b"null"))
+        return as_text(eid), as_text(fields.get(b"t", b"")), data
+
+    def watch(self, run_id: str, *, after: str = "0-0", follow: bool = True
+              ) -> Iterator[OutputEntry]:
+        """The run's output entries from after `after`, following until its final entry
+        (or, with follow=False, only what is there now)."""
+        check_id(run_id, "run id")
+        while True:
+            entries = self.output(run_id, after=after,
+                                  block_ms=BLOCK_SLICE_MS if follow else None)
+            for entry in entries:
+                yield entry
+                after = entry.id
+                if entry.type == "final":
+                    return
+            if not follow and len(entries) < 1000:
+                return
+
+
+def entry_of(event: OutputEvent) -> OutputEntry:
+    return OutputEntry(event.id, event.type, event.attempt, event.happened_ms, event.data)
+
+
+def settle(run_id: str, final: dict[str, Any], type: Any = Any) -> Any:
+    """A final output entry's data as `result()` answers it."""
+    status = final.get("status")
+    if status == "succeeded":
+        value = final.get("result")
+        return value if type is Any else msgspec.convert(value, type)
+    if status == "cancelled":
+        raise RunCancelledError(run_id, final.get("reason"))
+    raise RunFailedError(run_id, final.get("error"))
+
+
+def _input_bytes(definition: WorkflowDef, value: Any, input_json: bytes | str | None,
+                 how: str) -> bytes:
+    if input_json is not None:
+        if value is not None:
+            raise InputError("give input or input_json, not both")
+        return input_json.encode() if isinstance(input_json, str) else bytes(input_json)
+    if value is None:
+        return definition.omitted_input(how)
+    return msgspec.json.encode(value)
+
+
+class RunHandle:
+    """One run, by id. `created` is True when `start` recorded it, False when a run with
+    that id existed (nothing was started), None for a handle from `Client.handle`. A
+    started handle also knows its workflow, queue, whether its first delivery was enqueued
+    (`dispatched`; False: the controller enqueues it) and the run's status then."""
+
+    def __init__(self, client: Client, run_id: str, *, created: bool | None = None,
+                 workflow: str | None = None, queue: str | None = None,
+                 dispatched: bool | None = None, initial_status: str | None = None) -> None:
+        self.client, self.id = client, run_id
+        self.created, self.workflow, self.queue = created, workflow, queue
+        self.dispatched, self.initial_status = dispatched, initial_status
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.id!r}, created={self.created})"
+
+    def status(self) -> RunStatus:
+        return self.client.status(self.id)
+
+    def result(self, timeout: float | None = None, *, type: Any = Any) -> Any:
+        return self.client.result(self.id, timeout, type=type)
+
+    def cancel(self) -> Outcome:
+        return self.client.cancel(self.id)
+
+    def pause(self) -> Outcome:
+        return self.client.pause(self.id)
+
+    def resume(self) -> Outcome:
+        return self.client.resume(self.id)
+
+    def answer(self, key: str, value: Any) -> Outcome:
+        return self.client.answer(self.id, key, value)
+
+    def approve(self, key: str, note: str | None = None) -> Outcome:
+        return self.client.approve(self.id, key, note)
+
+    def reject(self, key: str, note: str | None = None) -> Outcome:
+        return self.client.reject(self.id, key, note)
+
+    def watch(self, *, after: str = "0-0", follow: bool = True) -> Iterator[OutputEntry]:
+        return self.client.watch(self.id, after=after, follow=follow)

@@ -1,0 +1,162 @@
+"""What the client returns: a run's status (the data of `marbles-rq status --json`), a page
+of runs, and the outcome of each write (with the line the CLI prints for it).
+
+Each is a msgspec Struct, so it is typed, documented here, and turns into the same JSON the
+CLI and the HTTP API print (`msgspec.json.encode(status)`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Concurrency(msgspec.Struct, frozen=True):
+    limit: int
+    key: str | None = None  # the limit's key ("customer=acme"); None: workflow-wide
+
+
+class Waiting(msgspec.Struct, frozen=True):
+    """Why a waiting run waits: reason question | timer | child | paused | ..., and what for
+    (question keys, child ids, until_ms)."""
+
+    reason: str | None
+    for_: dict[str, Any] = msgspec.field(name="for", default_factory=dict)
+    since: str | None = None
+
+
+class RunError(msgspec.Struct, frozen=True):
+    """A failed run's error: the exception's type and message, the step it came from."""
+
+    type: str
+    message: str
+    step: str = ""
+    traceback: str = ""
+
+
+class StepInfo(msgspec.Struct, frozen=True):
+    path: str
+    position: int
+    name: str
+    attempts: int
+    status: str  # running | succeeded | failed | parked | interrupted
+
+
+class TimerInfo(msgspec.Struct, frozen=True):
+    path: str
+    position: int
+    due_at: str | None
+    fired_at: str | None = None
+
+
+class QuestionInfo(msgspec.Struct, frozen=True):
+    """A question or approval a run asked (also an entry of the feed)."""
+
+    run: str
+    key: str
+    kind: str  # question | approval
+    title: str
+    state: str  # open | answered | timed_out | cancelled
+    body: str | None = None
+    choices: list[str] | None = None
+    step: str = ""
+    asked_ms: int = 0
+    age_s: float = 0.0
+    answer: Any = None
+    answered_ms: int | None = None
+    timeout_at_ms: int | None = None
+
+
+class ReportInfo(msgspec.Struct, frozen=True):
+    run: str
+    key: str
+    kind: str  # milestone | result
+    entry: Any
+    step: str = ""
+    at_ms: int = 0
+
+
+class RunStatus(msgspec.Struct, frozen=True):
+    """One run as `marbles-rq status --json` shows it. Times are ISO 8601 UTC text;
+    `attempt` is 1 + redeliveries, `delivery` counts every delivery (wakes too),
+    `resumptions` the wakes after a wait."""
+
+    id: str
+    name: str
+    queue: str
+    status: str  # queued | running | waiting | succeeded | failed | cancelled
+    attempt: int
+    lane: int = 0
+    priority: int = 0
+    concurrency: Concurrency | None = None
+    resumptions: int = 0
+    delivery: int = 0
+    start_at: str | None = None  # asked to start no earlier than this
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    input: Any = None
+    result: Any = None
+    error: RunError | None = None
+    worker: str | None = None
+    cancel_requested: bool = False
+    note: str | None = None
+    waiting: Waiting | None = None
+    pause_requested: bool = False
+    parent: str | None = None
+    rerun_of: str | None = None
+    rerun_from_step: str | None = None
+    children: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    timers: list[TimerInfo] = msgspec.field(default_factory=list)
+    steps: list[StepInfo] = msgspec.field(default_factory=list)
+    questions: list[QuestionInfo] = msgspec.field(default_factory=list)
+    reports: list[ReportInfo] = msgspec.field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("succeeded", "failed", "cancelled")
+
+
+class RunSummary(msgspec.Struct, frozen=True):
+    """A row of `Client.runs()` (read without the ledger)."""
+
+    id: str
+    name: str
+    queue: str
+    status: str
+    attempt: int
+    created_ms: int
+    started_ms: int | None = None
+    finished_ms: int | None = None
+    parent: str = ""
+    resumptions: int = 0
+
+
+class RunsPage(msgspec.Struct, frozen=True):
+    """A page of runs, newest first. Pass `cursor` back for the next page (None: no more);
+    `complete` is False when a filtered page stopped at its scan budget before filling."""
+
+    runs: list[RunSummary]
+    cursor: str | None
+    complete: bool = True
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What a write did: `outcome` is a stable word (cancelled, requested, settled, paused,
+    already, resumed, woken, answered ...), `message` the line the CLI prints."""
+
+    run_id: str
+    outcome: str
+    message: str
+    children: list[str] = msgspec.field(default_factory=list)  # cancel: children cancelled
+
+
+class OutputEntry(msgspec.Struct, frozen=True):
+    """One entry of a run's output: id (the stream id, a cursor), type (started,
+    step_started, step_succeeded, ..., final), the delivery that wrote it, when, and data."""
+
+    id: str
+    type: str
+    delivery: int
+    at_ms: int
+    data: Any

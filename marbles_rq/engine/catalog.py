@@ -1,0 +1,74 @@
+"""The workflows a deployment's workers declare, readable by callers that do not import the
+workflow code.
+
+A worker writes, on start, one entry per workflow it serves: the defaults a run is recorded
+with (queue, timeouts, retention, priority, its concurrency limit and key field) and what an
+omitted input means. A client that knows a workflow only by name (another service, a script
+that must not import the application) records its runs with these defaults, so they match
+what the worker would have chosen; the input is sent as JSON, and the worker validates it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ..store.keys import Keyspace
+from .authoring import Registry, UnknownWorkflowError, WorkflowDef
+
+
+class Declared(msgspec.Struct, kw_only=True, frozen=True):
+    """One catalog entry (the hash field's value)."""
+
+    version: int = 1
+    queue: str = "default"
+    timeout_s: float = 0.0
+    max_deliveries: int = 20
+    retention_s: float = 7 * 86400.0
+    concurrency: int = 0
+    concurrency_key: str | None = None
+    priority: int = 0
+    takes_input: bool = True
+    input_default: msgspec.Raw | None = None
+
+
+def declared(definition: WorkflowDef) -> Declared:
+    return Declared(queue=definition.queue, timeout_s=definition.timeout_s,
+                    max_deliveries=definition.max_deliveries,
+                    retention_s=definition.retention_s, concurrency=definition.concurrency,
+                    concurrency_key=definition.concurrency_key, priority=definition.priority,
+                    takes_input=definition.input_param is not None,
+                    input_default=None if definition.input_default is None
+                    else msgspec.Raw(definition.input_default))
+
+
+def declare(client: Any, keys: Keyspace, registry: Registry) -> None:
+    """Record the registry's workflows (one HSET; last writer wins, as the newest deploy
+    should)."""
+    if registry.workflows:
+        client.hset(keys.workflows, mapping={
+            name: msgspec.json.encode(declared(d)) for name, d in registry.workflows.items()})
+
+
+def _unavailable(*_args: Any, **_kwargs: Any) -> Any:
+    raise RuntimeError("a workflow known from the catalog has no body in this process")
+
+
+def lookup(client: Any, keys: Keyspace, name: str) -> WorkflowDef:
+    """A stand-in definition for `name` from the catalog: the defaults of its runs, an input
+    taken as any JSON. UnknownWorkflowError when no worker has declared it."""
+    raw = client.hget(keys.workflows, name)
+    if raw is None:
+        raise UnknownWorkflowError(
+            f"unknown workflow {name!r}: no worker of this deployment has declared it "
+            f"(start a worker with its source, or import the source in this process)")
+    entry = msgspec.json.decode(raw, type=Declared)
+    return WorkflowDef(name=name, fn=_unavailable,
+                       input_param="input" if entry.takes_input else None,
+                       queue=entry.queue, timeout_s=entry.timeout_s,
+                       max_deliveries=entry.max_deliveries, retention_s=entry.retention_s,
+                       _input_type=Any, concurrency=entry.concurrency,
+                       concurrency_key=entry.concurrency_key, priority=entry.priority,
+                       input_default=None if entry.input_default is None
+                       else bytes(entry.input_default))
