@@ -12,12 +12,15 @@ KEYS[5] waits zset      <tag>:waits               run id -> when the controller 
 KEYS[6] ledger hash     <tag>:steps:<run id>
 KEYS[7] asks hash       <tag>:asks:<run id>
 KEYS[8] feed zset       <tag>:feed                open questions "<run id>|<key>" -> asked ms
+KEYS[9] signals hash    <tag>:sig:<run id>        a signal it parks for that is buffered
+                                                  already requeues it (send_signal)
 ARGV[1] epoch           the execution's fence
 ARGV[2] run_id
 ARGV[3] reason          question | timer | child (paused wins when a pause was asked)
 ARGV[4] wake_at_ms      when the controller wakes it (server ms); 0 = only from outside
 ARGV[5] wait_for        JSON shown by status: what the run waits for ({"children": [...]}
-                        makes a child's wake_pending requeue it)
+                        makes a child's wake_pending requeue it; {"signals": [names]} one
+                        of those names with a signal not taken yet)
 ARGV[6] grace_ms        a requeued run's dispatch check comes due after this long
 ARGV[7] event           JSON data of the "parked" output event
 ARGV[8] n_ledger        how many (key, record) pairs follow, written to the ledger
@@ -27,17 +30,18 @@ ARGV[10..]              the pairs, then the triples
 Returns:
   {"ok", wake_at_ms}             parked: status waiting
   {"requeued", attempt, queue}   woken while it executed by what it parks on (wake_pending:
-                                 '1' anything, 'child' a child), or parking for a pause
+                                 '1' anything, 'child' a child; a signal it waits for that
+                                 is buffered already), or parking for a pause
                                  (reason paused) that a resume lifted meanwhile: queued
                                  again as <attempt>; the caller enqueues that delivery
   {"cancelled"}                  cancel was requested: nothing written, settle it cancelled
   {"stale", epoch}               a newer execution owns the run; nothing written
   {"settled", status}            the run is finished; nothing written
 Writes: HSET/HINCRBY/HDEL KEYS[1]; ZREM KEYS[2]; ZADD KEYS[3] (requeued); XADD KEYS[4];
-  ZADD KEYS[5]; HSET KEYS[6]; HSET KEYS[7]; ZADD KEYS[8]
+  ZADD KEYS[5]; HSET KEYS[6]; HSET KEYS[7]; ZADD KEYS[8]; KEYS[9] is only read
 ]]
-local run, leases, dispatch, out, waits, steps, asks, feed = KEYS[1], KEYS[2], KEYS[3],
-  KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local run, leases, dispatch, out, waits, steps, asks, feed, sigs = KEYS[1], KEYS[2], KEYS[3],
+  KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local run_id = ARGV[2]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'attempt', 'cancel', 'pause',
   'wake_pending', 'queue')
@@ -83,8 +87,16 @@ redis.call('XADD', out, '*', 't', 'parked', 'a', r[3], 'd', ARGV[7])
 -- 'child' (a settled child) only when it parks waiting for children. A child's wake that
 -- landed before the execution read that child's result is spent: parking on a timer
 -- after it must not requeue the run at once (an extra delivery, the timer seen "woken").
-local pending = lifted or r[6] == '1' or
-  (r[6] == 'child' and cjson.decode(ARGV[5]).children ~= nil)
+local wait_for = cjson.decode(ARGV[5])
+local pending = lifted or r[6] == '1' or (r[6] == 'child' and wait_for.children ~= nil)
+-- A signal it waits for that came after the execution looked, before this park (send_signal
+-- found it running and woke nothing): go again now, or it would wait for a signal it has.
+if not pending and type(wait_for.signals) == 'table' then
+  for _, name in ipairs(wait_for.signals) do
+    local s = redis.call('HMGET', sigs, name .. '|n', name .. '|c')
+    if tonumber(s[1] or '0') > tonumber(s[2] or '0') then pending = true end
+  end
+end
 if r[6] and not pending and not paused then redis.call('HDEL', run, 'wake_pending') end
 if pending and not paused then
   -- Something it waits for happened while it executed: go again now. A wake is a delivery

@@ -1,6 +1,6 @@
 #!lua
 --[[ purge_run: remove a finished run whose retention has passed: its hash, ledger, output,
-questions, reports, effect receipts and index entries. Nothing of it stays in Redis.
+questions, reports, signals, effect receipts and index entries. Nothing of it stays in Redis.
 KEYS[1] run hash        <tag>:run:<run id>
 KEYS[2] ledger hash     <tag>:steps:<run id>
 KEYS[3] output stream   <tag>:out:<run id>
@@ -14,14 +14,15 @@ KEYS[10] report index   <tag>:reportidx
 KEYS[11] waits zset     <tag>:waits
 KEYS[12] published hash <tag>:pub:<run id>
 KEYS[13] event inbox    <tag>:evin:<run id>
-KEYS[14..] receipts     every member of KEYS[6], as read by the caller
+KEYS[14] signals hash   <tag>:sig:<run id>
+KEYS[15..] receipts     every member of KEYS[6], as read by the caller
 ARGV[1] run_id
 Returns:
   {"ok", keys_deleted}
   {"not_due"}             not finished, or its retention has not passed; nothing written
   {"retry"}               the effect index changed since it was read; nothing written
 Writes (only for "ok"): DEL KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7], KEYS[8], KEYS[12],
-  KEYS[13], KEYS[14..];
+  KEYS[13], KEYS[14], KEYS[15..];
   ZREM KEYS[4], KEYS[5], KEYS[9], KEYS[10], KEYS[11]
 ]]
 local run, steps, out, listing, finished, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
@@ -34,8 +35,8 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if not due or tonumber(due) > now_ms then return {'not_due'} end
 local s = redis.pcall('HGET', run, 'status')
 if s == 'queued' or s == 'running' or s == 'waiting' then return {'not_due'} end
-if redis.call('SCARD', index) ~= #KEYS - 13 then return {'retry'} end
-for i = 14, #KEYS do
+if redis.call('SCARD', index) ~= #KEYS - 14 then return {'retry'} end
+for i = 15, #KEYS do
   if redis.call('SISMEMBER', index, KEYS[i]) == 0 then return {'retry'} end
 end
 for _, pair in ipairs({{asks, feed}, {reports, report_index}}) do
@@ -47,8 +48,8 @@ for _, pair in ipairs({{asks, feed}, {reports, report_index}}) do
 end
 local n = 0
 for _, i in ipairs({1, 2, 3, 6, 7, 8}) do n = n + redis.call('DEL', KEYS[i]) end
-n = n + redis.call('DEL', KEYS[12], KEYS[13])  -- published state, event inbox
-for i = 14, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
+n = n + redis.call('DEL', KEYS[12], KEYS[13], KEYS[14])  -- published, event inbox, signals
+for i = 15, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
 redis.call('ZREM', listing, run_id)
 redis.call('ZREM', finished, run_id)
 redis.call('ZREM', waits, run_id)

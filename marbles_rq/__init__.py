@@ -24,13 +24,16 @@ if TYPE_CHECKING:
         parallel,
         publish,
         report,
+        signals,
         sleep,
         sleep_until,
         start_child,
         wait_for_event,
+        wait_for_signal,
     )
     from .engine.authoring import step, workflow
     from .engine.execute import RunContext, current
+    from .engine.signals import RunSettledError, SignalTimeoutError
     from .errors import MarblesError
     from .store import RedisStore, Store, open_store
     from .store.keys import Keyspace
@@ -55,7 +58,9 @@ __all__ = [
     "RunContext",
     "RunFailedError",
     "RunHandle",
+    "RunSettledError",
     "RunStatus",
+    "SignalTimeoutError",
     "StartRequest",
     "Store",
     "ask",
@@ -71,11 +76,13 @@ __all__ = [
     "report",
     "schedule",
     "send_event",
+    "signals",
     "sleep",
     "sleep_until",
     "start_child",
     "step",
     "wait_for_event",
+    "wait_for_signal",
     "workflow",
 ]
 __version__ = "0.1.0"
@@ -90,6 +97,8 @@ _HOME = {
     "ask": ".engine.api", "gather": ".engine.api", "parallel": ".engine.api",
     "report": ".engine.api", "sleep": ".engine.api", "sleep_until": ".engine.api",
     "start_child": ".engine.api", "publish": ".engine.api", "wait_for_event": ".engine.api",
+    "signals": ".engine.api", "wait_for_signal": ".engine.api",
+    "RunSettledError": ".engine.signals", "SignalTimeoutError": ".engine.signals",
     "step": ".engine.authoring", "workflow": ".engine.authoring",
     "RunContext": ".engine.execute", "current": ".engine.execute",
     "MarblesError": ".errors",

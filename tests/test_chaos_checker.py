@@ -28,6 +28,7 @@ from tests.chaos.history import (
     RerunTry,
     Run,
     Sent,
+    SignalTry,
     Step,
     Submitted,
 )
@@ -209,6 +210,24 @@ def valid_history() -> History:
     _combinations(h)
     h.faults.append(Fault("worker_parent", T0 + 5, (100,), "w0"))
     h.crashes.append(Crash("w1", 3, excused="Redis was down"))
+
+    sig = Builder(h, "r-sig", "cx_signals", {"n": 2})
+    sig.start()
+    before = sig.step("cx_signals.cx_link#0")
+    sig.park("signal", signals=["nudge"])
+    sig.wake("signal")
+    sig.start()
+    payloads = [{"run": "r-sig", "i": i} for i in range(2)]
+    for i, payload in enumerate(payloads):
+        sig.record(f"cx_signals.|signal#{i}", "|signal",
+                   {"name": "nudge", "seq": i + 1, "payload": payload}, status="received")
+    after = sig.step("cx_signals.cx_echo#0", "cx_echo", effect=False)
+    sig.finish({"signals": payloads, "timed_out": False, "steps": [before, after]})
+    h.submitted.append(Submitted("r-sig", "cx_signals", "signal_start", True))
+    h.signals += [SignalTry("r-sig", 0, "api", "created", 1),
+                  SignalTry("r-sig", 1, "cli", "error: Redis went away"),
+                  SignalTry("r-sig", 1, "cli", "ok", 2)]
+
     return h
 
 
@@ -556,6 +575,31 @@ def _band_lost(h: History) -> None:
                                                      ex.attempt, ex.pid, ex.t, "cx.default")
 
 
+def _signal_ledger(h: History) -> list[Step]:
+    run = h.runs["r-sig"]
+    return sorted((st for st in run.steps.values() if st.name == "|signal"),
+                  key=lambda st: st.seq)
+
+
+def _signal_taken_twice(h: History) -> None:
+    run = h.runs["r-sig"]
+    run.steps["cx_signals.|signal#2"] = Step(
+        "cx_signals.|signal#2", "|signal", "received", 1,
+        {"name": "nudge", "seq": 3, "payload": {"run": "r-sig", "i": 0}}, 3)
+
+
+def _signal_never_taken(h: History) -> None:
+    run = h.runs["r-sig"]
+    del run.steps[_signal_ledger(h)[-1].key]
+    run.result = {**run.result, "signals": run.result["signals"][:1]}
+
+
+def _signal_out_of_order(h: History) -> None:
+    first, second = _signal_ledger(h)
+    first.result["payload"], second.result["payload"] = (second.result["payload"],
+                                                         first.result["payload"])
+
+
 def _started_early(h: History) -> None:
     h.runs["r-later"].start_at_ms += 60_000
 
@@ -606,6 +650,9 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "rerun_reran": ("rerun_reran", _rerun_reran),
     "rerun_skipped": ("rerun_skipped", _rerun_skipped),
     "band": ("band", _band_lost),
+    "signal_twice": ("signal_twice", _signal_taken_twice),
+    "signal_lost": ("signal_lost", _signal_never_taken),
+    "signal_order": ("signal_order", _signal_out_of_order),
     "start_early": ("start_early", _started_early),
 }
 
@@ -622,6 +669,7 @@ def test_a_correct_history_passes() -> None:
     assert report.checked["children of cancelled parents"] == 1
     assert report.checked["limit samples cx_limited"] == 900
     assert report.checked["priority bands"] == 1
+    assert report.checked["signals"] == 2
     assert report.checked["runs started later"] == 1
     text = summary(history, report)
     assert "violations: 0" in text
@@ -676,8 +724,8 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     """CI's two short runs (tests/test_chaos.py: one lane, three lanes) each submit every
     kind of run, and make every kind of harness call the combinations need."""
     plan = make_plan(seed, runs, kills)
-    kinds = Counter(spec.kind for a in plan.actions if a.op in ("submit", "batch", "send")
-                    for spec in a.runs)
+    kinds = Counter(spec.kind for a in plan.actions
+                    if a.op in ("submit", "batch", "send", "signal_start") for spec in a.runs)
     assert set(kinds) == set(RUN_WEIGHTS), set(RUN_WEIGHTS) - set(kinds)
     assert all(n >= 5 for n in kinds.values()), kinds
     calls = Counter(c for a in plan.actions if a.op == "pause" for c in a.ops)
@@ -688,3 +736,5 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
         == set(PRIORITIES)
     assert sum(a.op == "cancel_spawning" for a in plan.actions) >= 5
     assert any(a.ops[:1] == ("started",) for a in plan.actions if a.op == "pause")
+    assert sum(a.op == "signal_start" for a in plan.actions) >= 3
+    assert sum(a.op == "signal" for a in plan.actions) >= 20

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         rerun,
         runs,
         schedules,
+        signals,
         waits,
         web,
     )
@@ -70,6 +71,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "dev": ("dev", "dev"), "health": ("health", "health"), "web": ("web", "web"),
     "buckets": ("layout", "buckets"), "rerun": ("rerun", "rerun"), "run": ("dryrun", "run_cmd"),
     "get": ("published", "get"),
+    "signal": ("signals", "signal"),
 }
 
 

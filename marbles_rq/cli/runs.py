@@ -174,6 +174,8 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         _echo(f"  error {data['error']['type']}: {data['error']['message']}")
     for r in data["reports"]:
         _echo(f"  {r['kind']} {r['key']}  {json.dumps(r['entry'])[:200]}")
+    for name, c in data.get("signals", {}).items():
+        _echo(f"  signal {name}  sent {c['sent']}  taken {c['taken']}  buffered {c['buffered']}")
 
 
 def _resumed(resumptions: int) -> str:
@@ -194,6 +196,8 @@ def _waiting(waiting: dict[str, Any]) -> str:
                      + (f"/{wanted['type']}" if wanted.get("type") else "")
                      + "".join(f" {k}={json.dumps(v)}" for k, v in
                                (wanted.get("match") or {}).items()))
+    if what.get("signals"):
+        parts.append("signal " + ", ".join(what["signals"]))
     if what.get("until_ms"):
         at = what["until_ms"]
         parts.append("until " + time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))

@@ -36,6 +36,7 @@ from ..engine.execution import RunNotFoundError
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.published import published
 from ..engine.runs import OutputEvent, RunStore
+from ..engine.signals import signals_json
 from ..engine.waits import Answered, WaitStore
 from ..errors import InvalidIdError, RunSettledError
 from ..store.ids import check_id
@@ -268,6 +269,7 @@ class Client:
         data["questions"] = [q.to_json() for q in waits.questions(run_id)]
         data["reports"] = [r.to_json() for r in waits.run_reports(run_id)]
         data["published"] = published(self.reader, run_id)
+        data["signals"] = signals_json(self.reader, run_id)  # per name: sent, taken, buffered
         return data
 
     def runs(self, *, status: str | None = None, workflow: str | None = None,

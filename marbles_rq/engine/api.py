@@ -8,7 +8,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from . import event_waits, fanout, published, waiting
+from . import event_waits, fanout, published, signal_waits, waiting
 from .context import current
 from .fanout import ChildRun
 
@@ -21,6 +21,17 @@ def sleep(seconds: float) -> None:
 def sleep_until(when: dt.datetime) -> None:
     """Park the run until `when` (timezone-aware)."""
     waiting.sleep_until(current("mr.sleep_until"), when)
+
+
+def wait_for_signal(name: str, timeout_s: float | None = None) -> Any:
+    """The payload of the next signal `name` sent to the run, parking it until one arrives
+    (SignalTimeoutError after `timeout_s` without one)."""
+    return signal_waits.wait_for_signal(current("mr.wait_for_signal"), name, timeout_s)
+
+
+def signals(name: str) -> list[Any]:
+    """The payloads of the signals `name` buffered now, oldest first; never parks."""
+    return signal_waits.drain_signals(current("mr.signals"), name)
 
 
 def start_child(workflow: str, input: Any = None, key: str | None = None) -> ChildRun:

@@ -23,7 +23,7 @@ from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import ErrorInfo, RunRecord, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
-from . import context, event_waits, fanout, published, waiting
+from . import context, event_waits, fanout, published, signal_waits, waiting
 from .authoring import REGISTRY, Registry, StepDef
 from .context import (
     BranchCancelled,
@@ -171,6 +171,17 @@ class RunContext:
     def sleep_until(self, when: Any) -> None:
         """Park the run until `when` (a timezone-aware datetime)."""
         waiting.sleep_until(self, when)
+
+    def wait_for_signal(self, name: str, timeout_s: float | None = None) -> Any:
+        """The payload of the next signal `name` sent to this run, parking the run (no
+        worker held) until one arrives; SignalTimeoutError after `timeout_s` without one.
+        Recorded in the ledger: a replay returns the same payload."""
+        return signal_waits.wait_for_signal(self, name, timeout_s)
+
+    def signals(self, name: str) -> list[Any]:
+        """The payloads of the signals `name` buffered now, oldest first (perhaps none);
+        never parks. Recorded in the ledger: a replay returns the same list."""
+        return signal_waits.drain_signals(self, name)
 
     def start_child(self, workflow: str, input: Any = None, key: str | None = None
                     ) -> fanout.ChildRun:
@@ -600,17 +611,20 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
     """Park the run for what `parked` waits for; returns the delivery's outcome."""
     waits = parked.waits
     reasons = {w.reason for w in waits}
-    reason = next(r for r in ("paused", "question", "child", "event", "timer")
+    reason = next(r for r in ("paused", "question", "signal", "child", "event", "timer")
                   if r in reasons)
     wake_at = min((w.wake_at_ms for w in waits if w.wake_at_ms), default=0)
     wait_for: dict[str, Any] = {}
     questions = [q for w in waits for q in w.questions]
     children = [c for w in waits for c in w.children]
+    signals = sorted({s for w in waits for s in w.signals})
     until = min((w.until_ms for w in waits if w.until_ms), default=0)
     if questions:
         wait_for["questions"] = questions
     if children:
         wait_for["children"] = children
+    if signals:
+        wait_for["signals"] = signals  # send_signal wakes it for these; park_run checks them
     if until:
         wait_for["until_ms"] = until
     if events := [e for w in waits for e in w.events]:

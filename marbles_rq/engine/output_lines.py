@@ -44,6 +44,8 @@ def format_event(ev: OutputEvent) -> str:
         "event_received": lambda: f"event {d.get('event')} ({_event_kind(d)}) received by "
                                   f"{d.get('wait')}",
         "event_wait_timed_out": lambda: f"wait {d.get('wait')} for an event timed out",
+        "signal": lambda: f"signal {d.get('name')} #{d.get('seq')} received",
+        "signal_taken": lambda: _taken(d),
         "pause_requested": lambda: "pause requested",
         "resumed": lambda: "resumed",
         "truncated": lambda: f"output truncated: the run's cap of {d.get('max_lines')} lines / "
@@ -73,6 +75,8 @@ def _parked(d: dict[str, Any]) -> str:
         return "an answer to " + ", ".join(d.get("questions") or [])
     if reason == "child":
         return "child " + ", ".join(d.get("children") or [])
+    if reason == "signal":
+        return "signal " + ", ".join(d.get("signals") or [])
     if reason == "timer" and d.get("until_ms"):
         at = int(d["until_ms"])
         return "a timer due " + time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + (
@@ -87,6 +91,14 @@ def _parked(d: dict[str, Any]) -> str:
 
 def _event_kind(d: dict[str, Any]) -> str:
     return str(d.get("source")) + (f"/{d['type']}" if d.get("type") else "")
+
+
+def _taken(d: dict[str, Any]) -> str:
+    if d.get("timed_out"):
+        return f"wait for signal {d.get('name')} timed out at {d.get('call')}"
+    seqs = d.get("seqs") or []
+    taken = "nothing" if not seqs else ", ".join(f"#{s}" for s in seqs)
+    return f"signal {d.get('name')} {taken} taken at {d.get('call')}"
 
 
 def _final(d: dict[str, Any]) -> str:

@@ -38,7 +38,8 @@ MAX_TITLE = 500
 MAX_BODY = 20_000
 MAX_CHOICE = 200
 MAX_SLEEP_MS = 10 * 366 * 86_400_000  # timers are for up to ten years
-KIND_NAMES = {"|sleep": "mr.sleep", "|child": "mr.start_child"}
+KIND_NAMES = {"|sleep": "mr.sleep", "|child": "mr.start_child",
+              "|signal": "mr.wait_for_signal", "|signals": "ctx.signals"}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -48,10 +49,11 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 class Wait:
     """One thing a run waits for."""
 
-    reason: str  # question | timer | child | event | paused
+    reason: str  # question | timer | child | event | paused | signal
     wake_at_ms: int = 0  # when the controller wakes it (0: only from outside)
     questions: list[str] = field(default_factory=list)
     children: list[str] = field(default_factory=list)
+    signals: list[str] = field(default_factory=list)  # names (engine/signal_waits.py)
     until_ms: int = 0
     asks: list[AskRecord] = field(default_factory=list)
     ledger: list[StepRecord] = field(default_factory=list)

@@ -44,7 +44,7 @@ CONTROLLER_LEASE = "controller"  # controller/loop.py LEASE_NAME (not imported: 
 
 # Key families under a bucket tag, after ``<tag>:``. A family this module does not know stops
 # the growth (nothing is moved blindly: a rerun by a marbles-rq that knows it finishes).
-PER_ID = {"rec", "run", "steps", "out", "asks", "reports", "eff", "effidx", "fence", "ws",
+PER_ID = {"rec", "run", "steps", "out", "asks", "sig", "reports", "eff", "effidx", "fence", "ws",
           "wsidx", "lease", "epoch", "since", "evt", "mon", "sched", "occ", "lock",
           "pub", "evin"}
 RUN_MEMBERS = {"leases", "dispatch", "finished", "waits", "evidx", "evpending", "evoffer", "mondue",

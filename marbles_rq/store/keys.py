@@ -126,6 +126,7 @@ class RunKeys:
     redeliveries: str
     published: str = ""
     event_inbox: str = ""
+    signals: str = ""
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,12 @@ class Keyspace:
         ``<key>|answer`` (JSON), ``<key>|answered_ms``, ``<key>|timeout_at``, ``<key>|req``."""
         return f"{self.tag_of(run_id)}:asks:{run_id}"
 
+    def signals(self, run_id: str) -> str:
+        """Hash: signals sent to the run, per name: ``<name>|n`` (sent so far, the last
+        sequence number), ``<name>|c`` (taken into the ledger), and for each signal not taken
+        yet ``<name>|<seq>`` (its payload, JSON) and ``<name>|<seq>|at`` (sent, server ms)."""
+        return f"{self.tag_of(run_id)}:sig:{run_id}"
+
     def feed(self, bucket: int) -> str:
         """Sorted set: open questions ``<run id>|<key>`` in the bucket -> when asked (ms)."""
         return f"{self.tag(bucket)}:feed"
@@ -375,7 +382,7 @@ class Keyspace:
                        report_index=self.report_index(bucket),
                        redeliveries=self.redeliveries(bucket),
                        published=self.published(run_id),
-                       event_inbox=self.event_inbox(run_id))
+                       event_inbox=self.event_inbox(run_id), signals=self.signals(run_id))
 
     # -- events: an inbound event's hash and its bucket's indexes share the event's tag --------
 

@@ -648,7 +648,8 @@ class Scripts:
         return self._reply("purge_run", [keys.run, keys.steps, keys.output, keys.listing,
                                          keys.finished, keys.effects, keys.asks, keys.reports,
                                          keys.feed, keys.report_index, keys.waits,
-                                         keys.published, keys.event_inbox, *receipts],
+                                         keys.published, keys.event_inbox, keys.signals,
+                                         *receipts],
                            [run_id], ("ok", "not_due", "retry"))
 
     def hold_finished(self, *, keys: RunKeys, run_id: str, hold_ms: int) -> Reply:
@@ -666,7 +667,8 @@ class Scripts:
         for key, doc, timeout_ms in asks:
             flat += [key, doc, timeout_ms]
         return self._reply("park_run", [keys.run, keys.leases, keys.dispatch, keys.output,
-                                        keys.waits, keys.steps, keys.asks, keys.feed],
+                                        keys.waits, keys.steps, keys.asks, keys.feed,
+                                        keys.signals],
                            [epoch, run_id, reason, wake_at_ms, wait_for, grace_ms, event,
                             len(ledger), len(asks), *flat],
                            ("ok", "requeued", "cancelled", "stale", "settled"))
@@ -707,6 +709,43 @@ class Scripts:
                                           keys.dispatch, keys.output],
                            [run_id, key, rev, answer, event, grace_ms, request_id],
                            ("ok", "missing", "unknown_key", "closed", "conflict", "settled"))
+
+    # -- signals -------------------------------------------------------------------------
+
+    def send_signal(self, *, keys: RunKeys, marker: str, run_id: str, name: str,
+                    payload: bytes, event_head: bytes, grace_ms: int,
+                    max_buffered: int) -> Reply:
+        """`marker`: the request marker key of this send (Keyspace.request_marker)."""
+        return self._reply("send_signal", [keys.run, keys.signals, keys.waits, keys.dispatch,
+                                           keys.output, marker],
+                           [run_id, name, payload, event_head, grace_ms, MARKER_MS,
+                            max_buffered], ("ok", "missing", "settled", "full"))
+
+    def take_signal(self, *, keys: RunKeys, epoch: int, run_id: str, name: str, taken: int,
+                    count: int, step_key: str, record: bytes, event: bytes, seq: int) -> Reply:
+        return self._reply("take_signal", [keys.run, keys.signals, keys.steps, keys.leases,
+                                           keys.output],
+                           [epoch, run_id, name, taken, count, step_key, record, event, seq],
+                           ("ok", "conflict", "cancelled", "paused", "stale", "settled"))
+
+    def start_signal(self, *, claim: dict[str, Any], marker: str, name: str, payload: bytes,
+                     event_head: bytes, max_buffered: int) -> Reply:
+        """Signal-with-start: `claim` is what claim_run takes (RunStore._claim_args, with its
+        optional push), the run recorded if new and the signal appended in one call."""
+        keys: RunKeys = claim["keys"]
+        push: JobPush | None = claim.get("push")
+        call_keys = [keys.run, keys.listing, keys.dispatch, keys.output, keys.signals,
+                     keys.waits, marker]
+        args: list[str | bytes | int] = [
+            claim["run_id"], claim["doc"], claim["request_id"], claim["queue"],
+            claim["timeout_ms"], claim["max_deliveries"], claim["grace_ms"], claim["event"],
+            claim["retention_ms"], claim.get("lane", 0), claim.get("limit", ""), name, payload,
+            event_head, MARKER_MS, max_buffered]
+        if push is not None:
+            call_keys += push.keys()
+            args += push.args()
+        return self._reply("start_signal", call_keys, args,
+                           ("created", "exists", "settled", "full", "corrupt"))
 
     def pause_run(self, *, keys: RunKeys, event: bytes) -> Reply:
         return self._reply("pause_run", [keys.run, keys.output], [event],

@@ -35,7 +35,12 @@ and over the combinations (issue 16):
   (in the server's commit order: the source's journal) and, once succeeded, every step from
   PATH on;
 * every execution of a run came from its priority band's RQ queue (``<P>.<queue>`` or
-  ``<P>.<queue>~<N>``), whatever redelivered, woke or held it.
+  ``<P>.<queue>~<N>``), whatever redelivered, woke or held it;
+and for signals:
+* every signal the harness sent (each with its own request id, retried through outages) was
+  taken into its run's ledger exactly once, in the order the store numbered them (1, 2, ...
+  by the ledger's calls), and that order is the order the harness sent them in (one sender
+  per run); a finished run took every signal sent to it before; none was invented.
 """
 
 from __future__ import annotations
@@ -88,6 +93,10 @@ KINDS: dict[str, str] = {
     "rerun_skipped": "a rerun did not execute its --from-step step or one committed after it",
     "band": "an execution came from another RQ queue than its run's priority band",
     "start_early": "a run asked to start later began an execution before its start time",
+    "signal_twice": "a signal was taken into a run's ledger twice, or numbered twice",
+    "signal_lost": "a signal the store accepted was never taken by its run, or one was "
+                   "taken that nobody sent",
+    "signal_order": "a run took its signals out of the order they were sent in",
 }
 # Journal entries only the execution that owns the run may write.
 EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry", "output",
@@ -165,6 +174,7 @@ def check(history: History) -> Report:
         _check_timers(run, executions[run.id], report)
         _check_children(run, sorted(children[run.id]), history, report)
     _check_effects(history, report)
+    _check_signals(history, report)
     _check_pauses(history, report)
     _check_cancelled_children(history, executions, report)
     _check_limits(history, report)
@@ -634,6 +644,65 @@ def _check_pauses(history: History, report: Report) -> None:
                        + ", ".join(f"{c.op}={c.outcome}" for c in mine)
                        + f"; last event {last.type if last else None} "
                        f"{last.data if last else ''}")
+
+
+def _check_signals(history: History, report: Report) -> None:
+    sends: dict[str, list[Any]] = defaultdict(list)
+    for attempt in history.signals:
+        sends[attempt.run].append(attempt)
+    for rid, mine in sorted(sends.items()):
+        run = history.runs.get(rid)
+        if run is None:
+            continue  # a missing run is "lost" (membership)
+        report.checked["signals"] += len({t.index for t in mine})
+        accepted = {t.index: t.seq for t in mine if t.outcome in ("ok", "created", "exists")}
+        unknown = {t.index for t in mine if t.outcome.startswith("error")} - set(accepted)
+        seqs = Counter(accepted.values())
+        for seq, n in seqs.items():
+            if n > 1:
+                report.add("signal_twice", rid, f"{n} signals were numbered #{seq}")
+        # What the run took, by its ledger: one entry per wait, in call order.
+        taken = sorted((s for s in run.steps.values() if s.name == "|signal"
+                        and s.status == "received"), key=lambda s: s.seq)
+        got = [(int(s.result["seq"]), s.result["payload"]) for s in taken
+               if isinstance(s.result, dict)]
+        if [seq for seq, _ in got] != list(range(1, len(got) + 1)):
+            report.add("signal_order", rid, f"taken as #{[seq for seq, _ in got]}, not 1, 2, "
+                       f"... in the order of its waits")
+        indices = [p.get("i") if isinstance(p, dict) else p for _, p in got]
+        if len(set(indices)) != len(indices):
+            report.add("signal_twice", rid, f"took signals {indices}: one twice")
+        for (seq, payload), i in zip(got, indices, strict=True):
+            if not isinstance(payload, dict) or payload.get("run") != rid or (
+                    i not in accepted and i not in unknown):
+                report.add("signal_lost", rid, f"took {payload!r} as #{seq}, which the "
+                           f"harness never sent it")
+            elif i in accepted and accepted[i] != seq:
+                report.add("signal_order", rid, f"signal {i} was numbered #{accepted[i]} "
+                           f"when sent, taken as #{seq}")
+        numbered = [accepted[i] for i in sorted(accepted)]
+        if numbered != sorted(numbered):
+            report.add("signal_order", rid, f"signals sent one after the other in index "
+                       f"order were numbered {numbered}")
+        sent_order = [t.index for t in sorted((t for t in mine if t.index in accepted),
+                                              key=lambda t: accepted[t.index])]
+        if [i for i in indices if i in accepted] != sent_order[:len(
+                [i for i in indices if i in accepted])]:
+            report.add("signal_order", rid, f"took {indices}, sent in the order {sent_order}")
+        if run.status == "succeeded" and isinstance(run.result, dict):
+            if run.result.get("signals") != [p for _, p in got]:
+                report.add("signal_lost", rid, f"the run returned {run.result.get('signals')}"
+                           f", its ledger took {[p for _, p in got]}")
+            wanted = run.input.get("n") if isinstance(run.input, dict) else None
+            if not run.result.get("timed_out") and len(got) != wanted:
+                report.add("signal_lost", rid, f"took {len(got)} of its {wanted} signals")
+            missing = sorted(set(accepted) - set(indices))
+            if missing and len(got) == wanted:
+                report.add("signal_lost", rid, f"signals {missing} were accepted but the run "
+                           f"finished without them")
+            elif missing and run.result.get("timed_out"):
+                report.add("signal_lost", rid, f"timed out waiting although signals "
+                           f"{missing} were accepted")
 
 
 def _check_cancelled_children(history: History, executions: dict[str, list[Execution]],

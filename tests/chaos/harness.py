@@ -41,6 +41,7 @@ from marbles_rq.engine.execution import RunNotFoundError
 from marbles_rq.engine.limit_specs import limit_id
 from marbles_rq.engine.rerun import rerun
 from marbles_rq.engine.runs import TERMINAL, RunStore
+from marbles_rq.engine.signals import send_signal, start_with_signal
 from marbles_rq.engine.waits import AlreadyAnsweredError, NotPausedError, WaitStore
 from marbles_rq.errors import MarblesError
 from marbles_rq.store import open_store
@@ -56,6 +57,7 @@ from tests.chaos.names import (
     LIMIT_GLOBAL,
     LIMIT_PER_KEY,
     SCHEDULES,
+    SIGNAL_NAME,
     SOURCE,
 )
 from tests.chaos.plan import Action, Fault, Plan
@@ -114,6 +116,7 @@ class Log:
         self.cancels: list[h.Cancel] = []
         self.pauses: list[h.PauseTry] = []
         self.reruns: list[h.RerunTry] = []
+        self.signals: list[h.SignalTry] = []
         self.limit_over: list[h.LimitSample] = []
         self.faults: list[h.Fault] = []
         self.crashes: list[h.Crash] = []
@@ -133,6 +136,7 @@ class Log:
             "Submitted": (h.Submitted, self.submitted), "Sent": (h.Sent, self.sent),
             "AnswerTry": (h.AnswerTry, self.answers), "Cancel": (h.Cancel, self.cancels),
             "PauseTry": (h.PauseTry, self.pauses), "RerunTry": (h.RerunTry, self.reruns),
+            "SignalTry": (h.SignalTry, self.signals),
             "LimitSample": (h.LimitSample, self.limit_over),
             "Fault": (h.Fault, self.faults), "Crash": (h.Crash, self.crashes)}
         for line in self.path.read_text().splitlines():
@@ -218,6 +222,9 @@ class Harness:
         self.answered: set[tuple[str, str]] = set()
         self.waiters: list[threading.Thread] = []  # reruns and cancels waiting for their run
         self.pausers: dict[str, ThreadPoolExecutor] = {}  # run id -> its pause/resume caller
+        # run id -> its signal sender: a run's signals go out one after the other, so the
+        # order the run takes them in must be the order they were sent in
+        self.signallers: dict[str, ThreadPoolExecutor] = {}
         self.stuck_after_s = 0.0
         # label -> [samples, most live holds seen, limit]
         self.limit_counts: dict[str, list[int]] = {label: [0, 0, limit]
@@ -498,12 +505,18 @@ class Harness:
                     lane = self.pausers[action.runs[0].run_id] = ThreadPoolExecutor(
                         max_workers=1, thread_name_prefix="chaos-pause")
                 lane.submit(self._guard, action)
+            elif action.op in ("signal", "signal_start"):
+                lane = self.signallers.get(action.runs[0].run_id)
+                if lane is None:
+                    lane = self.signallers[action.runs[0].run_id] = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix="chaos-signal")
+                lane.submit(self._guard, action)
             elif action.via in ("cli", "cli-kill", "thread"):
                 self.cli_pool.submit(self._guard, action)
             else:
                 self._guard(action)
         self.cli_pool.shutdown(wait=True)
-        for lane in self.pausers.values():
+        for lane in (*self.pausers.values(), *self.signallers.values()):
             lane.shutdown(wait=True)
 
     def _guard(self, action: Action) -> None:
@@ -560,6 +573,8 @@ class Harness:
                     self._pause(action.runs[0].run_id, call, cli=len(calls) == 1)
         elif op == "rerun":
             self._rerun(action)
+        elif op in ("signal", "signal_start"):
+            self._signal(action)
         else:
             raise ValueError(op)
 
@@ -641,6 +656,72 @@ class Harness:
         if created is not None:
             self.log.add(self.log.sent, h.Sent(action.event_id, spec.run_id, action.via,
                                                created, wall_ms()))
+
+    def _signal(self, action: Action) -> None:
+        """Send the run's `pick`-th signal (or, signal_start, start the run with it), with a
+        request id of its own: a retry after an outage whose reply was lost records nothing
+        twice. A signal to a run whose enqueue has not landed yet waits for it."""
+        spec, index, via = action.runs[0], action.pick, action.via
+        start = action.op == "signal_start"
+        payload = json.dumps({"run": spec.run_id, "i": index})
+        request_id = f"{spec.run_id}-s{index}"
+        log = self.log
+
+        def failed(exc: BaseException) -> None:
+            log.add(log.signals, h.SignalTry(spec.run_id, index, via, f"error: {exc}", 0,
+                                             wall_ms()))
+            if start:
+                log.add(log.submitted, h.Submitted(spec.run_id, spec.workflow, "signal_start",
+                                                   None, wall_ms()))
+
+        def api() -> tuple[str, int]:
+            if start:
+                started = start_with_signal(
+                    self.runs, self.rq, ops.RunRequest(spec.workflow,
+                                                       json.dumps(spec.input).encode(),
+                                                       spec.run_id),
+                    SIGNAL_NAME, payload_json=payload.encode(), request_id=request_id)
+                return ("created" if started.created else "exists"), started.seq
+            sent = send_signal(self.runs, spec.run_id, SIGNAL_NAME,
+                               payload_json=payload.encode(), rq=self.rq,
+                               request_id=request_id)
+            return "ok", sent.seq
+
+        def cli() -> tuple[str, int]:
+            args: tuple[str, ...] = ("signal", spec.run_id, SIGNAL_NAME)
+            if start:
+                args = ("signal", "--start", spec.workflow, "--id", spec.run_id, "--input",
+                        json.dumps(spec.input), SIGNAL_NAME)
+            reply = json.loads(self.cli(*args, "--payload", payload, "--request-id",
+                                        request_id, "--json").stdout)
+            return ("ok" if not start else "created" if reply["created"] else "exists",
+                    int(reply["seq"]))
+
+        deadline = NOW() + WAIT_START_S
+        while True:
+            try:
+                got = self._retry(f"signal {request_id}", cli if via == "cli" else api, failed)
+            except (RunNotFoundError, CliFailed) as exc:
+                missing = isinstance(exc, RunNotFoundError) or (
+                    isinstance(exc, CliFailed) and exc.code == 2 and "no run" in str(exc))
+                if missing and NOW() < deadline and not self.stop.is_set():
+                    time.sleep(0.2)  # its enqueue has not landed yet
+                    continue
+                log.add(log.signals, h.SignalTry(spec.run_id, index, via, f"refused: {exc}",
+                                                 0, wall_ms()))
+                return
+            except MarblesError as exc:  # e.g. RunSettledError
+                log.add(log.signals, h.SignalTry(spec.run_id, index, via, f"refused: {exc}",
+                                                 0, wall_ms()))
+                return
+            break
+        if got is None:
+            return
+        outcome, seq = got
+        log.add(log.signals, h.SignalTry(spec.run_id, index, via, outcome, seq, wall_ms()))
+        if start:
+            log.add(log.submitted, h.Submitted(spec.run_id, spec.workflow, "signal_start",
+                                               outcome == "created", wall_ms()))
 
     def _cancel(self, run_id: str, via: str) -> None:
         def failed(exc: BaseException) -> None:
@@ -929,6 +1010,7 @@ class Harness:
             applied=applied, submitted=list(self.log.submitted), sent=list(self.log.sent),
             answers=list(self.log.answers), cancels=list(self.log.cancels),
             pauses=list(self.log.pauses), reruns=list(self.log.reruns),
+            signals=list(self.log.signals),
             limit_counts={k: (v[0], v[1], v[2]) for k, v in self.limit_counts.items()},
             limit_over=list(self.log.limit_over),
             faults=list(self.log.faults), crashes=list(self.log.crashes),
@@ -940,7 +1022,7 @@ class Harness:
     def shutdown(self) -> None:
         self.stop.set()
         self.cli_pool.shutdown(wait=False, cancel_futures=True)
-        for lane in self.pausers.values():
+        for lane in (*self.pausers.values(), *self.signallers.values()):
             lane.shutdown(wait=False, cancel_futures=True)
         procs = [s.proc for s in self.slots if s.proc is not None]
         for slot in self.slots:

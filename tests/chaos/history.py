@@ -169,6 +169,20 @@ class RerunTry:
 
 
 @dataclass(frozen=True)
+class SignalTry:
+    """One signal the harness sent (or signal-with-start it made): the `index`-th of its
+    run, payload {"run", "i"}; outcome ok | created | exists (the seq the store gave it) |
+    refused: ... | error: ... (unknown: retried with the same request id)."""
+
+    run: str
+    index: int
+    via: str
+    outcome: str
+    seq: int = 0
+    t: int = 0
+
+
+@dataclass(frozen=True)
 class LimitSample:
     """A sample of a concurrency limit's live holds in the store (server ms) that found
     more than `limit` (the sampler logs only those, and counts the rest)."""
@@ -213,6 +227,7 @@ class History:
     cancels: list[Cancel] = field(default_factory=list)
     pauses: list[PauseTry] = field(default_factory=list)
     reruns: list[RerunTry] = field(default_factory=list)
+    signals: list[SignalTry] = field(default_factory=list)
     # label -> (samples taken, most live holds seen, the limit)
     limit_counts: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     limit_over: list[LimitSample] = field(default_factory=list)

@@ -23,3 +23,8 @@ LIMIT_GLOBAL = 2
 LIMIT_PER_KEY = 1
 CUSTOMERS = ["acme", "globex", "initech"]
 PRIORITIES = [-5, 5, 10]
+
+# Signals (cx_signals): the name the runs wait for, and how long each wait may take (longer
+# than the harness retries a send through Redis outages).
+SIGNAL_NAME = "nudge"
+SIGNAL_TIMEOUT_S = 180.0

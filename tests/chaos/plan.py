@@ -30,6 +30,9 @@ RUN_WEIGHTS: dict[str, int] = {
     # reruns from a step, priorities.
     "pause": 5, "late_child": 3, "spawn_cancel": 3, "limited": 4, "limited_key": 4,
     "rerun": 3, "priority": 4,
+    # Signals: runs that wait for signals the harness sends while it kills; some started by
+    # signal-with-start.
+    "signal": 4,
 }
 BATCH_SIZE = 25
 BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
@@ -59,7 +62,8 @@ class Action:
     """One thing the submitter does at `at_s`."""
 
     at_s: float
-    op: str  # submit | resend | batch | send | cancel | cancel_spawning | pause | rerun
+    op: str  # submit | resend | batch | send | cancel | cancel_spawning | pause | rerun |
+    #          signal (pick: the signal's index) | signal_start (signal-with-start, index 0)
     runs: tuple[RunSpec, ...]
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
@@ -287,6 +291,22 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
             actions.append(Action(round(at + rng.uniform(3.0, 8.0), 3), "rerun",
                                   (spec, rerun), "cli" if rng.random() < 0.25 else "api",
                                   pick=rng.getrandbits(16)))
+        elif kind == "signal":
+            n_signals = rng.randint(2, 4)
+            spec = RunSpec(rid(kind), kind, "cx_signals",
+                           {"n": n_signals, "sleep_ms": rng.choice([10, 50])})
+            first = 0
+            if rng.random() < 0.4:  # created by its first signal (signal-with-start)
+                actions.append(Action(at, "signal_start", (spec,),
+                                      "cli" if rng.random() < 0.2 else "api", pick=0))
+                first = 1
+            else:
+                actions.append(Action(at, "submit", (spec,)))
+            moment = at
+            for index in range(first, n_signals):
+                moment = round(moment + rng.uniform(0.1, 3.0), 3)
+                actions.append(Action(moment, "signal", (spec,),
+                                      "cli" if rng.random() < 0.15 else "api", pick=index))
         elif kind == "priority":
             spec = RunSpec(rid(kind), kind, "cx_chain",
                            {"n": rng.randint(2, 4), "sleep_ms": rng.choice([10, 30]),

@@ -28,6 +28,9 @@ Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
 * ``cx_tick`` (every 1 s, overlap allow) and ``cx_tock`` (every 2 s, from completion) --
   schedules.
 * ``cx_event`` -- triggered by inbound events of source ``chaos``.
+* ``cx_signals`` -- a step, ``n`` waits for signal ``nudge`` (sent by the harness while it
+  kills; some runs started by signal-with-start), a step; returns the payloads in the order
+  it took them.
 
 The combinations (issue 16), each under the same faults:
 
@@ -74,6 +77,8 @@ from tests.chaos.names import (
     LIMIT_GLOBAL,
     LIMIT_PER_KEY,
     QUESTION_KEY,
+    SIGNAL_NAME,
+    SIGNAL_TIMEOUT_S,
     SOURCE,
     TICK_KEY,
     TOCK_KEY,
@@ -245,6 +250,26 @@ def cx_timer(ctx: mr.RunContext, inp: TimerIn) -> dict[str, Any]:
     mr.sleep(inp.sleep_s)
     after = cx_link(1, inp.sleep_ms)
     return {"steps": [before, after]}
+
+
+class SignalsIn(msgspec.Struct):
+    n: int
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_signals(ctx: mr.RunContext, inp: SignalsIn) -> dict[str, Any]:
+    before = cx_link(0, inp.sleep_ms)
+    got: list[Any] = []
+    timed_out = False
+    for _ in range(inp.n):
+        try:
+            got.append(ctx.wait_for_signal(SIGNAL_NAME, timeout_s=SIGNAL_TIMEOUT_S))
+        except mr.SignalTimeoutError:
+            timed_out = True
+            break
+    after = cx_echo(got)
+    return {"signals": got, "timed_out": timed_out, "steps": [before, after]}
 
 
 class ChildIn(msgspec.Struct):
