@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     )
     from .engine.authoring import step, workflow
     from .engine.execute import RunContext, current
-    from .engine.signals import RunSettledError, SignalTimeoutError
-    from .errors import MarblesError
+    from .engine.signals import SignalTimeoutError
+    from .errors import MarblesError, RunSettledError
     from .store import RedisStore, Store, open_store
     from .store.keys import Keyspace
     from .store.memory import MemoryStore
@@ -98,7 +98,7 @@ _HOME = {
     "report": ".engine.api", "sleep": ".engine.api", "sleep_until": ".engine.api",
     "start_child": ".engine.api", "publish": ".engine.api", "wait_for_event": ".engine.api",
     "signals": ".engine.api", "wait_for_signal": ".engine.api",
-    "RunSettledError": ".engine.signals", "SignalTimeoutError": ".engine.signals",
+    "RunSettledError": ".errors", "SignalTimeoutError": ".engine.signals",
     "step": ".engine.authoring", "workflow": ".engine.authoring",
     "RunContext": ".engine.execute", "current": ".engine.execute",
     "MarblesError": ".errors",

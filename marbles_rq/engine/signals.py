@@ -19,46 +19,33 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import redis
 
 from .. import metrics
-from ..errors import CorruptRecordError, MarblesError
+from ..errors import CorruptRecordError, MarblesError, RunSettledError
 from ..store import new_request_id
 from ..store.ids import check_id
 from ..store.records import RunRecord, StepRecord, decode, encode
 from ..store.redis_errors import one_line
 from ..store.replies import as_text
-from ..transport.first_delivery import FirstDelivery
-from ..transport.lanes import RQLike, as_lanes
 from . import limit_specs
 from .authoring import REGISTRY, InputError, Registry
 from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, stamp
-from .ops import (
-    MAX_DEPTH,
-    MAX_PAYLOAD_ENV,
-    PayloadTooLargeError,
-    RunRequest,
-    json_depth_exceeds,
-    max_payload,
-    prepare,
-)
 from .runs import RunStore
 from .waits import check_key
+
+if TYPE_CHECKING:
+    from ..transport.lanes import RQLike
+    from .ops import RunRequest
 
 log = logging.getLogger("marbles_rq.engine.signals")
 
 # Signals of one name a run may hold untaken: a run that never asks must not grow without
 # bound. Sending more is refused (SignalBufferFullError) until it takes some.
 MAX_BUFFERED = 10_000
-
-
-class RunSettledError(MarblesError):
-    """The run has finished: it takes no more signals. Nothing was recorded."""
-
-    code = "run_settled"
 
 
 class SignalBufferFullError(MarblesError):
@@ -90,6 +77,15 @@ def check_name(name: str) -> str:
 def check_payload(raw: bytes) -> bytes:
     """A payload given as JSON text: within the payload limit, valid UTF-8 JSON, at most
     MAX_DEPTH levels deep. Returned as given (it is stored verbatim)."""
+    # ops (and with it RQ) only when a signal is sent: a `status` reads the counts here.
+    from .ops import (
+        MAX_DEPTH,
+        MAX_PAYLOAD_ENV,
+        PayloadTooLargeError,
+        json_depth_exceeds,
+        max_payload,
+    )
+
     limit = max_payload()
     if len(raw) > limit:
         raise PayloadTooLargeError(f"the signal's payload is {len(raw)} bytes; the limit is "
@@ -165,6 +161,8 @@ def _enqueue_wake(runs: RunStore, rq: RQLike | None, queue: str, run_id: str,
                   attempt: int) -> bool:
     """Enqueue a woken run's delivery now; a failure leaves it to the controller (after its
     dispatch grace), as every wake does."""
+    from ..transport.lanes import as_lanes
+
     if rq is None:
         return False
     try:
@@ -246,6 +244,9 @@ def start_with_signal(runs: RunStore, rq: RQLike, request: RunRequest, name: str
     request without an id is refused (the id is what makes the start idempotent). Raises as
     `send_signal`, and RunSettledError when the run exists and has finished. `request_id`
     as `send_signal`'s."""
+    from ..transport.first_delivery import FirstDelivery
+    from .ops import prepare
+
     if request.run_id is None:
         raise InvalidSignalError("signal-with-start needs a run id (--id)")
     check_name(name)
