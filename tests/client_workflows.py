@@ -63,3 +63,8 @@ def cl_publish(ctx: mr.RunContext, inp: dict[str, Any]) -> str:
     cl_nap(0, inp.get("sleep_s", 0.5))
     ctx.publish("stage", "done")
     return "ok"
+
+
+@mr.workflow
+def cl_signal(ctx: mr.RunContext) -> list[Any]:
+    return [ctx.wait_for_signal("go", timeout_s=60) for _ in range(2)]

@@ -315,3 +315,36 @@ def test_published_state_through_the_client(procs: Procs, client: mr.Client) -> 
                 await handle.wait_for("other", timeout=30)
 
     asyncio.run(main())
+
+
+def test_signals_and_signal_with_start_through_the_client(procs: Procs,
+                                                          client: mr.Client) -> None:
+    from marbles_rq.engine.signals import InvalidSignalError
+
+    procs.worker()
+    run = client.start("cl_signal", id="sig-1")
+    first = run.signal("go", {"n": 1})
+    assert first.seq == 1
+    run.signal("go", {"n": 2})
+    assert run.result(timeout=30) == [{"n": 1}, {"n": 2}]
+    with pytest.raises(RunSettledError):
+        run.signal("go", 3)
+    with pytest.raises(RunNotFoundError):
+        client.signal("no-such-run", "go")
+    with pytest.raises(InvalidSignalError):
+        client.signal("sig-1", "bad|name")
+    # Signal-with-start: the first call creates the run with its signal, the second finds it.
+    a = client.start("cl_signal", id="sig-2", signal=("go", "a"))
+    b = client.start("cl_signal", id="sig-2", signal=("go", "b"))
+    assert (a.created, b.created) == (True, False)
+    assert a.result(timeout=30) == ["a", "b"]
+    with pytest.raises(InputError):
+        client.start("cl_signal", signal=("go", 1))  # no id: nothing makes it idempotent
+
+    async def main() -> None:
+        async with mr.connect_async(procs.url) as aclient:
+            handle = await aclient.start("cl_signal", id="sig-3", signal=("go", 1))
+            await handle.signal("go", 2)
+            assert await handle.result(timeout=30) == [1, 2]
+
+    asyncio.run(main())

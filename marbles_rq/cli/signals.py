@@ -6,12 +6,12 @@ import json
 
 import click
 
+from ..client import Client
 from ..deployment import Settings
-from ..engine.ops import RunRequest, max_payload
-from ..engine.signals import send_signal, start_with_signal
+from ..engine.ops import max_payload
 from ..store.ids import check_id
 from ..terminal import safe
-from .runs import json_argument, read_input
+from .runs import json_argument
 
 
 @click.command("signal")
@@ -49,8 +49,7 @@ def signal(settings: Settings, args: tuple[str, ...], payload: str | None,
             raise click.UsageError("--id, --input, --queue and --priority go with --start")
         run, name = args
         check_id(run, "run id")
-        sent = send_signal(settings.runs(), run, name, payload_json=raw, rq=settings.rq(),
-                           request_id=request_id)
+        sent = Client(settings).signal(run, name, payload_json=raw, request_id=request_id)
         if as_json:
             click.echo(json.dumps(sent.to_json(), indent=2))
             return
@@ -64,11 +63,10 @@ def signal(settings: Settings, args: tuple[str, ...], payload: str | None,
     if run_id is None:
         raise click.UsageError("--start needs --id RUN (the id makes the start idempotent)")
     name = args[0]
-    settings.load_source()
-    request = RunRequest(workflow, read_input(workflow, input_json), run_id, queue,
-                         strict=True, priority=priority)
-    started = start_with_signal(settings.runs(), settings.rq(), request, name,
-                                payload_json=raw, request_id=request_id)
+    started = Client(settings).signal_with_start(
+        workflow, id=run_id, signal=(name, None), payload_json=raw, queue=queue,
+        priority=priority, input_json=None if input_json is None else json_argument(
+            input_json, "input", max_payload()), request_id=request_id, how="give --input")
     if as_json:
         click.echo(json.dumps(started.to_json(), indent=2))
         return

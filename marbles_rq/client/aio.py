@@ -76,9 +76,11 @@ class AsyncClient:
     async def start(self, workflow: str | WorkflowDef, input: Any = None, *,
                     id: str | None = None, queue: str | None = None,
                     priority: int | None = None, input_json: bytes | str | None = None,
-                    start_at: StartAt = None) -> AsyncRunHandle:
+                    start_at: StartAt = None,
+                    signal: tuple[str, Any] | None = None) -> AsyncRunHandle:
         handle = await self._call(self.sync.start, workflow, input, id=id, queue=queue,
-                                  priority=priority, input_json=input_json, start_at=start_at)
+                                  priority=priority, input_json=input_json, start_at=start_at,
+                                  signal=signal)
         return self._wrap(handle)
 
     async def start_many(self, requests: Iterable[StartRequest]) -> list[AsyncRunHandle]:
@@ -123,6 +125,11 @@ class AsyncClient:
     async def send_event(self, source: str, id: str, type: str | None = None,
                          payload: Any = None) -> Any:
         return await self._call(self.sync.send_event, source, id, type, payload)
+
+    async def signal(self, run_id: str, name: str, payload: Any = None, *,
+                     payload_json: bytes | None = None, request_id: str | None = None) -> Any:
+        return await self._call(self.sync.signal, run_id, name, payload,
+                                payload_json=payload_json, request_id=request_id)
 
     async def get(self, run_id: str, key: str) -> Any:
         return await self._call(self.sync.get, run_id, key)
@@ -258,6 +265,10 @@ class AsyncRunHandle:
 
     async def get(self, key: str) -> Any:
         return await self.client.get(self.id, key)
+
+    async def signal(self, name: str, payload: Any = None, *,
+                     request_id: str | None = None) -> Any:
+        return await self.client.signal(self.id, name, payload, request_id=request_id)
 
     async def wait_for(self, key: str, timeout: float = 60.0) -> Any:
         return await self.client.wait_for(self.id, key, timeout)

@@ -55,8 +55,9 @@ from .views import (
 )
 
 if TYPE_CHECKING:
-    from ..engine.ops import Enqueued
+    from ..engine.ops import Enqueued, RunRequest
     from ..engine.rerun import Rerun
+    from ..engine.signals import SignalSent, SignalStarted
     from ..transport.lanes import Lanes
     from ..triggers.events import Sent
 
@@ -191,20 +192,49 @@ class Client:
         """Validate a start completely (input, id, queue, priority) and return the record it
         would write; nothing is written. Raises the error `start` would (`how` ends the
         message of a missing input: how to give one)."""
+        from ..engine.ops import prepare
+
+        request, registry = self._request(workflow, input, id=id, queue=queue,
+                                          priority=priority, input_json=input_json,
+                                          start_at=start_at, how=how)
+        return prepare(request, registry)
+
+    def _request(self, workflow: str | WorkflowDef, input: Any, *, id: str | None,
+                 queue: str | None, priority: int | None, input_json: bytes | str | None,
+                 start_at: StartAt, how: str) -> tuple[RunRequest, Registry]:
         # Here, not at the top: starting runs brings in RQ, which a client that only reads
         # (a `status`, the dashboard's pages) never needs.
-        from ..engine.ops import RunRequest, prepare
+        from ..engine.ops import RunRequest
 
         self.settings.load_source()  # once, on the first start: readers never import it
         name = workflow_name(workflow)
         registry = REGISTRY if isinstance(workflow, WorkflowDef) else self._registry_for(name)
         raw = _input_bytes(registry.workflow(name), input, input_json, how)
-        return prepare(RunRequest(name, raw, id, queue, strict=True, priority=priority,
-                                  not_before_ms=start_ms(start_at)), registry)
+        return RunRequest(name, raw, id, queue, strict=True, priority=priority,
+                          not_before_ms=start_ms(start_at)), registry
+
+    def signal_with_start(self, workflow: str | WorkflowDef, input: Any = None, *, id: str,
+                          signal: tuple[str, Any], queue: str | None = None,
+                          priority: int | None = None, input_json: bytes | str | None = None,
+                          payload_json: bytes | None = None, request_id: str | None = None,
+                          how: str = "give an input") -> SignalStarted:
+        """Start run `id` if no run has that id and deliver `signal` (name, payload) to it,
+        in one script call: concurrent callers create one run, which gets every signal. A
+        run that exists just gets the signal (RunSettledError if it has finished)."""
+        from ..engine.signals import start_with_signal
+
+        request, registry = self._request(workflow, input, id=id, queue=queue,
+                                          priority=priority, input_json=input_json,
+                                          start_at=None, how=how)
+        name, payload = signal
+        return start_with_signal(self.runs_store, self.lanes, request, name, payload,
+                                 payload_json=payload_json, registry=registry,
+                                 request_id=request_id)
 
     def start(self, workflow: str | WorkflowDef, input: Any = None, *, id: str | None = None,
               queue: str | None = None, priority: int | None = None,
-              input_json: bytes | str | None = None, start_at: StartAt = None) -> RunHandle:
+              input_json: bytes | str | None = None, start_at: StartAt = None,
+              signal: tuple[str, Any] | None = None) -> RunHandle:
         """Record a run of `workflow` (its name, or the decorated function) and enqueue it.
 
         `input` is a Python value (dict, list, msgspec Struct, dataclass ...) sent as JSON;
@@ -213,10 +243,24 @@ class Client:
         idempotent: the same id again returns a handle to the existing run, with
         `handle.created` False, and starts nothing. `start_at` (a timezone-aware datetime,
         or epoch seconds) records the run now and starts it then: the controller enqueues
-        it at that time; no worker holds it before.
+        it at that time; no worker holds it before. `signal=(name, payload)` with an `id` is
+        signal-with-start: the run is created if the id is new and gets the signal in the
+        same script call (an existing run just gets it), so no signal is lost to a race.
 
         Raises InputError (input, queue, priority, payload size), InvalidIdError,
         UnknownWorkflowError; nothing is written then."""
+        if signal is not None:
+            if start_at is not None:
+                raise InputError("signal-with-start starts the run now: no start_at")
+            if id is None:
+                raise InputError("signal-with-start needs an id (it makes the start "
+                                 "idempotent)")
+            started = self.signal_with_start(workflow, input, id=id, signal=signal,
+                                             queue=queue, priority=priority,
+                                             input_json=input_json)
+            return RunHandle(self, started.run_id, created=started.created,
+                             workflow=started.record.name, queue=started.record.queue,
+                             dispatched=started.dispatched, initial_status=started.status)
         record = self.prepare(workflow, input, id=id, queue=queue, priority=priority,
                               input_json=input_json, start_at=start_at)
         return self.start_record(record)
@@ -420,6 +464,18 @@ class Client:
         return rerun(self.runs_store, self.lanes, check_id(run_id, "run id"),
                      from_step=from_step, new_id=new_id)
 
+    def signal(self, run_id: str, name: str, payload: Any = None, *,
+               payload_json: bytes | None = None, request_id: str | None = None) -> SignalSent:
+        """Send signal `name` to a run: recorded durably after its earlier signals of that
+        name, taken once by ctx.wait_for_signal / ctx.signals (buffered if it has not asked
+        yet); a run parked for it is woken in the same script call. `request_id` makes a
+        retried send record once. RunNotFoundError, RunSettledError (it has finished),
+        InvalidSignalError, PayloadTooLargeError, SignalBufferFullError."""
+        from ..engine.signals import send_signal
+
+        return send_signal(self.runs_store, check_id(run_id, "run id"), name, payload,
+                           payload_json=payload_json, rq=self.lanes, request_id=request_id)
+
     # -- published state --------------------------------------------------------------------
 
     def get(self, run_id: str, key: str) -> Any:
@@ -565,6 +621,10 @@ class RunHandle:
 
     def get(self, key: str) -> Any:
         return self.client.get(self.id, key)
+
+    def signal(self, name: str, payload: Any = None, *,
+               request_id: str | None = None) -> SignalSent:
+        return self.client.signal(self.id, name, payload, request_id=request_id)
 
     def wait_for(self, key: str, timeout: float = 60.0) -> Any:
         return self.client.wait_for(self.id, key, timeout)
