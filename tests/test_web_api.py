@@ -395,3 +395,31 @@ def test_published_state_over_http(procs: Procs, web: Web) -> None:
     missing = curl(web, "GET", "/api/runs/pub-1/state/other")
     assert missing.status == 404 and missing.error()["code"] == "not_published"
     assert curl(web, "GET", "/api/runs/nope/state/stage").error()["code"] == "run_not_found"
+
+
+def test_signals_over_http(procs: Procs, web: Web) -> None:
+    procs.worker()
+    start = {"workflow": "cl_signal", "id": "hsig-1", "signal": {"name": "go", "payload": 1}}
+    first = curl(web, "POST", "/api/runs", start)
+    assert first.status == 201 and first.json()["created"] is True, first.body
+    again = curl(web, "POST", "/api/runs", {**start, "signal": {"name": "go", "payload": 2}})
+    assert again.status == 200 and again.json()["created"] is False
+    done = curl(web, "GET", "/api/runs/hsig-1/result?timeout=30")
+    assert done.json()["result"] == [1, 2], done.body
+
+    run = curl(web, "POST", "/api/runs", {"workflow": "cl_signal", "id": "hsig-2"})
+    assert run.status == 201
+    sent = curl(web, "POST", "/api/runs/hsig-2/signals/go", {"payload": {"x": 1}})
+    assert sent.status == 200 and sent.json()["seq"] == 1, sent.body
+    assert curl(web, "POST", "/api/runs/hsig-2/signals/go").json()["seq"] == 2  # empty body
+    assert curl(web, "GET", "/api/runs/hsig-2/result?timeout=30").json()["result"] == [
+        {"x": 1}, None]
+    settled = curl(web, "POST", "/api/runs/hsig-2/signals/go", {"payload": 3})
+    assert settled.status == 409 and settled.error()["code"] == "run_settled"
+    bad = curl(web, "POST", "/api/runs/hsig-2/signals/a%7Cb", {"payload": 3})
+    assert bad.status == 422 and bad.error()["code"] == "invalid_signal", bad.body
+    missing = curl(web, "POST", "/api/runs/nope/signals/go", {})
+    assert missing.status == 404 and missing.error()["code"] == "run_not_found"
+    no_id = curl(web, "POST", "/api/runs", {"workflow": "cl_signal",
+                                             "signal": {"name": "go"}})
+    assert no_id.status == 400 and no_id.error()["code"] == "invalid_request"

@@ -126,6 +126,11 @@ class AsyncClient:
                          payload: Any = None) -> Any:
         return await self._call(self.sync.send_event, source, id, type, payload)
 
+    async def signal_with_start(self, workflow: str | WorkflowDef, input: Any = None, *,
+                                id: str, signal: tuple[str, Any], **options: Any) -> Any:
+        return await self._call(self.sync.signal_with_start, workflow, input, id=id,
+                                signal=signal, **options)
+
     async def signal(self, run_id: str, name: str, payload: Any = None, *,
                      payload_json: bytes | None = None, request_id: str | None = None) -> Any:
         return await self._call(self.sync.signal, run_id, name, payload,

@@ -44,6 +44,7 @@ STATUS: dict[str, int] = {
     "invalid_event": 422,
     "unknown_workflow": 422,
     "answer_refused": 422,
+    "invalid_signal": 422,  # a signal name outside its pattern, a payload that is not JSON
     "run_not_found": 404,
     "unknown_question": 404,
     "not_published": 404,  # the run has not published that key (or finished without it)
@@ -52,6 +53,7 @@ STATUS: dict[str, int] = {
     "already_answered": 409,
     "run_settled": 409,
     "not_paused": 409,
+    "signal_buffer_full": 409,  # the run holds 10,000 untaken signals of that name
     "redis_unavailable": 503,
     "internal": 500,
 }

@@ -24,8 +24,35 @@ class StartBody(msgspec.Struct, forbid_unknown_fields=True):
     id: str | None = None
     queue: str | None = None
     priority: int | None = None
-    # Signal-with-start (a signal delivered atomically with the start) is added here by the
-    # signals work: `signal: SignalBody | None = None`, passed to AsyncClient.start.
+    # Signal-with-start: the run (`id` required) is created if the id is new and gets this
+    # signal in the same script call; an existing run just gets the signal.
+    signal: StartSignal | None = None
+
+
+class StartSignal(msgspec.Struct, forbid_unknown_fields=True):
+    """The signal of a signal-with-start: its name and JSON payload (absent: null)."""
+
+    name: str
+    payload: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class SignalBody(msgspec.Struct, forbid_unknown_fields=True):
+    """A signal's JSON payload (absent, or an empty body: null). `request_id`: the sender's
+    id for this send; the same id again within a minute (a retry) records nothing twice."""
+
+    payload: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    request_id: str | None = None
+
+
+class SignalSent(msgspec.Struct, frozen=True):
+    """A recorded signal: its number among the run's signals of that name, whether it woke
+    the run (parked waiting for it) and whether that delivery is enqueued."""
+
+    id: str
+    name: str
+    seq: int
+    woken: bool
+    dispatched: bool
 
 
 class StartBatchBody(msgspec.Struct, forbid_unknown_fields=True):

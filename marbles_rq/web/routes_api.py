@@ -41,6 +41,8 @@ from .api_models import (
     Feed,
     NoteBody,
     RunResult,
+    SignalBody,
+    SignalSent,
     StartBatchBody,
     StartBody,
     Started,
@@ -132,9 +134,28 @@ class Api:
 
     async def start(self, request: Request) -> Response:
         body = await self.json(request, StartBody)
+        if body.signal is not None:
+            if body.id is None:
+                raise ApiError("invalid_request", "signal-with-start needs an id (it makes "
+                                                  "the start idempotent)")
+            started = await self.client.signal_with_start(
+                body.workflow, id=body.id, signal=(body.signal.name, None),
+                payload_json=_raw(body.signal.payload), queue=body.queue,
+                priority=body.priority, input_json=_input(body))
+            return reply(Started(started.run_id, started.created, started.record.name,
+                                 started.record.queue, started.status),
+                         201 if started.created else 200)
         handle = await self.client.start(body.workflow, id=body.id, queue=body.queue,
                                          priority=body.priority, input_json=_input(body))
         return reply(_started(handle), 201 if handle.created else 200)
+
+    async def signal(self, request: Request) -> Response:
+        run_id = _run_id(request)
+        body = await self.json(request, SignalBody, empty=SignalBody())
+        sent = await self.client.signal(run_id, request.path_params["name"],
+                                        payload_json=_raw(body.payload),
+                                        request_id=body.request_id)
+        return reply(SignalSent(run_id, sent.name, sent.seq, sent.woken, sent.dispatched))
 
     async def start_batch(self, request: Request) -> Response:
         batch = await self.json(request, StartBatchBody, limit=max(BATCH_BODY, self.limit))
@@ -349,6 +370,10 @@ def _run_id(request: Request) -> str:
     return check_id(request.path_params["id"], "run id")
 
 
+def _raw(value: msgspec.Raw | msgspec.UnsetType) -> bytes:
+    return bytes(value) if isinstance(value, msgspec.Raw) else b"null"
+
+
 def _input(body: StartBody) -> bytes | None:
     if isinstance(body.input, msgspec.Raw) and bytes(body.input).strip() != b"null":
         return bytes(body.input)
@@ -388,7 +413,8 @@ def _number(request: Request, name: str, default: Any, low: float, high: float, 
 RUN_REFUSALS = ("invalid_id", "run_not_found")
 BODY_REFUSALS = ("malformed_json", "invalid_request", "payload_too_large", "body_timeout",
                  "input_too_deep")
-START_REFUSALS = (*BODY_REFUSALS, "invalid_input", "unknown_workflow", "invalid_id")
+START_REFUSALS = (*BODY_REFUSALS, "invalid_input", "unknown_workflow", "invalid_id",
+                  "invalid_signal", "run_settled")
 ANSWER_REFUSALS = (*RUN_REFUSALS, *BODY_REFUSALS, "unknown_question", "answer_refused",
                    "already_answered")
 
@@ -441,7 +467,11 @@ ROUTES: list[ApiRoute] = [
              "Reject an approval (the body may be empty)", body=NoteBody, reply=Outcome,
              refusals=ANSWER_REFUSALS),
     # -- signals and published state: added by that work, each one client call ------------
-    # POST /api/runs/{id}/signals/{name}  body {payload}  -> AsyncClient.signal(...)
+    ApiRoute("POST", "/api/runs/{id}/signals/{name}", Api.signal,
+             "Send a signal to a run (the body may be empty: a null payload); a run parked "
+             "for it is woken", body=SignalBody, reply=SignalSent,
+             refusals=(*RUN_REFUSALS, *BODY_REFUSALS, "invalid_signal", "run_settled",
+                       "signal_buffer_full")),
     ApiRoute("GET", "/api/runs/{id}/state/{key}", Api.state,
              "A value the run published under `key` (`ctx.publish`); with `wait`, wait "
              "until it is published (long-poll)", reply=State,
@@ -450,7 +480,6 @@ ROUTES: list[ApiRoute] = [
                                              f"at once)")),),
              refusals=(*RUN_REFUSALS, "invalid_request", "invalid_publish", "not_published",
                        "published_wait_timeout", "busy")),
-    # (signal-with-start: a `signal` field of StartBody, see api_models.StartBody)
     ApiRoute("GET", "/api/feed", Api.feed, "Open questions and approvals, oldest first",
              reply=Feed, query=(Param("limit", "integer", "1 to 1000 (default 100)"),),
              refusals=("invalid_request",)),
