@@ -152,6 +152,10 @@ def test_every_python_block_of_the_client_page_is_run(stack: Procs, tmp_path: Pa
     assert {"order-1043", "order-1044", "order-lamp", "order-book"} <= set(listed)
     assert len(listed) == len(set(listed)) == 5  # and the failed 'unicorn' run
     assert said["import asyncio"] == ["[(200, None), (422, \"unknown sku 'unicorn'\")]"]
+    assert said['parcel = client.start("track_delivery", "order-1044", id="parcel-1044",'] == [
+        "True", "False", "3", "['depot', 'van', 'delivered']", "run_settled"]
+    assert said['parcel = client.start("track_delivery", "order-1045", id="parcel-1045")'] == [
+        "packed", "delivered", "{'stage': 'delivered'}", "not_published"]
     # What the page printed is what the store holds.
     assert stack.observer.status("web-1") == "succeeded"
     assert stack.observer.status("order-1044") == "succeeded"

@@ -8,6 +8,8 @@ the workflows by name from what the workers declared.
   APPROVAL_OVER waits (parked, no worker held) for a person to approve it, key
   ``big-order``. An unknown sku fails the run with a ValueError.
 * ``restock``: ``steps`` slow steps (``sleep_s`` each), to pause, resume or cancel.
+* ``track_delivery``: waits for carrier scans sent as signals ("scan") and publishes the
+  latest as "stage".
 """
 
 from __future__ import annotations
@@ -75,3 +77,16 @@ def restock_one(sku: str, i: int, sleep_s: float) -> int:
 def restock(ctx: mr.RunContext, inp: Restock) -> dict[str, Any]:
     done = [restock_one(inp.sku, i, inp.sleep_s) for i in range(inp.steps)]
     return {"sku": inp.sku, "batches": len(done)}
+
+
+@mr.workflow
+def track_delivery(ctx: mr.RunContext, order_id: str) -> dict[str, Any]:
+    """Follows a parcel: each carrier scan arrives as a signal "scan" (the run waits for it
+    holding no worker), and the last one is published as "stage" for the shop's pages."""
+    ctx.publish("stage", "packed")
+    scans = []
+    while not scans or scans[-1] != "delivered":
+        scan = ctx.wait_for_signal("scan", timeout_s=7 * 86400)
+        scans.append(scan["at"])
+        ctx.publish("stage", scan["at"])
+    return {"order": order_id, "scans": scans}
