@@ -51,7 +51,7 @@ def cl_approval(ctx: mr.RunContext) -> dict[str, Any]:
     return dict(ctx.ask.approval("Ship it?", key="ship"))
 
 
-@mr.on_event("shop", type="paid")
+@mr.on_event("cl-shop", type="paid")
 @mr.workflow
 def cl_on_paid(ctx: mr.RunContext, event: mr.Event) -> dict[str, Any]:
     return {"paid": event.payload}

@@ -77,6 +77,31 @@ TRANSIENT: tuple[type[BaseException], ...] = (redis.RedisError, MarblesError, OS
 # waiting
 
 
+def db_contents(client: Any) -> dict[str, object]:
+    """Every key of the server and its value, in a form equal for equal data: equal before and
+    after means nothing was written. (Not DUMP: a read of a hash stored as a hash table may
+    step its incremental rehash, which reorders the entries a DUMP serializes.)"""
+    out: dict[str, object] = {}
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        value: object
+        if kind == "hash":
+            value = sorted(client.hgetall(key).items())
+        elif kind == "set":
+            value = sorted(client.smembers(key))
+        elif kind == "zset":
+            value = client.zrange(key, 0, -1, withscores=True)
+        elif kind == "list":
+            value = client.lrange(key, 0, -1)
+        elif kind == "stream":
+            value = client.xrange(key)
+        else:
+            value = client.get(key)
+        out[key.decode() if isinstance(key, bytes) else key] = (kind, value)
+    return out
+
+
 class WaitTimeout(AssertionError):
     """A condition a test waited for did not happen in time."""
 

@@ -276,13 +276,13 @@ def test_start_at_records_now_and_starts_then(procs: Procs, client: mr.Client) -
 
 def test_events_and_reruns_through_the_client(procs: Procs, client: mr.Client) -> None:
     procs.worker()
-    sent = client.send_event("shop", "order-77", "paid", {"amount": 12})
+    sent = client.send_event("cl-shop", "order-77", "paid", {"amount": 12})
     assert sent.created and sent.workflow == "cl_on_paid"
     assert client.handle(sent.run_id).result(timeout=30) == {"paid": {"amount": 12}}
-    again = client.send_event("shop", "order-77", "paid", {"amount": 99})
+    again = client.send_event("cl-shop", "order-77", "paid", {"amount": 99})
     assert not again.created and again.run_id == sent.run_id
     with pytest.raises(InputError):
-        client.send_event("shop", "order-78", "paid", payload_json=b"{nope")
+        client.send_event("cl-shop", "order-78", "paid", payload_json=b"{nope")
     first = client.start("cl_order", {"sku": "re"}, id="to-rerun")
     first.result(timeout=30)
     rerun = client.rerun("to-rerun", new_id="rerun-1")

@@ -14,7 +14,7 @@ import time
 
 import redis
 
-from tests.procs import REPO_ROOT
+from tests.procs import REPO_ROOT, db_contents
 from tests.redis_procs import free_port
 
 SOURCE = str(REPO_ROOT / "tests" / "cli_workflows.py")
@@ -29,8 +29,8 @@ def run(url: str, *args: str) -> subprocess.CompletedProcess[str]:
                           cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
 
 
-def snapshot(r: redis.Redis) -> dict[bytes, bytes | None]:
-    return {k: r.dump(k) for k in sorted(r.keys("*"))}
+def snapshot(r: redis.Redis) -> dict[str, object]:
+    return db_contents(r)
 
 
 def test_dry_run_writes_nothing_and_opens_no_connection(redis_url: str) -> None:

@@ -34,6 +34,7 @@ from tests.procs import (
     Proc,
     Procs,
     _cli_argv,
+    db_contents,
     descendants,
     pid_alive,
     stop_procs,
@@ -191,10 +192,9 @@ def cli_at_once(procs: Procs, *commands: list[str], timeout: float = 60.0) -> li
     return done
 
 
-def snapshot(obs: Observer) -> dict[str, bytes]:
-    """Every key of the database and its serialized value."""
-    raw = obs.runs.client
-    return {k.decode(): raw.dump(k) for k in raw.keys("*")}
+def snapshot(obs: Observer) -> dict[str, object]:
+    """Every key of the database and its value (tests/procs.py db_contents)."""
+    return db_contents(obs.runs.client)
 
 
 # --------------------------------------------------------------------------------------------

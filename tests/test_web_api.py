@@ -214,7 +214,7 @@ def test_refusals_are_json_and_record_nothing(procs: Procs, web: Web) -> None:
     # `marbles-rq cancel`); that is the deployment, not a record of a request.
     curl(web, "POST", "/api/runs/never/cancel")
     before = dump_keys(procs.url)
-    assert list(before) == [b"{mrq}:meta"]
+    assert list(before) == ["{mrq}:meta"]
     start = {"workflow": "cl_order", "input": {"sku": "abc"}, "id": "never"}
 
     def refused(reply: Reply, status: int, code: str) -> None:

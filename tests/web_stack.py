@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from tests.procs import Proc, Procs
+from tests.procs import Proc, Procs, db_contents
 from tests.redis_procs import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -70,11 +70,12 @@ def ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def dump_keys(url: str) -> dict[bytes, bytes]:
-    """Every key of the server and its DUMP: equal before and after means nothing written."""
+def dump_keys(url: str) -> dict[str, object]:
+    """Every key of the server and its value: equal before and after means nothing written
+    (tests/procs.py db_contents)."""
     client = redis.Redis.from_url(url)
     try:
-        return {key: client.dump(key) or b"" for key in client.scan_iter(count=1000)}
+        return db_contents(client)
     finally:
         client.close()
 
