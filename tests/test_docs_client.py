@@ -151,6 +151,7 @@ def test_every_python_block_of_the_client_page_is_run(stack: Procs, tmp_path: Pa
     assert len(pages) == 3 and all(len(re.findall(r"\('", p)) <= 2 for p in pages)
     assert {"order-1043", "order-1044", "order-lamp", "order-book"} <= set(listed)
     assert len(listed) == len(set(listed)) == 5  # and the failed 'unicorn' run
+    assert said["import datetime as dt"] == ["queued", "1"]
     assert said["import asyncio"] == ["[(200, None), (422, \"unknown sku 'unicorn'\")]"]
     assert said['parcel = client.start("track_delivery", "order-1044", id="parcel-1044",'] == [
         "True", "False", "3", "['depot', 'van', 'delivered']", "run_settled"]
