@@ -30,7 +30,9 @@ COVERED = ("runs", "steps", "effects", "questions", "timers", "children", "event
            "schedule cx-tick", "paused runs", "paused runs parked", "children gathered late",
            "children of cancelled parents", "limit samples cx_limited",
            "limit samples cx_limited_key customer=acme", "reruns", "priority bands",
-           "runs started later", "signals", "event waits", "published values")
+           "runs started later", "signals", "event waits", "event waits parked",
+           "event waits taken at once", "decoy events",
+           "published values")
 
 
 def _chaos(*args: str) -> None:

@@ -756,6 +756,7 @@ def test_a_correct_history_passes() -> None:
     assert report.checked["signals"] == 2
     assert report.checked["runs started later"] == 1
     assert report.checked["event waits"] == 1 and report.checked["published values"] == 3
+    assert report.checked["event waits parked"] == 1 and report.checked["decoy events"] == 1
     text = summary(history, report)
     assert "violations: 0" in text
 

@@ -741,6 +741,14 @@ def _check_publish_waits(history: History, report: Report) -> None:
                            if e.type == "event_received")
         waits = [s for s in run.steps.values() if s.name == "|event"]
         report.checked["event waits"] += len(waits)
+        # How the wait got it: parked first (delivered by a sender), or at once (the lookback
+        # found an event sent before the wait opened, or a sender's delivery while it ran).
+        if any(e.type == "parked" and e.data.get("reason") == "event" for e in run.events):
+            report.checked["event waits parked"] += 1
+        elif any(w.status == "received" for w in waits):
+            report.checked["event waits taken at once"] += 1
+        report.checked["decoy events"] += len({o.event_id for o in mine
+                                               if o.decoy and o.created})
         got = None
         for wait in waits:
             n = received[wait.key]
