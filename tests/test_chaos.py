@@ -3,7 +3,8 @@ seed must end with "violations: 0" and exit 0. Real processes, real signals: a d
 redis-server, two controllers, forking and --pool workers, 500 runs of every workload (the
 combinations of issue 16 included: pause/resume storms, children gathered late, cancels
 while children start, concurrency limits, reruns from a step, priorities; and runs that
-wait for signals sent while processes die), 30 worker kills,
+wait for signals sent while processes die, and runs that publish their state and wait for a
+matching event among decoys), 30 worker kills,
 5 leader kills, 2 Redis kills and 5 SIGSTOPs (see tests/chaos/). Then the same on three
 lanes, smaller (300 runs, 18 worker kills). A few minutes each on 2 cores.
 
@@ -29,7 +30,9 @@ COVERED = ("runs", "steps", "effects", "questions", "timers", "children", "event
            "schedule cx-tick", "paused runs", "paused runs parked", "children gathered late",
            "children of cancelled parents", "limit samples cx_limited",
            "limit samples cx_limited_key customer=acme", "reruns", "priority bands",
-           "runs started later", "signals")
+           "runs started later", "signals", "event waits", "event waits parked",
+           "event waits taken at once", "decoy events",
+           "published values")
 
 
 def _chaos(*args: str) -> None:

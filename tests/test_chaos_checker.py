@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from marbles_rq.triggers.events import event_key
 from tests.chaos.checker import KINDS, check, summary
 from tests.chaos.history import (
     AnswerTry,
@@ -24,6 +25,7 @@ from tests.chaos.history import (
     Fault,
     History,
     LimitSample,
+    OrderSent,
     PauseTry,
     RerunTry,
     Run,
@@ -33,7 +35,7 @@ from tests.chaos.history import (
     Submitted,
 )
 from tests.chaos.names import PRIORITIES, SCHEDULES, TICK_KEY
-from tests.chaos.plan import RUN_WEIGHTS, make_plan
+from tests.chaos.plan import DECOYS, PUBLISH_WAITS, RUN_WEIGHTS, make_plan, order_event
 
 T0 = 1_800_000_000_000
 _ids = itertools.count()
@@ -228,7 +230,49 @@ def valid_history() -> History:
                   SignalTry("r-sig", 1, "cli", "error: Redis went away"),
                   SignalTry("r-sig", 1, "cli", "ok", 2)]
 
+    _publish_wait(h)
     return h
+
+
+PW_WAIT = "cx_publish_wait.|event#0"
+
+
+def _publish_wait(h: History) -> None:
+    """A cx_publish_wait run: publishes, steps, publishes, parks on its wait, is delivered
+    its matching event (a decoy and a resend of the match were sent too), publishes what it
+    received and returns it."""
+    pw = Builder(h, "r-pw", "cx_publish_wait", {"sleep_ms": 10})
+
+    def publish(n: int, value: Any) -> None:
+        key = f"cx_publish_wait.|publish#{n}"
+        pw.record(key, "|publish", {"key": "state"}, status="published")
+        pw.ev("published", key="state", step=key)
+        pw.run.published["state"] = value
+
+    pw.start()
+    publish(0, {"stage": "started"})
+    before = pw.step("cx_publish_wait.cx_link#0")
+    publish(1, {"stage": "stepped", "step": before})
+    pw.park("event", events=[{"source": "chaos-orders", "type": "paid",
+                              "match": {"order": "r-pw"}}])
+    type, payload = order_event("r-pw", 0)
+    key = event_key("chaos-orders", "r-pw-e0")
+    pw.ev("event_received", wait=PW_WAIT, event=key, source="chaos-orders")
+    pw.run.events[-1].data["type"] = type
+    pw.wake("event")
+    pw.start()
+    pw.record(PW_WAIT, "|event", {"key": key, "source": "chaos-orders", "type": type,
+                                  "id": "r-pw-e0", "payload": payload,
+                                  "received_at_ms": pw.ms}, status="received")
+    state = {"stage": "received", "event": "r-pw-e0", "key": key, "payload": payload}
+    publish(2, state)
+    pw.finish({"state": state, "steps": [before]})
+    h.submitted.append(Submitted("r-pw", "cx_publish_wait", "api", True))
+    decoy_type, decoy = order_event("r-pw", 1)
+    h.orders += [OrderSent("r-pw-e0", "r-pw", type, payload, False, "api", True),
+                 OrderSent("r-pw-e1", "r-pw", decoy_type, decoy, True, "cli", True),
+                 OrderSent("r-pw-e0", "r-pw", type, payload, False, "api", None),
+                 OrderSent("r-pw-e0", "r-pw", type, payload, False, "api", False)]
 
 
 def _combinations(h: History) -> None:
@@ -604,6 +648,41 @@ def _started_early(h: History) -> None:
     h.runs["r-later"].start_at_ms += 60_000
 
 
+def _wait_took_a_decoy(h: History) -> None:
+    run = h.runs["r-pw"]
+    _, decoy = order_event("r-pw", 1)
+    got = run.steps[PW_WAIT].result
+    got["id"], got["key"], got["payload"] = "r-pw-e1", event_key("chaos-orders", "r-pw-e1"), decoy
+    for state in (run.result["state"], run.published["state"]):
+        state["event"], state["key"], state["payload"] = got["id"], got["key"], decoy
+
+
+def _wait_delivered_twice(h: History) -> None:
+    run = h.runs["r-pw"]
+    at = next(i for i, e in enumerate(run.events) if e.type == "event_received")
+    run.events.insert(at + 1, run.events[at])
+
+
+def _wait_timed_out_with_its_event_sent(h: History) -> None:
+    run = h.runs["r-pw"]
+    wait = run.steps[PW_WAIT]
+    wait.status, wait.result = "timed_out", {"source": "chaos-orders", "type": "paid",
+                                            "match": {"order": "r-pw"}}
+    run.events = [e for e in run.events if e.type != "event_received"]
+    run.result["state"] = run.published["state"] = {"stage": "timed_out"}
+
+
+def _published_twice(h: History) -> None:
+    run = h.runs["r-pw"]
+    at = next(i for i, e in enumerate(run.events) if e.type == "published")
+    run.events.insert(at + 1, run.events[at])
+
+
+def _published_stale(h: History) -> None:
+    run = h.runs["r-pw"]
+    run.published["state"] = {"stage": "stepped", "step": run.result["steps"][0]}
+
+
 def _crash(h: History) -> None:
     h.crashes.append(Crash("c0 (controller, pid 42)", 1, tail="Traceback ..."))
 
@@ -651,6 +730,11 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "rerun_skipped": ("rerun_skipped", _rerun_skipped),
     "band": ("band", _band_lost),
     "signal_twice": ("signal_twice", _signal_taken_twice),
+    "wait_event_wrong": ("wait_event_wrong", _wait_took_a_decoy),
+    "wait_event_twice": ("wait_event_twice", _wait_delivered_twice),
+    "wait_event_lost": ("wait_event_lost", _wait_timed_out_with_its_event_sent),
+    "published_twice": ("published_twice", _published_twice),
+    "published_stale": ("published_stale", _published_stale),
     "signal_lost": ("signal_lost", _signal_never_taken),
     "signal_order": ("signal_order", _signal_out_of_order),
     "start_early": ("start_early", _started_early),
@@ -671,6 +755,8 @@ def test_a_correct_history_passes() -> None:
     assert report.checked["priority bands"] == 1
     assert report.checked["signals"] == 2
     assert report.checked["runs started later"] == 1
+    assert report.checked["event waits"] == 1 and report.checked["published values"] == 3
+    assert report.checked["event waits parked"] == 1 and report.checked["decoy events"] == 1
     text = summary(history, report)
     assert "violations: 0" in text
 
@@ -716,7 +802,7 @@ def test_the_plan_is_a_function_of_the_seed() -> None:
     assert counts["leader"] >= 5 and counts["redis"] >= 2
     assert counts["stop_worker"] >= 1 and counts["stop_leader"] >= 1
     runs = {r.run_id for a in make_plan(11).actions if a.op != "rerun" for r in a.runs}
-    assert len(runs) == 500
+    assert len(runs) == 500 + 500 * PUBLISH_WAITS // 100  # the event waits come on top
 
 
 @pytest.mark.parametrize(("seed", "runs", "kills"), [(4242, 500, 30), (4243, 300, 18)])
@@ -726,7 +812,7 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     plan = make_plan(seed, runs, kills)
     kinds = Counter(spec.kind for a in plan.actions
                     if a.op in ("submit", "batch", "send", "signal_start") for spec in a.runs)
-    assert set(kinds) == set(RUN_WEIGHTS), set(RUN_WEIGHTS) - set(kinds)
+    assert set(kinds) == {*RUN_WEIGHTS, "publish_wait"}, set(RUN_WEIGHTS) - set(kinds)
     assert all(n >= 5 for n in kinds.values()), kinds
     calls = Counter(c for a in plan.actions if a.op == "pause" for c in a.ops)
     assert calls["pause"] >= 10 and calls["resume"] >= 10
@@ -738,3 +824,15 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     assert any(a.ops[:1] == ("started",) for a in plan.actions if a.op == "pause")
     assert sum(a.op == "signal_start" for a in plan.actions) >= 3
     assert sum(a.op == "signal" for a in plan.actions) >= 20
+    # Each cx_publish_wait run is sent its matching event; some runs before they are even
+    # submitted (the wait's lookback finds it), others while they wait; decoys of each kind.
+    submit_at = {a.runs[0].run_id: a.at_s for a in plan.actions
+                 if a.op == "submit" and a.runs[0].kind == "publish_wait"}
+    matches = [a for a in plan.actions if a.op == "order" and a.pick == 0]
+    assert {a.runs[0].run_id for a in matches} == set(submit_at)
+    assert sum(a.at_s < submit_at[a.runs[0].run_id] for a in matches) >= 3
+    assert sum(a.at_s > submit_at[a.runs[0].run_id] + 1 for a in matches) >= 3
+    assert Counter(a.event_id for a in matches).most_common(1)[0][1] == 2  # a resend
+    decoys = Counter(DECOYS[(a.pick - 1) % len(DECOYS)] for a in plan.actions
+                     if a.op == "order" and a.pick)
+    assert set(decoys) == set(DECOYS), decoys

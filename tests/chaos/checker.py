@@ -40,7 +40,16 @@ and for signals:
 * every signal the harness sent (each with its own request id, retried through outages) was
   taken into its run's ledger exactly once, in the order the store numbered them (1, 2, ...
   by the ledger's calls), and that order is the order the harness sent them in (one sender
-  per run); a finished run took every signal sent to it before; none was invented.
+  per run); a finished run took every signal sent to it before; none was invented;
+and for published state and event waits (cx_publish_wait):
+* a run's wait took exactly its matching event (type paid, order = its run id), never a
+  decoy of the same source nor another run's, whether the event came before the wait opened
+  (the lookback) or while it was parked; it was taken once (one ``event_received`` in the
+  journal for the wait, naming the event its ledger holds); a run whose matching event the
+  store accepted did not time out;
+* each publish appears once per ledger position (one ``published`` journal entry for each
+  ``|publish`` ledger entry, none without one), and a succeeded run's published state is
+  the value it returned.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.chaos.history import AnswerTry, Ev, Execution, History, PauseTry, Run
+from tests.chaos.names import ORDER_SOURCE, ORDER_TYPE, STATE_KEY
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 KINDS: dict[str, str] = {
@@ -97,10 +107,20 @@ KINDS: dict[str, str] = {
     "signal_lost": "a signal the store accepted was never taken by its run, or one was "
                    "taken that nobody sent",
     "signal_order": "a run took its signals out of the order they were sent in",
+    "wait_event_wrong": "an event wait took an event that does not match it (a decoy, "
+                        "another run's, one nobody sent), or returned another than its ledger "
+                        "holds",
+    "wait_event_twice": "an event wait was delivered more than once (or taken without a "
+                        "delivery in the journal)",
+    "wait_event_lost": "a run timed out or finished without the matching event the store had "
+                       "accepted",
+    "published_twice": "a publish appears other than once for its ledger position in the "
+                       "journal",
+    "published_stale": "a finished run's published state is not the value it returned",
 }
 # Journal entries only the execution that owns the run may write.
 EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry", "output",
-                    "log", "report", "child_started", "timer_fired")
+                    "log", "report", "child_started", "timer_fired", "published")
 # Entries after which no execution owns the run until the next attempt_started.
 OWNERSHIP_ENDS = ("redelivered", "parked", "final", "deferred", "woken")
 # Steps with an effect (claim + apply), by step name.
@@ -175,6 +195,7 @@ def check(history: History) -> Report:
         _check_children(run, sorted(children[run.id]), history, report)
     _check_effects(history, report)
     _check_signals(history, report)
+    _check_publish_waits(history, report)
     _check_pauses(history, report)
     _check_cancelled_children(history, executions, report)
     _check_limits(history, report)
@@ -703,6 +724,84 @@ def _check_signals(history: History, report: Report) -> None:
             elif missing and run.result.get("timed_out"):
                 report.add("signal_lost", rid, f"timed out waiting although signals "
                            f"{missing} were accepted")
+
+
+def _check_publish_waits(history: History, report: Report) -> None:
+    sends: dict[str, list[Any]] = defaultdict(list)
+    for sent in history.orders:
+        sends[sent.run].append(sent)
+    for run in history.runs.values():
+        if run.name != "cx_publish_wait":
+            continue
+        _check_published(run, report)
+        mine = sends.get(run.id, [])
+        matching = {o.event_id for o in mine if not o.decoy}
+        accepted = {o.event_id for o in mine if not o.decoy and o.created is not None}
+        received = Counter(str(e.data.get("wait")) for e in run.events
+                           if e.type == "event_received")
+        waits = [s for s in run.steps.values() if s.name == "|event"]
+        report.checked["event waits"] += len(waits)
+        # How the wait got it: parked first (delivered by a sender), or at once (the lookback
+        # found an event sent before the wait opened, or a sender's delivery while it ran).
+        if any(e.type == "parked" and e.data.get("reason") == "event" for e in run.events):
+            report.checked["event waits parked"] += 1
+        elif any(w.status == "received" for w in waits):
+            report.checked["event waits taken at once"] += 1
+        report.checked["decoy events"] += len({o.event_id for o in mine
+                                               if o.decoy and o.created})
+        got = None
+        for wait in waits:
+            n = received[wait.key]
+            if n > 1 or (n == 0 and wait.status == "received"):
+                report.add("wait_event_twice", run.id, f"wait {wait.key} ({wait.status}) has "
+                           f"{n} event_received entries in the journal")
+            if wait.status != "received" or not isinstance(wait.result, dict):
+                continue
+            got = wait.result
+            named = {str(e.data.get("event")) for e in run.events
+                     if e.type == "event_received" and e.data.get("wait") == wait.key}
+            payload = got.get("payload")
+            if got.get("id") not in matching or got.get("source") != ORDER_SOURCE \
+                    or got.get("type") != ORDER_TYPE or not isinstance(payload, dict) \
+                    or payload.get("order") != run.id:
+                report.add("wait_event_wrong", run.id, f"wait {wait.key} took event "
+                           f"{got.get('id')} ({got.get('type')} {payload}); its match is "
+                           f"{sorted(matching)}")
+            elif named and named != {got.get("key")}:
+                report.add("wait_event_wrong", run.id, f"the journal delivered {named} to "
+                           f"{wait.key}, its ledger holds {got.get('key')}")
+        for key, n in received.items():
+            if key not in {w.key for w in waits}:
+                report.add("wait_event_twice", run.id, f"{n} event_received entries for "
+                           f"{key}, which is no wait in the ledger")
+        if run.status != "succeeded" or not isinstance(run.result, dict):
+            continue
+        state = run.result.get("state")
+        if not isinstance(state, dict):
+            report.add("outcome", run.id, f"returned {run.result}")
+            continue
+        if state.get("stage") == "timed_out" or got is None:
+            if accepted:
+                report.add("wait_event_lost", run.id, f"ended {state.get('stage')} although "
+                           f"its event {sorted(accepted)} was accepted")
+        elif (state.get("event"), state.get("payload")) != (got.get("id"), got.get("payload")):
+            report.add("wait_event_wrong", run.id, f"returned event {state.get('event')}, "
+                       f"its ledger took {got.get('id')}")
+
+
+def _check_published(run: Run, report: Report) -> None:
+    publishes = {k for k, s in run.steps.items() if s.name == "|publish"}
+    report.checked["published values"] += len(publishes)
+    journal = Counter(str(e.data.get("step")) for e in run.events if e.type == "published")
+    for key in sorted(publishes | set(journal)):
+        if journal[key] != 1 or key not in publishes:
+            report.add("published_twice", run.id, f"publish {key}: {journal[key]} published "
+                       f"entries in the journal, {'one' if key in publishes else 'none'} in "
+                       f"the ledger")
+    if run.status == "succeeded" and isinstance(run.result, dict) \
+            and run.published.get(STATE_KEY) != run.result.get("state"):
+        report.add("published_stale", run.id, f"published {run.published.get(STATE_KEY)!r}, "
+                   f"returned {run.result.get('state')!r}")
 
 
 def _check_cancelled_children(history: History, executions: dict[str, list[Execution]],

@@ -56,11 +56,12 @@ from tests.chaos.names import (
     EVENT_TYPE,
     LIMIT_GLOBAL,
     LIMIT_PER_KEY,
+    ORDER_SOURCE,
     SCHEDULES,
     SIGNAL_NAME,
     SOURCE,
 )
-from tests.chaos.plan import Action, Fault, Plan
+from tests.chaos.plan import Action, Fault, Plan, order_event
 from tests.procs import REPO_ROOT, Proc, _cli_argv, children, descendants, stop_procs
 from tests.redis_procs import RedisServer
 
@@ -117,6 +118,7 @@ class Log:
         self.pauses: list[h.PauseTry] = []
         self.reruns: list[h.RerunTry] = []
         self.signals: list[h.SignalTry] = []
+        self.orders: list[h.OrderSent] = []
         self.limit_over: list[h.LimitSample] = []
         self.faults: list[h.Fault] = []
         self.crashes: list[h.Crash] = []
@@ -136,7 +138,7 @@ class Log:
             "Submitted": (h.Submitted, self.submitted), "Sent": (h.Sent, self.sent),
             "AnswerTry": (h.AnswerTry, self.answers), "Cancel": (h.Cancel, self.cancels),
             "PauseTry": (h.PauseTry, self.pauses), "RerunTry": (h.RerunTry, self.reruns),
-            "SignalTry": (h.SignalTry, self.signals),
+            "SignalTry": (h.SignalTry, self.signals), "OrderSent": (h.OrderSent, self.orders),
             "LimitSample": (h.LimitSample, self.limit_over),
             "Fault": (h.Fault, self.faults), "Crash": (h.Crash, self.crashes)}
         for line in self.path.read_text().splitlines():
@@ -575,6 +577,8 @@ class Harness:
             self._rerun(action)
         elif op in ("signal", "signal_start"):
             self._signal(action)
+        elif op == "order":
+            self._order(action)
         else:
             raise ValueError(op)
 
@@ -656,6 +660,32 @@ class Harness:
         if created is not None:
             self.log.add(self.log.sent, h.Sent(action.event_id, spec.run_id, action.via,
                                                created, wall_ms()))
+
+    def _order(self, action: Action) -> None:
+        """Send a cx_publish_wait run's matching event (pick 0) or a decoy (a source with
+        no trigger: the event starts no run, it is only offered to the waits it matches)."""
+        spec, event_id, via = action.runs[0], action.event_id, action.via
+        type, payload = order_event(spec.run_id, action.pick)
+        body = json.dumps(payload)
+        log = self.log
+
+        def record(created: bool | None) -> None:
+            log.add(log.orders, h.OrderSent(event_id, spec.run_id, type, payload,
+                                            action.pick != 0, via, created, wall_ms()))
+
+        def api() -> bool:
+            return self.events.send(ORDER_SOURCE, event_id, type=type,
+                                    payload=body.encode()).created
+
+        def cli() -> bool:
+            return bool(json.loads(self.cli("events", "send", ORDER_SOURCE, "--id", event_id,
+                                            "--type", type, "--payload", body,
+                                            "--json").stdout)["created"])
+
+        created = self._retry(f"send {event_id}", cli if via == "cli" else api,
+                              lambda exc: record(None))
+        if created is not None:
+            record(created)
 
     def _signal(self, action: Action) -> None:
         """Send the run's `pick`-th signal (or, signal_start, start the run with it), with a
@@ -1010,7 +1040,7 @@ class Harness:
             applied=applied, submitted=list(self.log.submitted), sent=list(self.log.sent),
             answers=list(self.log.answers), cancels=list(self.log.cancels),
             pauses=list(self.log.pauses), reruns=list(self.log.reruns),
-            signals=list(self.log.signals),
+            signals=list(self.log.signals), orders=list(self.log.orders),
             limit_counts={k: (v[0], v[1], v[2]) for k, v in self.limit_counts.items()},
             limit_over=list(self.log.limit_over),
             faults=list(self.log.faults), crashes=list(self.log.crashes),

@@ -67,6 +67,7 @@ class Run:
     steps: dict[str, Step] = field(default_factory=dict)
     questions: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> state, answer
     effects: dict[str, str] = field(default_factory=dict)  # receipt's key -> its scope
+    published: dict[str, Any] = field(default_factory=dict)  # its published state, by key
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,22 @@ class SignalTry:
 
 
 @dataclass(frozen=True)
+class OrderSent:
+    """One send of an event for a cx_publish_wait run: its match (decoy False) or a decoy
+    that must never reach it; created as events.send answered (None: the send failed, or
+    a SIGKILLed CLI: unknown)."""
+
+    event_id: str
+    run: str
+    type: str
+    payload: Any
+    decoy: bool
+    via: str
+    created: bool | None
+    t: int = 0
+
+
+@dataclass(frozen=True)
 class LimitSample:
     """A sample of a concurrency limit's live holds in the store (server ms) that found
     more than `limit` (the sampler logs only those, and counts the rest)."""
@@ -228,6 +245,7 @@ class History:
     pauses: list[PauseTry] = field(default_factory=list)
     reruns: list[RerunTry] = field(default_factory=list)
     signals: list[SignalTry] = field(default_factory=list)
+    orders: list[OrderSent] = field(default_factory=list)
     # label -> (samples taken, most live holds seen, the limit)
     limit_counts: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     limit_over: list[LimitSample] = field(default_factory=list)
@@ -290,12 +308,13 @@ def read_runs(runs: RunStore, ids: list[str]) -> dict[str, Run]:
             pipe.xrange(keys.output, "-", "+")
             pipe.hgetall(keys.asks)
             pipe.smembers(keys.effects)
+            pipe.hgetall(runs.keys.published(rid))
         replies = pipe.execute()
         for i, rid in enumerate(chunk):
             view = runs.get(rid)
             if view is None:
                 continue
-            rows, asks, effect_keys = replies[3 * i:3 * i + 3]
+            rows, asks, effect_keys, published = replies[4 * i:4 * i + 4]
             run = Run(
                 id=rid, name=view.record.name, status=view.status,
                 input=msgspec.json.decode(view.record.input),
@@ -311,6 +330,7 @@ def read_runs(runs: RunStore, ids: list[str]) -> dict[str, Run]:
                                    s.seq)
                        for s in view.steps})
             run.effects = _effects(runs, rid, [_s(k) for k in effect_keys])
+            run.published = {_s(k): msgspec.json.decode(v) for k, v in published.items()}
             out[rid] = run
     return out
 

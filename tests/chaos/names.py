@@ -28,3 +28,11 @@ PRIORITIES = [-5, 5, 10]
 # than the harness retries a send through Redis outages).
 SIGNAL_NAME = "nudge"
 SIGNAL_TIMEOUT_S = 180.0
+
+# Published state and event waits (cx_publish_wait): the source and type of the events the
+# runs wait for (no trigger: a plain event, matched by its "order" field), the published key,
+# and how long a wait may take (longer than the harness retries a send through outages).
+ORDER_SOURCE = "chaos-orders"
+ORDER_TYPE = "paid"
+STATE_KEY = "state"
+ORDER_TIMEOUT_S = 180.0

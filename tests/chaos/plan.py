@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marbles_rq.triggers.events import event_key
-from tests.chaos.names import CUSTOMERS, EVENT_SOURCE, PRIORITIES
+from tests.chaos.names import CUSTOMERS, EVENT_SOURCE, ORDER_TYPE, PRIORITIES
 
 # Worker kills are spread evenly over these kinds (then shuffled).
 WORKER_KILLS = ("worker_parent", "horse", "worker_group", "pool_executor")
@@ -34,6 +34,12 @@ RUN_WEIGHTS: dict[str, int] = {
     # signal-with-start.
     "signal": 4,
 }
+# Published state and event waits: cx_publish_wait runs per hundred, on top of RUN_WEIGHTS
+# (drawn apart, so adding them changed no other draw of the plan).
+PUBLISH_WAITS = 4
+# The events sent to a cx_publish_wait run (by the `pick` of its "order" action): its
+# matching event, then decoys on the same source that must never reach it.
+DECOYS = ("other_order", "other_field", "other_type")
 BATCH_SIZE = 25
 BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
 
@@ -63,7 +69,8 @@ class Action:
 
     at_s: float
     op: str  # submit | resend | batch | send | cancel | cancel_spawning | pause | rerun |
-    #          signal (pick: the signal's index) | signal_start (signal-with-start, index 0)
+    #          signal (pick: the signal's index) | signal_start (signal-with-start, index 0) |
+    #          order (an event for a cx_publish_wait run; pick: 0 its match, else a decoy)
     runs: tuple[RunSpec, ...]
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
@@ -314,7 +321,56 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
                            "cli" if rng.random() < 0.1 else "api", rng.choice(PRIORITIES))
             actions.append(Action(at, "submit", (spec,), spec.via))
             submitted.append(spec)
+    # Their own draws too: the runs that publish and wait for events leave every other draw
+    # (and so the other workloads' coverage) as it was.
+    actions += _publish_waits(random.Random(seed * 1_000_003 + 29), seed, runs, duration)
     return sorted(actions, key=lambda a: a.at_s)
+
+
+def order_event(run_id: str, pick: int) -> tuple[str, dict[str, Any]]:
+    """The type and payload of a cx_publish_wait run's `pick`-th event: 0 matches its wait
+    (type paid, order = its run id); each decoy misses by one thing."""
+    if pick == 0:
+        return ORDER_TYPE, {"order": run_id, "amount": len(run_id)}
+    decoy = DECOYS[(pick - 1) % len(DECOYS)]
+    if decoy == "other_order":
+        return ORDER_TYPE, {"order": f"{run_id}-x", "decoy": pick}
+    if decoy == "other_field":
+        return ORDER_TYPE, {"ref": run_id, "decoy": pick}
+    return "refunded", {"order": run_id, "decoy": pick}
+
+
+def _publish_waits(rng: random.Random, seed: int, runs: int, duration: float
+                   ) -> list[Action]:
+    """cx_publish_wait runs, each sent its matching event at a seeded moment -- before its
+    submission (found by the wait's lookback), around the moment it opens the wait, or
+    while it is parked -- some twice under the same id, and decoys around it."""
+    out = []
+    for k in range(max(5, runs * PUBLISH_WAITS // 100)):
+        at = round(rng.uniform(0.5, duration * 0.85), 3)
+        spec = RunSpec(f"cx-{seed}-pw{k:03d}-publish_wait", "publish_wait", "cx_publish_wait",
+                       {"sleep_ms": rng.choice([10, 50, 200])})
+        out.append(Action(at, "submit", (spec,), "cli" if rng.random() < 0.1 else "api"))
+        # A third each (so every short mode has some): before the run exists; while it
+        # starts (racing the wait's opening); while it waits, parked.
+        if k % 3 == 0:
+            sent = at - rng.uniform(0.05, 2.0)
+        elif k % 3 == 1:
+            sent = at + rng.uniform(0.0, 0.5)
+        else:
+            sent = at + rng.uniform(1.0, 8.0)
+        times = [sent]
+        if k % 4 == 3:  # the same event again (a sender's retry): taken once
+            times.append(sent + rng.uniform(0.0, 2.0))
+        for moment in times:
+            out.append(Action(round(max(0.05, moment), 3), "order", (spec,),
+                              "cli" if rng.random() < 0.15 else "api", f"{spec.run_id}-e0"))
+        for pick in range(1, rng.randint(1, 4) + 1):
+            moment = max(0.05, at + rng.uniform(-2.0, 8.0))
+            out.append(Action(round(moment, 3), "order", (spec,),
+                              "cli" if rng.random() < 0.15 else "api",
+                              f"{spec.run_id}-e{pick}", pick=pick))
+    return out
 
 
 def _storms(rng: random.Random, at: float, spec: RunSpec) -> list[Action]:

@@ -31,6 +31,10 @@ Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
 * ``cx_signals`` -- a step, ``n`` waits for signal ``nudge`` (sent by the harness while it
   kills; some runs started by signal-with-start), a step; returns the payloads in the order
   it took them.
+* ``cx_publish_wait`` -- publishes its state before and after a step, waits for the event of
+  source ``chaos-orders`` whose payload's ``order`` is its own run id (the harness sends it
+  before or after the run reaches the wait, among decoys), publishes what it received and
+  returns that same value.
 
 The combinations (issue 16), each under the same faults:
 
@@ -66,6 +70,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import marbles_rq as mr
+from marbles_rq.engine.event_waits import EventWaitTimeoutError
 from tests.chaos.names import (
     APPLIED_KEY,
     CLAIMS_KEY,
@@ -76,10 +81,14 @@ from tests.chaos.names import (
     FLAKY_KEY,
     LIMIT_GLOBAL,
     LIMIT_PER_KEY,
+    ORDER_SOURCE,
+    ORDER_TIMEOUT_S,
+    ORDER_TYPE,
     QUESTION_KEY,
     SIGNAL_NAME,
     SIGNAL_TIMEOUT_S,
     SOURCE,
+    STATE_KEY,
     TICK_KEY,
     TOCK_KEY,
 )
@@ -270,6 +279,27 @@ def cx_signals(ctx: mr.RunContext, inp: SignalsIn) -> dict[str, Any]:
             break
     after = cx_echo(got)
     return {"signals": got, "timed_out": timed_out, "steps": [before, after]}
+
+
+class PublishWaitIn(msgspec.Struct):
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_publish_wait(ctx: mr.RunContext, inp: PublishWaitIn) -> dict[str, Any]:
+    ctx.publish(STATE_KEY, {"stage": "started"})
+    before = cx_link(0, inp.sleep_ms)
+    ctx.publish(STATE_KEY, {"stage": "stepped", "step": before})
+    state: dict[str, Any]
+    try:
+        got = ctx.wait_for_event(ORDER_SOURCE, type=ORDER_TYPE, match={"order": ctx.run_id},
+                                 timeout_s=ORDER_TIMEOUT_S)
+        state = {"stage": "received", "event": got.id, "key": got.key,
+                 "payload": got.payload}
+    except EventWaitTimeoutError:
+        state = {"stage": "timed_out"}
+    ctx.publish(STATE_KEY, state)
+    return {"state": state, "steps": [before]}
 
 
 class ChildIn(msgspec.Struct):
