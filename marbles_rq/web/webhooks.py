@@ -34,7 +34,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from ..deployment import Settings
-from ..engine.authoring import InputError
+from ..engine.authoring import InputError, UnknownWorkflowError
 from ..engine.ops import MAX_DEPTH, json_depth_exceeds, max_payload
 from ..errors import ConfigError, InvalidIdError, RedisUnavailableError
 from ..store.redis_errors import one_line
@@ -182,7 +182,8 @@ class Webhooks:
                                 f"{exc}")
         try:
             sent = await run_in_threadpool(self._send, source, envelope)
-        except (InputError, InvalidIdError) as exc:
+        except (InputError, InvalidIdError, UnknownWorkflowError) as exc:
+            # Unknown workflow: a trigger the workers declared names a workflow none declared.
             return _refuse(400, str(exc))
         except (redis.RedisError, RedisClusterException, RedisUnavailableError) as exc:
             # The sender is not the operator: where Redis is (host, port, user) stays in the
