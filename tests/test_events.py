@@ -343,3 +343,23 @@ def test_events_past_their_retention_are_pruned_but_pending_ones_stay(redis_url:
     # still kept is not recorded twice.
     again = events.send("gh", "p-1", type="push")
     assert again.created and again.run_id == started.run_id and not again.run_created
+
+
+def test_the_declared_triggers_work_on_a_cluster(cluster_url: str, redis_url: str) -> None:
+    """Declaring, and matching against the declared triggers, read and write one key of the
+    deployment's tag; the journal script stays in the event's slot (no CROSSSLOT). RQ on a
+    server of its own, as MARBLES_RQ_URL puts it."""
+    from marbles_rq.engine.authoring import REGISTRY
+    from marbles_rq.engine.catalog import declare
+    from marbles_rq.triggers.events import TRIGGERS, declare_triggers
+
+    runs = RunStore(open_store(cluster_url))
+    declare(runs.client, runs.keys, REGISTRY)
+    declare_triggers(runs.client, runs.keys, TRIGGERS)
+    events = Events(runs, rq_connection(redis_url), registry=Registry(),
+                    triggers=Triggers({}))
+    sent = events.send("gh", "cl-1", type="push", payload=b"1")
+    assert (sent.state, sent.workflow, sent.run_created) == ("started", "t_on_push", True)
+    view = runs.get(sent.run_id)
+    assert view is not None and view.record.name == "t_on_push"
+    assert events.send("nobody", "cl-2").state == "unmatched"
