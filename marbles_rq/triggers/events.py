@@ -52,6 +52,7 @@ from ..engine.event_waits import offer_event
 from ..engine.runs import RunStore
 from ..errors import CorruptRecordError, InvalidIdError, UnsupportedRecordVersionError
 from ..store import RedisStore, new_request_id
+from ..store.keys import Keyspace
 from ..store.records import EventRecord, decode, encode
 from ..store.redis_errors import is_outage, one_line
 from ..store.replies import as_text
@@ -118,7 +119,7 @@ class Triggers:
 TRIGGERS = Triggers({})
 
 
-def declare_triggers(client: Any, keys: Any, triggers: Triggers = TRIGGERS) -> None:
+def declare_triggers(client: Any, keys: Keyspace, triggers: Triggers = TRIGGERS) -> None:
     """Declare `triggers` in the deployment (a worker on start, `dev` before it says ready),
     for senders that do not import them."""
     event_catalog.declare(client, keys, ((t.source, t.type, t.workflow)
