@@ -94,10 +94,3 @@ def pw_wait_twice(ctx: mr.RunContext, args: WaitInput) -> list[str]:
     second = mr.wait_for_event("shop", type="paid", match={"order": args.order})
     return [first.id, second.id]
 
-
-# `marbles-rq events send` refuses to run without any trigger declared (every event would go
-# unmatched); one trigger, of another source, makes the waits' events sendable from the CLI.
-@mr.on_event("pw-other")
-@mr.workflow
-def pw_other(ctx: mr.RunContext, event: mr.Event) -> str:
-    return event.id

@@ -6,6 +6,7 @@ something else holds, or a directory another `dev` runs in."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -125,6 +126,31 @@ def _enqueue(url: str, run_id: str) -> None:
     done = _cli(url, "enqueue", "chain", "--input", '{"steps": 2, "sleep_s": 0.1}',
                 "--id", run_id)
     assert done.returncode == 0, done.stderr
+
+
+SEND_AT_READY = """
+import json, sys
+import marbles_rq as mr
+with mr.connect(sys.argv[1]) as client:
+    sent = client.send_event("gh", "at-ready", "push", {"n": 1})
+    print(json.dumps([sent.state, sent.workflow,
+                      client.handle(sent.run_id).result(timeout=60) == sent.run_id]))
+"""
+
+
+def test_dev_declares_its_event_triggers_before_it_says_ready(tmp_path: Path,
+                                                              devs: list[DevProc]) -> None:
+    """The moment dev says ready, a sender without the source (another process, no
+    MARBLES_SOURCE) finds the source's triggers: its event starts the triggered run."""
+    home, port = tmp_path / "marbles", free_port()
+    dev = DevProc(home, port, "--workers", "1",
+                  source=REPO_ROOT / "tests" / "trigger_workflows.py")
+    devs.append(dev)
+    dev.wait_line(" ready: ")
+    done = subprocess.run([sys.executable, "-c", SEND_AT_READY, dev.url], env=_env(),
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, (done.stderr, dev.report())
+    assert json.loads(done.stdout) == ["started", "t_on_push", True]
 
 
 def test_dev_runs_restarts_stops_and_keeps_the_data(tmp_path: Path,

@@ -9,6 +9,8 @@ before it returns: once it returned, a run it did not wake stays as it was.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 from marbles_rq.engine import ops
@@ -117,6 +119,47 @@ def test_events_before_and_after_the_wait_wake_the_right_runs_and_no_other(
     assert "delivered to 1 waiting run: ew-C" in out, out
     assert result(procs, "ew-C")["id"] == "pay-C"
     assert obs.runs.client.hlen(_spec_key(obs.runs.keys)) == 0
+
+
+SEND_WITHOUT_SOURCE = """
+import json, sys
+import marbles_rq as mr
+sent = mr.connect().send_event("shop", "nosrc-X", "paid", {"order": "X"})
+print(json.dumps([sent.state, sent.workflow, list(sent.delivered)]))
+"""
+
+
+def test_an_event_no_trigger_matches_anywhere_wakes_the_runs_waiting_for_it(
+        procs: Procs) -> None:
+    """No trigger of "shop" anywhere (not in the sender, none declared by the workers), and a
+    sender that imports no workflow code: the client and `events send` without --source
+    journal the event as unmatched and deliver it to the run waiting for it."""
+    procs.start(workers=1, controller=False)
+    obs = procs.observer
+    assert obs.runs.client.hlen(obs.runs.keys.event_triggers) == 0
+    for order in ("X", "Y"):
+        enqueue(procs, "pw_wait_event", {"order": order}, f"ew-{order}")
+        wait_parked(obs, f"ew-{order}", "event")
+    env = {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
+    done = subprocess.run([sys.executable, "-c", SEND_WITHOUT_SOURCE], env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["unmatched", "", ["ew-X"]]
+    assert result(procs, "ew-X")["id"] == "nosrc-X"
+    assert obs.status("ew-Y") == "waiting"
+
+    argv = procs.base_argv()
+    assert argv[-2] == "--source"
+    cli = subprocess.run([*argv[:-2], "events", "send", "shop", "--id", "nosrc-Y", "--type",
+                          "paid", "--payload", json.dumps({"order": "Y"})], env=env,
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert "delivered to 1 waiting run: ew-Y" in cli.stdout, cli.stdout
+    assert "no trigger matches shop/paid, so no run" in cli.stdout, cli.stdout
+    assert result(procs, "ew-Y")["id"] == "nosrc-Y"
+    for key in (event_key("shop", "nosrc-X"), event_key("shop", "nosrc-Y")):
+        assert obs.runs.client.hget(obs.runs.keys.event(key), "state") == b"unmatched"
+        assert obs.runs.get(key) is None
 
 
 def test_an_event_outside_the_lookback_does_not_match(procs: Procs) -> None:

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections import Counter
 
 import pytest
 import redis
 
 import marbles_rq as mr
+from marbles_rq.engine.authoring import Registry
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
-from marbles_rq.triggers.events import Events, event_key
-from tests.procs import CHAIN_SOURCE, KILL_SOURCE, REPO_ROOT, Procs, wait_for
+from marbles_rq.transport.dispatch import rq_connection
+from marbles_rq.triggers.events import Events, Trigger, Triggers, event_key
+from tests.procs import CHAIN_SOURCE, KILL_SOURCE, REPO_ROOT, Proc, Procs, wait_for
 from tests.trigger_workflows import MARKER_KEY
 
 T_SOURCE = REPO_ROOT / "tests" / "trigger_workflows.py"
@@ -220,16 +223,101 @@ def test_bad_event_input_is_one_line_exit_2_and_records_nothing(
 
 
 
-def test_sending_without_any_trigger_declared_is_refused(procs: Procs) -> None:
-    argv = [*procs.base_argv()[:-2], "events", "send", "gh", "--id", "1"]
-    assert "--source" not in argv
-    env = {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
-    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    assert done.stderr.startswith("error: no event triggers are declared")
-    assert len(done.stderr.splitlines()) == 1
-    assert _client(procs).dbsize() == 0
+def _without_source(procs: Procs) -> tuple[list[str], dict[str, str]]:
+    """The argv prefix and environment of a process that imports no workflow code."""
+    argv = procs.base_argv()
+    assert argv[-2] == "--source"
+    return argv[:-2], {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
+
+
+SEND_WITHOUT_SOURCE = """
+import json
+import marbles_rq as mr
+from marbles_rq.triggers.events import TRIGGERS
+c = mr.connect()
+out = {}
+for source, id, type in (("gh", "far-1", "push"), ("gh", "far-2", "issue"),
+                         ("stripe", "far-3", None)):
+    sent = c.send_event(source, id, type, {"from": id})
+    out[id] = [sent.state, sent.workflow, sent.run_id]
+assert not TRIGGERS.by_key, "this process was to import no trigger"
+print(json.dumps(out))
+"""
+
+
+def test_a_sender_without_the_source_starts_the_trigger_the_workers_declared(
+        procs: Procs) -> None:
+    """Another service (the client, and `events send` without --source): the triggers the
+    worker declared decide, as the sender's own would; an event no trigger matches anywhere
+    is journaled as unmatched, not refused."""
+    argv, env = _without_source(procs)
+    procs.start(workers=1)
+    done = subprocess.run([sys.executable, "-c", SEND_WITHOUT_SOURCE], env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    keys = {i: event_key("gh", i) for i in ("far-1", "far-2", "far-4")}
+    assert json.loads(done.stdout) == {
+        "far-1": ["started", "t_on_push", keys["far-1"]],
+        "far-2": ["started", "t_on_any", keys["far-2"]],
+        "far-3": ["unmatched", "", ""]}
+    cli = subprocess.run([*argv, "events", "send", "gh", "--id", "far-4", "--type", "push",
+                          "--payload", '{"from": "far-4"}'], env=env, cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert f"event {keys['far-4']} received; run {keys['far-4']} queued (t_on_push)" \
+        in cli.stdout
+    for event_id, key in keys.items():
+        view = procs.observer.wait_status(key, "succeeded", timeout=60)
+        assert view.record.name == ("t_on_any" if event_id == "far-2" else "t_on_push")
+        assert view.record.origin == "event"
+    assert sorted(m["payload"]["from"] for m in _markers(procs)) == ["far-1", "far-2", "far-4"]
+    listed = {e["id"]: e["state"] for e in _events_json(procs)}
+    assert listed == {"far-1": "started", "far-2": "started", "far-3": "unmatched",
+                      "far-4": "started"}
+
+
+def test_own_triggers_decide_their_sources_and_the_declared_ones_the_others(
+        procs: Procs) -> None:
+    """A sender whose triggers name other sources matches the rest against the declared
+    ones and records their runs with the declared defaults; for a source its triggers name,
+    they alone decide (the declared trigger of that source is not consulted)."""
+    procs.start(workers=1)
+    mine = Triggers({("gh", "release"): Trigger("gh", "release", "t_on_push")})
+    events = Events(RunStore(open_store(procs.url)), rq_connection(procs.url),
+                    registry=Registry(), triggers=mine)
+    elsewhere = Events(RunStore(open_store(procs.url)), rq_connection(procs.url),
+                       registry=Registry(), triggers=Triggers(
+                           {("other", None): Trigger("other", None, "nope")}))
+    far = elsewhere.send("gh", "mixed-1", type="push", payload=b'{"from": "mixed-1"}')
+    assert (far.state, far.workflow) == ("started", "t_on_push")
+    assert procs.observer.wait_status(far.run_id, "succeeded", timeout=60).record.name \
+        == "t_on_push"
+    # "gh" is this sender's: its triggers name no "gh/push", so the event goes unmatched.
+    own = events.send("gh", "mixed-2", type="push")
+    assert (own.state, own.workflow, own.run_id) == ("unmatched", "", "")
+    assert events.runs.get(own.key) is None
+
+
+def test_a_pending_event_becomes_a_run_by_a_controller_without_the_source(
+        procs: Procs) -> None:
+    """The sender (no source) died after the journal; the controller (no source either)
+    records the run with the defaults the worker declared, at once rather than retrying."""
+    argv, env = _without_source(procs)
+    procs.worker()
+    events = Events(RunStore(open_store(procs.url)), registry=Registry(),
+                    triggers=Triggers({}))
+    record, trigger = events.prepare("gh", "orphan-far", type="push", payload=b'"far"')
+    assert trigger is not None and trigger.workflow == "t_on_push"
+    assert events.journal(record, trigger).state == "pending"
+    ctl = Proc("controller", [*argv, "controller", "--interval", "0.2"],
+               procs.dir / "controller-nosource.log", env)
+    procs.procs.append(ctl)
+    ctl.wait_log("elected controller")
+    view = procs.observer.wait_status(record.id, "succeeded", timeout=60)
+    assert view.record.name == "t_on_push"
+    assert "retrying" not in ctl.text()
+    assert [m["payload"] for m in _markers(procs)] == ["far"]
+
 
 def test_events_past_their_retention_are_pruned_but_pending_ones_stay(redis_url: str) -> None:
     from marbles_rq.controller import Controller
@@ -255,3 +343,23 @@ def test_events_past_their_retention_are_pruned_but_pending_ones_stay(redis_url:
     # still kept is not recorded twice.
     again = events.send("gh", "p-1", type="push")
     assert again.created and again.run_id == started.run_id and not again.run_created
+
+
+def test_the_declared_triggers_work_on_a_cluster(cluster_url: str, redis_url: str) -> None:
+    """Declaring, and matching against the declared triggers, read and write one key of the
+    deployment's tag; the journal script stays in the event's slot (no CROSSSLOT). RQ on a
+    server of its own, as MARBLES_RQ_URL puts it."""
+    from marbles_rq.engine.authoring import REGISTRY
+    from marbles_rq.engine.catalog import declare
+    from marbles_rq.triggers.events import TRIGGERS, declare_triggers
+
+    runs = RunStore(open_store(cluster_url))
+    declare(runs.client, runs.keys, REGISTRY)
+    declare_triggers(runs.client, runs.keys, TRIGGERS)
+    events = Events(runs, rq_connection(redis_url), registry=Registry(),
+                    triggers=Triggers({}))
+    sent = events.send("gh", "cl-1", type="push", payload=b"1")
+    assert (sent.state, sent.workflow, sent.run_created) == ("started", "t_on_push", True)
+    view = runs.get(sent.run_id)
+    assert view is not None and view.record.name == "t_on_push"
+    assert events.send("nobody", "cl-2").state == "unmatched"

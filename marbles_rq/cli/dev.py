@@ -502,15 +502,18 @@ class Dev:
         self.console.event(f"ready: {self.url}")
 
     def _declare(self, registry: Any) -> None:
-        """Declare the workflows before saying ready, as the workers will: a caller without
-        the source may start one the moment it reads `ready`."""
+        """Declare the workflows and event triggers before saying ready, as the workers
+        will: a caller without the source may start one, or send an event, the moment it
+        reads `ready`."""
         from ..deployment import Settings
         from ..engine.catalog import declare
+        from ..triggers.events import declare_triggers
 
         deployment = Settings(self.url, self.settings.prefix, self.settings.buckets,
                               lanes=self.settings.lanes)
         runs = deployment.runs()
         declare(runs.client, runs.keys, registry)
+        declare_triggers(runs.client, runs.keys)
         runs.client.close()
 
     # -- the loop ----------------------------------------------------------------------------

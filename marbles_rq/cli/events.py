@@ -8,9 +8,8 @@ import click
 
 from ..deployment import Settings
 from ..engine.ops import max_payload
-from ..errors import ConfigError
 from ..terminal import safe
-from ..triggers.events import TRIGGERS, Events
+from ..triggers.events import Events
 from .runs import json_argument
 
 
@@ -49,14 +48,12 @@ def events(ctx: click.Context, limit: int, as_json: bool) -> None:
 @click.pass_obj
 def send(settings: Settings, source: str, event_id: str, event_type: str, payload: str,
          as_json: bool) -> None:
-    """Journal an inbound event of SOURCE, then start the run its trigger names."""
+    """Journal an inbound event of SOURCE, deliver it to the runs waiting for it, then start
+    the run its trigger names: a trigger of --source for the sources it names, else one the
+    deployment's workers declared (none: the event is journaled as unmatched)."""
     from ..client import Client
 
     client = Client(settings)
-    settings.load_source()
-    if not TRIGGERS.by_key:  # the client refuses too; first, before reading a @FILE payload
-        raise ConfigError("no event triggers are declared: set --source (env MARBLES_SOURCE) "
-                          "to the modules that declare them")
     raw = json_argument(payload, "payload", max_payload())
     sent = client.send_event(source, event_id, event_type, payload_json=raw)
     if as_json:

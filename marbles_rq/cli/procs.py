@@ -100,6 +100,7 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
     from ..engine.context import Limits
     from ..engine.execute import Engine
     from ..transport.worker import MarblesWorker, run_pool, work
+    from ..triggers.events import declare_triggers
 
     names = _queue_names(queues)
     if metrics_port is not None:
@@ -117,8 +118,10 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
     _logging(log_level)
     _check_redis(settings, allow_unsafe_redis)
     runs = settings.runs()
-    # Callers that do not import the workflow code start its runs with these defaults.
+    # Callers that do not import the workflow code start its runs with these defaults, and
+    # send events to these triggers (workflows first: a trigger found names a known one).
     declare(runs.client, runs.keys, REGISTRY)
+    declare_triggers(runs.client, runs.keys)
     engine = Engine(runs, REGISTRY, worker_name="", lease_ms=lease_ms,
                     limits=Limits.from_env())
     logging.getLogger("marbles_rq.transport.worker").info(

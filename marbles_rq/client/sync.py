@@ -434,18 +434,15 @@ class Client:
 
     def send_event(self, source: str, id: str, type: str | None = None, payload: Any = None,
                    *, payload_json: bytes | str | None = None) -> Sent:
-        """Record an inbound event (as `marbles-rq events send`) and start the run of the
-        `@mr.on_event` trigger it matches; the same (source, id) again is recorded once. The
-        triggers are read from the source this client imports (connect(source=...) or
-        MARBLES_SOURCE): ConfigError when it declares none."""
-        from ..errors import ConfigError
-        from ..triggers.events import TRIGGERS, Events
+        """Record an inbound event (as `marbles-rq events send`), deliver it to the runs
+        waiting for it, and start the run of the `@mr.on_event` trigger it matches; the same
+        (source, id) again is recorded once. The triggers are those of the source this client
+        imports (connect(source=...) or MARBLES_SOURCE) for the sources they name, else those
+        the deployment's workers declared; with none matching, the event is journaled as
+        unmatched (and still delivered to waiting runs)."""
+        from ..triggers.events import Events
 
         self.settings.load_source()
-        if not TRIGGERS.by_key:  # every event would be journaled as unmatched, for good
-            raise ConfigError("no event triggers are declared: set the source (connect("
-                              "source=...), --source or MARBLES_SOURCE) to the modules that "
-                              "declare them")
         raw = msgspec.json.encode(payload) if payload_json is None else (
             payload_json.encode() if isinstance(payload_json, str) else bytes(payload_json))
         # Every input error before touching Redis.

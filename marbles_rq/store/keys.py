@@ -239,6 +239,12 @@ class Keyspace:
         return f"{{{self.prefix}}}:workflows"
 
     @property
+    def event_triggers(self) -> str:
+        """Hash: ``<source> <type>`` (``*``: any type) -> the workflow the trigger starts
+        (triggers/event_catalog.py), written by each worker whose source declares it."""
+        return f"{{{self.prefix}}}:event_triggers"
+
+    @property
     def worker_lanes(self) -> str:
         """Hash: worker name -> the lanes it serves ("0,2"), written with its liveness beat."""
         return f"{{{self.prefix}}}:worker_lanes"

@@ -14,9 +14,15 @@ the event, the sender and the controller racing, or a controller killed midway, 
 one run.
 
 An event that no trigger matches is journaled as ``unmatched`` (no run; a later trigger does
-not pick it up: sending it again says it was received). A trigger names one workflow; an
-event of source S and type T goes to the trigger declared for (S, T), else to the one for S
-with no type.
+not pick it up: sending it again says it was received); either way it is offered to the runs
+waiting for it (engine/event_waits.py). A trigger names one workflow; an event of source S
+and type T goes to the trigger declared for (S, T), else to the one for S with no type.
+
+Which triggers: the sender's own (the ``@mr.on_event`` of the source it imports) for every
+source they name; for a source they do not name (or a sender that imports none), the ones
+the deployment's workers declared (triggers/event_catalog.py), so a service that does not
+import the workflow code sends events all the same. The run is then recorded with the
+defaults its workers declared (engine/catalog.py), as a client's start by name is.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import redis
 
-from ..engine import ops
+from ..engine import catalog, ops
 from ..engine.authoring import (
     REGISTRY,
     DefinitionError,
@@ -46,10 +52,12 @@ from ..engine.event_waits import offer_event
 from ..engine.runs import RunStore
 from ..errors import CorruptRecordError, InvalidIdError, UnsupportedRecordVersionError
 from ..store import RedisStore, new_request_id
+from ..store.keys import Keyspace
 from ..store.records import EventRecord, decode, encode
 from ..store.redis_errors import is_outage, one_line
 from ..store.replies import as_text
 from ..transport.lanes import RQLike, as_lanes
+from . import event_catalog
 
 if TYPE_CHECKING:
     from ..controller.context import DutyContext
@@ -103,8 +111,19 @@ class Triggers:
     def match(self, source: str, type: str) -> Trigger | None:
         return self.by_key.get((source, type or None)) or self.by_key.get((source, None))
 
+    def knows(self, source: str) -> bool:
+        """Whether a trigger names `source` (then these triggers alone decide its events)."""
+        return any(s == source for s, _ in self.by_key)
+
 
 TRIGGERS = Triggers({})
+
+
+def declare_triggers(client: Any, keys: Keyspace, triggers: Triggers = TRIGGERS) -> None:
+    """Declare `triggers` in the deployment (a worker on start, `dev` before it says ready),
+    for senders that do not import them."""
+    event_catalog.declare(client, keys, ((t.source, t.type, t.workflow)
+                                         for t in triggers.by_key.values()))
 
 
 def on_event(source: str, *, type: str | None = None) -> Callable[[WorkflowDef], WorkflowDef]:
@@ -237,22 +256,45 @@ class EventView:
 
 
 class Events:
-    """Inbound events in the store: journal, start, list. `rq` is needed only to start."""
+    """Inbound events in the store: journal, start, list. `rq` is needed only to start.
+    `declared`: match an event whose source `triggers` do not name against the triggers the
+    deployment's workers declared (and record a run of a workflow `registry` lacks with the
+    defaults they declared)."""
 
     def __init__(self, runs: RunStore, rq: RQLike | None = None, *,
-                 registry: Registry = REGISTRY, triggers: Triggers = TRIGGERS) -> None:
+                 registry: Registry = REGISTRY, triggers: Triggers = TRIGGERS,
+                 declared: bool = True) -> None:
         self.runs, self.rq = runs, rq
         self.store: RedisStore = runs.store
         self.keys = runs.keys
-        self.registry, self.triggers = registry, triggers
+        self.registry, self.triggers, self.declared = registry, triggers, declared
+        self._looked_up: dict[str, Registry] = {}  # one catalog read per workflow per use
 
     # -- sending ----------------------------------------------------------------------------
 
     def prepare(self, source: str, event_id: str, *, type: str = "",
                 payload: bytes = b"null") -> tuple[EventRecord, Trigger | None]:
-        """Validate an event completely before anything is written."""
-        return prepare_event(source, event_id, type=type, payload=payload,
-                             registry=self.registry, triggers=self.triggers)
+        """Validate an event completely before anything is written (reads the declared
+        triggers when this process's do not name its source)."""
+        record, trigger = prepare_event(source, event_id, type=type, payload=payload,
+                                        registry=self.registry, triggers=self.triggers)
+        if trigger is None and self.declared and not self.triggers.knows(source):
+            found = event_catalog.lookup(self.store.client, self.keys, source, type)
+            if found is not None:
+                trigger = Trigger(source, found[0], found[1])
+                ops.prepare(ops.RunRequest(trigger.workflow, run_input(record), record.id,
+                                           origin="event"), self._registry_for(trigger.workflow))
+        return record, trigger
+
+    def _registry_for(self, workflow: str) -> Registry:
+        """The definitions to record `workflow`'s run with: this process's when it has the
+        workflow, else the defaults its workers declared (UnknownWorkflowError: none did)."""
+        if workflow in self.registry.workflows or not self.declared:
+            return self.registry
+        if workflow not in self._looked_up:
+            self._looked_up[workflow] = Registry(workflows={
+                workflow: catalog.lookup(self.store.client, self.keys, workflow)})
+        return self._looked_up[workflow]
 
     @staticmethod
     def validate(source: str, event_id: str, *, type: str = "", payload: bytes = b"null",
@@ -340,7 +382,7 @@ class Events:
             raise ValueError("Events needs an RQ connection to start runs")
         return ops.enqueue(self.runs, self.rq,
                            ops.RunRequest(workflow, run_input(record), record.id, origin="event"),
-                           self.registry)
+                           self._registry_for(workflow))
 
     def _foreign(self, enqueued: ops.Enqueued, workflow: str,
                  record: EventRecord) -> str | None:
@@ -348,7 +390,7 @@ class Events:
         was recorded just now). Such a run is never reported as the event's: the event
         fails, saying so."""
         wanted = ops.prepare(ops.RunRequest(workflow, run_input(record), record.id,
-                                            origin="event"), self.registry)
+                                            origin="event"), self._registry_for(workflow))
         if enqueued.created or ops.owned_by(enqueued.record, "event", wanted):
             return None
         found = enqueued.record
@@ -461,7 +503,7 @@ class Events:
 def send_event(runs: RunStore, rq: RQLike, source: str, event_id: str, *, type: str = "",
                payload: bytes = b"null") -> Sent:
     """`marbles-rq events send` in Python: `Events(runs, rq).send(...)` with the triggers
-    declared by the loaded modules."""
+    declared by the loaded modules, else by the deployment's workers."""
     return Events(runs, rq).send(source, event_id, type=type, payload=payload)
 
 # -- the controller's duty ------------------------------------------------------------------

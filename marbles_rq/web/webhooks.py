@@ -9,9 +9,10 @@ Secrets: environment variable ``MARBLES_WEBHOOK_SECRET_<SOURCE>`` (the source up
 every character outside A-Z 0-9 turned into ``_``), read when `web` starts. A source without
 a secret is unknown (404). Order of checks, all before anything is written: known source
 (404), body size (413), signature (401), envelope (400), then the same validation as
-`marbles-rq events send` (400; 503 when no trigger is declared at all). Then the event is
-journaled exactly as `events send` does (`Events.send`): 202 with the event key when it is
-new, 200 when it was received before (nothing new is created).
+`marbles-rq events send` (400). Then the event is journaled exactly as `events send` does
+(`Events.send`: the triggers of --source, else those the workers declared; none: unmatched,
+still delivered to waiting runs): 202 with the event key when it is new, 200 when it was
+received before (nothing new is created).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from ..deployment import Settings
-from ..engine.authoring import InputError
+from ..engine.authoring import InputError, UnknownWorkflowError
 from ..engine.ops import MAX_DEPTH, json_depth_exceeds, max_payload
 from ..errors import ConfigError, InvalidIdError, RedisUnavailableError
 from ..store.redis_errors import one_line
@@ -179,12 +180,10 @@ class Webhooks:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return _refuse(400, f"the body is not an event envelope {{id, type, payload}}: "
                                 f"{exc}")
-        if not TRIGGERS.by_key:
-            return _refuse(503, "no event triggers are declared: start web with the --source "
-                                "that declares them")
         try:
             sent = await run_in_threadpool(self._send, source, envelope)
-        except (InputError, InvalidIdError) as exc:
+        except (InputError, InvalidIdError, UnknownWorkflowError) as exc:
+            # Unknown workflow: a trigger the workers declared names a workflow none declared.
             return _refuse(400, str(exc))
         except (redis.RedisError, RedisClusterException, RedisUnavailableError) as exc:
             # The sender is not the operator: where Redis is (host, port, user) stays in the
