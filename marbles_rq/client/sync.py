@@ -14,6 +14,7 @@ MarblesError with the CLI's message.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -44,6 +45,7 @@ from ..store.records import RunRecord
 from ..store.redis_errors import one_line
 from ..store.replies import as_text
 from .errors import ResultTimeoutError, RunCancelledError, RunFailedError
+from .outage import typed_outages
 from .views import (
     Outcome,
     OutputEntry,
@@ -94,9 +96,33 @@ def start_ms(start_at: StartAt) -> int:
     if isinstance(start_at, bool) or not isinstance(start_at, int | float):
         raise InputError(f"start_at must be a datetime or epoch seconds, not "
                          f"{type(start_at).__name__}")
+    if not math.isfinite(start_at):
+        raise InputError(f"start_at must be a finite number of epoch seconds, not {start_at}")
     return int(start_at * 1000)
 
 
+def wait_seconds(timeout: Any, name: str = "timeout") -> float | None:
+    """A caller's timeout checked: None or infinity waits without end; NaN, text and the
+    like are refused before anything waits."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(
+            timeout):
+        raise InputError(f"{name} must be a number of seconds or None, not {timeout!r}")
+    return None if math.isinf(timeout) and timeout > 0 else float(timeout)
+
+
+def epoch_ms(seconds: Any, name: str) -> int | None:
+    """`since`/`until` of a runs page as epoch ms."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(
+            seconds):
+        raise InputError(f"{name} must be finite epoch seconds, not {seconds!r}")
+    return int(seconds * 1000)
+
+
+_ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
 _RELATIVE = re.compile(r"\+(\d+(?:\.\d+)?)([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -132,6 +158,7 @@ def connect(redis_url: str | None = None, prefix: str | None = None, *,
                                     source=source, rq_url=rq_url))
 
 
+@typed_outages(lambda self: self.settings.redis_url)
 class Client:
     """A deployment, as an application uses it. Thread-safe: redis-py pools connections."""
 
@@ -322,7 +349,7 @@ class Client:
         """Runs newest first, a page at a time: `since`/`until` are epoch seconds of their
         creation; `cursor` is the previous page's. A page's cost does not grow with the
         number of runs (engine/paging.py)."""
-        if not 1 <= limit <= 10_000:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InputError(f"limit must be 1 to 10000, not {limit}")
         try:
             after = Cursor.decode(cursor)
@@ -330,8 +357,7 @@ class Client:
             raise InvalidIdError(str(exc)) from None
         page = RunPager(self.reader).page(limit=limit, after=after, filters=Filters(
             status=status, workflow=workflow, queue=queue,
-            since_ms=None if since is None else int(since * 1000),
-            until_ms=None if until is None else int(until * 1000)))
+            since_ms=epoch_ms(since, "since"), until_ms=epoch_ms(until, "until")))
         rows = [RunSummary(id=r.id, name=r.name, queue=r.queue, status=r.status,
                            attempt=r.attempt, created_ms=r.created_ms, started_ms=r.started_ms,
                            finished_ms=r.finished_ms, parent=r.parent,
@@ -354,6 +380,8 @@ class Client:
                count: int = 1000) -> list[OutputEntry]:
         """Output entries of a run after the entry id `after` (a cursor); with `block_ms`,
         waits up to that long for the first new one."""
+        if not isinstance(after, str) or not _ENTRY_ID.fullmatch(after):
+            raise InvalidIdError(f"invalid output entry id {after!r}: expected <ms>-<seq>")
         events = self.reader.output(check_id(run_id, "run id"), after=after,
                                         block_ms=block_ms, count=count)
         return [entry_of(ev) for ev in events]
@@ -501,7 +529,7 @@ class Client:
         Reads the run's output stream with blocking reads, so it returns as the final entry
         is written. RunFailedError (its `.error`), RunCancelledError, ResultTimeoutError,
         RunNotFoundError."""
-        final = self._final(check_id(run_id, "run id"), timeout)
+        final = self._final(check_id(run_id, "run id"), wait_seconds(timeout))
         return settle(run_id, final, type)
 
     def _final(self, run_id: str, timeout: float | None) -> dict[str, Any]:
@@ -573,7 +601,21 @@ def _input_bytes(definition: WorkflowDef, value: Any, input_json: bytes | str | 
         return input_json.encode() if isinstance(input_json, str) else bytes(input_json)
     if value is None:
         return definition.omitted_input(how)
-    return msgspec.json.encode(value)
+    return encode_input(value)
+
+
+def encode_input(value: Any) -> bytes:
+    """A Python input as JSON, refused as InputError when it cannot be: a value of a type
+    JSON has no form for, or nesting that would overflow the encoder's recursion."""
+    try:
+        return msgspec.json.encode(value)
+    except (TypeError, UnicodeEncodeError, msgspec.EncodeError) as exc:
+        raise InputError(f"input cannot be sent as JSON: {exc}") from None
+    except RecursionError:
+        from ..engine.ops import MAX_DEPTH, InputTooDeepError
+
+        raise InputTooDeepError(f"input nests arrays or objects deeper than {MAX_DEPTH} "
+                                f"levels") from None
 
 
 class RunHandle:

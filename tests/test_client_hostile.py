@@ -1,0 +1,133 @@
+"""The client used carelessly or unluckily: Python values JSON has no form for, NaN and
+infinite numbers, Redis killed while a call waits, one asyncio client driven from two event
+loops. Each is a typed MarblesError (or simply works) and writes nothing; never a
+redis-py exception, a ValueError from int(), or "Event loop is closed"."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+
+import marbles_rq as mr
+from marbles_rq.engine.authoring import InputError
+from marbles_rq.engine.ops import InputTooDeepError
+from marbles_rq.engine.signals import InvalidSignalError
+from marbles_rq.errors import InvalidIdError, RedisUnavailableError
+from tests.procs import REPO_ROOT, wait_for
+from tests.redis_procs import RedisServer
+
+CLIENT_SOURCE = REPO_ROOT / "tests" / "client_workflows.py"
+
+
+def _deep(levels: int) -> list[Any]:
+    top: list[Any] = []
+    cur = top
+    for _ in range(levels):
+        cur.append([])
+        cur = cur[0]
+    return top
+
+
+def _blocked(server: RedisServer) -> bool:
+    return int(server.client().info("clients")["blocked_clients"]) >= 1
+
+
+def test_values_json_cannot_hold_are_refused_typed_with_nothing_written(
+        redis_server: RedisServer) -> None:
+    client = mr.connect(redis_server.url, source=str(CLIENT_SOURCE))
+    run = client.start("cl_slow", {"steps": 1})  # no worker: it stays queued
+    keys = redis_server.client(decode_responses=False)
+    before = {k: keys.dump(k) for k in keys.keys("*")}
+    with pytest.raises(InputError):
+        client.start("cl_fail", {"when": object()})
+    with pytest.raises(InputTooDeepError):
+        client.start("cl_fail", {"deep": _deep(5000)})
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(InputError):
+            client.start("cl_slow", {"steps": 1}, start_at=bad)
+        with pytest.raises(InputError):
+            client.runs(since=bad)
+        with pytest.raises(InputError):
+            run.wait_for("k", timeout=bad)
+    with pytest.raises(InputError):
+        run.result(timeout=float("nan"))
+    with pytest.raises(InputError):
+        run.result(timeout="3")  # type: ignore[arg-type]
+    with pytest.raises(InputError):
+        client.runs(limit="5")  # type: ignore[arg-type]
+    with pytest.raises(InvalidIdError):
+        client.output(run.id, after="junk")
+    with pytest.raises(InvalidSignalError):
+        run.signal("go", _deep(5000))
+    assert {k: keys.dump(k) for k in keys.keys("*")} == before
+    # An infinite timeout waits without end, as None does: here until the run is cancelled.
+    threading.Thread(target=lambda: wait_for(lambda: _blocked(redis_server), timeout=30,
+                                             what="result() blocked") and run.cancel()).start()
+    with pytest.raises(mr.RunCancelledError):
+        run.result(timeout=float("inf"))
+
+    async def main() -> None:
+        async with mr.connect_async(redis_server.url, source=str(CLIENT_SOURCE)) as aclient:
+            with pytest.raises(InputError):
+                await aclient.result(run.id, timeout=float("nan"))
+            with pytest.raises(InputError):
+                await aclient.wait_for(run.id, "k", timeout=float("inf"))
+
+    asyncio.run(main())
+
+
+def test_redis_killed_while_a_call_waits_is_a_typed_error(redis_server: RedisServer) -> None:
+    client = mr.connect(redis_server.url, source=str(CLIENT_SOURCE))
+    run = client.start("cl_slow", {"steps": 1})
+
+    def kill_when_blocked() -> None:
+        wait_for(lambda: _blocked(redis_server), timeout=30, what="result() blocked")
+        os.kill(redis_server.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_blocked)
+    killer.start()
+    with pytest.raises(RedisUnavailableError):
+        run.result(timeout=60)
+    killer.join()
+    for call in (run.status, lambda: run.signal("go", 1), lambda: run.get("k"), run.cancel,
+                 lambda: client.start("cl_slow", {"steps": 1}), client.runs,
+                 lambda: list(run.watch(follow=False))):
+        with pytest.raises(RedisUnavailableError) as caught:
+            call()
+        assert "\n" not in str(caught.value) and redis_server.url.split("//")[1].split(
+            "/")[0] in str(caught.value)
+
+    async def main() -> None:
+        aclient = mr.connect_async(redis_server.url, source=str(CLIENT_SOURCE))
+        for call in (lambda: aclient.result(run.id, timeout=1), lambda: aclient.status(run.id),
+                     lambda: aclient.output(run.id)):
+            with pytest.raises(RedisUnavailableError):
+                await call()
+
+    asyncio.run(main())
+
+
+def test_the_asyncio_client_from_two_event_loops(redis_server: RedisServer) -> None:
+    """asyncio.run twice (a script, a test suite) and a loop in another thread share one
+    AsyncClient: each loop gets its own redis.asyncio connections."""
+    aclient = mr.connect_async(redis_server.url, source=str(CLIENT_SOURCE))
+
+    async def once() -> str:
+        run = await aclient.start("cl_slow", {"steps": 1})
+        with pytest.raises(mr.ResultTimeoutError):
+            await run.result(timeout=0.2)
+        types = [e.type async for e in run.watch(follow=False)]
+        return types[0]
+
+    assert asyncio.run(once()) == "queued"
+    assert asyncio.run(once()) == "queued"
+    seen: list[Any] = []
+    thread = threading.Thread(target=lambda: seen.append(asyncio.run(once())))
+    thread.start()
+    thread.join()
+    assert seen == ["queued"]
