@@ -15,13 +15,15 @@ import pytest
 
 import marbles_rq as mr
 from marbles_rq.engine.authoring import InputError
-from marbles_rq.engine.ops import InputTooDeepError
+from marbles_rq.engine.ops import InputTooDeepError, PayloadTooLargeError
 from marbles_rq.engine.signals import InvalidSignalError
+from marbles_rq.engine.waits import AnswerRefusedError
 from marbles_rq.errors import InvalidIdError, RedisUnavailableError
-from tests.procs import REPO_ROOT, wait_for
+from tests.procs import CHAIN_SOURCE, REPO_ROOT, Procs, wait_for
 from tests.redis_procs import RedisServer
 
 CLIENT_SOURCE = REPO_ROOT / "tests" / "client_workflows.py"
+PROCS_SOURCES = (CLIENT_SOURCE, CHAIN_SOURCE)
 
 
 def _deep(levels: int) -> list[Any]:
@@ -131,3 +133,27 @@ def test_the_asyncio_client_from_two_event_loops(redis_server: RedisServer) -> N
     thread.start()
     thread.join()
     assert seen == ["queued"]
+
+
+def test_answers_of_the_wrong_kind_are_refused_typed_with_nothing_written(
+        procs: Procs) -> None:
+    """A note that is not text, or larger than MARBLES_MAX_PAYLOAD, is refused as an input
+    would be (it was stored whatever its size, or failed with TypeError/RecursionError)."""
+    procs.worker()
+    client = mr.connect(procs.url, source=str(CLIENT_SOURCE))
+    run = client.start("cl_approval", id="appr")
+    wait_for(lambda: any(q.run == "appr" for q in client.feed()), timeout=30,
+             what="the approval in the feed")
+    keys = procs.observer.runs.client
+    before = {k: keys.dump(k) for k in keys.keys("*")}
+    with pytest.raises(InputError):
+        run.approve("ship", note=object())  # type: ignore[arg-type]
+    with pytest.raises(InputError):
+        run.reject("ship", note=_deep(5000))  # type: ignore[arg-type]
+    with pytest.raises(PayloadTooLargeError):
+        run.approve("ship", note="x" * (2 << 20))
+    with pytest.raises(AnswerRefusedError):
+        run.answer("ship", _deep(5000))  # an approval: approve or reject it
+    assert {k: keys.dump(k) for k in keys.keys("*")} == before
+    run.approve("ship", note="ok")
+    assert run.result(timeout=30) == {"approved": True, "note": "ok"}

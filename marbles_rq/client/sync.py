@@ -439,17 +439,19 @@ class Client:
         """Answer question `key` with `value` (one of its choices, or the choice's number as
         text). The first answer wins: AlreadyAnsweredError after; UnknownQuestionError,
         AnswerRefusedError."""
-        return self._answer(run_id, key, value, "question", f"answered {value!r}")
+        # Only text is ever accepted; the repr of anything else (deep, huge) is never shown.
+        what = f"answered {value!r}" if isinstance(value, str) else "answered"
+        return self._answer(run_id, key, value, "question", what)
 
     def approve(self, run_id: str, key: str, note: str | None = None) -> Outcome:
         """Approve approval `key`; the run receives {"approved": True, "note": note}."""
-        return self._answer(run_id, key, {"approved": True, "note": note}, "approval",
+        return self._answer(run_id, key, {"approved": True, "note": _note(note)}, "approval",
                             "approved")
 
     def reject(self, run_id: str, key: str, note: str | None = None) -> Outcome:
         """Reject approval `key`; the run receives {"approved": False, "note": note}."""
-        return self._answer(run_id, key, {"approved": False, "note": note}, "approval",
-                            "rejected")
+        return self._answer(run_id, key, {"approved": False, "note": _note(note)},
+                            "approval", "rejected")
 
     def _answer(self, run_id: str, key: str, value: Any, kind: str, what: str) -> Outcome:
         done: Answered = self._waits().answer(check_id(run_id, "run id"), key, value,
@@ -591,6 +593,22 @@ def settle(run_id: str, final: dict[str, Any], type: Any = Any) -> Any:
     if status == "cancelled":
         raise RunCancelledError(run_id, final.get("reason"))
     raise RunFailedError(run_id, final.get("error"))
+
+
+def _note(note: Any) -> str | None:
+    """An approval's note: text within MARBLES_MAX_PAYLOAD (it is stored in the run, as an
+    input is), or None."""
+    if note is None:
+        return None
+    if not isinstance(note, str):
+        raise InputError(f"a note is text, not {type(note).__name__}")
+    from ..engine.ops import PayloadTooLargeError, max_payload
+
+    size, limit = len(note.encode("utf-8", "surrogatepass")), max_payload()
+    if size > limit:
+        raise PayloadTooLargeError(f"the note is {size} bytes; the limit is {limit} (set "
+                                   f"MARBLES_MAX_PAYLOAD to change it)")
+    return note
 
 
 def _input_bytes(definition: WorkflowDef, value: Any, input_json: bytes | str | None,
