@@ -64,6 +64,10 @@ def test_values_json_cannot_hold_are_refused_typed_with_nothing_written(
         client.runs(limit="5")  # type: ignore[arg-type]
     with pytest.raises(InvalidIdError):
         client.output(run.id, after="junk")
+    with pytest.raises(InputError):  # a typo listed no run at all, as if none had failed
+        client.runs(status="faild")
+    with pytest.raises(InputError):
+        client.start(5, {})  # type: ignore[arg-type]
     with pytest.raises(InvalidSignalError):
         run.signal("go", _deep(5000))
     assert {k: keys.dump(k) for k in keys.keys("*")} == before

@@ -36,7 +36,7 @@ from ..engine.authoring import (
 from ..engine.execution import RunNotFoundError
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.published import published
-from ..engine.runs import OutputEvent, RunStore
+from ..engine.runs import STATUSES, OutputEvent, RunStore
 from ..engine.signals import signals_json
 from ..engine.waits import Answered, WaitStore
 from ..errors import InvalidIdError, RunSettledError
@@ -143,7 +143,12 @@ def parse_start_at(text: str, now: float | None = None) -> float:
 
 
 def workflow_name(workflow: str | WorkflowDef) -> str:
-    return workflow if isinstance(workflow, str) else workflow.name
+    if isinstance(workflow, WorkflowDef):
+        return workflow.name
+    if not isinstance(workflow, str):
+        raise InputError(f"a workflow is its name or its decorated function, not "
+                         f"{type(workflow).__name__}")
+    return workflow
 
 
 def connect(redis_url: str | None = None, prefix: str | None = None, *,
@@ -349,6 +354,8 @@ class Client:
         """Runs newest first, a page at a time: `since`/`until` are epoch seconds of their
         creation; `cursor` is the previous page's. A page's cost does not grow with the
         number of runs (engine/paging.py)."""
+        if status is not None and status not in STATUSES:  # a typo would list no run
+            raise InputError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InputError(f"limit must be 1 to 10000, not {limit}")
         try:
