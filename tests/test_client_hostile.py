@@ -11,6 +11,7 @@ import signal
 import threading
 from typing import Any
 
+import msgspec
 import pytest
 
 import marbles_rq as mr
@@ -161,3 +162,17 @@ def test_answers_of_the_wrong_kind_are_refused_typed_with_nothing_written(
     assert {k: keys.dump(k) for k in keys.keys("*")} == before
     run.approve("ship", note="ok")
     assert run.result(timeout=30) == {"approved": True, "note": "ok"}
+
+
+def test_run_status_holds_everything_status_json_shows(redis_server: RedisServer) -> None:
+    """`client.status()` (and GET /api/runs/{id}, which encodes it) is documented as the
+    data of `status --json`: no field of that document may be dropped (signals were)."""
+    client = mr.connect(redis_server.url, source=str(CLIENT_SOURCE))
+    run = client.start("cl_slow", {"steps": 1})
+    run.signal("go", 1)
+    run.signal("go", 2)
+    document = client.status_json(run.id)
+    typed = msgspec.to_builtins(client.status(run.id))
+    assert set(document) <= set(typed), set(document) - set(typed)
+    assert typed["signals"] == document["signals"] == {
+        "go": {"sent": 2, "taken": 0, "buffered": 2}}
