@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import msgspec
@@ -176,3 +177,17 @@ def test_run_status_holds_everything_status_json_shows(redis_server: RedisServer
     assert set(document) <= set(typed), set(document) - set(typed)
     assert typed["signals"] == document["signals"] == {
         "go": {"sent": 2, "taken": 0, "buffered": 2}}
+
+
+def test_start_many_answers_each_request_of_a_repeated_id(redis_server: RedisServer) -> None:
+    """One id twice in a batch, once to start now and once later: one run, and the request
+    that recorded it says created (both said False: the answers were kept by id)."""
+    client = mr.connect(redis_server.url, source=str(CLIENT_SOURCE))
+    later = time.time() + 3600
+    handles = client.start_many([
+        mr.StartRequest("cl_slow", {"steps": 1}, id="twice"),
+        mr.StartRequest("cl_slow", {"steps": 1}, id="twice", start_at=later),
+        mr.StartRequest("cl_slow", {"steps": 1}, id="later-once", start_at=later)])
+    assert [(h.id, h.created) for h in handles] == [
+        ("twice", True), ("twice", False), ("later-once", True)]
+    assert client.status("twice").start_at is None
