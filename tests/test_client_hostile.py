@@ -20,7 +20,7 @@ from marbles_rq.engine.authoring import InputError
 from marbles_rq.engine.ops import InputTooDeepError, PayloadTooLargeError
 from marbles_rq.engine.signals import InvalidSignalError
 from marbles_rq.engine.waits import AnswerRefusedError
-from marbles_rq.errors import InvalidIdError, RedisUnavailableError
+from marbles_rq.errors import ConfigError, InvalidIdError, RedisUnavailableError
 from tests.procs import CHAIN_SOURCE, REPO_ROOT, Procs, wait_for
 from tests.redis_procs import RedisServer
 
@@ -191,3 +191,14 @@ def test_start_many_answers_each_request_of_a_repeated_id(redis_server: RedisSer
     assert [(h.id, h.created) for h in handles] == [
         ("twice", True), ("twice", False), ("later-once", True)]
     assert client.status("twice").start_at is None
+
+
+def test_connect_refuses_a_malformed_url_at_once() -> None:
+    """docs/client.md: a malformed setting raises ConfigError at once (it did at the first
+    call); nothing touches the network."""
+    for url in ("http://127.0.0.1:6379/0", "redis://", "redis://:pa#ss@127.0.0.1/0"):
+        with pytest.raises(ConfigError):
+            mr.connect(url)
+        with pytest.raises(ConfigError):
+            mr.connect("redis://127.0.0.1:1/0", rq_url=url)
+    mr.connect("redis://127.0.0.1:1/0")  # well formed: nothing is reached yet

@@ -39,7 +39,8 @@ from ..engine.published import published
 from ..engine.runs import STATUSES, OutputEvent, RunStore
 from ..engine.signals import signals_json
 from ..engine.waits import Answered, WaitStore
-from ..errors import InvalidIdError, RunSettledError
+from ..errors import ConfigError, InvalidIdError, RunSettledError
+from ..store.connection import CLUSTER_SCHEMES, check_url, redact
 from ..store.ids import check_id
 from ..store.records import RunRecord
 from ..store.redis_errors import one_line
@@ -159,8 +160,23 @@ def connect(redis_url: str | None = None, prefix: str | None = None, *,
     environment variables of the CLI. `source` (else MARBLES_SOURCE) imports workflow
     definitions so inputs are validated here; without it, a workflow is known by name from
     what its workers declared. Nothing touches the network until the first call."""
-    return Client(Settings.from_env(redis_url, prefix, buckets=buckets, lanes=lanes,
-                                    source=source, rq_url=rq_url))
+    settings = Settings.from_env(redis_url, prefix, buckets=buckets, lanes=lanes,
+                                 source=source, rq_url=rq_url)
+    # A malformed URL is refused here, as documented, not at the first call.
+    for url in (settings.redis_url, settings.rq_url):
+        if url is not None:
+            _check_url(url)
+    return Client(settings)
+
+
+def _check_url(url: str) -> None:
+    """What opening the connection would refuse as ConfigError, without opening it."""
+    parts = check_url(url)
+    if parts.scheme not in ("redis", "rediss", "unix", *CLUSTER_SCHEMES):
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: scheme must be redis://, "
+                          f"rediss://, unix:// or redis+cluster://")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: no host")
 
 
 @typed_outages(lambda self: self.settings.redis_url)
@@ -475,7 +491,6 @@ class Client:
         `@mr.on_event` trigger it matches; the same (source, id) again is recorded once. The
         triggers are read from the source this client imports (connect(source=...) or
         MARBLES_SOURCE): ConfigError when it declares none."""
-        from ..errors import ConfigError
         from ..triggers.events import TRIGGERS, Events
 
         self.settings.load_source()
