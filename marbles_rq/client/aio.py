@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from ..engine.runs import OutputEvent
 from ..store.connection import connect_async as connect_redis_async
 from ..store.ids import check_id
 from .errors import ResultTimeoutError
+from .outage import typed_outages
 from .sync import (
     BLOCK_SLICE_MS,
     Client,
@@ -31,6 +33,7 @@ from .sync import (
     connect,
     entry_of,
     settle,
+    wait_seconds,
 )
 from .views import Outcome, OutputEntry, QuestionInfo, RunsPage, RunStatus
 
@@ -45,24 +48,32 @@ def connect_async(redis_url: str | None = None, prefix: str | None = None, *,
                                rq_url=rq_url))
 
 
+@typed_outages(lambda self: self.sync.settings.redis_url)
 class AsyncClient:
     def __init__(self, client: Client) -> None:
         self.sync = client
-        self._aio: Any = None
+        # redis.asyncio connections belong to the loop that opened them: a client used from
+        # a second loop (asyncio.run twice, a thread with its own loop) needs its own.
+        self._aio_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary())
 
     @property
     def aio(self) -> Any:
-        if self._aio is None:
-            self._aio = _connect_async(self.sync.settings.redis_url)
-        return self._aio
+        """The redis.asyncio client of the running event loop."""
+        loop = asyncio.get_running_loop()
+        opened = self._aio_by_loop.get(loop)
+        if opened is None:
+            opened = self._aio_by_loop[loop] = _connect_async(self.sync.settings.redis_url)
+        return opened
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
 
     async def aclose(self) -> None:
-        if self._aio is not None:
-            await self._aio.aclose()
-            self._aio = None
+        """Close this loop's connections and the sync client's (both open again if used)."""
+        opened = self._aio_by_loop.pop(asyncio.get_running_loop(), None)
+        if opened is not None:
+            await opened.aclose()
         await self._call(self.sync.close)
 
     async def __aenter__(self) -> AsyncClient:
@@ -141,9 +152,14 @@ class AsyncClient:
 
     async def wait_for(self, run_id: str, key: str, timeout: float = 60.0) -> Any:
         """As Client.wait_for, without holding a thread while it waits."""
-        from ..engine.published import NotPublishedError, PublishedWaitTimeoutError
+        from ..engine.authoring import InputError
+        from ..engine.published import NotPublishedError, PublishedWaitTimeoutError, check_key
 
         check_id(run_id, "run id")
+        check_key(key)
+        if wait_seconds(timeout) is None or timeout < 0:
+            raise InputError(f"timeout must be a finite number of seconds >= 0, not "
+                             f"{timeout!r}")
         deadline = time.monotonic() + timeout
         last = await self.aio.xrevrange(self.sync.reader.keys.output(run_id), count=1)
         after = last[0][0].decode() if last else "0-0"
@@ -182,6 +198,7 @@ class AsyncClient:
                      type: Any = Any) -> Any:
         """As Client.result, without holding a thread while it waits."""
         check_id(run_id, "run id")
+        timeout = wait_seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         key = self.sync.reader.keys.output(run_id)
         rows = await self.aio.xrevrange(key, count=1)

@@ -14,6 +14,7 @@ MarblesError with the CLI's message.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -35,15 +36,17 @@ from ..engine.authoring import (
 from ..engine.execution import RunNotFoundError
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.published import published
-from ..engine.runs import OutputEvent, RunStore
+from ..engine.runs import STATUSES, OutputEvent, RunStore
 from ..engine.signals import signals_json
 from ..engine.waits import Answered, WaitStore
-from ..errors import InvalidIdError, RunSettledError
+from ..errors import ConfigError, InvalidIdError, RunSettledError
+from ..store.connection import CLUSTER_SCHEMES, check_url, redact
 from ..store.ids import check_id
 from ..store.records import RunRecord
 from ..store.redis_errors import one_line
 from ..store.replies import as_text
 from .errors import ResultTimeoutError, RunCancelledError, RunFailedError
+from .outage import typed_outages
 from .views import (
     Outcome,
     OutputEntry,
@@ -94,9 +97,33 @@ def start_ms(start_at: StartAt) -> int:
     if isinstance(start_at, bool) or not isinstance(start_at, int | float):
         raise InputError(f"start_at must be a datetime or epoch seconds, not "
                          f"{type(start_at).__name__}")
+    if not math.isfinite(start_at):
+        raise InputError(f"start_at must be a finite number of epoch seconds, not {start_at}")
     return int(start_at * 1000)
 
 
+def wait_seconds(timeout: Any, name: str = "timeout") -> float | None:
+    """A caller's timeout checked: None or infinity waits without end; NaN, text and the
+    like are refused before anything waits."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(
+            timeout):
+        raise InputError(f"{name} must be a number of seconds or None, not {timeout!r}")
+    return None if math.isinf(timeout) and timeout > 0 else float(timeout)
+
+
+def epoch_ms(seconds: Any, name: str) -> int | None:
+    """`since`/`until` of a runs page as epoch ms."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(
+            seconds):
+        raise InputError(f"{name} must be finite epoch seconds, not {seconds!r}")
+    return int(seconds * 1000)
+
+
+_ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
 _RELATIVE = re.compile(r"\+(\d+(?:\.\d+)?)([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -117,7 +144,12 @@ def parse_start_at(text: str, now: float | None = None) -> float:
 
 
 def workflow_name(workflow: str | WorkflowDef) -> str:
-    return workflow if isinstance(workflow, str) else workflow.name
+    if isinstance(workflow, WorkflowDef):
+        return workflow.name
+    if not isinstance(workflow, str):
+        raise InputError(f"a workflow is its name or its decorated function, not "
+                         f"{type(workflow).__name__}")
+    return workflow
 
 
 def connect(redis_url: str | None = None, prefix: str | None = None, *,
@@ -128,10 +160,26 @@ def connect(redis_url: str | None = None, prefix: str | None = None, *,
     environment variables of the CLI. `source` (else MARBLES_SOURCE) imports workflow
     definitions so inputs are validated here; without it, a workflow is known by name from
     what its workers declared. Nothing touches the network until the first call."""
-    return Client(Settings.from_env(redis_url, prefix, buckets=buckets, lanes=lanes,
-                                    source=source, rq_url=rq_url))
+    settings = Settings.from_env(redis_url, prefix, buckets=buckets, lanes=lanes,
+                                 source=source, rq_url=rq_url)
+    # A malformed URL is refused here, as documented, not at the first call.
+    for url in (settings.redis_url, settings.rq_url):
+        if url is not None:
+            _check_url(url)
+    return Client(settings)
 
 
+def _check_url(url: str) -> None:
+    """What opening the connection would refuse as ConfigError, without opening it."""
+    parts = check_url(url)
+    if parts.scheme not in ("redis", "rediss", "unix", *CLUSTER_SCHEMES):
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: scheme must be redis://, "
+                          f"rediss://, unix:// or redis+cluster://")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: no host")
+
+
+@typed_outages(lambda self: self.settings.redis_url)
 class Client:
     """A deployment, as an application uses it. Thread-safe: redis-py pools connections."""
 
@@ -322,7 +370,9 @@ class Client:
         """Runs newest first, a page at a time: `since`/`until` are epoch seconds of their
         creation; `cursor` is the previous page's. A page's cost does not grow with the
         number of runs (engine/paging.py)."""
-        if not 1 <= limit <= 10_000:
+        if status is not None and status not in STATUSES:  # a typo would list no run
+            raise InputError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InputError(f"limit must be 1 to 10000, not {limit}")
         try:
             after = Cursor.decode(cursor)
@@ -330,8 +380,7 @@ class Client:
             raise InvalidIdError(str(exc)) from None
         page = RunPager(self.reader).page(limit=limit, after=after, filters=Filters(
             status=status, workflow=workflow, queue=queue,
-            since_ms=None if since is None else int(since * 1000),
-            until_ms=None if until is None else int(until * 1000)))
+            since_ms=epoch_ms(since, "since"), until_ms=epoch_ms(until, "until")))
         rows = [RunSummary(id=r.id, name=r.name, queue=r.queue, status=r.status,
                            attempt=r.attempt, created_ms=r.created_ms, started_ms=r.started_ms,
                            finished_ms=r.finished_ms, parent=r.parent,
@@ -354,6 +403,8 @@ class Client:
                count: int = 1000) -> list[OutputEntry]:
         """Output entries of a run after the entry id `after` (a cursor); with `block_ms`,
         waits up to that long for the first new one."""
+        if not isinstance(after, str) or not _ENTRY_ID.fullmatch(after):
+            raise InvalidIdError(f"invalid output entry id {after!r}: expected <ms>-<seq>")
         events = self.reader.output(check_id(run_id, "run id"), after=after,
                                         block_ms=block_ms, count=count)
         return [entry_of(ev) for ev in events]
@@ -411,17 +462,19 @@ class Client:
         """Answer question `key` with `value` (one of its choices, or the choice's number as
         text). The first answer wins: AlreadyAnsweredError after; UnknownQuestionError,
         AnswerRefusedError."""
-        return self._answer(run_id, key, value, "question", f"answered {value!r}")
+        # Only text is ever accepted; the repr of anything else (deep, huge) is never shown.
+        what = f"answered {value!r}" if isinstance(value, str) else "answered"
+        return self._answer(run_id, key, value, "question", what)
 
     def approve(self, run_id: str, key: str, note: str | None = None) -> Outcome:
         """Approve approval `key`; the run receives {"approved": True, "note": note}."""
-        return self._answer(run_id, key, {"approved": True, "note": note}, "approval",
+        return self._answer(run_id, key, {"approved": True, "note": _note(note)}, "approval",
                             "approved")
 
     def reject(self, run_id: str, key: str, note: str | None = None) -> Outcome:
         """Reject approval `key`; the run receives {"approved": False, "note": note}."""
-        return self._answer(run_id, key, {"approved": False, "note": note}, "approval",
-                            "rejected")
+        return self._answer(run_id, key, {"approved": False, "note": _note(note)},
+                            "approval", "rejected")
 
     def _answer(self, run_id: str, key: str, value: Any, kind: str, what: str) -> Outcome:
         done: Answered = self._waits().answer(check_id(run_id, "run id"), key, value,
@@ -498,7 +551,7 @@ class Client:
         Reads the run's output stream with blocking reads, so it returns as the final entry
         is written. RunFailedError (its `.error`), RunCancelledError, ResultTimeoutError,
         RunNotFoundError."""
-        final = self._final(check_id(run_id, "run id"), timeout)
+        final = self._final(check_id(run_id, "run id"), wait_seconds(timeout))
         return settle(run_id, final, type)
 
     def _final(self, run_id: str, timeout: float | None) -> dict[str, Any]:
@@ -562,6 +615,22 @@ def settle(run_id: str, final: dict[str, Any], type: Any = Any) -> Any:
     raise RunFailedError(run_id, final.get("error"))
 
 
+def _note(note: Any) -> str | None:
+    """An approval's note: text within MARBLES_MAX_PAYLOAD (it is stored in the run, as an
+    input is), or None."""
+    if note is None:
+        return None
+    if not isinstance(note, str):
+        raise InputError(f"a note is text, not {type(note).__name__}")
+    from ..engine.ops import PayloadTooLargeError, max_payload
+
+    size, limit = len(note.encode("utf-8", "surrogatepass")), max_payload()
+    if size > limit:
+        raise PayloadTooLargeError(f"the note is {size} bytes; the limit is {limit} (set "
+                                   f"MARBLES_MAX_PAYLOAD to change it)")
+    return note
+
+
 def _input_bytes(definition: WorkflowDef, value: Any, input_json: bytes | str | None,
                  how: str) -> bytes:
     if input_json is not None:
@@ -570,7 +639,21 @@ def _input_bytes(definition: WorkflowDef, value: Any, input_json: bytes | str | 
         return input_json.encode() if isinstance(input_json, str) else bytes(input_json)
     if value is None:
         return definition.omitted_input(how)
-    return msgspec.json.encode(value)
+    return encode_input(value)
+
+
+def encode_input(value: Any) -> bytes:
+    """A Python input as JSON, refused as InputError when it cannot be: a value of a type
+    JSON has no form for, or nesting that would overflow the encoder's recursion."""
+    try:
+        return msgspec.json.encode(value)
+    except (TypeError, UnicodeEncodeError, msgspec.EncodeError) as exc:
+        raise InputError(f"input cannot be sent as JSON: {exc}") from None
+    except RecursionError:
+        from ..engine.ops import MAX_DEPTH, InputTooDeepError
+
+        raise InputTooDeepError(f"input nests arrays or objects deeper than {MAX_DEPTH} "
+                                f"levels") from None
 
 
 class RunHandle:

@@ -76,6 +76,14 @@ class ReportInfo(msgspec.Struct, frozen=True):
     at_ms: int = 0
 
 
+class SignalCounts(msgspec.Struct, frozen=True):
+    """A run's signals of one name: sent to it, taken by its body, waiting to be taken."""
+
+    sent: int
+    taken: int
+    buffered: int
+
+
 class RunStatus(msgspec.Struct, frozen=True):
     """One run as `marbles-rq status --json` shows it. Times are ISO 8601 UTC text;
     `attempt` is 1 + redeliveries, `delivery` counts every delivery (wakes too),
@@ -112,6 +120,7 @@ class RunStatus(msgspec.Struct, frozen=True):
     questions: list[QuestionInfo] = msgspec.field(default_factory=list)
     reports: list[ReportInfo] = msgspec.field(default_factory=list)
     published: dict[str, Any] = msgspec.field(default_factory=dict)  # ctx.publish's values
+    signals: dict[str, SignalCounts] = msgspec.field(default_factory=dict)  # per name
 
     @property
     def finished(self) -> bool:

@@ -216,11 +216,15 @@ def enqueue_records(runs: RunStore, rq: RQLike, records: list[RunRecord]) -> lis
     queue. A run whose id exists is returned as it is and not enqueued again. Runs asked to
     start later are recorded only (the controller enqueues them at their start)."""
     if any(delayed(r) for r in records):
-        later = [r for r in records if delayed(r)]
-        now = [r for r in records if not delayed(r)]
-        done = {e.run_id: e for e in [*enqueue_records(runs, rq, now), *(
-            _result(rec, dispatched=False) for rec in runs.record_chunk(later))]}
-        return [done[r.id] for r in records]
+        # By position, not by id: an id given twice in one chunk has two answers (the
+        # first recorded created it, the other found it).
+        now = [i for i, r in enumerate(records) if not delayed(r)]
+        later = [i for i, r in enumerate(records) if delayed(r)]
+        done: dict[int, Enqueued] = dict(zip(
+            now, enqueue_records(runs, rq, [records[i] for i in now]), strict=True))
+        done.update(zip(later, (_result(rec, dispatched=False) for rec in runs.record_chunk(
+            [records[i] for i in later])), strict=True))
+        return [done[i] for i in range(len(records))]
     delivered = FirstDelivery(rq, runs.keys, runs.client).record_chunk(
         lambda pushes: runs.record_chunk(records, pushes),
         [(limit_specs.delivery_queue(r), r.id) for r in records])

@@ -17,6 +17,7 @@ what `wait_published` blocks on (XREAD BLOCK: no polling).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -156,8 +157,11 @@ def wait_published(runs: RunStore, run_id: str, key: str, timeout_s: float) -> A
     PublishedWaitTimeoutError when the time runs out."""
     check_id(run_id, "run id")
     check_key(key)
-    if not isinstance(timeout_s, int | float) or timeout_s < 0:
-        raise InputError(f"timeout_s must be a number of seconds >= 0, not {timeout_s!r}")
+    # NaN or infinity would reach int() of the time left: a ValueError, not a refusal.
+    if not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s) or (
+            timeout_s < 0):
+        raise InputError(f"timeout_s must be a finite number of seconds >= 0, not "
+                         f"{timeout_s!r}")
     deadline = time.monotonic() + timeout_s
     # The stream's last entry first, then the value: a publish between the two is an entry
     # after that id, which the blocking read sees.

@@ -107,6 +107,9 @@ def encode_payload(value: Any) -> bytes:
     except (TypeError, UnicodeEncodeError, msgspec.EncodeError) as exc:
         raise InvalidSignalError(f"the signal's payload cannot be sent as JSON: {exc}"
                                  ) from None
+    except RecursionError:  # nesting deeper than the encoder can recurse
+        raise InvalidSignalError("the signal's payload nests too deep to be sent as JSON"
+                                 ) from None
     return check_payload(raw)
 
 

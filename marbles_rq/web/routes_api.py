@@ -32,8 +32,9 @@ from ..deployment import Settings
 from ..engine.ops import MAX_DEPTH, json_depth_exceeds
 from ..engine.runs import STATUSES
 from ..store.ids import check_id
+from ..store.redis_errors import one_line
 from .api_auth import ApiGuard
-from .api_errors import ApiError, error_response, response_for
+from .api_errors import ApiError, error_response, log, response_for
 from .api_models import (
     AnswerBody,
     EventBody,
@@ -249,7 +250,15 @@ class Api:
             yield b"retry: 1000\n\n"
             quiet_since = time.monotonic()
             while not done:
-                entries = await self.client.output(run_id, after=after, block_ms=SLICE_MS)
+                try:
+                    entries = await self.client.output(run_id, after=after,
+                                                       block_ms=SLICE_MS)
+                except Exception as exc:
+                    # The status line is sent: the refusal travels as a last event, and the
+                    # stream ends cleanly (an EventSource reconnects with Last-Event-ID)
+                    # rather than being cut with a traceback in the server's log.
+                    yield stream_error(exc)
+                    return
                 for entry in entries:
                     after = entry.id
                     yield sse(entry)
@@ -359,6 +368,15 @@ def sse(entry: OutputEntry) -> bytes:
     # JSON text holds no raw newline, so `data` is one line.
     return (f"id: {entry.id}\nevent: {entry.type}\ndata: ".encode()
             + msgspec.json.encode(entry) + b"\n\n")
+
+
+def stream_error(exc: Exception) -> bytes:
+    """The last event of an output stream that could not go on: `event: api_error`, `data`
+    the API's one-line error object (an event named `error` would reach an EventSource's
+    onerror, which is its connection's)."""
+    reply = response_for(exc)
+    log.warning("output stream ended: %s", one_line(exc))
+    return b"event: api_error\ndata: " + bytes(reply.body) + b"\n\n"
 
 
 def _entry_key(entry_id: str) -> tuple[int, int]:
