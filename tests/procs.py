@@ -585,6 +585,14 @@ class Procs:
     # -- teardown and reporting -------------------------------------------------------------
 
     def stop_all(self, *, grace: float = 3.0) -> None:
+        # Each live controller's threads' stacks into its log first (faulthandler on SIGUSR2):
+        # the report of a failed test then says where a controller that went quiet was.
+        for proc in self.procs:
+            if proc.role == "controller" and proc.alive():
+                with contextlib.suppress(OSError):
+                    proc.signal(signal.SIGUSR2)
+                with contextlib.suppress(WaitTimeout):
+                    proc.wait_log("Current thread", timeout=2)
         try:
             stop_procs(self.procs, grace=grace)
         finally:

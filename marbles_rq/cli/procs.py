@@ -156,6 +156,11 @@ def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_
 
         serve_metrics(metrics_port, metrics_bind)
     _logging(log_level)
+    # `kill -USR2 PID` prints every thread's stack to the log: what a controller that has
+    # gone quiet is doing, without stopping it.
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     settings.load_source()  # schedules, triggers and monitors are declared beside workflows
     _check_redis(settings, allow_unsafe_redis)
     ctl = Sharing(settings.runs(), settings.rq(), lease_ms=lease_ms, interval_s=interval,
