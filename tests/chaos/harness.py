@@ -389,8 +389,9 @@ class Harness:
             if chosen is None:
                 return False
             slot, horse = chosen
-            if _signal(horse, signal.SIGKILL):
-                self._record(fault, [slot.pid], f"{slot.name} horse {horse}")
+            if not _signal(horse, signal.SIGKILL):
+                return False  # it ended between the look and the kill: look again
+            self._record(fault, [slot.pid], f"{slot.name} horse {horse}")
             return True
         if kind == "pool_executor":
             pairs = [(s, kid) for s in self._workers(forking=False) for kid in children(s.pid)]
@@ -398,8 +399,9 @@ class Harness:
             if chosen is None:
                 return False
             slot, executor = chosen
-            if _signal(executor, signal.SIGKILL):
-                self._record(fault, [executor], f"{slot.name} executor {executor}")
+            if not _signal(executor, signal.SIGKILL):
+                return False  # it ended between the look and the kill: look again
+            self._record(fault, [executor], f"{slot.name} executor {executor}")
             return True
         slots = self._workers()
         chosen_slot = self._choose(fault, slots, [s for s in slots if busy & {
