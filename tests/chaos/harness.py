@@ -498,7 +498,8 @@ class Harness:
             delay = self.t0 + action.at_s - NOW()
             if delay > 0 and self.stop.wait(delay):
                 return
-            if action.op in ("rerun", "cancel_spawning"):  # they wait: a thread of their own
+            if action.op in ("rerun", "cancel_spawning") or action.ops == ("parked",):
+                # they wait: a thread of their own
                 thread = threading.Thread(target=self._guard, args=(action,), daemon=True,
                                           name=f"chaos-wait-{len(self.waiters)}")
                 self.waiters.append(thread)
@@ -580,6 +581,12 @@ class Harness:
         elif op in ("signal", "signal_start"):
             self._signal(action)
         elif op == "order":
+            if action.ops == ("parked",):
+                if self._wait_for(action.runs[0].run_id, "parked"):
+                    self.stop.wait(action.pick_ms / 1000)
+                else:
+                    self.log.note(f"{action.runs[0].run_id}: did not park in "
+                                  f"{WAIT_START_S} s")
             self._order(action)
         else:
             raise ValueError(op)

@@ -76,11 +76,12 @@ class Action:
     #                   once, from another thread)
     event_id: str = ""
     # pause: "pause" / "resume" calls made back to back, in order ("started": first wait
-    # for the run to start; "hold": wait HOLD_S between two calls)
+    # for the run to start; "hold": wait HOLD_S between two calls); order: ("parked",)
+    # sends only once the run has parked (then after `pick_ms`)
     ops: tuple[str, ...] = ()
-    #                            ("started": first wait until the run has started)
     pick: int = 0  # rerun: the seeded draw that chooses the step to rerun from;
     #                cancel_spawning: ms to wait after the first child started
+    pick_ms: int = 0  # order with ops ("parked",): ms to wait after the park
 
 
 @dataclass(frozen=True)
@@ -352,19 +353,24 @@ def _publish_waits(rng: random.Random, seed: int, runs: int, duration: float
                        {"sleep_ms": rng.choice([10, 50, 200])})
         out.append(Action(at, "submit", (spec,), "cli" if rng.random() < 0.1 else "api"))
         # A third each (so every short mode has some): before the run exists; while it
-        # starts (racing the wait's opening); while it waits, parked.
+        # starts (racing the wait's opening); while it waits, parked -- sent only once its
+        # journal says so, whatever the box's speed (CI's slower runners queued every run
+        # past a send timed from its submission, and parked none).
+        parked = k % 3 == 2
         if k % 3 == 0:
             sent = at - rng.uniform(0.05, 2.0)
         elif k % 3 == 1:
             sent = at + rng.uniform(0.0, 0.5)
         else:
-            sent = at + rng.uniform(1.0, 8.0)
+            sent = at
         times = [sent]
         if k % 4 == 3:  # the same event again (a sender's retry): taken once
             times.append(sent + rng.uniform(0.0, 2.0))
         for moment in times:
             out.append(Action(round(max(0.05, moment), 3), "order", (spec,),
-                              "cli" if rng.random() < 0.15 else "api", f"{spec.run_id}-e0"))
+                              "cli" if rng.random() < 0.15 else "api", f"{spec.run_id}-e0",
+                              ops=("parked",) if parked else (),
+                              pick_ms=rng.randint(0, 2000) if parked else 0))
         for pick in range(1, rng.randint(1, 4) + 1):
             moment = max(0.05, at + rng.uniform(-2.0, 8.0))
             out.append(Action(round(moment, 3), "order", (spec,),
