@@ -831,7 +831,7 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     matches = [a for a in plan.actions if a.op == "order" and a.pick == 0]
     assert {a.runs[0].run_id for a in matches} == set(submit_at)
     assert sum(a.at_s < submit_at[a.runs[0].run_id] for a in matches) >= 3
-    assert sum(a.at_s > submit_at[a.runs[0].run_id] + 1 for a in matches) >= 3
+    assert sum(a.ops == ("parked",) for a in matches) >= 3  # sent once the run parked
     assert Counter(a.event_id for a in matches).most_common(1)[0][1] == 2  # a resend
     decoys = Counter(DECOYS[(a.pick - 1) % len(DECOYS)] for a in plan.actions
                      if a.op == "order" and a.pick)
