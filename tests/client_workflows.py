@@ -68,3 +68,11 @@ def cl_publish(ctx: mr.RunContext, inp: dict[str, Any]) -> str:
 @mr.workflow
 def cl_signal(ctx: mr.RunContext) -> list[Any]:
     return [ctx.wait_for_signal("go", timeout_s=60) for _ in range(2)]
+
+
+@mr.workflow
+def cl_slashed(ctx: mr.RunContext) -> Any:
+    """Names and keys holding '/', as applications namespace them."""
+    got = ctx.wait_for_signal("orders/paid", timeout_s=60)
+    ctx.publish("orders/last", got)
+    return dict(ctx.ask.approval("Ship it?", key="ship/eu")) | {"paid": got}

@@ -72,7 +72,26 @@ def test_values_json_cannot_hold_are_refused_typed_with_nothing_written(
         client.start(5, {})  # type: ignore[arg-type]
     with pytest.raises(InvalidSignalError):
         run.signal("go", _deep(5000))
+    # NaN and infinities: msgspec would write null, and the value would change on its way.
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(InputError, match="NaN or an infinity"):
+            client.start("cl_fail", {"rate": [1.0, bad]})
+        with pytest.raises(InvalidSignalError, match="NaN or an infinity"):
+            run.signal("go", {"x": bad})
+        with pytest.raises(InputError, match="NaN or an infinity"):
+            client.send_event("cl-shop", "e-nan", type="paid", payload={"amount": bad})
+    for limit in (-1, 0, 1001):
+        with pytest.raises(InputError, match="limit must be 1 to 1000"):
+            client.feed(limit)
+        with pytest.raises(InputError, match="limit must be 1 to 1000"):
+            client.reports(limit)
+    # One bad request of a batch: none starts, and the error says which one.
+    batch = [mr.StartRequest("cl_slow", {"steps": 1}) for _ in range(3)]
+    batch.insert(2, mr.StartRequest("cl_slow", {"steps": float("nan")}))
+    with pytest.raises(InputError, match=r"^request 2: input cannot be sent as JSON"):
+        client.start_many(batch)
     assert {k: keys.dump(k) for k in keys.keys("*")} == before
+    assert client.start("cl_fail", {"rate": [1.0, None]}).created  # a real null is fine
     # An infinite timeout waits without end, as None does: here until the run is cancelled.
     threading.Thread(target=lambda: wait_for(lambda: _blocked(redis_server), timeout=30,
                                              what="result() blocked") and run.cancel()).start()

@@ -80,6 +80,27 @@ def _exactly_once(runs: RunStore, run_id: str, steps: int) -> None:
     assert len(won) == steps and set(won.values()) == {1}, won
 
 
+def _diagnosis(cluster: RedisCluster, runs: RunStore, ids: list[str]) -> str:
+    """What a stuck cluster test needs to be understood: each run's status, and the RQ
+    lists and sorted sets of each master with their lengths."""
+    lines = [f"runs: {[(r, getattr(runs.get(r), 'status', None)) for r in ids]}"]
+    for node in cluster.nodes:
+        conn = redis.Redis(port=node.port, decode_responses=True, socket_timeout=5)
+        try:
+            role = conn.info("replication")["role"]
+            sizes = {}
+            for key in conn.scan_iter(match=f"*{RQ_PREFIX.strip('{}')}*", count=1000):
+                kind = conn.type(key)
+                if kind == "list":
+                    sizes[key] = conn.llen(key)
+                elif kind == "zset":
+                    sizes[key] = conn.zcard(key)
+            lines.append(f"node {node.port} ({role}): {sizes}")
+        except redis.RedisError as exc:
+            lines.append(f"node {node.port}: {exc}")
+    return "\n".join(lines)
+
+
 def _worker(procs: Procs, lanes: str, *extra: str) -> Proc:
     return procs.worker(extra=["--lanes", lanes, *extra])
 
@@ -245,7 +266,8 @@ def test_cluster_failover_during_runs_loses_nothing(lane_cluster: RedisCluster,
         for rid in ids:
             _enqueue(procs, rid, steps=3, sleep_s=0.3)
         wait_for(lambda: any(runs.get(r) and runs.get(r).status == "running"  # type: ignore[union-attr]
-                             for r in ids), timeout=60, what="runs to be running")
+                             for r in ids), timeout=60, what="runs to be running",
+                 context=lambda: _diagnosis(lane_cluster, runs, ids))
         before = {lane: _lane_master_port(lane_cluster, lane) for lane in range(LANES)}
         for port in dict.fromkeys(before[k] for k in (1, 0, 2)):  # lane 1's master first
             master = next(n for n in lane_cluster.nodes if n.port == port)

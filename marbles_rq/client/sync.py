@@ -34,12 +34,13 @@ from ..engine.authoring import (
     WorkflowDef,
 )
 from ..engine.execution import RunNotFoundError
+from ..engine.json_values import changed_by_json
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.published import published
 from ..engine.runs import STATUSES, OutputEvent, RunStore
 from ..engine.signals import signals_json
 from ..engine.waits import Answered, WaitStore
-from ..errors import ConfigError, InvalidIdError, RunSettledError
+from ..errors import ConfigError, InvalidIdError, MarblesError, RunSettledError
 from ..store.connection import CLUSTER_SCHEMES, check_url, redact
 from ..store.ids import check_id
 from ..store.records import RunRecord
@@ -325,10 +326,16 @@ class Client:
         recorded and enqueued 500 to a round trip. Handles come back in request order."""
         from ..engine.ops import ENQUEUE_CHUNK, enqueue_records
 
-        records = [self.prepare(r.workflow, r.input, id=r.id, queue=r.queue,
-                                priority=r.priority, input_json=r.input_json,
-                                start_at=r.start_at)
-                   for r in requests]
+        records = []
+        for index, r in enumerate(requests):
+            try:
+                records.append(self.prepare(r.workflow, r.input, id=r.id, queue=r.queue,
+                                            priority=r.priority, input_json=r.input_json,
+                                            start_at=r.start_at))
+            except MarblesError as exc:
+                # Which of hundreds was refused: the same error, its line naming the request.
+                exc.args = (f"request {index}: {exc}",)
+                raise
         handles: list[RunHandle] = []
         for at in range(0, len(records), ENQUEUE_CHUNK):
             done = enqueue_records(self.runs_store, self.lanes, records[at:at + ENQUEUE_CHUNK])
@@ -372,8 +379,7 @@ class Client:
         number of runs (engine/paging.py)."""
         if status is not None and status not in STATUSES:  # a typo would list no run
             raise InputError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-            raise InputError(f"limit must be 1 to 10000, not {limit}")
+        _check_limit(limit, 10_000)
         try:
             after = Cursor.decode(cursor)
         except ValueError as exc:
@@ -389,13 +395,15 @@ class Client:
                         not page.exhausted_budget)
 
     def feed(self, limit: int = 100) -> list[QuestionInfo]:
-        """Open questions and approvals across runs, oldest first."""
+        """Open questions and approvals across runs, oldest first (`limit`: 1 to 1000)."""
+        _check_limit(limit, 1000)
         now_ms = int(time.time() * 1000)
         return [msgspec.convert(q.to_json(now_ms), QuestionInfo)
                 for q in WaitStore(self.reader).feed(limit)]
 
     def reports(self, limit: int = 20) -> list[ReportInfo]:
-        """The newest reports across runs."""
+        """The newest reports across runs (`limit`: 1 to 1000)."""
+        _check_limit(limit, 1000)
         reports = WaitStore(self.reader).reports(limit)
         return [msgspec.convert(r.to_json(), ReportInfo) for r in reports]
 
@@ -496,7 +504,7 @@ class Client:
         from ..triggers.events import Events
 
         self.settings.load_source()
-        raw = msgspec.json.encode(payload) if payload_json is None else (
+        raw = encode_json(payload, "the payload") if payload_json is None else (
             payload_json.encode() if isinstance(payload_json, str) else bytes(payload_json))
         # Every input error before touching Redis.
         Events.validate(source, id, type=type or "", payload=raw)
@@ -642,18 +650,32 @@ def _input_bytes(definition: WorkflowDef, value: Any, input_json: bytes | str | 
     return encode_input(value)
 
 
-def encode_input(value: Any) -> bytes:
-    """A Python input as JSON, refused as InputError when it cannot be: a value of a type
-    JSON has no form for, or nesting that would overflow the encoder's recursion."""
+def _check_limit(limit: Any, high: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= high:
+        raise InputError(f"limit must be 1 to {high}, not {limit!r}")
+
+
+def encode_json(value: Any, what: str = "input") -> bytes:
+    """A Python value as JSON, refused as InputError when it cannot be: a value of a type
+    JSON has no form for, NaN or an infinity (msgspec would write null: the value would
+    change on its way), or nesting that would overflow the encoder's recursion."""
     try:
-        return msgspec.json.encode(value)
+        encoded = msgspec.json.encode(value)
     except (TypeError, UnicodeEncodeError, msgspec.EncodeError) as exc:
-        raise InputError(f"input cannot be sent as JSON: {exc}") from None
+        raise InputError(f"{what} cannot be sent as JSON: {exc}") from None
     except RecursionError:
         from ..engine.ops import MAX_DEPTH, InputTooDeepError
 
-        raise InputTooDeepError(f"input nests arrays or objects deeper than {MAX_DEPTH} "
+        raise InputTooDeepError(f"{what} nests arrays or objects deeper than {MAX_DEPTH} "
                                 f"levels") from None
+    if changed_by_json(value, encoded):
+        raise InputError(f"{what} cannot be sent as JSON: it holds NaN or an infinity")
+    return encoded
+
+
+def encode_input(value: Any) -> bytes:
+    """A workflow's input as JSON (see encode_json)."""
+    return encode_json(value)
 
 
 class RunHandle:

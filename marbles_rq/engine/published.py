@@ -29,6 +29,7 @@ from ..store.records import StepRecord, encode
 from .authoring import InputError
 from .context import check_branch, check_not_in_foreign_thread, now_ms
 from .execution import RunNotFoundError, stamp
+from .json_values import changed_by_json
 
 if TYPE_CHECKING:
     from .context import Run
@@ -73,6 +74,9 @@ def _encode_value(key: str, value: Any) -> bytes:
         encoded = msgspec.json.encode(value)
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
         raise PublishError(f"the value published as {key!r} is not JSON: {exc}") from None
+    if changed_by_json(value, encoded):
+        raise PublishError(f"the value published as {key!r} is not JSON: it holds NaN or "
+                           f"an infinity")
     limit = max_payload()
     if len(encoded) > limit:
         raise PublishError(f"the value published as {key!r} is {len(encoded):,} bytes, over "

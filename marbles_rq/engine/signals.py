@@ -34,6 +34,7 @@ from ..store.replies import as_text
 from . import limit_specs
 from .authoring import REGISTRY, InputError, Registry
 from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, stamp
+from .json_values import changed_by_json
 from .runs import RunStore
 from .waits import check_key
 
@@ -110,6 +111,9 @@ def encode_payload(value: Any) -> bytes:
     except RecursionError:  # nesting deeper than the encoder can recurse
         raise InvalidSignalError("the signal's payload nests too deep to be sent as JSON"
                                  ) from None
+    if changed_by_json(value, raw):
+        raise InvalidSignalError("the signal's payload cannot be sent as JSON: it holds NaN "
+                                 "or an infinity")
     return check_payload(raw)
 
 

@@ -239,6 +239,12 @@ class Api:
         if not await aio.exists(keys.run(run_id)):
             raise ApiError("run_not_found", f"no run with id {run_id!r}")
         newest = await aio.xrevrange(keys.output(run_id), count=1)
+        last = _entry_key(newest[0][0].decode()) if newest else (0, 0)
+        if _entry_key(after) > last and not (newest and newest[0][1].get(b"t") == b"final"):
+            # Entries come in id order: one after an id never served would never be sent,
+            # not even `final`, and the stream would never end.
+            raise ApiError("invalid_id", f"output entry {after!r} is beyond the run's "
+                                         f"output (newest {'-'.join(map(str, last))})")
         if newest and newest[0][1].get(b"t") == b"final" and (
                 _entry_key(after) >= _entry_key(newest[0][0].decode())):
             done = True  # resumed after the final entry: nothing more will come
@@ -532,11 +538,20 @@ def create_api(settings: Settings, guard: ApiGuard, limit: int) -> Mount:
                                   f"{request.method} is not allowed on {request.url.path}")
         return error_response("not_found", f"no API endpoint {request.url.path}")
 
-    inner = Starlette(routes=[Route(r.path.removeprefix("/api"), endpoint(r),
-                                    methods=[r.method]) for r in ROUTES],
+    inner = Starlette(routes=[Route(_routed(r.path), endpoint(r), methods=[r.method])
+                              for r in ROUTES],
                       exception_handlers={404: not_found, 405: not_found})
     inner.router.redirect_slashes = False
     return Mount("/api", app=Guarded(inner, guard))
+
+
+def _routed(path: str) -> str:
+    """A route's path under the mount. Question keys, signal names and published keys may
+    hold '/' (sent as %2F, which the server decodes before routing): they match it; run
+    ids never hold one."""
+    for name in ("key", "name"):
+        path = path.replace(f"{{{name}}}", f"{{{name}:path}}")
+    return path.removeprefix("/api")
 
 
 class Guarded:
