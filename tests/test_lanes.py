@@ -263,9 +263,14 @@ def test_cluster_failover_during_runs_loses_nothing(lane_cluster: RedisCluster,
         _worker(procs, "all", "--pool", "3")
         procs.controller()
         ids = [rid for lane_ids in _ids_per_lane(4, "fo").values() for rid in lane_ids]
-        for rid in ids:
-            _enqueue(procs, rid, steps=3, sleep_s=0.3)
-        wait_for(lambda: any(runs.get(r) and runs.get(r).status == "running"  # type: ignore[union-attr]
+        # One batch (twelve CLI calls took longer than the runs on a loaded machine: they
+        # had all finished before the failovers began), of runs long enough to span them.
+        batch = tmp_path / "runs.jsonl"
+        batch.write_text("".join(json.dumps({"id": rid, "input": {"steps": 6, "sleep_s": 0.5}})
+                                 + "\n" for rid in ids))
+        done = procs.cli("enqueue", "ln_steps", "--batch", str(batch))
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: any(getattr(runs.get(r), "status", None) in ("running", "succeeded")
                              for r in ids), timeout=60, what="runs to be running",
                  context=lambda: _diagnosis(lane_cluster, runs, ids))
         before = {lane: _lane_master_port(lane_cluster, lane) for lane in range(LANES)}
@@ -281,7 +286,7 @@ def test_cluster_failover_during_runs_loses_nothing(lane_cluster: RedisCluster,
         after = {lane: _lane_master_port(lane_cluster, lane) for lane in range(LANES)}
         assert all(after[k] != before[k] for k in range(LANES)), (before, after)
         for rid in ids:
-            _exactly_once(runs, rid, 3)
+            _exactly_once(runs, rid, 6)
         # The transport follows: new runs on every lane after the failovers finish too.
         fresh = [rid for lane_ids in _ids_per_lane(1, "post").values() for rid in lane_ids]
         for rid in fresh:
