@@ -76,3 +76,13 @@ def cl_slashed(ctx: mr.RunContext) -> Any:
     got = ctx.wait_for_signal("orders/paid", timeout_s=60)
     ctx.publish("orders/last", got)
     return dict(ctx.ask.approval("Ship it?", key="ship/eu")) | {"paid": got}
+
+
+@mr.workflow
+def cl_greet(ctx: mr.RunContext, name: str = "world") -> str:
+    return f"hello {name}"
+
+
+@mr.workflow
+def cl_settings(ctx: mr.RunContext, opts: dict[str, Any] = {"n": 2}) -> dict[str, Any]:  # noqa: B006
+    return opts

@@ -66,12 +66,17 @@ def test_a_caller_without_the_workflow_code_starts_it_by_name(procs: Procs) -> N
               "try:\n"
               "    c.start('nope', {})\n"
               "except mr.MarblesError as exc:\n"
-              "    print(type(exc).__name__, exc.code)\n")
+              "    print(type(exc).__name__, exc.code)\n"
+              # Omitted inputs take the defaults the workers declared (a string, an object).
+              "print(c.start('cl_greet').result(timeout=30))\n"
+              "print(c.start('cl_settings').result(timeout=30))\n"
+              "print(c.start('cl_greet', 'you').result(timeout=30))\n")
     env = {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=60, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["400", "UnknownWorkflowError unknown_workflow"]
+    assert done.stdout.split("\n")[:5] == ["400", "UnknownWorkflowError unknown_workflow",
+                                            "hello world", "{'n': 2}", "hello you"]
     assert procs.observer.view("by-name").record.queue == "default"
 
 

@@ -30,7 +30,11 @@ class Declared(msgspec.Struct, kw_only=True, frozen=True):
     concurrency_key: str | None = None
     priority: int = 0
     takes_input: bool = True
-    input_default: msgspec.Raw | None = None
+    # The default as a JSON value (msgspec decodes no Raw inside a union with None: a
+    # default of any other kind failed every caller without the source); `has_default`
+    # tells a default of null from none.
+    input_default: Any = None
+    has_default: bool = False
 
 
 def declared(definition: WorkflowDef) -> Declared:
@@ -40,7 +44,8 @@ def declared(definition: WorkflowDef) -> Declared:
                     concurrency_key=definition.concurrency_key, priority=definition.priority,
                     takes_input=definition.input_param is not None,
                     input_default=None if definition.input_default is None
-                    else msgspec.Raw(definition.input_default))
+                    else msgspec.json.decode(definition.input_default),
+                    has_default=definition.input_default is not None)
 
 
 def declare(client: Any, keys: Keyspace, registry: Registry) -> None:
@@ -70,5 +75,5 @@ def lookup(client: Any, keys: Keyspace, name: str) -> WorkflowDef:
                        max_deliveries=entry.max_deliveries, retention_s=entry.retention_s,
                        _input_type=Any, concurrency=entry.concurrency,
                        concurrency_key=entry.concurrency_key, priority=entry.priority,
-                       input_default=None if entry.input_default is None
-                       else bytes(entry.input_default))
+                       input_default=msgspec.json.encode(entry.input_default)
+                       if entry.has_default or entry.input_default is not None else None)
