@@ -12,7 +12,7 @@ def send(text: str) -> str:
 
 
 @mr.workflow(timeout_s=3600)
-def welcome(ctx: mr.RunContext, name: str = "world") -> str:
+def welcome(ctx: mr.RunContext, name: str) -> str:
     text = draft(name)                                       # recorded in the ledger
     decision = ctx.ask.approval(f"Send {text!r}?", key="send")  # parks until answered
     return send(text) if decision["approved"] else "not sent"
