@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,17 @@ def test_the_lua_page_lists_every_script() -> None:
     missing = [f.stem for f in sorted((REPO_ROOT / "lua").glob("*.lua"))
                if f"| `{f.stem}` |" not in page]
     assert not missing, f"docs/internals/lua-scripts.md lacks a row for: {missing}"
+
+
+def test_every_environment_variable_the_code_reads_is_documented() -> None:
+    page = (DOCS / "reference" / "configuration.md").read_text()
+    read = set()
+    for source in (REPO_ROOT / "marbles_rq").rglob("*.py"):
+        read |= set(re.findall(r"[\"'](MARBLES_[A-Z0-9_]+|RQ_[A-Z0-9_]+)", source.read_text()))
+    # RQ_WORKER_ID is set by RQ's worker for its own job, not by anyone configuring it.
+    undocumented = sorted(name for name in read - {"RQ_WORKER_ID"}
+                          if name not in page and not name.endswith("_"))
+    assert not undocumented, f"docs/reference/configuration.md lacks: {undocumented}"
 
 
 def _runnable_pages() -> list[Path]:
