@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from marbles_rq.cli import _register, cli
+from marbles_rq.cli.health import health
 from marbles_rq.transport.worker import worker_name
 from tests.procs import REPO_ROOT, Procs, _cli_argv, pid_alive
 from tests.redis_procs import RedisServer, free_port
@@ -147,6 +148,39 @@ def test_compose_names_only_commands_and_files_that_exist() -> None:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 assert (REPO_ROOT / source).exists(), f"Dockerfile copies missing {source}"
+
+
+def test_the_image_has_a_healthcheck_and_a_lean_build_context() -> None:
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    check = dockerfile.split("HEALTHCHECK", 1)[1].split("CMD", 1)[1].split("\n")[0]
+    # Each command the check runs is a `marbles-rq health` subcommand that exists.
+    commands = [part.split(">")[0].split() for part in check.split("||")]
+    assert commands == [["marbles-rq", "health", "worker"], ["marbles-rq", "health", "controller"]]
+    assert isinstance(health, click.Group)
+    assert {"worker", "controller"} <= set(health.commands)
+    # The build context leaves out the local Redis data, the virtualenv, git and caches, and
+    # keeps every file the Dockerfile copies.
+    ignored = {line.strip() for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".venv", ".marbles", ".git", "**/__pycache__"} <= ignored
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert source.split("/")[0] not in ignored, f".dockerignore drops {source}"
+
+
+def test_units_point_at_documentation_a_wheel_install_can_reach() -> None:
+    """Documentation= names the docs site (pyproject's project URL), not a path in a clone
+    that a wheel install does not have."""
+    site = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["urls"][
+        "Documentation"]
+    for unit in sorted(UNITS.glob("*.service")):
+        docs = [line.split("=", 1)[1].split() for line in unit.read_text().splitlines()
+                if line.startswith("Documentation=")]
+        assert docs and all(url.startswith(site) for url in docs[0]), unit.name
+        pages = [url[len(site):].strip("/") for url in docs[0]]
+        for page in pages:
+            assert (REPO_ROOT / "docs" / f"{page}.md").is_file(), f"{unit.name}: {page}"
 
 
 def test_worker_names_are_unique_per_start() -> None:

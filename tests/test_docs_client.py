@@ -6,79 +6,19 @@ root, MARBLES_REDIS_URL set, no workflow source imported)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import marbles_rq as mr
 from marbles_rq.cli.dev import DEFAULT_PORT
+from tests.docs_blocks import blocks, printed, run_blocks
 from tests.procs import CHAIN_SOURCE, REPO_ROOT, Procs
 
 SHOP_SOURCE = REPO_ROOT / "examples" / "app" / "shop.py"
 PROCS_SOURCES = (CHAIN_SOURCE, SHOP_SOURCE)
 README = REPO_ROOT / "README.md"
 CLIENT_DOC = REPO_ROOT / "docs" / "client.md"
-
-FENCE = re.compile(r"^```(\w*)\s*$")
-MARK = re.compile(r"^<!-- test: (\w+)")
-
-
-@dataclass(frozen=True)
-class Block:
-    path: Path
-    line: int  # of the block's first code line
-    lang: str
-    mark: str | None  # the `<!-- test: WORD ... -->` right above the fence
-    code: str
-
-
-def blocks(path: Path) -> list[Block]:
-    lines = path.read_text().splitlines()
-    found: list[Block] = []
-    i = 0
-    while i < len(lines):
-        opened = FENCE.match(lines[i])
-        if not opened:
-            i += 1
-            continue
-        above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-        mark = MARK.match(above)
-        end = i + 1
-        while end < len(lines) and lines[end].strip() != "```":
-            end += 1
-        found.append(Block(path, i + 2, opened.group(1), mark.group(1) if mark else None,
-                           "\n".join(lines[i + 1:end]) + "\n"))
-        i = end + 1
-    return found
-
-
-def run_blocks(procs: Procs, chosen: list[Block], tmp: Path,
-               env_extra: dict[str, str] | None = None) -> str:
-    """Execute the blocks in order in one namespace, in a fresh interpreter; tracebacks
-    name the document and line."""
-    runner = tmp / "run_blocks.py"
-    runner.write_text(
-        "import sys\n"
-        "namespace = {'__name__': '__main__'}\n"
-        f"for path, line, code in {[(str(b.path.relative_to(REPO_ROOT)), b.line, b.code) for b in chosen]!r}:\n"  # noqa: E501
-        "    print(f'=== {path}:{line}', flush=True)\n"
-        "    exec(compile('\\n' * (line - 1) + code, path, 'exec'), namespace)\n")
-    env = {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
-    env.update(env_extra or {})
-    done = subprocess.run([sys.executable, str(runner)], env=env, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-def printed(out: str, block: Block) -> list[str]:
-    """What one block printed."""
-    header = f"=== {block.path.relative_to(REPO_ROOT)}:{block.line}\n"
-    tail = out.split(header, 1)[1]
-    return tail.split("\n=== ", 1)[0].strip("\n").splitlines()
 
 
 @pytest.fixture
