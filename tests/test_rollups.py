@@ -52,7 +52,7 @@ def test_finished_runs_land_in_their_minute_by_status(procs: Procs) -> None:
     procs.observer.wait_status("appr-1", "cancelled")
     client = redis.Redis.from_url(procs.url)
     totals = wait_for(lambda: (t := _totals(client))[0] == 3 and t[2] == 1 and t or None,
-                      timeout=40, what="the rollups to count 3 succeeded and 1 cancelled",
+                      timeout=60, what="the rollups to count 3 succeeded and 1 cancelled",
                       context=lambda: repr(_totals(client)))
     succeeded, failed, cancelled, timed = totals
     assert failed == 0

@@ -62,6 +62,16 @@ def runs_context(web: Web, request: Request) -> dict[str, Any]:
                 workflows=sorted(REGISTRY.workflows), windows=list(WINDOWS))
 
 
+def charts_of(web: Web, request: Request, path: str) -> dict[str, Any]:
+    """The charts partial's context (templates/_charts.html): the rollups of the span asked
+    (`span`), and the page's own query for its span links."""
+    from .chart_data import charts_context
+
+    query = {k: v for k, v in request.query_params.items() if k != "span"}
+    return dict(charts=charts_context(web.settings, request.query_params.get("span")),
+                charts_base=f"{path}?{urlencode(query)}&" if query else f"{path}?")
+
+
 def routes(web: Web) -> list[BaseRoute]:
     settings = web.settings
 
@@ -78,7 +88,8 @@ def routes(web: Web) -> list[BaseRoute]:
             return redirect_flash("/runs", False, f"no run with id {search!r}")
         ctx = runs_context(web, request)
         response = web.render(request, "runs.html", title="Runs", live="runs",
-                              live_query=request.url.query, **ctx)
+                              live_query=request.url.query, **ctx,
+                              **charts_of(web, request, "/runs"))
         # What the page's reads cost, for a browser's network panel and the bench.
         response.headers["Server-Timing"] = f"runs;dur={ctx['took_ms']:.1f}"
         return response
