@@ -70,6 +70,23 @@ class StepTry:
 
 
 @dataclass
+class WaitSpan:
+    """A time the run waited, parked between two executions: why (question, timer, signal,
+    child, event, paused), on what, and the children it waited for (linked on the page)."""
+
+    reason: str
+    what: str
+    started_ms: int
+    ended_ms: int | None
+    children: list[str] = field(default_factory=list)
+    cause: str = ""  # what woke it ("answered", "timer", ...), once woken
+
+    @property
+    def duration_ms(self) -> int | None:
+        return None if self.ended_ms is None else max(0, self.ended_ms - self.started_ms)
+
+
+@dataclass
 class RunPage:
     view: RunView
     data: dict[str, Any]
@@ -79,6 +96,14 @@ class RunPage:
     last_id: str
     tries: list[StepTry] = field(default_factory=list)
     truncated: bool = False
+    waits: list[WaitSpan] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[tuple[str, Any]]:
+        """The timeline's rows, steps' tries and waits, in the order they began."""
+        rows: list[tuple[int, str, Any]] = [(t.started_ms or 0, "step", t) for t in self.tries]
+        rows += [(w.started_ms, "wait", w) for w in self.waits]
+        return [(kind, item) for _, kind, item in sorted(rows, key=lambda r: r[0])]
 
 
 def timeline(events: list[OutputEvent], finished: bool) -> list[StepTry]:
@@ -113,6 +138,38 @@ def timeline(events: list[OutputEvent], finished: bool) -> list[StepTry]:
     return tries
 
 
+def ledger_keys(data: dict[str, Any]) -> set[str]:
+    """The keys (``<path>#<position>``) of the steps in a run's ledger (its status JSON):
+    what a rerun may start from."""
+    return {f"{s.get('path')}#{s.get('position')}" for s in data.get("steps") or []
+            if isinstance(s, dict)}
+
+
+def waits_of(events: list[OutputEvent], finished: bool) -> list[WaitSpan]:
+    """Each time the run parked, from the output journal: from `parked` to what ended the
+    wait (`woken`, `resumed`, the next execution's start, or the final record)."""
+    spans: list[WaitSpan] = []
+    open_: WaitSpan | None = None
+    for ev in events:
+        d = ev.data if isinstance(ev.data, dict) else {}
+        if ev.type == "parked":
+            what = format_event(ev).split("parked: waiting for ", 1)[-1]
+            children = [str(c) for c in d.get("children") or []]
+            open_ = WaitSpan(str(d.get("reason") or "wait"), what, ev.at_ms, None, children)
+            spans.append(open_)
+        elif open_ is not None and ev.type in ("woken", "resumed", "attempt_started",
+                                                "final"):
+            open_.ended_ms = ev.at_ms
+            if ev.type == "woken":
+                open_.cause = str(d.get("cause") or "")
+            elif ev.type == "final":
+                open_.cause = "finished"
+            open_ = None
+    if finished and open_ is not None:
+        open_.cause = "finished"
+    return spans
+
+
 def run_page(settings: Settings, run_id: str) -> RunPage | None:
     runs = settings.runs(read_only=True)
     view = runs.get(run_id)
@@ -124,7 +181,8 @@ def run_page(settings: Settings, run_id: str) -> RunPage | None:
     return RunPage(view, view.to_json(), waits.questions(run_id), waits.run_reports(run_id),
                    lines, events[-1].id if events else "0-0",
                    timeline(events, view.status in TERMINAL),
-                   truncated=len(events) >= OUTPUT_SHOWN)
+                   truncated=len(events) >= OUTPUT_SHOWN,
+                   waits=waits_of(events, view.status in TERMINAL))
 
 
 def _line(ev: OutputEvent) -> str:

@@ -17,6 +17,7 @@ from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.runs import STATUSES
 from ..errors import InvalidIdError
 from ..store.ids import check_id
+from ..store.replies import as_text
 from . import reads
 from .endpoint import CSRF_MARK, Web, readable, redirect_flash, write
 from .security import CSRF_FIELD
@@ -59,7 +60,18 @@ def runs_context(web: Web, request: Request) -> dict[str, Any]:
     params = {"status": status or "", "workflow": filters.workflow or "",
               "queue": filters.queue or "", "window": window if since else ""}
     return dict(page=page, params=params, took_ms=took_ms, first=after is None,
-                workflows=sorted(REGISTRY.workflows), windows=list(WINDOWS))
+                workflows=declared_workflows(web, filters.workflow), windows=list(WINDOWS))
+
+
+def declared_workflows(web: Web, chosen: str | None) -> list[str]:
+    """The workflow filter's choices: what the workers declared (engine/catalog.py) and what
+    --source loads here, with the one asked for even if neither knows it (an old run's)."""
+    names = set(REGISTRY.workflows)
+    names.update(as_text(n) for n in web.settings.reader().client.hkeys(
+        web.settings.keys.workflows))
+    if chosen:
+        names.add(chosen)
+    return sorted(names)
 
 
 def charts_of(web: Web, request: Request, path: str) -> dict[str, Any]:
