@@ -12,11 +12,15 @@ import redis
 
 from marbles_rq.store.keys import Keyspace
 from marbles_rq.store.rollups import MINUTE_MS, read_minutes
+from tests import test_web_browser
 from tests.procs import Procs, wait_for
-from tests.test_web_browser import Page, _gate, browser, expect, shots  # noqa: F401
+from tests.test_web_browser import Page, _gate, expect
 from tests.web_stack import WEB_SOURCE, start_web
 
 PROCS_SOURCES = [WEB_SOURCE]
+# The browser and the screenshot folder, as tests/test_web_browser.py provides them.
+browser = test_web_browser.browser
+shots = test_web_browser.shots
 
 
 def _succeeded_in_rollups(url: str) -> int:

@@ -77,10 +77,8 @@ class RollupsDuty:
         docs: list[tuple[int, bytes]] = []
         for minute, old in zip(range(first, this_minute + 1), kept, strict=True):
             runs = [f for f in finished if f.minute == minute]
-            if minute == this_minute:
-                gauges = sample
-            else:  # a past minute keeps the sample taken in it (none if nobody led then)
-                gauges = _gauges_of(old)
+            # A past minute keeps the sample taken in it (none if nobody led then).
+            gauges = sample if minute == this_minute else _gauges_of(old)
             if not runs and old is None and minute != this_minute:
                 continue
             docs.append((minute, msgspec.json.encode(_rollup(minute, runs, gauges))))

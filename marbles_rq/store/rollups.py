@@ -34,7 +34,7 @@ class MinuteRollup(Record, tag="rollup", kw_only=True, frozen=True):
     succeeded: int = 0
     failed: int = 0
     cancelled: int = 0
-    durations: dict[str, Durations] = {}
+    durations: dict[str, Durations] = msgspec.field(default_factory=dict)
     queued: int = -1
     running: int = -1
     waiting: int = -1

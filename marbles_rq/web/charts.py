@@ -80,7 +80,7 @@ def stacked_bars(chart_id: str, title: str, bars: Sequence[Bar],
     totals = {k: 0 for k, _ in stack}
     for i, bar in enumerate(bars):
         x = LEFT + i * slot + gap / 2
-        y = TOP + plot_h
+        y = float(TOP + plot_h)
         what = ", ".join(f"{bar.values.get(k, 0)} {k}" for k, _ in stack)
         segs = [f'<g class="bar"><title>{escape(bar.label)}: {escape(what)}</title>']
         for key, css in stack:
