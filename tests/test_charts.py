@@ -63,7 +63,8 @@ def test_build_bins_the_rollups_of_the_span() -> None:
                                                     or "")
     assert c.legend_workflows == [("billing", "c1")]
     queues = parse(str(c.queues))
-    assert "latest: queued 1; waiting 5" in (queues.findtext("s:desc", namespaces=NS) or "")
+    assert "latest: queued 1; open questions no data; timed waits 5" in (
+        queues.findtext("s:desc", namespaces=NS) or "")
     day = build(minutes, now, "24h")
     assert len(parse(str(day.runs)).findall("s:g[@class='bar']", NS)) == SPANS["24h"][0]
     assert build({}, now, "1h").empty

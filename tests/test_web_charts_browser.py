@@ -65,7 +65,8 @@ def test_charts_render_on_runs_and_system(procs: Procs, browser: Any, shots: Pat
     expect(page.locator("svg#chart-runs")).to_be_visible()
     queues = page.locator("svg#chart-queues")
     expect(queues).to_be_visible()
-    expect(queues.locator("desc")).to_contain_text("latest: queued 0; waiting 0")
+    expect(queues.locator("desc")).to_contain_text(
+        "latest: queued 0; open questions 0; timed waits 0")
     tab.shot(shots, "system")
     tab.close()
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..engine.catalog import Declared
-from ..store.records import RunRecord
 from ..store.replies import as_text
 from ..store.rollups import KEEP_MINUTES, MINUTE_MS, Durations, MinuteRollup
 from ..transport import dispatch
@@ -38,6 +37,12 @@ MAX_WORKFLOWS = 20          # per minute: the busiest; the others are counted, n
 MAX_RETENTIONS = 32         # distinct retentions looked for (the catalog's and those seen)
 DEFAULT_RETENTION_MS = 7 * 86_400_000
 _STATUSES = ("succeeded", "failed", "cancelled")
+
+
+class _Named(msgspec.Struct):
+    """A run document read for its workflow's name only (the rest, its input too, skipped)."""
+
+    name: str = "?"
 
 
 class Finished(msgspec.Struct, frozen=True):
@@ -124,7 +129,7 @@ class RollupsDuty:
         for run_id in ids:
             pipe.hmget(keys.run(run_id), "status", "finished_ms", "started_ms",
                        "retention_ms", "doc")
-        decoder = msgspec.json.Decoder(RunRecord)
+        decoder = msgspec.json.Decoder(_Named)
         out: list[Finished] = []
         for fields in pipe.execute(raise_on_error=False):
             if isinstance(fields, Exception) or fields[1] is None:

@@ -26,8 +26,10 @@ class Durations(msgspec.Struct, array_like=True, frozen=True):
 
 class MinuteRollup(Record, tag="rollup", kw_only=True, frozen=True):
     """One lane's minute: runs finished by status, durations per workflow (the busiest
-    MAX_WORKFLOWS), and the last sample of its queues and waiting runs taken in the minute
-    (-1: none taken, the controller did not lead then)."""
+    MAX_WORKFLOWS), and the last sample taken in the minute (-1: none taken, the controller
+    did not lead then) of its deliveries queued in RQ, runs executing (holding a lease),
+    runs waiting on a time (a timer, a timeout, a check of children: the controller's wait
+    index) and open questions."""
 
     VERSION: ClassVar[int] = 1
     minute: int  # epoch minutes (server clock)

@@ -87,6 +87,7 @@ def build(minutes: dict[int, MinuteRollup], now_minute: int, span: str) -> Chart
                    charts.Line(f"{name} p95", p95, css, dashed=True)]
         legend.append((name, css))
     queued = [_last(group, "queued") for group in groups]
+    questions = [_last(group, "questions") for group in groups]
     waiting = [_last(group, "waiting") for group in groups]
     title = f"last {span}, UTC"
     return Charts(
@@ -95,10 +96,11 @@ def build(minutes: dict[int, MinuteRollup], now_minute: int, span: str) -> Chart
                                         f"status ({title})", bars, STACK)),
         durations=Markup(charts.lines("chart-durations", f"Run duration p50 and p95 per "
                                       f"workflow ({title})", labels, series, charts.seconds)),
-        queues=Markup(charts.lines("chart-queues", f"Deliveries queued and runs waiting "
-                                   f"({title})", labels,
+        queues=Markup(charts.lines("chart-queues", f"Deliveries queued, open questions and "
+                                   f"timed waits ({title})", labels,
                                    [charts.Line("queued", queued, "c1"),
-                                    charts.Line("waiting", waiting, "c3")],
+                                    charts.Line("open questions", questions, "c3"),
+                                    charts.Line("timed waits", waiting, "c4")],
                                    lambda v: f"{v:.0f}")),
         empty=not minutes, legend_workflows=legend)
 

@@ -61,6 +61,7 @@ class StepTry:
     outcome: str  # running | succeeded | failed | retrying | interrupted
     error: str = ""
     run_attempt: int = 0
+    entry: str = ""  # the id of its step_started entry: where it sits in the journal
 
     @property
     def duration_ms(self) -> int | None:
@@ -80,6 +81,7 @@ class WaitSpan:
     ended_ms: int | None
     children: list[str] = field(default_factory=list)
     cause: str = ""  # what woke it ("answered", "timer", ...), once woken
+    entry: str = ""  # the id of its parked entry
 
     @property
     def duration_ms(self) -> int | None:
@@ -100,10 +102,20 @@ class RunPage:
 
     @property
     def rows(self) -> list[tuple[str, Any]]:
-        """The timeline's rows, steps' tries and waits, in the order they began."""
-        rows: list[tuple[int, str, Any]] = [(t.started_ms or 0, "step", t) for t in self.tries]
-        rows += [(w.started_ms, "wait", w) for w in self.waits]
+        """The timeline's rows, steps' tries and waits, in the order of their entries in the
+        journal (a step's own start time is the executor's reckoning, which errs late: it
+        may pass the server's time of the park that followed it)."""
+        rows: list[tuple[tuple[int, ...], str, Any]] = [
+            (_entry_order(t.entry), "step", t) for t in self.tries]
+        rows += [(_entry_order(w.entry), "wait", w) for w in self.waits]
         return [(kind, item) for _, kind, item in sorted(rows, key=lambda r: r[0])]
+
+
+def _entry_order(entry_id: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in entry_id.split("-", 1))
+    except ValueError:
+        return (0,)
 
 
 def timeline(events: list[OutputEvent], finished: bool) -> list[StepTry]:
@@ -117,7 +129,7 @@ def timeline(events: list[OutputEvent], finished: bool) -> list[StepTry]:
         if ev.type == "step_started":
             start = d.get("started_ms") if isinstance(d.get("started_ms"), int) else ev.at_ms
             t = StepTry(step, int(d.get("attempt") or 1), start, None, "running",
-                        run_attempt=ev.attempt)
+                        run_attempt=ev.attempt, entry=ev.id)
             open_[step] = t
             tries.append(t)
         elif ev.type in ("step_succeeded", "step_failed", "step_retry") and step in open_:
@@ -155,7 +167,8 @@ def waits_of(events: list[OutputEvent], finished: bool) -> list[WaitSpan]:
         if ev.type == "parked":
             what = format_event(ev).split("parked: waiting for ", 1)[-1]
             children = [str(c) for c in d.get("children") or []]
-            open_ = WaitSpan(str(d.get("reason") or "wait"), what, ev.at_ms, None, children)
+            open_ = WaitSpan(str(d.get("reason") or "wait"), what, ev.at_ms, None, children,
+                             entry=ev.id)
             spans.append(open_)
         elif open_ is not None and ev.type in ("woken", "resumed", "attempt_started",
                                                 "final"):
