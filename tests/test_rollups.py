@@ -110,3 +110,22 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([1, 2, 3, 4], 50) == 2
     assert percentile(list(range(1, 101)), 95) == 95
     assert percentile([10, 1000], 95) == 1000
+
+
+def test_a_new_leader_recounts_the_same_minutes(procs: Procs) -> None:
+    """kill -9 the leader, a second controller takes over and backfills the last hour: the
+    minutes it rewrites hold the same counts (written whole, never added to)."""
+    procs.worker()
+    first = procs.controller(lease_ms=2000)
+    for n in range(3):
+        procs.enqueue("web_noop", n, f"noop-{n}")
+    for n in range(3):
+        procs.observer.wait_status(f"noop-{n}", "succeeded")
+    client = redis.Redis.from_url(procs.url)
+    wait_for(lambda: _totals(client)[0] == 3 or None, timeout=60,
+             what="the first leader's rollups to count 3 runs",
+             context=lambda: repr(_totals(client)))
+    first.kill9()
+    second = procs.controller(lease_ms=2000)
+    second.wait_log("recovered rollups: 3")
+    assert _totals(client)[:3] == (3, 0, 0)

@@ -10,7 +10,8 @@ candidate's own `finished_ms` decides its minute. A minute is recomputed whole a
 over (lua/put_rollup.lua), so a repeat, a takeover that recomputes, or two controllers that
 overlap for a moment write the same counts; the write is fenced by the lane's epoch. A new
 leader backfills the last BACKFILL_MINUTES (the minutes nobody led are counted then; their
-queue samples stay empty).
+queue samples stay empty); then each pass recomputes the current minute, and the previous
+one until it was written once SEAL_AFTER_MS after its end.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("marbles_rq.controller")
 
 ROLLUP_EVERY_S = 10.0
+# A minute is final once written this long after its end: a run's finished_ms is the server
+# clock when its terminal record was written, so nothing lands in a minute later than that.
+SEAL_AFTER_MS = 5_000
 BACKFILL_MINUTES = 60
 MAX_WORKFLOWS = 20          # per minute: the busiest; the others are counted, not timed
 MAX_RETENTIONS = 32         # distinct retentions looked for (the catalog's and those seen)
@@ -58,15 +62,19 @@ class RollupsDuty:
     def __init__(self) -> None:
         self._next = 0.0
         self._seen_retentions: set[int] = {DEFAULT_RETENTION_MS}
+        self._sealed = 0  # the newest minute written whole after its end, by this leader
 
     def recover(self, ctl: DutyContext) -> int:
         self._next = time.monotonic() + ROLLUP_EVERY_S
+        self._sealed = 0
         return self.roll(ctl, BACKFILL_MINUTES)
 
     def tick(self, ctl: DutyContext) -> None:
         if time.monotonic() >= self._next:
             self._next = time.monotonic() + ROLLUP_EVERY_S
-            self.roll(ctl, 2)
+            # The previous minute too, until it was written once after its end.
+            now_minute = ctl.server_ms() // MINUTE_MS
+            self.roll(ctl, 1 if self._sealed >= now_minute - 1 else 2)
 
     def roll(self, ctl: DutyContext, minutes: int) -> int:
         """Recompute the last `minutes` minutes (the current one included) of this lane and
@@ -97,6 +105,9 @@ class RollupsDuty:
         if reply.status == "fenced":
             ctl.step_down(f"a newer controller (epoch {as_text(reply.values[0])}) writes the "
                           f"rollups of lane {lane}")
+            return 0
+        if now_ms - this_minute * MINUTE_MS >= SEAL_AFTER_MS:
+            self._sealed = this_minute - 1
         return len(finished)
 
     def retentions(self, ctl: DutyContext) -> set[int]:
