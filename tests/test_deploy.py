@@ -98,7 +98,13 @@ def test_compose_validates_against_the_compose_spec_schema() -> None:
 def test_compose_stack_shape() -> None:
     doc = _compose()
     services = doc["services"]
-    assert set(services) == {"redis", "controller", "worker"}
+    assert set(services) == {"redis", "controller", "worker", "web"}
+    # The dashboard: published on the host's loopback only, with the token from the
+    # environment (bound beyond loopback, `marbles-rq web` refuses to start without one).
+    web = services["web"]
+    assert web["ports"] == ["127.0.0.1:8700:8700"]
+    assert web["environment"]["MARBLES_WEB_TOKEN"].startswith("${MARBLES_WEB_TOKEN")
+    assert "8700/healthz" in " ".join(web["healthcheck"]["test"])
     # Two controllers: one leads, one waits.
     assert services["controller"]["deploy"]["replicas"] == 2
     for name, service in services.items():
@@ -130,7 +136,7 @@ def test_compose_names_only_commands_and_files_that_exist() -> None:
         done = subprocess.run([*_cli_argv(), *argv[1:], "--help"], cwd=REPO_ROOT,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, f"{where}: {done.stderr}"
-    assert seen == {"controller", "worker", "health controller", "health worker"}
+    assert seen == {"controller", "worker", "web", "health controller", "health worker"}
     # The image puts `marbles-rq` on PATH: the console script of this package.
     scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["marbles-rq"] == "marbles_rq.cli:main"
@@ -206,7 +212,8 @@ def _unit(path: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize(("unit", "role"), [("marbles-rq-controller.service", "controller"),
-                                             ("marbles-rq-worker@.service", "worker")])
+                                             ("marbles-rq-worker@.service", "worker"),
+                                             ("marbles-rq-web.service", "web")])
 def test_systemd_unit_baseline(unit: str, role: str) -> None:
     keys = _unit(UNITS / unit)
     assert keys["KillMode"] == ["control-group"]
@@ -234,7 +241,8 @@ def test_systemd_units_verify(tmp_path: Path) -> None:
     for unit in UNITS.glob("*.service"):
         (tmp_path / unit.name).write_text(unit.read_text().replace(UNIT_EXEC, str(script)))
     units = [tmp_path / "marbles-rq-controller.service",
-             tmp_path / "marbles-rq-worker@1.service"]  # an instance of the template
+             tmp_path / "marbles-rq-worker@1.service",  # an instance of the template
+             tmp_path / "marbles-rq-web.service"]
     done = subprocess.run([analyze, "verify", *map(str, units)], capture_output=True,
                           text=True, timeout=120)
     ours = [ln for ln in (done.stdout + done.stderr).splitlines() if "marbles-rq" in ln]

@@ -45,9 +45,11 @@ class DevProc:
         self.url = f"redis://127.0.0.1:{port}/0"
         self.out = home.parent / f"dev-{port}-{time.monotonic_ns()}.out"
         home.parent.mkdir(parents=True, exist_ok=True)
+        # No dashboard unless a test asks for one (its own port: tests run side by side).
+        web = [] if {"--web-port", "--no-web"} & set(args) else ["--no-web"]
         self.argv = [*_cli_argv(), "--source", str(source), "dev", "--dir", str(home),
                      "--port", str(port), "--lease-ms", "2000", "--progress-every", "0.3",
-                     "--stop-timeout", "20", *args]
+                     "--stop-timeout", "20", *web, *args]
         with self.out.open("wb") as fh:
             self.popen = subprocess.Popen(self.argv, cwd=REPO_ROOT, env=_env(), stdout=fh,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -80,7 +82,7 @@ class DevProc:
             # redis-server rewrites its title: "/usr/bin/redis-server 127.0.0.1:6399"
             if words and Path(words[0].split()[0]).name == "redis-server":
                 found.setdefault("redis", []).append(pid)
-            for role in ("controller", "worker"):
+            for role in ("controller", "worker", "web"):
                 if role in words:
                     found.setdefault(role, []).append(pid)
         return found
@@ -296,5 +298,51 @@ def test_dev_help_names_its_options() -> None:
     done = subprocess.run([sys.executable, "-m", "marbles_rq", "dev", "--help"], cwd=REPO_ROOT,
                           env=_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
-    for option in ("--workers", "--pool", "--port", "--dir", "--stop-timeout"):
+    for option in ("--workers", "--pool", "--port", "--dir", "--stop-timeout", "--web-port",
+                   "--no-web"):
         assert option in done.stdout
+
+
+def test_dev_starts_the_dashboard_and_prints_its_url_and_token(tmp_path: Path,
+                                                               devs: list[DevProc]) -> None:
+    """dev starts `marbles-rq web` beside the workers: the URL it prints serves the
+    dashboard, the token it prints signs in (writes allowed), and stopping dev stops it."""
+    import re
+
+    import httpx
+
+    home, port, web_port = tmp_path / "marbles", free_port(), free_port()
+    dev = DevProc(home, port, "--workers", "1", "--web-port", str(web_port))
+    devs.append(dev)
+    dev.wait_line(" ready: ")
+    found = re.search(r"dashboard  (http://127\.0\.0\.1:(\d+)/) \(token (\S+):", dev.text())
+    assert found, dev.text()
+    url, token = found[1], found[3]
+    assert int(found[2]) == web_port
+    assert (home / "web.token").read_text().strip() == token
+    assert (home / "web.token").stat().st_mode & 0o077 == 0  # the owner's only
+
+    def answers() -> bool:
+        try:
+            return httpx.get(url + "runs", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(answers, timeout=60, what="the dashboard to answer", context=dev.report)
+    with httpx.Client(base_url=url, timeout=10) as client:
+        csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/login").text)
+        assert csrf
+        signed = client.post("/login", data={"token": token, "csrf": csrf[1], "next": "/runs"},
+                             headers={"Origin": url.rstrip("/")})
+        assert signed.status_code == 303, signed.text
+        wrong = client.post("/login", data={"token": "not-it", "csrf": csrf[1]},
+                            headers={"Origin": url.rstrip("/")})
+        assert wrong.status_code != 303
+    (web_pid,) = dev.roles()["web"]
+    assert dev.stop() == 0
+    assert not pid_alive(web_pid)
+    # The next start keeps the token (a signed-in browser stays signed in).
+    again = DevProc(home, port, "--workers", "0", "--web-port", str(web_port))
+    devs.append(again)
+    again.wait_line(" ready: ")
+    assert f"(token {token}:" in again.text()

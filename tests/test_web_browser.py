@@ -124,7 +124,7 @@ def test_runs_list_filter_and_live_output(procs: Procs, browser: Any, shots: Pat
     expect(rows).to_have_count(3)
     expect(page.locator('tr[data-run="ticker-1"]')).to_have_count(0)
     page.goto(web.url + "/runs")
-    page.get_by_label("Workflow").fill("web_ticker")
+    page.get_by_label("Workflow").select_option("web_ticker")
     page.get_by_role("button", name="Filter").click()
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text("ticker-1")

@@ -43,6 +43,8 @@ from .procs import LOG_LEVELS
 
 DEFAULT_PORT = 6399
 PORT_ENV = "MARBLES_DEV_PORT"
+DEFAULT_WEB_PORT = 8700
+WEB_PORT_ENV = "MARBLES_DEV_WEB_PORT"
 DIR_ENV = "MARBLES_DEV_DIR"
 HOST = "127.0.0.1"
 # Same policy as the worker's --pool supervisor: a child that ran this long before it died
@@ -193,6 +195,7 @@ class Child:
     restart_at: float | None = None
     failures: int = 0
     restarts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # on top of dev's environment
 
     @property
     def pid(self) -> int | None:
@@ -320,7 +323,7 @@ class Console:
 class Dev:
     def __init__(self, settings: Settings, *, home: Path, port: int, workers: int,
                  pool: int | None, lease_ms: int, stop_timeout: float, progress_every: float,
-                 log_level: str, out: IO[str]) -> None:
+                 log_level: str, out: IO[str], web_port: int | None = None) -> None:
         self.settings = settings
         self.home = home
         self.data = home / "redis"
@@ -330,6 +333,8 @@ class Dev:
         self.workers, self.pool, self.lease_ms = workers, pool, lease_ms
         self.stop_timeout, self.progress_every = stop_timeout, progress_every
         self.log_level = log_level
+        self.web_port = web_port  # None: no dashboard (--no-web)
+        self.web_url = ""  # set once the dashboard is started
         self.console = Console(out)
         self.children: list[Child] = []
         self.redis: Child | None = None
@@ -385,7 +390,7 @@ class Dev:
             # children in order; a test or an operator can signal one child's whole group.
             child.popen = subprocess.Popen(
                 child.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self._env(), start_new_session=True,
+                env={**self._env(), **child.env}, start_new_session=True,
                 preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
         child.started = time.monotonic()
         child.restart_at = None
@@ -472,9 +477,43 @@ class Dev:
             if self.pool:
                 args += ["--pool", str(self.pool)]
             workers.append(self._app_child(f"worker-{n}", args))
-        for child in (ctl, *workers):
+        web = self._web_child()
+        for child in (ctl, *workers, *([web] if web is not None else [])):
             self.children.append(child)
             self._spawn(child)
+
+    def web_token(self) -> str:
+        """The dashboard's local token: made once, kept in --dir (owner-only), so a browser
+        signed in stays signed in across starts."""
+        import secrets
+
+        path = self.home / "web.token"
+        with contextlib.suppress(OSError):
+            token = path.read_text().strip()
+            if len(token) >= 16:
+                return token
+        token = secrets.token_urlsafe(24)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+        return token
+
+    def _web_child(self) -> Child | None:
+        """`marbles-rq web` on 127.0.0.1:--web-port with the local token; a port someone
+        else holds is said once and dev goes on without the dashboard."""
+        if self.web_port is None:
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            taken = probe.connect_ex((HOST, self.web_port)) == 0
+        if taken:
+            self.console.event(f"dashboard not started: port {self.web_port} on {HOST} is "
+                               f"taken (pick another with --web-port, or --no-web)")
+            return None
+        argv = [sys.executable, "-m", "marbles_rq", "web", "--bind", HOST, "--port",
+                str(self.web_port), "--log-level", self.log_level.lower()]
+        self.web_url = f"http://{HOST}:{self.web_port}/"
+        return Child("web", argv, self.logs / "web.log",
+                     env={"MARBLES_WEB_TOKEN": self.web_token()})
 
     def banner(self) -> None:
         from ..engine.authoring import REGISTRY
@@ -489,6 +528,9 @@ class Dev:
             f"{', '.join(sorted(REGISTRY.workflows)) or '-'})",
             f"  processes  controller and {self.workers} worker(s), {kind}: {pids}",
             f"  logs       {self.logs}/<name>.log, Redis {self.data / 'redis.log'}",
+            *([f"  dashboard  {self.web_url} (token {self.web_token()}: sign in with it to "
+               f"answer, cancel or rerun; kept in {self.home / 'web.token'})"]
+              if self.web_url else []),
             "  try        export MARBLES_REDIS_URL=" + self.url
             + f" MARBLES_SOURCE={self.settings.source}",
             "             marbles-rq enqueue NAME --input '{...}' --wait; marbles-rq runs; "
@@ -499,7 +541,8 @@ class Dev:
         for line in lines:
             self.console.event(line)
         self._declare(REGISTRY)
-        self.console.event(f"ready: {self.url}")
+        self.console.event(f"ready: {self.url}" + (f", dashboard {self.web_url}"
+                                                    if self.web_url else ""))
 
     def _declare(self, registry: Any) -> None:
         """Declare the workflows and event triggers before saying ready, as the workers
@@ -710,13 +753,18 @@ class Dev:
                    "off a terminal a line is printed only when it changed].")
 @click.option("--log-level", type=LOG_LEVELS, default="INFO", show_default=True,
               help="Log level of the controller and workers.")
+@click.option("--web-port", type=click.IntRange(1, 65535), envvar=WEB_PORT_ENV,
+              default=DEFAULT_WEB_PORT, show_default=True,
+              help=f"Port of the dashboard on {HOST} (env {WEB_PORT_ENV}).")
+@click.option("--no-web", is_flag=True, help="Do not start the dashboard.")
 @click.pass_obj
 def dev(settings: Settings, workers: int, pool: int | None, port: int, home: Path,
         lease_ms: int, stop_timeout: float, progress_every: float | None,
-        log_level: str) -> None:
-    """Run everything on this machine: a durable local Redis under --dir, a controller and
-    --workers workers on --source; live progress; restarts what dies; Ctrl-C stops it all and
-    keeps the data. --redis-url and --rq-url are not used: dev runs its own Redis."""
+        log_level: str, web_port: int, no_web: bool) -> None:
+    """Run everything on this machine: a durable local Redis under --dir, a controller,
+    --workers workers on --source and the dashboard (its URL and local token are printed);
+    live progress; restarts what dies; Ctrl-C stops it all and keeps the data. --redis-url
+    and --rq-url are not used: dev runs its own Redis."""
     from ..engine.authoring import REGISTRY
     from ..errors import ConfigError
 
@@ -730,5 +778,5 @@ def dev(settings: Settings, workers: int, pool: int | None, port: int, home: Pat
     every = progress_every if progress_every is not None else (1.0 if out.isatty() else 10.0)
     stack = Dev(settings, home=home.absolute(), port=port, workers=workers, pool=pool,
                 lease_ms=lease_ms, stop_timeout=stop_timeout, progress_every=every,
-                log_level=log_level, out=out)
+                log_level=log_level, out=out, web_port=None if no_web else web_port)
     stack.run()

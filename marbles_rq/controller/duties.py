@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from .context import DutyContext
 
 # Kinds in the order recovery visits them; a duty's `kind` places it.
-RECOVERY_ORDER = ("events", "children", "waiting", "occurrences", "schedules", "monitors")
+# The dashboard's rollups come last: they only read what the others settled.
+RECOVERY_ORDER = ("events", "children", "waiting", "occurrences", "schedules", "monitors",
+                  "rollups")
 
 
 class Duty(Protocol):
@@ -42,6 +44,7 @@ def default_duties() -> list[Duty]:
     from ..triggers.events import EventsDuty
     from ..triggers.monitors import MonitorsDuty
     from ..triggers.schedules import duties as schedule_duties
+    from .rollups import RollupsDuty
     from .waiting import WaitingDuty
 
-    return [EventsDuty(), WaitingDuty(), *schedule_duties(), MonitorsDuty()]
+    return [EventsDuty(), WaitingDuty(), *schedule_duties(), MonitorsDuty(), RollupsDuty()]

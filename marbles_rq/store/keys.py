@@ -453,6 +453,17 @@ class Keyspace:
                             due=self.schedule_due(bucket), open=self.occurrences_open(bucket),
                             fence=self.controller_fence(bucket), lock=self.schedule_lock(key))
 
+    # -- the dashboard's per-minute rollups: one pair per lane, in the tag of the lane's first
+    # bucket (with its fence), written by the lane's leader (controller/rollups.py) ----------
+
+    def rollups(self, lane: int) -> str:
+        """Hash: minute (epoch minutes) -> MinuteRollup JSON of the lane's runs that minute."""
+        return f"{self.tag(self.lane_buckets(lane).start)}:roll:{lane}"
+
+    def rollup_minutes(self, lane: int) -> str:
+        """Sorted set: the minutes `rollups(lane)` holds, scored by themselves (to trim)."""
+        return f"{self.tag(self.lane_buckets(lane).start)}:rollmin:{lane}"
+
     # -- leases ---------------------------------------------------------------------------
 
     def _lease_tag(self, name: str) -> str:

@@ -595,6 +595,17 @@ class Scripts:
         replies = self.call_many("raise_fence", [([k], [ctl_epoch]) for k in fence_keys])
         return [(as_text(r[0]), int(r[1]) if len(r) > 1 else 0) for r in replies]
 
+    def put_rollup(self, *, rollups_key: str, minutes_key: str, fence_key: str,
+                   ctl_epoch: int, keep_from: int, keep_ms: int,
+                   minutes: list[tuple[int, bytes]]) -> Reply:
+        """The dashboard's per-minute rollups of one lane (controller/rollups.py)."""
+        flat: list[str | bytes | int] = []
+        for minute, doc in minutes:
+            flat += [minute, doc]
+        return self._reply("put_rollup", [rollups_key, minutes_key, fence_key],
+                           [ctl_epoch, keep_from, keep_ms, len(minutes), *flat],
+                           ("ok", "fenced"))
+
     def fail_corrupt(self, *, keys: RunKeys, run_id: str, error: bytes, event: bytes,
                      retention_ms: int) -> Reply:
         return self._reply("fail_corrupt",

@@ -70,6 +70,7 @@ class Web:
                                 pretty=reads.pretty, statuses=STATUSES, terminal=TERMINAL)
         self.env.globals["when"] = _when
         self.env.globals["new_run_id"] = new_run_id  # the rerun form's id (Actions.rerun)
+        self.env.globals["ledger_keys"] = reads.ledger_keys  # steps a rerun may start from
         self.env.filters["qs"] = lambda d: urlencode({k: v for k, v in d.items() if v})
 
     # -- rendering ---------------------------------------------------------------------------

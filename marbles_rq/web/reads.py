@@ -61,12 +61,31 @@ class StepTry:
     outcome: str  # running | succeeded | failed | retrying | interrupted
     error: str = ""
     run_attempt: int = 0
+    entry: str = ""  # the id of its step_started entry: where it sits in the journal
 
     @property
     def duration_ms(self) -> int | None:
         if self.started_ms is None or self.ended_ms is None:
             return None
         return max(0, self.ended_ms - self.started_ms)
+
+
+@dataclass
+class WaitSpan:
+    """A time the run waited, parked between two executions: why (question, timer, signal,
+    child, event, paused), on what, and the children it waited for (linked on the page)."""
+
+    reason: str
+    what: str
+    started_ms: int
+    ended_ms: int | None
+    children: list[str] = field(default_factory=list)
+    cause: str = ""  # what woke it ("answered", "timer", ...), once woken
+    entry: str = ""  # the id of its parked entry
+
+    @property
+    def duration_ms(self) -> int | None:
+        return None if self.ended_ms is None else max(0, self.ended_ms - self.started_ms)
 
 
 @dataclass
@@ -79,6 +98,24 @@ class RunPage:
     last_id: str
     tries: list[StepTry] = field(default_factory=list)
     truncated: bool = False
+    waits: list[WaitSpan] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[tuple[str, Any]]:
+        """The timeline's rows, steps' tries and waits, in the order of their entries in the
+        journal (a step's own start time is the executor's reckoning, which errs late: it
+        may pass the server's time of the park that followed it)."""
+        rows: list[tuple[tuple[int, ...], str, Any]] = [
+            (_entry_order(t.entry), "step", t) for t in self.tries]
+        rows += [(_entry_order(w.entry), "wait", w) for w in self.waits]
+        return [(kind, item) for _, kind, item in sorted(rows, key=lambda r: r[0])]
+
+
+def _entry_order(entry_id: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in entry_id.split("-", 1))
+    except ValueError:
+        return (0,)
 
 
 def timeline(events: list[OutputEvent], finished: bool) -> list[StepTry]:
@@ -92,7 +129,7 @@ def timeline(events: list[OutputEvent], finished: bool) -> list[StepTry]:
         if ev.type == "step_started":
             start = d.get("started_ms") if isinstance(d.get("started_ms"), int) else ev.at_ms
             t = StepTry(step, int(d.get("attempt") or 1), start, None, "running",
-                        run_attempt=ev.attempt)
+                        run_attempt=ev.attempt, entry=ev.id)
             open_[step] = t
             tries.append(t)
         elif ev.type in ("step_succeeded", "step_failed", "step_retry") and step in open_:
@@ -113,6 +150,39 @@ def timeline(events: list[OutputEvent], finished: bool) -> list[StepTry]:
     return tries
 
 
+def ledger_keys(data: dict[str, Any]) -> set[str]:
+    """The keys (``<path>#<position>``) of the steps in a run's ledger (its status JSON):
+    what a rerun may start from."""
+    return {f"{s.get('path')}#{s.get('position')}" for s in data.get("steps") or []
+            if isinstance(s, dict)}
+
+
+def waits_of(events: list[OutputEvent], finished: bool) -> list[WaitSpan]:
+    """Each time the run parked, from the output journal: from `parked` to what ended the
+    wait (`woken`, `resumed`, the next execution's start, or the final record)."""
+    spans: list[WaitSpan] = []
+    open_: WaitSpan | None = None
+    for ev in events:
+        d = ev.data if isinstance(ev.data, dict) else {}
+        if ev.type == "parked":
+            what = format_event(ev).split("parked: waiting for ", 1)[-1]
+            children = [str(c) for c in d.get("children") or []]
+            open_ = WaitSpan(str(d.get("reason") or "wait"), what, ev.at_ms, None, children,
+                             entry=ev.id)
+            spans.append(open_)
+        elif open_ is not None and ev.type in ("woken", "resumed", "attempt_started",
+                                                "final"):
+            open_.ended_ms = ev.at_ms
+            if ev.type == "woken":
+                open_.cause = str(d.get("cause") or "")
+            elif ev.type == "final":
+                open_.cause = "finished"
+            open_ = None
+    if finished and open_ is not None:
+        open_.cause = "finished"
+    return spans
+
+
 def run_page(settings: Settings, run_id: str) -> RunPage | None:
     runs = settings.runs(read_only=True)
     view = runs.get(run_id)
@@ -124,7 +194,8 @@ def run_page(settings: Settings, run_id: str) -> RunPage | None:
     return RunPage(view, view.to_json(), waits.questions(run_id), waits.run_reports(run_id),
                    lines, events[-1].id if events else "0-0",
                    timeline(events, view.status in TERMINAL),
-                   truncated=len(events) >= OUTPUT_SHOWN)
+                   truncated=len(events) >= OUTPUT_SHOWN,
+                   waits=waits_of(events, view.status in TERMINAL))
 
 
 def _line(ev: OutputEvent) -> str:

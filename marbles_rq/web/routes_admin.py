@@ -25,8 +25,11 @@ def routes(web: Web) -> list[BaseRoute]:
 
     @readable(web)
     def system_page(request: Request) -> Response:
+        from .routes_runs import charts_of
+
         return web.render(request, "system.html", title="System", live="system",
-                          live_query="", **system_context(web))
+                          live_query="", **system_context(web),
+                          **charts_of(web, request, "/system"))
 
     def login_page(request: Request) -> Response:
         return web.render(request, "login.html", title="Sign in",

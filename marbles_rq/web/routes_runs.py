@@ -17,6 +17,7 @@ from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.runs import STATUSES
 from ..errors import InvalidIdError
 from ..store.ids import check_id
+from ..store.replies import as_text
 from . import reads
 from .endpoint import CSRF_MARK, Web, readable, redirect_flash, write
 from .security import CSRF_FIELD
@@ -59,7 +60,28 @@ def runs_context(web: Web, request: Request) -> dict[str, Any]:
     params = {"status": status or "", "workflow": filters.workflow or "",
               "queue": filters.queue or "", "window": window if since else ""}
     return dict(page=page, params=params, took_ms=took_ms, first=after is None,
-                workflows=sorted(REGISTRY.workflows), windows=list(WINDOWS))
+                workflows=declared_workflows(web, filters.workflow), windows=list(WINDOWS))
+
+
+def declared_workflows(web: Web, chosen: str | None) -> list[str]:
+    """The workflow filter's choices: what the workers declared (engine/catalog.py) and what
+    --source loads here, with the one asked for even if neither knows it (an old run's)."""
+    names = set(REGISTRY.workflows)
+    names.update(as_text(n) for n in web.settings.reader().client.hkeys(
+        web.settings.keys.workflows))
+    if chosen:
+        names.add(chosen)
+    return sorted(names)
+
+
+def charts_of(web: Web, request: Request, path: str) -> dict[str, Any]:
+    """The charts partial's context (templates/_charts.html): the rollups of the span asked
+    (`span`), and the page's own query for its span links."""
+    from .chart_data import charts_context
+
+    query = {k: v for k, v in request.query_params.items() if k != "span"}
+    return dict(charts=charts_context(web.settings, request.query_params.get("span")),
+                charts_base=f"{path}?{urlencode(query)}&" if query else f"{path}?")
 
 
 def routes(web: Web) -> list[BaseRoute]:
@@ -78,7 +100,8 @@ def routes(web: Web) -> list[BaseRoute]:
             return redirect_flash("/runs", False, f"no run with id {search!r}")
         ctx = runs_context(web, request)
         response = web.render(request, "runs.html", title="Runs", live="runs",
-                              live_query=request.url.query, **ctx)
+                              live_query=request.url.query, **ctx,
+                              **charts_of(web, request, "/runs"))
         # What the page's reads cost, for a browser's network panel and the bench.
         response.headers["Server-Timing"] = f"runs;dur={ctx['took_ms']:.1f}"
         return response
