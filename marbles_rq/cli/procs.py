@@ -12,6 +12,7 @@ from typing import Any
 import click
 import redis
 
+from .. import tracing
 from ..deployment import Settings
 from ..errors import ConfigError
 from ..store.connection import unavailable
@@ -116,6 +117,8 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
     if not REGISTRY.workflows:
         raise ConfigError(f"--source {settings.source!r} defines no workflow")
     _logging(log_level)
+    # Set up before any fork: every work-horse then traces with the parent's exporter.
+    tracing.enabled()
     _check_redis(settings, allow_unsafe_redis)
     runs = settings.runs()
     # Callers that do not import the workflow code start its runs with these defaults, and

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 import redis
 
-from .. import metrics
+from .. import metrics, tracing
 from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
 from ..store import RedisStore, new_request_id
 from ..store.ids import check_id
@@ -161,6 +161,7 @@ class RunView:
             "parent": self.record.parent or None,
             "rerun_of": self.record.rerun_of or None,
             "rerun_from_step": self.record.rerun_from_step or None,
+            "trace_id": tracing.trace_id_hex(self.record),
             "children": [msgspec.json.decode(s.result) for s in self.steps
                          if s.name == "|child"],
             "timers": [{"path": _step_path(s.key), "position": _step_position(s.key),
