@@ -74,6 +74,14 @@ def test_the_alert_rules_pass_promtool() -> None:
             "MarblesRedisErrors", "MarblesRedisMemoryHeadroom"} <= names
 
 
+def test_the_scrape_config_loads_the_rules() -> None:
+    tool = promtool()
+    checked = subprocess.run([tool, "check", "config", "prometheus.yml"], capture_output=True,
+                             text=True, timeout=60, cwd=REPO_ROOT / "ops")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 10 rules found" in checked.stdout
+
+
 def test_every_dashboard_query_parses(tmp_path: Path) -> None:
     """Grafana's own variables ($__rate_interval, $workflow) replaced by what they expand to,
     each panel's query is checked by promtool as a recording rule's expression."""
