@@ -183,8 +183,19 @@ def _install_log_factory() -> None:
     logging.setLogRecordFactory(factory)
 
 
+_flush_each = False  # a work-horse: it exits right after its delivery
+
+
+def exit_after_each_delivery() -> None:
+    """Called in a work-horse: its spans are exported when its delivery ends, since the
+    process then exits without running any exit handler (a long-lived process exports
+    them in the background, in batches)."""
+    global _flush_each
+    _flush_each = True
+
+
 def flush() -> None:
-    """Export what this process has buffered (a work-horse ends with its delivery)."""
+    """Export what this process has buffered now."""
     if _state and _provider is not None:
         force = getattr(_provider, "force_flush", None)
         if force is not None:
@@ -361,7 +372,8 @@ class _Delivery:
             self.inner = None
         if settled is not None:
             _run_span(settled, status, settled_ms)
-        flush()
+        if _flush_each:
+            flush()
 
     def __enter__(self) -> _Delivery:
         return self
@@ -371,7 +383,8 @@ class _Delivery:
             self.inner.__exit__(exc_type, exc, tb)
             _log_trace.reset(self.log_token)
             self.inner = None
-            flush()
+            if _flush_each:
+                flush()
 
 
 def delivery(run_id: str, attempt: int) -> _Delivery | _NoSpan:
