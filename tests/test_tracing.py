@@ -276,3 +276,20 @@ def test_a_run_with_steps_and_a_child_is_one_trace_across_processes(
         assert client.status("trace-e2e").trace_id == trace_hex
     line = next(x for x in worker.text().splitlines() if "steps done: 8" in x)
     assert f"trace_id={trace_hex}" in line
+
+    # `marbles-rq enqueue` with tracing on: its enqueue span starts a trace of its own (no
+    # caller), exported before the command exits, and the run's spans join it.
+    done = procs.cli("enqueue", "tr_child", "--input", '{"n": 1}', "--id", "trace-cli")
+    assert done.returncode == 0, done.stderr
+    procs.observer.wait_status("trace-cli", "succeeded", timeout=60)
+    cli_trace = json.loads(procs.cli("status", "trace-cli", "--json").stdout)["trace_id"]
+    assert cli_trace != trace_hex
+
+    def cli_spans() -> list[Received] | None:
+        got = [s for s in receiver.received() if s.trace_id == cli_trace]
+        return got if {s.name for s in got} >= {"enqueue tr_child", "run tr_child"} else None
+
+    got = wait_for(cli_spans, timeout=30, what="the CLI-enqueued run's spans")
+    (cli_enqueue,) = _by_name(got, "enqueue tr_child")
+    assert cli_enqueue.parent_id == ""
+    assert _by_name(got, "run tr_child")[0].parent_id == cli_enqueue.span_id
