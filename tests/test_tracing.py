@@ -94,8 +94,10 @@ def test_a_redelivered_attempt_joins_its_runs_trace(
     runs = RunStore(open_store(redis_url))
     caller_tracer = TracerProvider().get_tracer("app")
     with caller_tracer.start_as_current_span("caller") as caller:
-        record = prepare(RunRequest("trc_crash", b'{"n": 4}', "trace-redelivered"))
-    assert runs.record(record).created
+        recorded = runs.record(prepare(RunRequest("trc_crash", b'{"n": 4}',
+                                                  "trace-redelivered")))
+    assert recorded.created
+    record = recorded.record
     trace_id = caller.get_span_context().trace_id
     assert tracing.parse_traceparent(record.traceparent) is not None
 
@@ -138,9 +140,9 @@ def test_a_run_enqueued_without_tracing_still_has_one_trace(
         redis_url: str, spans: Recorder) -> None:
     runs = RunStore(open_store(redis_url))
     tracing.disable()
-    record = prepare(RunRequest("trc_crash", b'{"n": 1}', "trace-untraced"))
-    assert record.traceparent == ""
-    assert runs.record(record).created
+    recorded = runs.record(prepare(RunRequest("trc_crash", b'{"n": 1}', "trace-untraced")))
+    assert recorded.created and recorded.record.traceparent == ""
+    record = recorded.record
     tracing.use_provider(spans.provider)  # the worker traces; its enqueuer did not
     assert execute(runs, REGISTRY, record.id, 1, worker="w1", lease_ms=60_000,
                    hard_exit=False) == "succeeded"
@@ -151,6 +153,36 @@ def test_a_run_enqueued_without_tracing_still_has_one_trace(
     assert run.parent is None and run.context.span_id == tracing.run_span_id(record.id)
     view = runs.get(record.id)
     assert view is not None and view.to_json()["trace_id"] == f"{derived:032x}"
+
+
+def test_signals_and_inbound_events_have_spans(redis_url: str, spans: Recorder) -> None:
+    """A signal's span, failed when the run does not exist; an inbound event's span, with the
+    enqueue of the run its trigger starts under it."""
+    import tests.tracing_workflows  # noqa: F401  (the event's trigger)
+    from marbles_rq.engine.signals import send_signal
+    from marbles_rq.errors import MarblesError
+    from marbles_rq.triggers.events import send_event
+
+    runs = RunStore(open_store(redis_url))
+    rq = rq_connection(redis_url)
+    record = prepare(RunRequest("trc_crash", b'{"n": 1}', "trace-signalled"))
+    assert runs.record(record).created
+    send_signal(runs, "trace-signalled", "nudge", {"x": 1})
+    with pytest.raises(MarblesError):
+        send_signal(runs, "trace-nobody", "nudge", 1)
+    sent = send_event(runs, rq, "tr-shop", "evt-1", type="paid", payload=b'{"sku": 1}')
+    assert sent.created
+
+    found = list(spans.get_finished_spans())
+    signals = [s for s in found if s.name == "signal nudge"]
+    assert [s.attributes["marbles.run_id"] for s in signals if s.attributes] == [
+        "trace-signalled", "trace-nobody"]
+    assert signals[0].status.is_ok and not signals[1].status.is_ok
+    event = _one(found, "event tr-shop")
+    assert event.attributes and event.attributes["marbles.event_type"] == "paid"
+    enqueue = _one(found, "enqueue tr_on_paid")
+    assert _parent(enqueue) == event.context.span_id
+    assert enqueue.attributes and enqueue.attributes["marbles.origin"] == "event"
 
 
 def test_a_bad_traceparent_is_not_a_trace() -> None:
@@ -171,7 +203,7 @@ def test_tracing_off_imports_no_opentelemetry(redis_url: str) -> None:
         "import tests.tracing_workflows\n"
         "runs = RunStore(open_store(sys.argv[1]))\n"
         "r = prepare(RunRequest('tr_child', b'{\"n\": 1}', 'trace-off'))\n"
-        "runs.record(r)\n"
+        "r = runs.record(r).record\n"
         "view = runs.get('trace-off').to_json()\n"
         "from marbles_rq import tracing\n"
         "print(json.dumps([r.traceparent, view['trace_id'], tracing._tracer is None,"

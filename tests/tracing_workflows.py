@@ -33,3 +33,9 @@ def tr_parent(ctx: mr.RunContext, inp: dict[str, int]) -> list[int]:
     ctx.log.info("steps done: %s", b)
     (child,) = mr.gather(mr.start_child("tr_child", {"n": b}))
     return [a, b, child]
+
+
+@mr.on_event("tr-shop", type="paid")
+@mr.workflow("tr_on_paid")
+def tr_on_paid(ctx: mr.RunContext, event: mr.Event) -> str:
+    return event.id

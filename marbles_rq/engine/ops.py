@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .. import tracing
 from ..envvars import env_int
 from ..errors import InvalidIdError
 from ..store.ids import check_id
@@ -160,7 +159,7 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
     definition = registry.workflow(request.name)
     _, recorded_input = definition.parse_input(request.input, strict=request.strict)
     concurrency, label = limits.limit_of(definition, recorded_input)
-    record = RunRecord(version=1, id=run_id, name=definition.name,
+    return RunRecord(version=1, id=run_id, name=definition.name,
                      queue=request.queue or definition.queue,
                      input=msgspec.Raw(recorded_input), requested_at_ms=int(time.time() * 1000),
                      timeout_s=definition.timeout_s, max_deliveries=definition.max_deliveries,
@@ -170,9 +169,6 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
                      concurrency=concurrency, concurrency_label=label,
                      origin=request.origin if request.origin in TRIGGER_ORIGINS else "",
                      not_before_ms=_start(request.not_before_ms))
-    if tracing.enabled():
-        record = msgspec.structs.replace(record, traceparent=tracing.enqueue_traceparent(record))
-    return record
 
 
 def _start(not_before_ms: int) -> int:

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .. import tracing
 from ..store.ids import check_id
 from ..store.records import RunRecord, StepRecord
 from ..transport.first_delivery import FirstDelivery
@@ -137,8 +136,6 @@ def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = No
                        retention_s=definition.retention_s, rerun_of=old.id,
                        rerun_from_step=key or "", priority=old.priority,
                        concurrency=old.concurrency, concurrency_label=old.concurrency_label)
-    if tracing.enabled():
-        record = msgspec.structs.replace(record, traceparent=tracing.enqueue_traceparent(record))
     band = delivery_queue(record)  # its priority band, as every delivery of it
     recorded, dispatched = FirstDelivery(rq, runs.keys, runs.client).record(
         lambda push: runs.record_seeded(record, copied, push), band, record.id)

@@ -262,7 +262,7 @@ def start_with_signal(runs: RunStore, rq: RQLike, request: RunRequest, name: str
         raise InvalidSignalError("signal-with-start needs a run id (--id)")
     check_name(name)
     raw = _payload(payload, payload_json)
-    record = prepare(request, registry)
+    record = runs.traced(prepare(request, registry))
     claim = runs._claim_args(record)
     marker = _marker(runs, record.id, request_id)
 
