@@ -20,3 +20,21 @@ def env_int(name: str, default: int, *, unit: str) -> int:
     if value <= 0:
         raise ConfigError(f"{name} must be a whole number of {unit} > 0, not {raw!r}")
     return value
+
+
+# Turns OpenTelemetry tracing on (marbles_rq/tracing.py; docs/operate/tracing.md).
+TRACING_ENV = "MARBLES_TRACING"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """An on/off switch from environment variable `name` (off when unset or empty); a value
+    that is neither 1/true/yes/on nor 0/false/no/off is a ConfigError naming the variable."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in _FALSE:
+        return False
+    if raw in _TRUE:
+        return True
+    raise ConfigError(f"{name} must be 1 or 0, not {raw!r}")

@@ -94,6 +94,10 @@ _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # engine.authoring.QUEUE_PATTE
 
 REDELIVERY_CAUSES = ("lease_expired", "worker_lost", "delivery_lost", "delivery_failed",
                      "not_in_rq")
+LEASE_OUTCOMES = ("redelivered", "cancelled", "gave_up")
+REDIS_ERROR_KINDS = ("timeout", "connection", "oom", "readonly", "other")
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")
+STEP_OUTCOMES = ("succeeded", "retried", "failed")
 
 
 class Metrics:
@@ -211,6 +215,36 @@ def bounded(kind: str, value: str) -> str:
 
 
 # -- recording (each a no-op while metrics are off) --------------------------------------------
+
+
+def start_at_zero(workflows: Iterable[tuple[str, str]]) -> None:
+    """Create every labelled series this process can count, at 0, for `workflows` ((name,
+    queue) pairs: what the process's sources define): a rate or an increase over a series
+    that appears only at its first count misses that count, and an alert on it has no
+    series to look at until then."""
+    m = _M
+    if m is None:
+        return
+    for kind in REDIS_ERROR_KINDS:
+        _child(m.redis_errors, kind)
+    for outcome in LEASE_OUTCOMES:
+        m.lease_expirations.labels(outcome)
+    queues: set[str] = set()
+    for name, queue in workflows:
+        workflow, queue = bounded("workflow", name), bounded("queue", queue)
+        queues.add(queue)
+        _child(m.runs_enqueued, workflow, queue)
+        for kind in sorted(START_KINDS):
+            _child(m.runs_started, workflow, kind)
+        for status in FINAL_STATUSES:
+            _child(m.runs_finished, workflow, status)
+            _child(m.run_seconds, workflow, status)
+        for outcome in STEP_OUTCOMES:
+            _child(m.step_seconds, workflow, outcome)
+        m.schedule_lateness.labels(workflow)
+    for queue in sorted(queues):
+        for cause in REDELIVERY_CAUSES:
+            m.redeliveries.labels(queue, cause)
 
 
 def run_enqueued(workflow: str, queue: str) -> None:
@@ -689,14 +723,20 @@ def _empty(path: Path) -> None:
 
 
 class StoreGauges:
-    """Queue depths and waiting runs, read from Redis when scraped: one pipelined read of
+    """Queue depths, waiting runs, open questions, live workers per lane, read from Redis when
+    scraped (and the lanes this controller leads, from its memory): one pipelined read of
     each Redis, on connections of their own that give up after SCRAPE_TIMEOUT_S (a slow
     Redis costs the scrape its gauges, never the controller's loop a stall). A failed read
     is counted in marbles_rq_redis_errors_total and its gauges are left out."""
 
     def __init__(self, read_queues: Callable[[], dict[tuple[str, str], tuple[int, int]]],
-                 read_waiting: Callable[[], tuple[int, int]]) -> None:
+                 read_waiting: Callable[[], tuple[int, int, float]],
+                 read_workers: Callable[[], dict[int, int]] | None = None,
+                 leading: Callable[[], tuple[int, Collection[int]]] | None = None,
+                 read_memory: Callable[[], list[tuple[str, int, int]]] | None = None) -> None:
         self.read_queues, self.read_waiting = read_queues, read_waiting
+        self.read_workers, self.leading = read_workers, leading
+        self.read_memory = read_memory
 
     def describe(self) -> list[Any]:
         return []  # collected only when scraped, never at registration
@@ -725,8 +765,49 @@ class StoreGauges:
                 flight.add_metric([name, lane], popped)
             yield depth
             yield flight
+        if self.leading is not None:
+            lanes, led = self.leading()
+            leader = GaugeMetricFamily(
+                "marbles_rq_lane_leader", "1 for each lane this controller process leads, 0 "
+                "for the others: summed over the controllers, 1 per lane (0: nobody leads "
+                "it; its runs are not redelivered, woken or dispatched).", labels=["lane"])
+            for index in range(lanes):
+                leader.add_metric([str(index)], 1 if index in led else 0)
+            yield leader
+        if self.read_workers is not None:
+            try:
+                workers = self.read_workers()
+            except redis.RedisError as exc:
+                redis_error(exc)
+            else:
+                live = GaugeMetricFamily(
+                    "marbles_rq_live_workers", "Workers whose liveness beat is current, per "
+                    "lane they serve (a worker serving several lanes counts in each).",
+                    labels=["lane"])
+                for index, count in sorted(workers.items()):
+                    live.add_metric([str(index)], count)
+                yield live
+        if self.read_memory is not None:
+            try:
+                nodes = self.read_memory()
+            except redis.RedisError as exc:
+                redis_error(exc)
+            else:
+                used = GaugeMetricFamily(
+                    "marbles_rq_redis_memory_used_bytes", "Memory the store's Redis uses "
+                    "(INFO used_memory), per server.", labels=["node"])
+                limit = GaugeMetricFamily(
+                    "marbles_rq_redis_memory_limit_bytes", "What it may use: maxmemory, or "
+                    "the machine's memory where maxmemory is 0. Past maxmemory a durable "
+                    "Redis (noeviction) refuses writes: nothing new is accepted.",
+                    labels=["node"])
+                for node, used_bytes, limit_bytes in nodes:
+                    used.add_metric([node], used_bytes)
+                    limit.add_metric([node], limit_bytes)
+                yield used
+                yield limit
         try:
-            waiting, questions = self.read_waiting()
+            waiting, questions, oldest_s = self.read_waiting()
         except redis.RedisError as exc:
             redis_error(exc)
         else:
@@ -737,6 +818,9 @@ class StoreGauges:
             yield GaugeMetricFamily(
                 "marbles_rq_open_questions", "Questions and approvals asked and not yet "
                 "answered.", value=questions)
+            yield GaugeMetricFamily(
+                "marbles_rq_oldest_open_question_age_seconds", "How long the oldest question "
+                "or approval not yet answered has waited (0: none open).", value=oldest_s)
 
 
 def scrape_client(client: Any) -> Any:

@@ -19,7 +19,8 @@ from tests.redis_procs import free_port
 # Heavy or narrow modules that a process must not pay for unless it uses them.
 NARROW = ("httpx", "rich", "rq", "starlette", "marbles_rq.engine.execute",
           "marbles_rq.store.memory", "marbles_rq.triggers.events", "marbles_rq.triggers.monitors",
-          "marbles_rq.triggers.schedules", "marbles_rq.cli.web", "marbles_rq.cli.dev")
+          "marbles_rq.triggers.schedules", "marbles_rq.cli.web", "marbles_rq.cli.dev",
+          "opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http")
 
 
 def _imported_after(code: str) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any
 import click
 import redis
 
+from .. import tracing
 from ..deployment import Settings
 from ..errors import ConfigError
 from ..store.connection import unavailable
@@ -115,7 +116,13 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
     settings.load_source()
     if not REGISTRY.workflows:
         raise ConfigError(f"--source {settings.source!r} defines no workflow")
+    if metrics_port is not None:
+        from ..metrics import start_at_zero
+
+        start_at_zero((w.name, w.queue) for w in REGISTRY.workflows.values())
     _logging(log_level)
+    # Set up before any fork: every work-horse then traces with the parent's exporter.
+    tracing.enabled()
     _check_redis(settings, allow_unsafe_redis)
     runs = settings.runs()
     # Callers that do not import the workflow code start its runs with these defaults, and
@@ -167,9 +174,11 @@ def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_
                   duties=default_duties)
     if metrics_port is not None:
         from ..controller.gauges import store_gauges
-        from ..metrics import add_collector
+        from ..engine.authoring import REGISTRY
+        from ..metrics import add_collector, start_at_zero
 
-        add_collector(store_gauges(settings.runs(), settings.rq()))
+        add_collector(store_gauges(settings.runs(), settings.rq(), leading=ctl.leading))
+        start_at_zero((w.name, w.queue) for w in REGISTRY.workflows.values())
 
     def stop(_signum: int, _frame: Any) -> None:
         ctl.stop_event.set()

@@ -121,6 +121,9 @@ class RunStatus(msgspec.Struct, frozen=True):
     reports: list[ReportInfo] = msgspec.field(default_factory=list)
     published: dict[str, Any] = msgspec.field(default_factory=dict)  # ctx.publish's values
     signals: dict[str, SignalCounts] = msgspec.field(default_factory=dict)  # per name
+    # The trace its spans belong to when workers trace (docs/operate/tracing.md): the
+    # enqueuer's, or one derived from the run id. 32 hex digits.
+    trace_id: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -95,6 +95,10 @@ class Sharing:
                 log.debug("controller registration beat failed (%s)", one_line(exc))
             self.stop_event.wait(self.ttl_ms / 4000)
 
+    def leading(self) -> list[int]:
+        """The lanes this process leads now (read by the metrics' scrape thread)."""
+        return [lane for lane, ctl in list(self.led.items()) if ctl.lease is not None]
+
     def live(self, now_ms: int) -> list[str]:
         """Tokens of the controllers registered and not lapsed, this one included."""
         found = {as_text(t) for t in self.runs.client.zrangebyscore(self.keys.controllers,

@@ -18,7 +18,7 @@ from typing import Any, cast
 import msgspec
 import redis
 
-from .. import metrics
+from .. import metrics, tracing
 from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import ErrorInfo, RunRecord, StepRecord
 from ..store.redis_errors import is_outage, one_line
@@ -287,7 +287,8 @@ class RunContext:
                                                 f"~{attempts}"))
             tried = time.perf_counter()
             try:
-                value = definition.fn(*args, **kwargs)
+                with tracing.step(definition.name, key, attempts):
+                    value = definition.fn(*args, **kwargs)
                 result = msgspec.json.encode(value)
                 self.limits.check(f"the result of step {key}", len(result),
                                   self.limits.step_result_bytes, "step_result_bytes")
@@ -585,10 +586,16 @@ def execute_delivery(run_id: str, attempt: int) -> str:
 def execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, worker: str,
             lease_ms: int, hard_exit: bool, limits: Limits | None = None,
             deliver: Callable[[str, str, int], bool] | None = None) -> str:
-    outcome = _execute(runs, registry, run_id, attempt, worker=worker, lease_ms=lease_ms,
-                       hard_exit=hard_exit, limits=limits, deliver=deliver)
-    if outcome.ex is not None and outcome.status in FINISHED:
-        count_finished(outcome.ex, outcome.status)
+    with tracing.delivery(run_id, attempt) as traced:
+        outcome = _execute(runs, registry, run_id, attempt, worker=worker, lease_ms=lease_ms,
+                           hard_exit=hard_exit, limits=limits, deliver=deliver, traced=traced)
+        settled = outcome.ex is not None and outcome.status in FINISHED
+        if settled:
+            assert outcome.ex is not None
+            count_finished(outcome.ex, outcome.status)
+            traced.end(FINISHED[outcome.status], outcome.ex.record, outcome.ex.server_now_ms())
+        else:
+            traced.end(outcome.status)
     if outcome.parent and outcome.status in ("succeeded", "failed", "cancelled", "timed_out"):
         # A parent waiting for this child goes on now, not at the controller's next check.
         fanout.wake_parent(runs, outcome.parent, run_id, deliver)
@@ -654,7 +661,8 @@ class _Outcome:
 
 def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, worker: str,
              lease_ms: int, hard_exit: bool, limits: Limits | None,
-             deliver: Callable[[str, str, int], bool] | None) -> _Outcome:
+             deliver: Callable[[str, str, int], bool] | None,
+             traced: Any = tracing.NO_SPAN) -> _Outcome:
     limits = limits or Limits()
     # A run with a concurrency limit takes its slot first, or is handed back (engine/limits).
     started = start_with_slot(runs, run_id, attempt, ttl_ms=lease_ms, worker=worker)
@@ -685,6 +693,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         log.info("run %s: its parent %s was cancelled; cancelled (%s)", run_id, parent, reply)
         return _Outcome(_settled(reply, "cancelled"), "", ex if reply == "ok" else None)
     metrics.run_started(ex.record.name, ex.kind)
+    traced.begin(ex.record, ex.kind, worker)
     definition = registry.workflows.get(ex.record.name)
     if definition is None:
         # Not this worker's to fail: a rolling deploy, or a worker with other sources.

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 import redis
 
-from .. import metrics
+from .. import metrics, tracing
 from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
 from ..store import RedisStore, new_request_id
 from ..store.ids import check_id
@@ -161,6 +161,7 @@ class RunView:
             "parent": self.record.parent or None,
             "rerun_of": self.record.rerun_of or None,
             "rerun_from_step": self.record.rerun_from_step or None,
+            "trace_id": tracing.trace_id_hex(self.record),
             "children": [msgspec.json.decode(s.result) for s in self.steps
                          if s.name == "|child"],
             "timers": [{"path": _step_path(s.key), "position": _step_position(s.key),
@@ -204,6 +205,15 @@ class RunStore:
 
     # -- recording -------------------------------------------------------------------------
 
+    @staticmethod
+    def traced(record: RunRecord) -> RunRecord:
+        """`record` as it is written: with the traceparent of its enqueue span when this
+        process traces (tracing.py), under the caller's current span. Only a record about to
+        be written gets one: validating a request (`ops.prepare`) makes no span."""
+        if record.traceparent or not tracing.enabled():
+            return record
+        return msgspec.structs.replace(record, traceparent=tracing.enqueue_traceparent(record))
+
     def _claim_args(self, record: RunRecord) -> dict[str, Any]:
         check_id(record.id, "run id")
         # The hash's `queue` is the RQ-side queue every delivery of the run goes to: its
@@ -230,6 +240,7 @@ class RunStore:
     def record(self, record: RunRecord, push: JobPush | None = None) -> Recorded:
         """Record a run (journal first). With `push` (its first delivery as an RQ job, when
         the store and RQ share one standalone Redis) the same script call enqueues it."""
+        record = self.traced(record)
         args = self._claim_args(record)
         return self._recorded(record, self.scripts.claim_run(**args, push=push))
 
@@ -241,6 +252,7 @@ class RunStore:
                      pushes: list[JobPush] | None = None) -> list[Recorded]:
         """Record a chunk in one round trip; `pushes` (one per record) enqueue each run's
         first delivery in the same call (see `record`)."""
+        chunk = [self.traced(r) for r in chunk]
         calls = [self._claim_args(r) for r in chunk]
         if pushes is not None:
             for call, push in zip(calls, pushes, strict=True):
@@ -252,6 +264,7 @@ class RunStore:
                       push: JobPush | None = None) -> Recorded:
         """Record a run whose ledger starts with `ledger` (a rerun): the entries and the run
         land together or not at all; when the id exists nothing is written."""
+        record = self.traced(record)
         args = self._claim_args(record)
         if push is not None:
             args["push"] = push

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import redis
 
-from .. import metrics
+from .. import metrics, tracing
 from ..errors import CorruptRecordError, MarblesError, RunSettledError
 from ..store import new_request_id
 from ..store.ids import check_id
@@ -200,6 +200,14 @@ def send_signal(runs: RunStore, run_id: str, name: str, payload: Any = None, *,
     SignalBufferFullError; on any of them nothing is recorded. `request_id`: the caller's id
     for this send; sent again with it within a minute (a retry after a lost reply), it is
     not appended again and the first send's reply is returned."""
+    with tracing.span(f"signal {name}", "PRODUCER", **{"marbles.run_id": run_id}):
+        return _send_signal(runs, run_id, name, payload, payload_json=payload_json, rq=rq,
+                            request_id=request_id)
+
+
+def _send_signal(runs: RunStore, run_id: str, name: str, payload: Any, *,
+                 payload_json: bytes | None, rq: RQLike | None,
+                 request_id: str | None) -> SignalSent:
     check_id(run_id, "run id")
     check_name(name)
     raw = _payload(payload, payload_json)
@@ -258,7 +266,7 @@ def start_with_signal(runs: RunStore, rq: RQLike, request: RunRequest, name: str
         raise InvalidSignalError("signal-with-start needs a run id (--id)")
     check_name(name)
     raw = _payload(payload, payload_json)
-    record = prepare(request, registry)
+    record = runs.traced(prepare(request, registry))
     claim = runs._claim_args(record)
     marker = _marker(runs, record.id, request_id)
 

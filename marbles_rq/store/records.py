@@ -113,6 +113,9 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     # Asked to start no earlier than this (epoch ms; 0: at once): recorded without its first
     # delivery, which the controller enqueues when its dispatch check comes due then.
     not_before_ms: int = 0
+    # The W3C traceparent of the span that enqueued it ("" when that process did not trace):
+    # every attempt, on any worker and after any redelivery, joins this trace (tracing.py).
+    traceparent: str = ""
 
 
 class StepRecord(Record, tag="step", kw_only=True, frozen=True):

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import redis
 
@@ -104,12 +105,14 @@ def beating(runs: RunStore, name: str, *, idle: Callable[[], bool],
     beat.stop(forget=idle())
 
 
-def lane_workers(runs: RunStore) -> dict[int, list[str]]:
+def lane_workers(runs: RunStore, client: Any = None) -> dict[int, list[str]]:
     """Lane -> the live workers that serve it (from their liveness beats), for every lane of
-    the deployment; an empty list is a lane whose runs wait for a worker."""
-    secs, micros = runs.store.client.time()
+    the deployment; an empty list is a lane whose runs wait for a worker. `client`: another
+    connection to the store's Redis (the metrics' scrape client, with its short timeout)."""
+    client = runs.store.client if client is None else client
+    secs, micros = client.time()
     now_ms = int(secs) * 1000 + int(micros) // 1000
-    pipe = runs.store.client.pipeline(transaction=False)  # one slot: {<prefix>}
+    pipe = client.pipeline(transaction=False)  # one slot: {<prefix>}
     pipe.zrangebyscore(runs.keys.workers, "-inf", "+inf", withscores=True)
     pipe.hgetall(runs.keys.worker_lanes)
     alive, served = pipe.execute()

@@ -41,7 +41,7 @@ import redis
 from rq import SimpleWorker, Worker, worker_registration
 from rq.utils import now as rq_now
 
-from .. import metrics
+from .. import metrics, tracing
 from ..engine.execute import Engine, configure
 from ..errors import RedisUnavailableError
 from ..store.records import warm_decoders
@@ -238,6 +238,7 @@ class MarblesWorker(_RedisErrorsOut, _MarblesMaintenance, _AbandonOnHorseDeath,
         die_with_parent(self._marbles_parent)
         # One horse at a time per worker: each takes over its predecessor's metric files.
         metrics.name_process(f"horse-{self._marbles_parent}")
+        tracing.exit_after_each_delivery()
         super().main_work_horse(job, queue)
 
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import redis
 
+from .. import tracing
 from ..engine import catalog, ops
 from ..engine.authoring import (
     REGISTRY,
@@ -325,6 +326,11 @@ class Events:
              payload: bytes = b"null") -> Sent:
         """Journal the event, record its run, mark it started. The same event again (same
         source and id) creates nothing and returns `created=False`."""
+        with tracing.span(f"event {source}", "CONSUMER", **{
+                "marbles.event_source": source, "marbles.event_type": type}):
+            return self._send(source, event_id, type=type, payload=payload)
+
+    def _send(self, source: str, event_id: str, *, type: str, payload: bytes) -> Sent:
         record, trigger = self.prepare(source, event_id, type=type, payload=payload)
         sent = self.journal(record, trigger)
         # A failure here leaves a pending event's run to the controller, as any other.

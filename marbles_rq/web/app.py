@@ -22,6 +22,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .. import tracing
 from ..deployment import Settings
 from . import routes_admin, routes_live, routes_runs, routes_triggers, routes_waits
 from .api_auth import ApiGuard
@@ -53,7 +54,8 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
     app = Starlette(routes=routes)
     app.router.redirect_slashes = False
     throttled = Throttled(app, guard)
-    return LoopbackHosts(throttled) if not guard.public else throttled
+    # A server span per API and webhook request, when tracing is on (tracing.py).
+    return tracing.asgi(LoopbackHosts(throttled) if not guard.public else throttled)
 
 
 class LoopbackHosts:
