@@ -294,7 +294,8 @@ def runs_cmd(settings: Settings, status_: str | None, name: str | None, limit: i
                      [[d["id"], d["name"], render.status_cell(d["status"]),
                        f"{d['attempt']}" + (f" (resumed {d['resumptions']})"
                                             if d["resumptions"] else ""),
-                       render.when(d["created_at"]), render.took(d["started_at"], d["finished_at"])] for d in rows])
+                       render.when(d["created_at"]),
+                       render.took(d["started_at"], d["finished_at"])] for d in rows])
     else:
         for data in rows:
             _echo(f"{data['id']:34} {data['name']:16} {data['status']:10} "
