@@ -200,7 +200,11 @@ class _LazyGroup(click.Group):
 
 
 def _add_example(command: click.Command, name: str) -> None:
-    """End the command's help with its example and the connection options' heading."""
+    """End the command's help (and its subcommands') with its example and the connection
+    options' heading."""
+    if isinstance(command, click.Group):
+        for sub_name, sub in command.commands.items():
+            _add_example(sub, f"{name} {sub_name}")
     if command.epilog:
         return
     # \b keeps click from rewrapping each block into one paragraph.

@@ -7,7 +7,6 @@ no change. rich is imported only when stdout is a terminal."""
 from __future__ import annotations
 
 import datetime as dt
-import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -16,8 +15,6 @@ from typing import Any
 import click
 
 from ..terminal import safe
-
-FORCE_ENV = "MARBLES_TTY"  # "1": render as on a terminal, "0": plain (tests, `| less -R`)
 
 STATUS_STYLES = {
     "succeeded": "green", "failed": "bold red", "cancelled": "magenta", "running": "cyan",
@@ -29,9 +26,6 @@ STATUS_STYLES = {
 
 
 def on_terminal() -> bool:
-    forced = os.environ.get(FORCE_ENV, "")
-    if forced in ("0", "1"):
-        return forced == "1"
     return sys.stdout.isatty()
 
 
