@@ -49,16 +49,24 @@ def _settings(ctx: click.Context) -> Any:
 
 
 def _client(settings: Any) -> Any:
-    """A client that gives up fast: completion reads, never waits."""
+    """A client that gives up fast (one try, short timeouts), or None when Redis does not
+    answer a PING: completion reads, it never waits."""
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
     from ..store.connection import check_url
 
     check_url(settings.redis_url)
     if settings.redis_url.startswith("redis+cluster"):
         return None
-    return redis.Redis.from_url(settings.redis_url, socket_timeout=TIMEOUT_S,
-                                socket_connect_timeout=TIMEOUT_S, retry_on_timeout=False)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=TIMEOUT_S,
+                                  socket_connect_timeout=TIMEOUT_S, retry=Retry(NoBackoff(), 0))
+    try:
+        client.ping()
+    except (redis.RedisError, OSError):
+        return None
+    return client
 
 
 def _safely(read: Callable[[click.Context, str], list[str]]) -> Any:
@@ -127,7 +135,7 @@ def _schedule_keys(ctx: click.Context, incomplete: str) -> list[str]:
             keys += list(SCHEDULES.schedules)
     with contextlib.suppress(BaseException):
         client = _client(settings)
-        if client is not None and client.ping():  # reachable now: the reads below are quick
+        if client is not None:  # it answered now: the reads below are quick
             from ..triggers.schedules import list_schedules
 
             keys += [v.key for v in list_schedules(settings.runs(read_only=True),
