@@ -30,7 +30,8 @@ def _iso(ms: int | None) -> str | None:
 @click.pass_obj
 def info(settings: Settings, as_json: bool) -> None:
     """Queues and lanes with their depth, the leader of each lane, workers alive, and runs
-    running, waiting, asking (open questions) and failed in the last hour."""
+    running, waiting for a due time (a timer, a deadline, children to check), asking (open
+    questions) and failed in the last hour."""
     data = read_info(settings)
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -63,7 +64,7 @@ def read_info(settings: Settings) -> dict[str, Any]:
         "workers": {"alive": sum(w["alive"] for w in workers),
                     "lost": sum(not w["alive"] for w in workers), "list": workers},
         "runs": {"running": sum(int(n) for n in counts[0::3]),
-                 "waiting": sum(int(n) for n in counts[1::3]),
+                 "waiting_due": sum(int(n) for n in counts[1::3]),
                  "open_questions": sum(int(n) for n in counts[2::3]),
                  "failed_last_hour": failed_since(settings, now_ms - HOUR_MS, now_ms)},
     }
@@ -154,7 +155,7 @@ def plain_lines(data: dict[str, Any]) -> list[str]:
     out.append(f"workers: {w['alive']} alive, {w['lost']} lost"
                + (f" ({', '.join(alive)})" if alive else ""))
     r = data["runs"]
-    out.append(f"runs: {r['running']} running, {r['waiting']} waiting, "
+    out.append(f"runs: {r['running']} running, {r['waiting_due']} waiting for a due time, "
                f"{r['open_questions']} open questions, {r['failed_last_hour']} failed in "
                f"the last hour")
     return out
@@ -186,6 +187,6 @@ def _tables(data: dict[str, Any]) -> None:
     out.print()
     r = data["runs"]
     failed = r["failed_last_hour"]
-    render.table(["RUNNING", "WAITING", "OPEN QUESTIONS", "FAILED (LAST HOUR)"],
-                 [[str(r["running"]), str(r["waiting"]), str(r["open_questions"]),
+    render.table(["RUNNING", "WAITING (DUE TIME)", "OPEN QUESTIONS", "FAILED (LAST HOUR)"],
+                 [[str(r["running"]), str(r["waiting_due"]), str(r["open_questions"]),
                    render.cell(failed, "bold red" if failed else None)]])
