@@ -111,6 +111,14 @@ def test_runs_and_status_on_a_terminal_and_piped(redis_url: str) -> None:
     assert re.search(r"^duration +-$", facts, flags=re.MULTILINE), facts
     assert mrq(*base, "status", "tt-1").stdout.startswith(
         "run tt-1  greet  queued  attempt 1\n  queue default  lane 0  created ")
+    # schedules: a table on a terminal, the plain line piped.
+    web = ("--redis-url", redis_url, "--source", str(REPO_ROOT / "tests" / "web_workflows.py"))
+    code, out, err = on_tty(*web, "schedules")
+    assert code == 0, err
+    assert re.search(r"SCHEDULE +STATUS +CADENCE +WORKFLOW +LAST START +LAST RUN +NEXT DUE",
+                     plain(out)), out
+    assert re.search(r"^web-hourly +\w+ +every 1h +web_hourly ", plain(out), flags=re.MULTILINE)
+    assert mrq(*web, "schedules").stdout.startswith("web-hourly  ")
 
 
 def test_list_without_redis_reads_like_prose() -> None:
