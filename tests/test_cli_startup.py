@@ -34,13 +34,15 @@ def test_version_imports_no_redis_and_no_store() -> None:
                   "marbles_rq.deployment", "marbles_rq.engine", "marbles_rq.client",
                   "marbles_rq.metrics") == []
     # Only the group itself of the CLI package.
-    assert _under(found, "marbles_rq.cli") == ["marbles_rq.cli", "marbles_rq.cli.exits"]
+    assert _under(found, "marbles_rq.cli") == ["marbles_rq.cli", "marbles_rq.cli.defaults",
+                                               "marbles_rq.cli.exits"]
 
 
 def test_help_imports_no_command_and_no_redis() -> None:
     found = _modules_after("from marbles_rq.cli import main\nmain(['--help'])")
     assert _under(found, "redis", "rich", "marbles_rq.store", "marbles_rq.deployment") == []
-    assert _under(found, "marbles_rq.cli") == ["marbles_rq.cli", "marbles_rq.cli.exits"]
+    assert _under(found, "marbles_rq.cli") == ["marbles_rq.cli", "marbles_rq.cli.defaults",
+                                               "marbles_rq.cli.exits"]
 
 
 def test_status_imports_only_what_it_uses() -> None:
@@ -55,7 +57,7 @@ def test_status_imports_only_what_it_uses() -> None:
 
 
 def test_the_groups_spelled_defaults_are_the_stores() -> None:
-    from marbles_rq import cli
+    from marbles_rq.cli import defaults as cli
     from marbles_rq.engine.authoring import SOURCE_ENV
     from marbles_rq.store.connection import DEFAULT_URL, URL_ENV
     from marbles_rq.store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX

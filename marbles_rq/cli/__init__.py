@@ -12,6 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from .defaults import (
+    COMPLETE_ENV,
+    DEFAULT_BUCKETS,
+    DEFAULT_PREFIX,
+    DEFAULT_URL,
+    SOURCE_ENV,
+    URL_ENV,
+)
 from .exits import EXIT_INPUT, EXIT_PROBLEM, EXIT_REDIS
 
 if TYPE_CHECKING:
@@ -38,15 +46,6 @@ if TYPE_CHECKING:
     )
 
 DEBUG_ENV = "MARBLES_DEBUG"
-# The store's defaults and variable names, spelled here so that `--version`, `--help` and
-# completion need not import the store (and redis, which costs more than all the rest);
-# tests/test_cli_startup.py checks they match store.connection, store.keys and authoring.
-URL_ENV = "MARBLES_REDIS_URL"
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_PREFIX = "mrq"
-DEFAULT_BUCKETS = 1024
-SOURCE_ENV = "MARBLES_SOURCE"
-COMPLETE_ENV = "_MARBLES_RQ_COMPLETE"  # click's completion protocol for prog marbles-rq
 
 
 def _version() -> str:

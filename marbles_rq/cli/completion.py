@@ -14,6 +14,8 @@ from typing import Any
 import click
 from click.shell_completion import CompletionItem, get_completion_class
 
+from .defaults import COMPLETE_ENV, DEFAULT_PREFIX, DEFAULT_URL, SOURCE_ENV, URL_ENV
+
 TIMEOUT_S = 0.5  # per Redis call; a shell waits for the answer
 MAX_ITEMS = 200
 
@@ -25,9 +27,8 @@ def completion(shell: str) -> None:
     (from the workers' catalog and --source), run ids and schedule keys."""
     cls = get_completion_class(shell)
     assert cls is not None  # every choice has one
-    from . import COMPLETE_ENV, cli
-
-    click.echo(cls(cli, {}, "marbles-rq", COMPLETE_ENV).source())
+    group = click.get_current_context().find_root().command  # the marbles-rq group
+    click.echo(cls(group, {}, "marbles-rq", COMPLETE_ENV).source())
 
 
 @contextlib.contextmanager
@@ -40,7 +41,6 @@ def _quiet() -> Iterator[None]:
 
 def _settings(ctx: click.Context) -> Any:
     from ..deployment import Settings
-    from . import DEFAULT_PREFIX, DEFAULT_URL, SOURCE_ENV, URL_ENV
 
     params = ctx.find_root().params  # the group's options, parsed (not yet applied)
     return Settings(params.get("redis_url") or os.environ.get(URL_ENV) or DEFAULT_URL,
