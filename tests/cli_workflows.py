@@ -106,3 +106,9 @@ def asker(ctx: mr.RunContext, item: Item) -> dict[str, object]:
 def parent(ctx: mr.RunContext, item: Item) -> list[int]:
     kids = [mr.start_child("bulk_item", {"n": item.n + i}, key=f"k{i}") for i in range(2)]
     return [int(r) for r in mr.gather(*kids)]
+
+
+@mr.workflow
+def crash(ctx: mr.RunContext, item: Item) -> int:
+    """Fails at once (for `info`'s failed-in-the-last-hour count)."""
+    raise ValueError(f"crash {item.n}")

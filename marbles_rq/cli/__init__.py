@@ -11,32 +11,29 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import click
-import redis
 
-from ..deployment import Settings
-from ..engine.authoring import SOURCE_ENV
-from ..errors import (
-    BucketMismatchError,
-    ConfigError,
-    InvalidIdError,
-    MarblesError,
-    RedisUnavailableError,
-    UnsafeRedisError,
+from .defaults import (
+    COMPLETE_ENV,
+    DEFAULT_BUCKETS,
+    DEFAULT_PREFIX,
+    DEFAULT_URL,
+    SOURCE_ENV,
+    URL_ENV,
 )
-from ..store.connection import DEFAULT_URL, URL_ENV, refused, unavailable
-from ..store.keys import DEFAULT_BUCKETS, DEFAULT_PREFIX
 from .exits import EXIT_INPUT, EXIT_PROBLEM, EXIT_REDIS
 
 if TYPE_CHECKING:
     # The modules _COMMANDS names, imported by name when a command is looked up: listed here
     # for the import-graph test (tests/test_import_cycles.py), which reads import statements.
     from . import (  # noqa: F401
+        completion,
         control,
         dev,
         doctor,
         dryrun,
         events,
         health,
+        info,
         layout,
         procs,
         published,
@@ -72,13 +69,78 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "buckets": ("layout", "buckets"), "rerun": ("rerun", "rerun"), "run": ("dryrun", "run_cmd"),
     "get": ("published", "get"),
     "signal": ("signals", "signal"),
+    "info": ("info", "info"), "completion": ("completion", "completion"),
 }
+
+# How --help groups them: section -> (command, summary, example). Static, so the listing and
+# the completion of command names import no command module; every command is in one
+# section (tests/test_cli_help.py), and its example also ends its own --help.
+SECTIONS: dict[str, list[tuple[str, str, str]]] = {
+    "Runs": [
+        ("enqueue", "Start a run of a workflow (--wait follows it).",
+         "marbles-rq enqueue signup --input '{\"email\": \"a@example.com\"}' --wait"),
+        ("run", "Run a workflow now and follow it (--dry-run: in this process).",
+         "marbles-rq run signup --dry-run --input '{\"email\": \"a@example.com\"}'"),
+        ("status", "Show one run: status, timings, steps, questions.",
+         "marbles-rq status r-8f2c1"),
+        ("runs", "List runs, newest first.", "marbles-rq runs --status failed --limit 20"),
+        ("watch", "Print a run's output and follow it to the end.", "marbles-rq watch r-8f2c1"),
+        ("cancel", "Cancel a run (and its children).", "marbles-rq cancel r-8f2c1"),
+        ("pause", "Park a run at its next step boundary.", "marbles-rq pause r-8f2c1"),
+        ("resume", "Resume a paused run.", "marbles-rq resume r-8f2c1"),
+        ("rerun", "A new run of a finished run, optionally from a step.",
+         "marbles-rq rerun r-8f2c1 --from-step charge"),
+        ("get", "Print the value a run published under a key.",
+         "marbles-rq get r-8f2c1 progress"),
+    ],
+    "Questions and signals": [
+        ("feed", "Open questions across runs, then the newest reports.", "marbles-rq feed"),
+        ("answer", "Answer a run's question.", "marbles-rq answer r-8f2c1 plan 2"),
+        ("approve", "Approve a run's approval.",
+         "marbles-rq approve r-8f2c1 refund --note 'checked'"),
+        ("reject", "Reject a run's approval.", "marbles-rq reject r-8f2c1 refund"),
+        ("signal", "Send a signal to a run.",
+         "marbles-rq signal r-8f2c1 nudge --payload '{\"n\": 1}'"),
+    ],
+    "Schedules and triggers": [
+        ("list", "What --source declares: workflows, schedules, monitors.",
+         "marbles-rq --source app/flows.py list"),
+        ("schedules", "Schedules with their history; pause and resume them.",
+         "marbles-rq schedules pause nightly-report"),
+        ("roll", "Run a workflow, schedule or monitor once, now.",
+         "marbles-rq roll nightly-report"),
+        ("events", "Inbound events; send one.",
+         "marbles-rq events send github --id delivery-1 --payload '{}'"),
+    ],
+    "Operations": [
+        ("info", "Queues and lanes, workers, leaders, waiting and failed runs.",
+         "marbles-rq info"),
+        ("dev", "Redis, a worker and a controller on this machine.",
+         "marbles-rq --source examples/ dev"),
+        ("worker", "Execute run deliveries from RQ queues.",
+         "marbles-rq --source app/flows.py worker --queues default"),
+        ("controller", "Lead the lanes: timers, retries, schedules, pruning.",
+         "marbles-rq --source app/flows.py controller"),
+        ("web", "Serve the dashboard, the HTTP API and webhooks.", "marbles-rq web --port 8080"),
+        ("doctor", "Check Redis: durability, script permission, layout.", "marbles-rq doctor"),
+        ("health", "Is this host's controller or worker alive?", "marbles-rq health worker"),
+        ("leader", "Which controller leads (each lane's).", "marbles-rq leader"),
+        ("buckets", "The bucket layout; grow the bucket count.", "marbles-rq buckets show"),
+        ("completion", "Print the shell completion script.",
+         "eval \"$(marbles-rq completion bash)\""),
+    ],
+}
+_ABOUT = {name: (summary, example) for rows in SECTIONS.values()
+          for name, summary, example in rows}
+CONNECTION_FLAGS = ("--redis-url", "--prefix", "--buckets", "--lane-count", "--source",
+                    "--rq-url")
 
 
 class _LazyGroup(click.Group):
     """The top-level group: a subcommand's module is imported when the command is looked up
-    (to run it, complete it, or list it in --help), so a process imports what its one command
-    needs; the tests start hundreds of them."""
+    (to run it or complete its arguments), so a process imports what its one command needs;
+    the tests start hundreds of them. --help and the completion of command names read the
+    static SECTIONS instead."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *_COMMANDS})
@@ -89,6 +151,11 @@ class _LazyGroup(click.Group):
             command: click.Command = getattr(importlib.import_module(f".{module}", __name__),
                                              name)
             _accept_connection_options(command)
+            _add_example(command, cmd_name)
+            if COMPLETE_ENV in os.environ:  # completing: values for its arguments
+                from .completion import attach_completers
+
+                attach_completers(command, cmd_name)
             self.add_command(command, cmd_name)
         return self.commands.get(cmd_name)
 
@@ -97,6 +164,52 @@ class _LazyGroup(click.Group):
         if args and args[0] not in self.commands and args[0] not in _COMMANDS:
             _register()  # an unknown name: click's error (its suggestions) sees every command
         return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        for title, rows in SECTIONS.items():
+            with formatter.section(title):
+                formatter.write_dl([(name, summary) for name, summary, _ in rows])
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        connection: list[tuple[str, str]] = []
+        other: list[tuple[str, str]] = []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                flags = getattr(param, "opts", [])
+                (connection if set(flags) & set(CONNECTION_FLAGS) else other).append(record)
+        with formatter.section("Connection options (also accepted after the command)"):
+            formatter.write_dl(connection)
+        with formatter.section("Options"):
+            formatter.write_dl(other)
+        self.format_commands(ctx, formatter)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_paragraph()
+        formatter.write_text("Each command's --help shows its options and an example.")
+
+    def shell_complete(self, ctx: click.Context,
+                       incomplete: str) -> list[click.shell_completion.CompletionItem]:
+        from click.shell_completion import CompletionItem
+
+        if incomplete.startswith("-"):
+            return super().shell_complete(ctx, incomplete)
+        return [CompletionItem(name, help=_ABOUT[name][0] if name in _ABOUT else None)
+                for name in self.list_commands(ctx) if name.startswith(incomplete)]
+
+
+def _add_example(command: click.Command, name: str) -> None:
+    """End the command's help (and its subcommands') with its example and the connection
+    options' heading."""
+    if isinstance(command, click.Group):
+        for sub_name, sub in command.commands.items():
+            _add_example(sub, f"{name} {sub_name}")
+    if command.epilog:
+        return
+    # \b keeps click from rewrapping each block into one paragraph.
+    example = f"\b\nExample:\n  {_ABOUT[name][1]}\n\n" if name in _ABOUT else ""
+    command.epilog = (f"{example}\b\nConnection options (as before the command; see "
+                      f"marbles-rq --help):\n  {', '.join(CONNECTION_FLAGS)}, --debug")
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -125,6 +238,8 @@ class _LazyGroup(click.Group):
 def cli(ctx: click.Context, redis_url: str, prefix: str, buckets: int | None,
         lanes: int | None, source: str | None, rq_url: str | None, debug: bool) -> None:
     """Durable workflows on Redis with RQ workers."""
+    from ..deployment import Settings
+
     ctx.obj = Settings(redis_url, prefix, buckets, source, rq_url, lanes=lanes)
 
 
@@ -145,11 +260,22 @@ def _set_setting(attr: str) -> Any:
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         if value is None:
             return
+        from ..deployment import Settings
+
         settings = ctx.find_object(Settings)
         if settings is not None:
             setattr(settings, attr, value)
 
     return callback
+
+
+class _ConnectionOption(click.Option):
+    """A connection option after the command name: completed and parsed like any option,
+    but listed under its own heading at the end of the command's help, not among the
+    command's own options."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        return None
 
 
 def _accept_connection_options(command: click.Command) -> None:
@@ -158,12 +284,12 @@ def _accept_connection_options(command: click.Command) -> None:
     for flag, attr, kind, text in _AFTER:
         if flag not in taken:
             # A name of its own: `events send SOURCE` has an argument called source.
-            command.params.append(click.Option(
+            command.params.append(_ConnectionOption(
                 [flag, f"connection_{attr}"], type=kind, default=None, expose_value=False,
                 is_eager=True, callback=_set_setting(attr), help=text))
     if "--debug" not in taken:
         # main() reads --debug from the whole command line; here it only has to be accepted.
-        command.params.append(click.Option(["--debug", "connection_debug"], is_flag=True,
+        command.params.append(_ConnectionOption(["--debug", "connection_debug"], is_flag=True,
                                            expose_value=False,
                                            help="Show the traceback of an unexpected error."))
     if isinstance(command, click.Group):
@@ -193,32 +319,50 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc.format_message() + hint, EXIT_INPUT)
     except click.ClickException as exc:
         _fail(exc.format_message(), exc.exit_code)
-    except (ConfigError, InvalidIdError, BucketMismatchError) as exc:
-        _fail(str(exc), EXIT_INPUT)
-    except (RedisUnavailableError, UnsafeRedisError) as exc:
-        _fail(str(exc), EXIT_REDIS)
-    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError) as exc:
-        _fail(str(unavailable(_url_from(argv), exc)), EXIT_REDIS)
-    except redis.ResponseError as exc:  # OOM, MISCONF, READONLY, NOPERM ... on any command
-        _fail(str(refused(exc)), EXIT_REDIS)
-    except redis.RedisError as exc:
-        _fail(f"Redis: {type(exc).__name__}: {_first_line(exc)}", EXIT_REDIS)
-    except MarblesError as exc:
+    except Exception as exc:
+        known = _known_failure(exc, argv)
+        if known is None:
+            if _debug(argv):
+                import traceback
+
+                traceback.print_exc()
+            # A bug or an unforeseen condition: still one line, not a dump.
+            known = (f"unexpected {type(exc).__name__}: {_first_line(exc)} (--debug or "
+                     f"{DEBUG_ENV}=1 shows the traceback)", EXIT_PROBLEM)
+        _fail(*known)
+    sys.exit(0)
+
+
+def _known_failure(exc: Exception, argv: list[str] | None) -> tuple[str, int] | None:
+    """(message, exit code) of an expected failure; None for anything else. The error
+    classes are imported here: an error of a module that was never imported cannot occur,
+    and `--version` imports neither redis nor the store."""
+    errors = sys.modules.get("marbles_rq.errors")
+    if errors is not None:
+        if isinstance(exc, (errors.ConfigError, errors.InvalidIdError,
+                            errors.BucketMismatchError)):
+            return str(exc), EXIT_INPUT
+        if isinstance(exc, (errors.RedisUnavailableError, errors.UnsafeRedisError)):
+            return str(exc), EXIT_REDIS
+    redis = sys.modules.get("redis")
+    if redis is not None and isinstance(exc, redis.RedisError):
+        from ..store.connection import refused, unavailable
+
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError,
+                            redis.AuthenticationError)):
+            return str(unavailable(_url_from(argv), exc)), EXIT_REDIS
+        if isinstance(exc, redis.ResponseError):  # OOM, MISCONF, READONLY, NOPERM ...
+            return str(refused(exc)), EXIT_REDIS
+        return f"Redis: {type(exc).__name__}: {_first_line(exc)}", EXIT_REDIS
+    if errors is not None and isinstance(exc, errors.MarblesError):
         from ..engine.authoring import DefinitionError, InputError, UnknownWorkflowError
         from ..engine.execution import RunNotFoundError
         from ..triggers.schedule_spec import UnknownScheduleError
 
         bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError,
                      UnknownScheduleError)
-        _fail(str(exc), EXIT_INPUT if isinstance(exc, bad_input) else EXIT_PROBLEM)
-    except Exception as exc:  # a bug or an unforeseen condition: still one line, not a dump
-        if _debug(argv):
-            import traceback
-
-            traceback.print_exc()
-        _fail(f"unexpected {type(exc).__name__}: {_first_line(exc)} (--debug or "
-              f"{DEBUG_ENV}=1 shows the traceback)", EXIT_PROBLEM)
-    sys.exit(0)
+        return str(exc), EXIT_INPUT if isinstance(exc, bad_input) else EXIT_PROBLEM
+    return None
 
 
 def _fail(message: str, code: int) -> None:

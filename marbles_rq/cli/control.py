@@ -9,10 +9,12 @@ from typing import Any
 
 import click
 import msgspec
+import redis
 
 from ..controller.loop import LEASE_NAME
 from ..deployment import Settings
 from ..terminal import safe
+from . import render
 
 
 def _iso(ms: int | None) -> str | None:
@@ -120,15 +122,20 @@ def roll(settings: Settings, name: str, input_json: str | None, run_id: str | No
 
 
 @click.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with each "
+              "workflow's input as a JSON Schema).")
 @click.pass_obj
 def list_cmd(settings: Settings, as_json: bool) -> None:
-    """What --source declares: workflows (queue, timeout, retention, input schema),
-    schedules (cadence, next due, paused) and monitors (kind, interval, next due)."""
+    """What --source declares: workflows (queue, timeout, retention, input), schedules
+    (cadence, next due, paused) and monitors (kind, interval, next due). Needs no Redis for
+    the declarations; when Redis answers, schedules and monitors show their state too."""
     from ..engine.authoring import REGISTRY
+    from ..triggers.monitors import MONITORS
+    from ..triggers.schedules import SCHEDULES
 
     settings.load_source()
     workflows = []
+    prose = {}
     for name, wf in sorted(REGISTRY.workflows.items()):
         schema: Any = None
         if wf.input_type is not None:
@@ -138,16 +145,16 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
                           "input_schema": schema, "priority": wf.priority,
                           "concurrency": None if not wf.concurrency else {
                               "limit": wf.concurrency, "key": wf.concurrency_key}})
-    from ..triggers.monitors import MONITORS, list_monitors
-    from ..triggers.schedules import SCHEDULES, list_schedules
-
-    monitors = ([m.to_json() for m in list_monitors(settings.reader(), MONITORS)]
-                if MONITORS.by_key else [])
-    schedules = [{"key": v.key, "workflow": v.workflow, "kind": v.kind, "cadence": v.label,
-                  "status": v.status, "paused": v.status == "paused",
-                  "next_due": _iso(v.next_due)}
-                 for v in (list_schedules(settings.runs(read_only=True), SCHEDULES)
-                           if SCHEDULES.schedules else [])]
+        prose[name] = _workflow_prose(wf)
+    state, unreachable = _trigger_state(settings, SCHEDULES, MONITORS)
+    monitors = [state["monitors"].get(key) or {
+        "key": key, "kind": m.kind, "source": m.source, "interval_s": m.interval_s,
+        "next_due": None, "last_poll": None, "last_change": None, "last_error": None,
+        "pending_run": None} for key, m in sorted(MONITORS.by_key.items())]
+    schedules = [state["schedules"].get(key) or {
+        "key": key, "workflow": d.workflow, "kind": d.kind, "cadence": d.label,
+        "status": None, "paused": None, "next_due": None}
+        for key, d in sorted(SCHEDULES.schedules.items())]
     data: dict[str, Any] = {"workflows": workflows, "schedules": schedules,
                             "monitors": monitors}
     if as_json:
@@ -155,22 +162,126 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
         return
     click.echo("workflows:" if workflows else "workflows: none (is --source set?)")
     for wf_data in workflows:
-        takes = "no input" if wf_data["input_schema"] is None else "input " + json.dumps(
-            wf_data["input_schema"], separators=(",", ":"))[:120]
-        limits = (f"timeout {wf_data['timeout_s'] or '-'} s, kept {wf_data['retention_s']:g} s"
-                  f" after it finishes")
-        if (cc := wf_data["concurrency"]) is not None:
-            limits += f", at most {cc['limit']} at once" + (
-                f" per {cc['key']}" if cc["key"] else "")
-        if wf_data["priority"]:
-            limits += f", priority {wf_data['priority']}"
-        click.echo(safe(f"  {wf_data['name']:24} queue {wf_data['queue']:12} {limits}; "
-                        f"{takes}"))
+        click.echo(safe(f"  {wf_data['name']}: {prose[wf_data['name']]}"))
     click.echo("schedules:" if schedules else "schedules: none")
     for sch in schedules:
-        click.echo(safe(f"  {sch['key']:24} {sch['cadence']:24} {sch['status']:8} next due "
-                        f"{sch['next_due'] or '-'}"))
+        status = "" if sch["status"] is None else f", {sch['status']}"
+        due = "" if sch["next_due"] is None else f", next due {sch['next_due']}"
+        click.echo(safe(f"  {sch['key']}: {sch['cadence']} -> {sch['workflow']}{status}{due}"))
     click.echo("monitors:" if monitors else "monitors: none")
     for mon in monitors:
-        click.echo(safe(f"  {mon['key']:24} {mon['kind']:5} every {mon['interval_s']} s  "
-                        f"next due {mon.get('next_due') or '-'}"))
+        due = "" if mon.get("next_due") is None else f", next due {mon['next_due']}"
+        click.echo(safe(f"  {mon['key']}: {mon['kind']} {mon.get('source') or ''}, every "
+                        f"{render.seconds(mon['interval_s'])}{due}"))
+    if unreachable and (schedules or monitors):
+        click.echo(safe(f"(Redis not reachable: {unreachable}; schedules and monitors are "
+                        f"shown as declared, without their state)"), err=True)
+
+
+def _trigger_state(settings: Settings, schedules_reg: Any,
+                   monitors_reg: Any) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The declared schedules' and monitors' state in Redis, by key, and why it could not
+    be read (None: it was)."""
+    from ..errors import RedisUnavailableError
+    from ..triggers.monitors import list_monitors
+    from ..triggers.schedules import list_schedules
+
+    state: dict[str, dict[str, Any]] = {"schedules": {}, "monitors": {}}
+    if not schedules_reg.schedules and not monitors_reg.by_key:
+        return state, None  # nothing whose state lives in Redis: no connection at all
+    try:
+        if monitors_reg.by_key:
+            for m in list_monitors(settings.reader(), monitors_reg):
+                state["monitors"][m.key] = m.to_json()
+        if schedules_reg.schedules:
+            for v in list_schedules(settings.runs(read_only=True), schedules_reg):
+                state["schedules"][v.key] = {
+                    "key": v.key, "workflow": v.workflow, "kind": v.kind, "cadence": v.label,
+                    "status": v.status, "paused": v.status == "paused",
+                    "next_due": _iso(v.next_due)}
+    except (RedisUnavailableError, redis.ConnectionError, redis.TimeoutError) as exc:
+        return {"schedules": {}, "monitors": {}}, str(exc).splitlines()[0].rstrip(".")
+    return state, None
+
+
+def _workflow_prose(wf: Any) -> str:
+    """`queue default, timeout 10 min, kept 7 d, input: email: str, plan: str = 'free'`."""
+    parts = [f"queue {wf.queue}",
+             f"timeout {render.seconds(wf.timeout_s)}" if wf.timeout_s else "no timeout",
+             f"kept {render.seconds(wf.retention_s)}"]
+    if wf.concurrency:
+        parts.append(f"at most {wf.concurrency} at once"
+                     + (f" per {wf.concurrency_key}" if wf.concurrency_key else ""))
+    if wf.priority:
+        parts.append(f"priority {wf.priority}")
+    if wf.max_deliveries != DEFAULT_DELIVERIES:
+        parts.append(f"at most {wf.max_deliveries} deliveries")
+    return ", ".join(parts) + ", " + _input_prose(wf)
+
+
+def _input_prose(wf: Any) -> str:
+    if wf.input_param is None:
+        return "no input"
+    tp = wf.input_type
+    fields = _fields_of(tp)
+    if fields is None:
+        return f"input: {_type_name(tp)}"
+    if not fields:
+        return "input: {}"
+    return "input: " + ", ".join(
+        f"{name}: {_type_name(kind)}" + ("" if default is _REQUIRED else f" = {default!r}")
+        for name, kind, default in fields)
+
+
+_REQUIRED = object()
+DEFAULT_DELIVERIES = 20  # @mr.workflow's default max_deliveries: not worth a mention
+
+
+def _fields_of(tp: Any) -> list[tuple[str, Any, Any]] | None:
+    """(name, type, default or _REQUIRED) of a Struct's or dataclass's fields; None for
+    another type."""
+    import dataclasses
+    import typing
+
+    try:
+        hints = typing.get_type_hints(tp)
+    except Exception:
+        hints = {}
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        out = []
+        for f in msgspec.structs.fields(tp):
+            if f.default is not msgspec.NODEFAULT:
+                default: Any = f.default
+            elif f.default_factory is not msgspec.NODEFAULT:
+                default = f.default_factory()
+            else:
+                default = _REQUIRED
+            out.append((f.encode_name, hints.get(f.name, f.type), default))
+        return out
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return [(f.name, hints.get(f.name, f.type),
+                 f.default if f.default is not dataclasses.MISSING else
+                 f.default_factory() if f.default_factory is not dataclasses.MISSING
+                 else _REQUIRED) for f in dataclasses.fields(tp)]
+    return None
+
+
+def _type_name(tp: Any) -> str:
+    """`str`, `list[Order]`, `Options | None`: a type as its annotation reads."""
+    import types
+    import typing
+
+    if tp is type(None):
+        return "None"
+    if tp is typing.Any:
+        return "any"
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{', '.join(_type_name(a) for a in args)}]" if args else name
+    return getattr(tp, "__name__", str(tp))

@@ -16,6 +16,7 @@ from ..engine.execution import RunNotFoundError
 from ..engine.output_lines import format_event
 from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunStore, RunView
 from ..terminal import safe
+from . import render
 
 
 def _echo(line: str) -> None:
@@ -132,50 +133,117 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    _echo(f"run {data['id']}  {data['name']}  {data['status']}  attempt {data['attempt']}"
-          + _resumed(data["resumptions"]))
-    _echo(f"  queue {data['queue']}  lane {data['lane']}  created {data['created_at']}  started "
-               f"{data['started_at'] or '-'}  finished {data['finished_at'] or '-'}")
+    if render.on_terminal():
+        _status_table(data)
+        return
+    for line in _status_lines(data):
+        _echo(line)
+
+
+def _status_lines(data: dict[str, Any], *, head: bool = True,
+                  steps: bool = True) -> list[str]:
+    """The plain form of `status` (piped output; tests and scripts read it)."""
+    out: list[str] = []
+    if head:
+        out.append(f"run {data['id']}  {data['name']}  {data['status']}  attempt "
+                   f"{data['attempt']}" + _resumed(data["resumptions"]))
+        out.append(f"  queue {data['queue']}  lane {data['lane']}  created "
+                   f"{data['created_at']}  started {data['started_at'] or '-'}  finished "
+                   f"{data['finished_at'] or '-'}")
     if data["priority"] or data["concurrency"]:
         limit = data["concurrency"]
-        _echo(f"  priority {data['priority']}" + ("" if not limit else
-              f"  at most {limit['limit']} at once ({limit['key'] or data['name']})"))
+        out.append(f"  priority {data['priority']}" + ("" if not limit else
+                   f"  at most {limit['limit']} at once ({limit['key'] or data['name']})"))
     if data["start_at"] and data["status"] == "queued":
-        _echo(f"  starts at {data['start_at']}")
+        out.append(f"  starts at {data['start_at']}")
     if data["worker"] and data["status"] == "running":
-        _echo(f"  worker {data['worker']}")
+        out.append(f"  worker {data['worker']}")
     if data["cancel_requested"] and data["status"] not in TERMINAL:
-        _echo("  cancel requested")
+        out.append("  cancel requested")
     if data["note"] and data["status"] not in TERMINAL:
-        _echo(f"  {data['note']}")
+        out.append(f"  {data['note']}")
     if data["waiting"]:
-        _echo(f"  waiting: {_waiting(data['waiting'])}")
+        out.append(f"  waiting: {_waiting(data['waiting'])}")
     if data["pause_requested"]:
-        _echo("  pause requested: it parks at its next step boundary")
+        out.append("  pause requested: it parks at its next step boundary")
     if data["parent"]:
-        _echo(f"  parent {data['parent']}")
+        out.append(f"  parent {data['parent']}")
     if data["rerun_of"]:
-        _echo(f"  rerun of {data['rerun_of']} "
-              + (f"from step {data['rerun_from_step']}" if data["rerun_from_step"] else
-                 "from the top"))
+        out.append(f"  rerun of {data['rerun_of']} "
+                   + (f"from step {data['rerun_from_step']}" if data["rerun_from_step"] else
+                      "from the top"))
     for child in data["children"]:
-        _echo(f"  child {child['id']} ({child['workflow']})")
+        out.append(f"  child {child['id']} ({child['workflow']})")
     for q in data["questions"]:
         answer = "" if q["answer"] is None else f" -> {json.dumps(q['answer'])}"
-        _echo(f"  question {q['key']}  {q['state']}{answer}  {q['title']}")
+        out.append(f"  question {q['key']}  {q['state']}{answer}  {q['title']}")
     for timer in data["timers"]:
         fired = f"  fired {timer['fired_at']}" if timer.get("fired_at") else ""
-        _echo(f"  timer {timer['path']}#{timer['position']}  due {timer['due_at']}{fired}")
-    for s in data["steps"]:
-        _echo(f"  step {s['path']}#{s['position']}  {s['status']}  attempts {s['attempts']}")
+        out.append(f"  timer {timer['path']}#{timer['position']}  due {timer['due_at']}{fired}")
+    if steps:
+        for s in data["steps"]:
+            out.append(f"  step {s['path']}#{s['position']}  {s['status']}  attempts "
+                       f"{s['attempts']}")
     if data["result"] is not None:
-        _echo(f"  result {json.dumps(data['result'])}")
+        out.append(f"  result {json.dumps(data['result'])}")
     if data["error"] is not None:
-        _echo(f"  error {data['error']['type']}: {data['error']['message']}")
+        out.append(f"  error {data['error']['type']}: {data['error']['message']}")
     for r in data["reports"]:
-        _echo(f"  {r['kind']} {r['key']}  {json.dumps(r['entry'])[:200]}")
+        out.append(f"  {r['kind']} {r['key']}  {json.dumps(r['entry'])[:200]}")
     for name, c in data.get("signals", {}).items():
-        _echo(f"  signal {name}  sent {c['sent']}  taken {c['taken']}  buffered {c['buffered']}")
+        out.append(f"  signal {name}  sent {c['sent']}  taken {c['taken']}  buffered "
+                   f"{c['buffered']}")
+    return out
+
+
+def _status_table(data: dict[str, Any]) -> None:
+    """`status` on a terminal: the run's facts as a two-column table, its steps as a table,
+    the rest as the plain lines, and for each open question the command that answers it."""
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    facts: list[tuple[str, Any]] = [
+        ("run", render.cell(data["id"])), ("workflow", render.cell(data["name"])),
+        ("status", render.status_cell(data["status"])),
+        ("attempt", render.cell(f"{data['attempt']}" + _resumed(data["resumptions"]))),
+        ("queue", render.cell(f"{data['queue']} (lane {data['lane']})")),
+        ("created", render.cell(render.when(data["created_at"]))),
+        ("started", render.cell(render.when(data["started_at"]))),
+        ("finished", render.cell(render.when(data["finished_at"]))),
+        ("duration", render.cell(render.took(data["started_at"], data["finished_at"]))),
+    ]
+    for name, value in facts:
+        grid.add_row(name, value)
+    out = render.console()
+    out.print(grid)
+    for line in _status_lines(data, head=False, steps=False):
+        out.print(safe(line), markup=False)
+    if data["steps"]:
+        out.print()
+        render.table(["STEP", "STATUS", "ATTEMPTS"],
+                     [[f"{s['path']}#{s['position']}", render.status_cell(s["status"]),
+                       s["attempts"]] for s in data["steps"]])
+    hints = [answer_hint(data["id"], q["key"], q.get("kind") or q.get("ask"), q.get("choices"))
+             for q in data["questions"] if q["state"] == "open"]
+    if hints:
+        out.print()
+        for hint in hints:
+            out.print(safe(hint), markup=False)
+
+
+def answer_hint(run_id: str, key: str, kind: str | None, choices: Any = None) -> str:
+    """The command that answers an open question, to copy."""
+    import shlex
+
+    run, k = shlex.quote(run_id), shlex.quote(key)
+    if kind == "approval":
+        return f"answer it: marbles-rq approve {run} {k}   (or: marbles-rq reject {run} {k})"
+    pick = ""
+    if isinstance(choices, list) and choices:
+        pick = "  (choices: " + ", ".join(f"{i}={c}" for i, c in enumerate(choices, 1)) + ")"
+    return f"answer it: marbles-rq answer {run} {k} VALUE{pick}"
 
 
 def _resumed(resumptions: int) -> str:
@@ -218,10 +286,20 @@ def runs_cmd(settings: Settings, status_: str | None, name: str | None, limit: i
     if as_json:
         click.echo(json.dumps([_view_json(v) for v in views], indent=2))
         return
-    for v in views:
-        data = v.to_json()
-        _echo(f"{data['id']:34} {data['name']:16} {data['status']:10} a{data['attempt']:<3} "
-              f"r{data['resumptions']:<3} {data['created_at']}")
+    rows = [v.to_json() for v in views]
+    if not rows:
+        render.none_match("no runs match")
+    elif render.on_terminal():
+        render.table(["RUN", "WORKFLOW", "STATUS", "ATTEMPT", "CREATED", "DURATION"],
+                     [[d["id"], d["name"], render.status_cell(d["status"]),
+                       f"{d['attempt']}" + (f" (resumed {d['resumptions']})"
+                                            if d["resumptions"] else ""),
+                       render.when(d["created_at"]),
+                       render.took(d["started_at"], d["finished_at"])] for d in rows])
+    else:
+        for data in rows:
+            _echo(f"{data['id']:34} {data['name']:16} {data['status']:10} "
+                  f"a{data['attempt']:<3} r{data['resumptions']:<3} {data['created_at']}")
 
 
 @click.command()
@@ -278,6 +356,17 @@ def _view_json(view: RunView | None) -> dict[str, Any]:
 OUTPUT_PAGE = 1000  # output entries read per call
 
 
+def _park_hints(runs: RunStore, run_id: str, keys: list[str]) -> None:
+    """The run parked on questions: how to answer each one still open, on stderr (stdout
+    stays the run's output)."""
+    from ..engine.waits import WaitStore
+
+    for q in WaitStore(runs).questions(run_id):
+        if q.key in keys and q.state == "open":
+            click.echo(safe(answer_hint(run_id, q.key, q.record.ask, q.record.choices)),
+                       err=True)
+
+
 def _follow(runs: RunStore, run_id: str, *, follow: bool = True,
             emit: Callable[[OutputEvent], None] | None = None) -> int:
     """Print the output journal; return the exit code of the run's final status."""
@@ -290,6 +379,8 @@ def _follow(runs: RunStore, run_id: str, *, follow: bool = True,
                 emit(ev)
             else:
                 _echo(format_event(ev))
+                if ev.type == "parked" and ev.data.get("reason") == "question":
+                    _park_hints(runs, run_id, ev.data.get("questions") or [])
             after = ev.id
             if ev.type == "final":
                 return 0 if ev.data.get("status") == "succeeded" else 1

@@ -16,6 +16,7 @@ from ..triggers.schedules import (
     list_schedules,
     set_paused,
 )
+from . import render
 
 
 def _iso(ms: int | None) -> str | None:
@@ -43,6 +44,15 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
         return
     if not views:
         click.echo("no schedules (declare them with @mr.schedule in --source)")
+        return
+    if render.on_terminal():
+        render.table(["SCHEDULE", "STATUS", "CADENCE", "WORKFLOW", "LAST START", "LAST RUN",
+                      "NEXT DUE"],
+                     [[v.key, render.status_cell(v.status), v.label, v.workflow,
+                       render.when(v.last_start),
+                       render.cell(v.last_status or None,
+                                   render.STATUS_STYLES.get(v.last_status or "")),
+                       render.when(v.next_due)] for v in views])
         return
     for v in views:
         parts = [v.key, v.status, v.label, f"-> {v.workflow}"]

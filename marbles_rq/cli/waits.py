@@ -9,9 +9,10 @@ import click
 
 from ..client import Client
 from ..deployment import Settings
-from ..engine.waits import Question, WaitStore
+from ..engine.waits import Question, Report, WaitStore
 from ..store.ids import check_id
 from ..terminal import safe
+from . import render
 
 
 def _waits(settings: Settings, *, read_only: bool = False) -> WaitStore:
@@ -77,6 +78,9 @@ def feed(settings: Settings, as_json: bool, limit: int, n_reports: int) -> None:
         click.echo(json.dumps({"questions": [q.to_json(now_ms) for q in questions],
                                "reports": [r.to_json() for r in reports]}, indent=2))
         return
+    if render.on_terminal():
+        _feed_tables(questions, reports)
+        return
     if not questions:
         click.echo("no open questions")
     for q in questions:
@@ -87,6 +91,26 @@ def feed(settings: Settings, as_json: bool, limit: int, n_reports: int) -> None:
             data = r.to_json()
             click.echo(safe(f"  {data['run']}  {data['key']}  "
                             f"{json.dumps(data['entry'])[:200]}"))
+
+
+def _feed_tables(questions: list[Question], reports: list[Report]) -> None:
+    from .runs import answer_hint
+
+    render.table(["RUN", "KEY", "ASKED", "STEP", "QUESTION", "ANSWER WITH"],
+                 [[q.run_id, q.key, render.when(q.asked_ms), q.record.step,
+                   _cut(q.record.title, 80)
+                   + ("" if not q.record.choices else " (" + ", ".join(
+                       f"{i}={c}" for i, c in enumerate(q.record.choices, 1)) + ")"),
+                   answer_hint(q.run_id, q.key, q.record.ask).removeprefix("answer it: ")
+                   .split("   ")[0]]
+                  for q in questions],
+                 title="open questions", empty="none")
+    if reports:
+        render.console().print()
+        render.table(["RUN", "KEY", "AT", "ENTRY"],
+                     [[r.run_id, r.record.key, render.when(r.record.at_ms),
+                       _cut(json.dumps(r.to_json()["entry"]), 100)] for r in reports],
+                     title="reports (newest first)")
 
 
 def _question_line(q: Question, now_ms: int) -> str:
