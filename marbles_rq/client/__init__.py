@@ -1,13 +1,24 @@
 """The public client: `mr.connect()` (sync) and `mr.connect_async()` (asyncio)."""
 
+from ..engine.selection import RunFilter
 from .aio import AsyncClient, AsyncRunHandle, connect_async
 from .errors import ResultTimeoutError, RunCancelledError, RunFailedError
 from .sync import Client, RunHandle, StartRequest, connect
-from .views import Outcome, OutputEntry, QuestionInfo, ReportInfo, RunsPage, RunStatus, RunSummary
+from .views import (
+    BulkSummary,
+    Outcome,
+    OutputEntry,
+    QuestionInfo,
+    ReportInfo,
+    RunsPage,
+    RunStatus,
+    RunSummary,
+)
 
 __all__ = [
     "AsyncClient",
     "AsyncRunHandle",
+    "BulkSummary",
     "Client",
     "Outcome",
     "OutputEntry",
@@ -16,6 +27,7 @@ __all__ = [
     "ResultTimeoutError",
     "RunCancelledError",
     "RunFailedError",
+    "RunFilter",
     "RunHandle",
     "RunStatus",
     "RunSummary",

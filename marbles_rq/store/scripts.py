@@ -652,6 +652,12 @@ class Scripts:
                                          *receipts],
                            [run_id], ("ok", "not_due", "retry"))
 
+    def tag_run(self, *, run_key: str, run_id: str, tags: bytes, indexes: list[str],
+                old_indexes: list[str], max_tags: int, seen: bytes) -> Reply:
+        return self._reply("tag_run", [run_key, *indexes, *old_indexes],
+                           [run_id, tags, max_tags, seen], ("ok", "too_many", "retry",
+                                                             "missing"))
+
     def hold_finished(self, *, keys: RunKeys, run_id: str, hold_ms: int) -> Reply:
         return self._reply("hold_finished", [keys.finished], [run_id, hold_ms],
                            ("ok", "not_due"))
