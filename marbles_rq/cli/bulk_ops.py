@@ -120,9 +120,14 @@ def run_bulk_command(settings: Settings, action: str, criteria: dict[str, Any], 
     client = Client(settings)
     what = target.describe()
     # The runs created before now: what the count saw is what is acted on (the reruns a
-    # bulk rerun makes, or runs started meanwhile, are not swept in).
+    # bulk rerun makes, or runs started meanwhile, are not swept in). A rerun's ids derive
+    # from the filter as given, so the same command later finds the reruns it made.
     import dataclasses
 
+    from ..client.bulk import rerun_key
+
+    if action == "rerun":
+        options["rerun_key"] = rerun_key(target, options.get("from_step"))
     now = time.time()
     target = dataclasses.replace(target, until=now if target.until is None
                                  else min(target.until, now))

@@ -78,6 +78,8 @@ def one(client: Client, action: str, run_id: str, *, key: str | None, note: str 
         if action == "resume":
             return "done", client.resume(run_id).outcome
         if action == "rerun":
+            if run_id.endswith(f"-rerun-{new_key}"):
+                return "skipped", "a rerun made by this operation"
             status = client.reader.client.hget(client.reader.keys.run(run_id), "status")
             if status is None:
                 return "skipped", "gone"

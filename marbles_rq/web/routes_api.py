@@ -322,10 +322,11 @@ class Api:
                                      since=f.since, until=f.until, tags=f.tags,
                                      question=f.question)
             # What is selected now: reruns made by this operation are not swept in.
+            unpinned = target
             target = dataclasses.replace(target, until=time.time() if target.until is None
                                          else min(target.until, time.time()))
         else:
-            target = [check_id(i, "run id") for i in body.ids or []]
+            target = unpinned = [check_id(i, "run id") for i in body.ids or []]
             if len(target) > MAX_BULK_IDS:
                 raise ApiError("invalid_request", f"at most {MAX_BULK_IDS} ids at once")
         if body.dry_run:
@@ -338,7 +339,12 @@ class Api:
         if body.action in ("approve", "reject"):
             options = {"key": body.key, "note": body.note}
         elif body.action == "rerun":
-            options = {"from_step": body.from_step}
+            from ..client.bulk import rerun_key
+
+            # Keyed by the filter as sent (before `until` was pinned): the same request
+            # again finds the reruns it made.
+            options = {"from_step": body.from_step,
+                       "rerun_key": rerun_key(unpinned, body.from_step)}
         done = await self.client.bulk(body.action, target, **options)
         return reply(BulkDone(done.action, done.matched, done.done, done.skipped,
                               done.failed, [BulkFailureItem(f.run_id, f.message)
