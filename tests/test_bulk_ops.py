@@ -312,3 +312,36 @@ def test_async_client_bulk(procs: Procs) -> None:
     count, done = asyncio.run(main())
     assert count == 5 and done.done == 5
     assert statuses(c, ids) == {"cancelled": 5}
+
+
+def test_tags_and_bulk_cancel_on_a_three_master_cluster(cluster_url: str,
+                                                        redis_url: str) -> None:
+    """Every tag index is on its run's slot: the tag script and the filtered walk work on a
+    Redis Cluster (the runs spread over the three masters; RQ's queues on a server)."""
+    c = mr.connect(cluster_url, source=str(SOURCE), rq_url=redis_url)
+    acme = start(c, "tagged", 12, prefix="ca", customer="acme")
+    other = start(c, "tagged", 4, prefix="co", customer="initech")
+    for run_id in acme + other:  # the declared tag, recorded when each was started
+        assert c.status(run_id).tags == {"team": "billing"}
+    assert {r.id for r in c.runs(tag="team=billing", limit=100).runs} == set(acme + other)
+    by_tag = c.cancel_many(acme[:5])
+    assert by_tag.done == 5
+    from marbles_rq.engine.tags import tag_run
+
+    for run_id in acme:  # as ctx.tag does from a body
+        tag_run(c.runs_store, run_id, {"customer": "acme"})
+    found = c.runs(tag=["customer=acme", "team=billing"], limit=100).runs
+    assert {r.id for r in found} == set(acme)
+    done = c.cancel_many(c.select(tags=["customer=acme"]))
+    assert done.done == 7 and done.skipped == {"already cancelled": 5}
+    assert statuses(c, other) == {"queued": 4}
+    dry = subprocess.run([*procs_cli(cluster_url), "--rq-url", redis_url, "cancel", "--tag", "team=billing",
+                          "--status", "queued", "--dry-run"], capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+    assert dry.stdout.startswith("4 runs match"), show(dry)
+
+
+def procs_cli(url: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "marbles_rq", "--redis-url", url, "--source", str(SOURCE)]
