@@ -160,10 +160,13 @@ class Selection:
         high = filters.until_ms if filters.until_ms is not None else 2 ** 62
         return [r.id for r in rows if r is not None and low <= r.created_ms <= high]
 
-    def count(self, sample: int = 10) -> tuple[int, list[str]]:
-        """How many runs match, and the first `sample` ids."""
+    def count(self, sample: int = 10, cap: int | None = None) -> tuple[int, list[str]]:
+        """How many runs match, and the first `sample` ids; with `cap`, counting stops once
+        it reaches `cap` (a page that shows "10000+" need not walk a million runs)."""
         n, first = 0, list[str]()
         for ids in self.batches():
             n += len(ids)
             first += ids[:max(0, sample - len(first))]
+            if cap is not None and n >= cap:
+                break
         return n, first
