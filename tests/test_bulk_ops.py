@@ -335,9 +335,10 @@ def test_tags_and_bulk_cancel_on_a_three_master_cluster(cluster_url: str,
     done = c.cancel_many(c.select(tags=["customer=acme"]))
     assert done.done == 7 and done.skipped == {"already cancelled": 5}
     assert statuses(c, other) == {"queued": 4}
-    dry = subprocess.run([*procs_cli(cluster_url), "--rq-url", redis_url, "cancel", "--tag", "team=billing",
-                          "--status", "queued", "--dry-run"], capture_output=True, text=True,
-                         timeout=60, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+    dry = subprocess.run([*procs_cli(cluster_url), "--rq-url", redis_url, "cancel", "--tag",
+                          "team=billing", "--status", "queued", "--dry-run"],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                         cwd=REPO_ROOT)
     assert dry.stdout.startswith("4 runs match"), show(dry)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..engine.execution import RunNotFoundError
 from ..engine.runs import TERMINAL
@@ -23,8 +23,8 @@ from ..errors import MarblesError, RunSettledError
 from ..store.replies import as_text
 from .views import BulkFailure, BulkSummary
 
-if TYPE_CHECKING:
-    from .sync import Client
+# `client` below is a client/sync.py Client (not imported: it imports this module).
+Client = Any
 
 ACTIONS = ("cancel", "pause", "resume", "rerun", "approve", "reject")
 MAX_FAILURES = 20  # failure messages kept in a summary (the counts are complete)

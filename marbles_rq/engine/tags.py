@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from .authoring import InputError
+from ..errors import InvalidIdError
 from .execution import RunNotFoundError
 
 MAX_TAGS = 16
@@ -28,8 +28,10 @@ _KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # MAX_KEY
 _RETRIES = 5
 
 
-class TagError(InputError):
-    """A tag refused: a bad key or value, or too many on one run. Nothing was written."""
+class TagError(InvalidIdError):
+    """A tag refused: a key or value outside its pattern, or too many on one run. Nothing
+    was written. (Bad input: exit 2, HTTP 400; not an InputError, which lives in
+    engine/authoring.py, which checks declared tags with this module.)"""
 
     code = "invalid_tag"
 
