@@ -32,3 +32,10 @@ def approval(ctx: mr.RunContext, order: Order) -> dict[str, object]:
 @mr.workflow
 def quick(ctx: mr.RunContext, order: Order) -> int:
     return order.n
+
+
+@mr.workflow(tags={"team": "ops"}, retention_s=0)
+def brief(ctx: mr.RunContext, order: Order) -> int:
+    """Kept no time after it finishes: the controller prunes it, tag index entries too."""
+    ctx.tag(customer=order.customer)
+    return order.n

@@ -18,7 +18,7 @@ import marbles_rq as mr
 from marbles_rq.client import Client
 from marbles_rq.engine.selection import FilterError, RunFilter
 from marbles_rq.engine.tags import TagError, check_tags
-from tests.procs import REPO_ROOT, Procs
+from tests.procs import REPO_ROOT, Procs, wait_for
 from tests.web_stack import start_web
 
 SOURCE = REPO_ROOT / "tests" / "bulk_workflows.py"
@@ -247,6 +247,25 @@ def test_tags_on_status_runs_and_the_client(procs: Procs) -> None:
     assert reran.done == 3 and reran.n_failed == 0
     by_ids = c.cancel_many(acme[:2])
     assert by_ids.done == 0 and by_ids.skipped == {"already finished": 2}
+
+
+def test_a_pruned_run_leaves_no_tag_index_entry(procs: Procs) -> None:
+    import redis
+
+    procs.start(workers=1)  # and a controller, which prunes every few seconds
+    c = client(procs)
+    ids = start(c, "brief", 3, prefix="pr", customer="acme")
+    keys = c.reader.keys
+    r = redis.Redis.from_url(procs.url)
+    indexes = {keys.tag_index(k, v, keys.bucket_of(i)) for i in ids
+               for k, v in (("team", "ops"), ("customer", "acme"))}
+
+    def pruned() -> bool:
+        return all(c.reader.get(i) is None for i in ids)
+
+    wait_for(pruned, timeout=60, what="the runs to be pruned")
+    assert [k for k in indexes if r.exists(k)] == []
+    r.close()
 
 
 def test_tag_bounds_are_clear_errors() -> None:

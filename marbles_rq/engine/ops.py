@@ -200,12 +200,16 @@ def _tagged(runs: RunStore, done: list[Enqueued]) -> list[Enqueued]:
     """Record the declared tags (`@mr.workflow(tags=...)`) of the new runs among `done`, so
     a queued run is found by tag before it starts. A second call after the run is recorded:
     if it is lost, the run records them when it first executes."""
+    from .execution import RunNotFoundError
     from .tags import tag_run
 
     for d in done:
         definition = REGISTRY.workflows.get(d.record.name)
         if d.created and definition is not None and definition.tags:
-            tag_run(runs, d.run_id, definition.tags)
+            try:
+                tag_run(runs, d.run_id, definition.tags)
+            except RunNotFoundError:
+                pass  # finished and pruned already (a retention of 0): nothing to find
     return done
 
 
