@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
@@ -206,10 +207,9 @@ def _tagged(runs: RunStore, done: list[Enqueued]) -> list[Enqueued]:
     for d in done:
         definition = REGISTRY.workflows.get(d.record.name)
         if d.created and definition is not None and definition.tags:
-            try:
+            # A run finished and pruned already (a retention of 0) has nothing to find.
+            with contextlib.suppress(RunNotFoundError):
                 tag_run(runs, d.run_id, definition.tags)
-            except RunNotFoundError:
-                pass  # finished and pruned already (a retention of 0): nothing to find
     return done
 
 
