@@ -8,8 +8,12 @@ runs stay queued: what is checked is what the commands recorded."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import signal
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -365,3 +369,35 @@ def procs_cli(url: str) -> list[str]:
     import sys
 
     return [sys.executable, "-m", "marbles_rq", "--redis-url", url, "--source", str(SOURCE)]
+
+
+def test_the_bulk_operations_page_runs_as_written(tmp_path: Path, redis_server: Any) -> None:
+    """docs/how-to/bulk-operations.md: its python blocks run, its cli lines exit 0, against
+    a worker and a controller that load examples/review.py (until the docs site's own test
+    executes every page)."""
+    from tests.test_docs_client import blocks, run_blocks
+
+    page = REPO_ROOT / "docs" / "how-to" / "bulk-operations.md"
+    found = blocks(page)
+    assert found and all(b.mark is not None for b in found)
+    stack = Procs(redis_server.url, tmp_path / "procs",
+                  sources=(REPO_ROOT / "examples" / "review.py",))
+    try:
+        stack.start(workers=1)
+        out = run_blocks(stack, [b for b in found if b.mark == "run"], tmp_path)
+        assert "approve: done 3, skipped 0, failed 0" in out, out
+        for block in (b for b in found if b.mark == "cli"):
+            for line in block.code.splitlines():
+                args = shlex.split(line)
+                assert args[0] == "marbles-rq"
+                done = stack.cli(*args[1:])
+                assert done.returncode == 0, (line, show(done))
+        typed = [b for b in found if b.mark == "typecheck"]
+        source = tmp_path / "typed.py"
+        source.write_text("\n".join(b.code for b in typed))
+        checked = subprocess.run([sys.executable, "-m", "mypy", "--config-file", os.devnull,
+                                  "--ignore-missing-imports", str(source)],
+                                 capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+        assert checked.returncode == 0, checked.stdout
+    finally:
+        stack.stop_all()
