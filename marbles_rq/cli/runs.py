@@ -141,6 +141,8 @@ def status(settings: Settings, run_id: str, as_json: bool) -> None:
         limit = data["concurrency"]
         _echo(f"  priority {data['priority']}" + ("" if not limit else
               f"  at most {limit['limit']} at once ({limit['key'] or data['name']})"))
+    if data["tags"]:
+        _echo("  tags " + " ".join(f"{k}={v}" for k, v in sorted(data["tags"].items())))
     if data["start_at"] and data["status"] == "queued":
         _echo(f"  starts at {data['start_at']}")
     if data["worker"] and data["status"] == "running":
