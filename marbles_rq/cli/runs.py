@@ -235,8 +235,8 @@ def runs_cmd(settings: Settings, status_: str | None, name: str | None, queue: s
                        since=parse_when(since, "since"), until=parse_when(until, "until"),
                        tag=list(tags), limit=limit, cursor=cursor)
     if as_json:
-        reader = client.reader
-        click.echo(json.dumps([_view_json(reader.get(r.id)) for r in page.runs], indent=2))
+        views = client.reader.views([r.id for r in page.runs])
+        click.echo(json.dumps([v.to_json() for v in views], indent=2))
     else:
         for r in page.runs:
             data = {"id": r.id, "name": r.name, "status": r.status, "attempt": r.attempt,
@@ -305,10 +305,6 @@ def _get(runs: RunStore, run_id: str) -> RunView:
                                f"their retention ends, 7 days unless the workflow sets "
                                f"retention_s)")
     return view
-
-
-def _view_json(view: RunView | None) -> dict[str, Any]:
-    return {} if view is None else view.to_json()
 
 
 OUTPUT_PAGE = 1000  # output entries read per call

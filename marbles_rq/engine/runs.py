@@ -582,29 +582,35 @@ class RunStore:
                       reverse=True)[:scan]
         views: list[RunView] = []
         for chunk in _chunks([rid for _, rid in rows], 500):
-            pipe = self.client.pipeline(transaction=False)
-            for rid in chunk:
-                keys = self.keys.run_keys(rid)
-                pipe.hgetall(keys.run)
-                pipe.hgetall(keys.steps)
-            replies = pipe.execute(raise_on_error=False)
-            for i, rid in enumerate(chunk):
-                fields, steps = replies[2 * i], replies[2 * i + 1]
-                if not fields:
-                    continue
-                keys = self.keys.run_keys(rid)
-                try:
-                    if isinstance(fields, Exception) or isinstance(steps, Exception):
-                        raise CorruptRecordError(keys.run, f"unreadable: {fields or steps}")
-                    view = self._view(keys, fields, steps)
-                except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
-                    log.warning("skipping run %s: %s", rid, exc)
-                    continue
+            for view in self.views(chunk):
                 if (status is None or view.status == status) and (
                         name is None or view.record.name == name):
                     views.append(view)
                     if len(views) >= limit:
                         return views
+        return views
+
+    def views(self, run_ids: list[str]) -> list[RunView]:
+        """The views of these runs in one round trip, in their order; a run that is gone is
+        left out, and so is one whose record is unreadable (logged: it costs only itself)."""
+        pipe = self.client.pipeline(transaction=False)
+        for rid in run_ids:
+            keys = self.keys.run_keys(rid)
+            pipe.hgetall(keys.run)
+            pipe.hgetall(keys.steps)
+        replies = pipe.execute(raise_on_error=False)
+        views: list[RunView] = []
+        for i, rid in enumerate(run_ids):
+            fields, steps = replies[2 * i], replies[2 * i + 1]
+            if not fields:
+                continue
+            keys = self.keys.run_keys(rid)
+            try:
+                if isinstance(fields, Exception) or isinstance(steps, Exception):
+                    raise CorruptRecordError(keys.run, f"unreadable: {fields or steps}")
+                views.append(self._view(keys, fields, steps))
+            except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
+                log.warning("skipping run %s: %s", rid, exc)
         return views
 
     def output(self, run_id: str, *, after: str = "0-0", block_ms: int | None = None,
