@@ -105,6 +105,35 @@ def test_cancel_by_filter_dry_run_confirmation_and_again(procs: Procs) -> None:
     assert again["failed"] == {}
 
 
+def test_on_a_terminal_it_asks_first(procs: Procs) -> None:
+    import pty
+
+    c = client(procs)
+    ids = start(c, "quick", 4, prefix="tty")
+
+    def answer(text: str) -> Done[str]:
+        master, slave = pty.openpty()
+        try:
+            proc = subprocess.Popen(procs.cli_argv("cancel", "--workflow", "quick"),
+                                    cwd=REPO_ROOT, env=procs.env, stdin=slave,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            os.write(master, text.encode())
+            out, err = proc.communicate(timeout=60)
+        finally:
+            os.close(master)
+            os.close(slave)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    declined = answer("n\n")
+    assert declined.returncode == 1, show(declined)
+    assert "cancel 4 runs (workflow quick)? [y/N]" in declined.stderr
+    assert "nothing done" in declined.stderr
+    assert statuses(c, ids) == {"queued": 4}
+    accepted = answer("y\n")
+    assert accepted.stdout.strip() == "cancel: done 4, skipped 0, failed 0", show(accepted)
+    assert statuses(c, ids) == {"cancelled": 4}
+
+
 def test_ctrl_c_stops_between_batches_and_the_same_command_does_the_rest(
         procs: Procs) -> None:
     c = client(procs)
