@@ -37,6 +37,7 @@ def deploy_region(ctx: mr.RunContext, region: str) -> str:
 
 @mr.workflow()
 def release(ctx: mr.RunContext, inp: Release) -> dict[str, object]:
+    ctx.tag(version=inp.version)  # a search tag: `marbles-rq runs --tag version=1.4`
     # Two builds at once; each has its own stable place in the ledger.
     artifacts = mr.parallel(lambda: build("linux", inp.version),
                             lambda: build("macos", inp.version))

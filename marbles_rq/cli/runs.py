@@ -17,6 +17,7 @@ from ..engine.output_lines import format_event
 from ..engine.runs import STATUSES, TERMINAL, OutputEvent, RunStore, RunView
 from ..terminal import safe
 from . import render
+from .bulk_ops import filter_options, one_or_many, pop_criteria, run_bulk_command
 
 
 def _echo(line: str) -> None:
@@ -154,6 +155,8 @@ def _status_lines(data: dict[str, Any], *, head: bool = True,
         limit = data["concurrency"]
         out.append(f"  priority {data['priority']}" + ("" if not limit else
                    f"  at most {limit['limit']} at once ({limit['key'] or data['name']})"))
+    if data["tags"]:
+        out.append("  tags " + " ".join(f"{k}={v}" for k, v in sorted(data["tags"].items())))
     if data["start_at"] and data["status"] == "queued":
         out.append(f"  starts at {data['start_at']}")
     if data["worker"] and data["status"] == "running":
@@ -275,31 +278,54 @@ def _waiting(waiting: dict[str, Any]) -> str:
 
 @click.command("runs")
 @click.option("--status", "status_", type=click.Choice(STATUSES), default=None)
-@click.option("--name", default=None, help="Only runs of this workflow.")
+@click.option("--name", "--workflow", "name", default=None, help="Only runs of this workflow.")
+@click.option("--queue", default=None, help="Only runs on this queue.")
+@click.option("--since", default=None, metavar="WHEN", help="Only runs created at or after "
+              "WHEN (ISO 8601 with a zone, or a time ago: 90s, 2h, 7d).")
+@click.option("--until", default=None, metavar="WHEN", help="Only runs created at or before "
+              "WHEN (as --since).")
+@click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE",
+              help="Only runs carrying this tag (repeat: every one).")
+@click.option("--cursor", default=None, help="Start after this cursor (the previous page "
+              "prints it: 'next page: --cursor ...').")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.pass_obj
-def runs_cmd(settings: Settings, status_: str | None, name: str | None, limit: int,
-             as_json: bool) -> None:
-    """List runs, newest first."""
-    views = settings.runs(read_only=True).list_runs(limit=limit, status=status_, name=name)
+def runs_cmd(settings: Settings, status_: str | None, name: str | None, queue: str | None,
+             since: str | None, until: str | None, tags: tuple[str, ...],
+             cursor: str | None, limit: int, as_json: bool) -> None:
+    """List runs, newest first, a page at a time (the next page's cursor goes to stderr)."""
+    from ..client import Client
+    from .bulk_ops import parse_when
+
+    client = Client(settings)
+    page = client.runs(status=status_, workflow=name, queue=queue,
+                       since=parse_when(since, "since"), until=parse_when(until, "until"),
+                       tag=list(tags), limit=limit, cursor=cursor)
     if as_json:
-        click.echo(json.dumps([_view_json(v) for v in views], indent=2))
-        return
-    rows = [v.to_json() for v in views]
-    if not rows:
+        views = client.reader.views([r.id for r in page.runs])
+        click.echo(json.dumps([v.to_json() for v in views], indent=2))
+    elif not page.runs:
         render.none_match("no runs match")
     elif render.on_terminal():
-        render.table(["RUN", "WORKFLOW", "STATUS", "ATTEMPT", "CREATED", "DURATION"],
-                     [[d["id"], d["name"], render.status_cell(d["status"]),
-                       f"{d['attempt']}" + (f" (resumed {d['resumptions']})"
-                                            if d["resumptions"] else ""),
-                       render.when(d["created_at"]),
-                       render.took(d["started_at"], d["finished_at"])] for d in rows])
+        render.table(["RUN", "WORKFLOW", "STATUS", "ATTEMPT", "CREATED", "DURATION", "TAGS"],
+                     [[r.id, r.name, render.status_cell(r.status),
+                       f"{r.attempt}" + (f" (resumed {r.resumptions})" if r.resumptions
+                                         else ""),
+                       render.when(_iso(r.created_ms)),
+                       render.took(None if r.started_ms is None else _iso(r.started_ms),
+                                   None if r.finished_ms is None else _iso(r.finished_ms)),
+                       " ".join(f"{k}={v}" for k, v in sorted(r.tags.items()))]
+                      for r in page.runs])
     else:
-        for data in rows:
-            _echo(f"{data['id']:34} {data['name']:16} {data['status']:10} "
-                  f"a{data['attempt']:<3} r{data['resumptions']:<3} {data['created_at']}")
+        for r in page.runs:
+            tag_text = " ".join(f"{k}={v}" for k, v in sorted(r.tags.items()))
+            _echo(f"{r.id:34} {r.name:16} {r.status:10} a{r.attempt:<3} r{r.resumptions:<3} "
+                  f"{_iso(r.created_ms)}" + (f"  {tag_text}" if tag_text else ""))
+    if page.cursor is not None:
+        click.echo(f"next page: --cursor {page.cursor}"
+                   + ("" if page.complete else " (this page stopped at its scan budget)"),
+                   err=True)
 
 
 @click.command()
@@ -325,14 +351,23 @@ def _json_line(ev: OutputEvent) -> None:
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@filter_options
+@click.option("--json", "as_json", is_flag=True, help="With a filter: print the summary as "
+              "JSON.")
 @click.pass_obj
-def cancel(settings: Settings, run_id: str) -> None:
+def cancel(settings: Settings, /, run_id: str | None, as_json: bool, **kwargs: Any) -> None:
     """Cancel a run: a queued or waiting run never starts again; a running one stops at its
     next step boundary (its horse is stopped) and never resumes. Its child runs are
-    cancelled with it."""
+    cancelled with it. With a filter instead of RUN_ID (`cancel --status queued --workflow
+    report`), every run it selects, in batches (see --dry-run, --yes)."""
     from ..client import Client
 
+    criteria = pop_criteria(kwargs)
+    if one_or_many(run_id, criteria):
+        run_bulk_command(settings, "cancel", criteria, as_json=as_json)
+        return
+    assert run_id is not None
     done = Client(settings).cancel(run_id)
     _echo(done.message)
     if done.children:
@@ -347,10 +382,6 @@ def _get(runs: RunStore, run_id: str) -> RunView:
                                f"their retention ends, 7 days unless the workflow sets "
                                f"retention_s)")
     return view
-
-
-def _view_json(view: RunView | None) -> dict[str, Any]:
-    return {} if view is None else view.to_json()
 
 
 OUTPUT_PAGE = 1000  # output entries read per call

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
@@ -13,6 +14,7 @@ from ..engine.waits import Question, Report, WaitStore
 from ..store.ids import check_id
 from ..terminal import safe
 from . import render
+from .bulk_ops import filter_options, given, one_or_many, pop_criteria, run_bulk_command
 
 
 def _waits(settings: Settings, *, read_only: bool = False) -> WaitStore:
@@ -42,24 +44,40 @@ def _approval(settings: Settings, run_id: str, key: str, note: str | None,
     click.echo(safe(done.message))
 
 
-@click.command()
-@click.argument("run_id")
-@click.argument("key")
-@click.option("--note", default=None, help="A note the run receives with the answer.")
-@click.pass_obj
-def approve(settings: Settings, run_id: str, key: str, note: str | None) -> None:
-    """Approve approval KEY of run RUN_ID."""
-    _approval(settings, run_id, key, note, True)
+def _approval_command(approved: bool) -> click.Command:
+    verb = "approve" if approved else "reject"
+
+    @click.command(verb)
+    @click.argument("run_id", required=False)
+    @click.argument("key", required=False)
+    @click.option("--note", default=None, help="A note the run receives with the answer.")
+    @filter_options
+    @click.option("--json", "as_json", is_flag=True, help="With a filter: print the summary "
+                  "as JSON.")
+    @click.pass_obj
+    def command(settings: Settings, /, run_id: str | None, key: str | None, note: str | None,
+                as_json: bool, **kwargs: Any) -> None:
+        criteria = pop_criteria(kwargs)
+        if run_id is not None and key is None and not given(criteria):
+            raise click.UsageError(f"missing KEY: {verb} RUN_ID KEY")
+        if one_or_many(run_id, criteria):
+            if not criteria["f_question"]:
+                raise click.UsageError(f"{verb} by filter needs --question KEY: the "
+                                       f"approval to {verb} in each run")
+            run_bulk_command(settings, verb, criteria, as_json=as_json, note=note)
+            return
+        assert run_id is not None and key is not None
+        _approval(settings, run_id, key, note, approved)
+
+    command.help = (f"{verb.capitalize()} approval KEY of run RUN_ID. With a filter instead "
+                    f"(`{verb} --question KEY --workflow NAME`), approval KEY of every run "
+                    f"the filter selects that has it open, in batches (see --dry-run, "
+                    f"--yes).")
+    return command
 
 
-@click.command()
-@click.argument("run_id")
-@click.argument("key")
-@click.option("--note", default=None, help="A note the run receives with the answer.")
-@click.pass_obj
-def reject(settings: Settings, run_id: str, key: str, note: str | None) -> None:
-    """Reject approval KEY of run RUN_ID."""
-    _approval(settings, run_id, key, note, False)
+approve = _approval_command(True)
+reject = _approval_command(False)
 
 
 @click.command()
@@ -139,20 +157,38 @@ def _age(ms: int) -> str:
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@filter_options
+@click.option("--json", "as_json", is_flag=True, help="With a filter: print the summary as "
+              "JSON.")
 @click.pass_obj
-def pause(settings: Settings, run_id: str) -> None:
+def pause(settings: Settings, /, run_id: str | None, as_json: bool, **kwargs: Any) -> None:
     """Pause a run: a running run parks at its next step boundary, a queued one when it
-    starts, a waiting one at once. Only `resume` wakes it."""
+    starts, a waiting one at once. Only `resume` wakes it. With a filter instead of RUN_ID,
+    every run it selects, in batches (see --dry-run, --yes)."""
+    criteria = pop_criteria(kwargs)
+    if one_or_many(run_id, criteria):
+        run_bulk_command(settings, "pause", criteria, as_json=as_json)
+        return
+    assert run_id is not None
     check_id(run_id, "run id")  # bad input is exit 2 whether Redis answers or not
     # Settled: exit 1, one line on stderr, like every failure (cli/__init__.py).
     click.echo(_client(settings).pause(run_id).message)
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@filter_options
+@click.option("--json", "as_json", is_flag=True, help="With a filter: print the summary as "
+              "JSON.")
 @click.pass_obj
-def resume(settings: Settings, run_id: str) -> None:
-    """Resume a paused run."""
+def resume(settings: Settings, /, run_id: str | None, as_json: bool, **kwargs: Any) -> None:
+    """Resume a paused run. With a filter instead of RUN_ID, every paused run it selects
+    (others are skipped: not paused), in batches (see --dry-run, --yes)."""
+    criteria = pop_criteria(kwargs)
+    if one_or_many(run_id, criteria):
+        run_bulk_command(settings, "resume", criteria, as_json=as_json)
+        return
+    assert run_id is not None
     check_id(run_id, "run id")
     click.echo(_client(settings).resume(run_id).message)

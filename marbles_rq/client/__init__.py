@@ -9,10 +9,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..engine.selection import RunFilter
     from .aio import AsyncClient, AsyncRunHandle, connect_async
     from .errors import ResultTimeoutError, RunCancelledError, RunFailedError
     from .sync import Client, RunHandle, StartRequest, connect
     from .views import (
+        BulkSummary,
         Outcome,
         OutputEntry,
         QuestionInfo,
@@ -27,12 +29,14 @@ _HOMES = {
     "ResultTimeoutError": "errors", "RunCancelledError": "errors", "RunFailedError": "errors",
     "Client": "sync", "RunHandle": "sync", "StartRequest": "sync", "connect": "sync",
     "Outcome": "views", "OutputEntry": "views", "QuestionInfo": "views", "ReportInfo": "views",
-    "RunsPage": "views", "RunStatus": "views", "RunSummary": "views",
+    "RunsPage": "views", "RunStatus": "views", "RunSummary": "views", "BulkSummary": "views",
+    "RunFilter": ".engine.selection",
 }
 
 __all__ = [
     "AsyncClient",
     "AsyncRunHandle",
+    "BulkSummary",
     "Client",
     "Outcome",
     "OutputEntry",
@@ -41,6 +45,7 @@ __all__ = [
     "ResultTimeoutError",
     "RunCancelledError",
     "RunFailedError",
+    "RunFilter",
     "RunHandle",
     "RunStatus",
     "RunSummary",

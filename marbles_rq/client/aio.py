@@ -20,6 +20,7 @@ import msgspec
 from ..engine.authoring import WorkflowDef
 from ..engine.execution import RunNotFoundError
 from ..engine.runs import OutputEvent
+from ..engine.selection import RunFilter
 from ..store.connection import connect_async as connect_redis_async
 from ..store.ids import check_id
 from .errors import ResultTimeoutError
@@ -35,7 +36,7 @@ from .sync import (
     settle,
     wait_seconds,
 )
-from .views import Outcome, OutputEntry, QuestionInfo, RunsPage, RunStatus
+from .views import BulkSummary, Outcome, OutputEntry, QuestionInfo, RunsPage, RunStatus
 
 T = TypeVar("T")
 
@@ -114,6 +115,41 @@ class AsyncClient:
 
     async def feed(self, limit: int = 100) -> list[QuestionInfo]:
         return await self._call(self.sync.feed, limit)
+
+    def select(self, **criteria: Any) -> RunFilter:
+        return self.sync.select(**criteria)
+
+    async def count(self, target: RunFilter, sample: int = 10) -> tuple[int, list[str]]:
+        return await self._call(self.sync.count, target, sample)
+
+    async def bulk(self, action: str, target: RunFilter | Iterable[str],
+                   **options: Any) -> BulkSummary:
+        """`Client.bulk` in a worker thread (each run is one script call, as there)."""
+        return await self._call(self.sync.bulk, action, target, **options)
+
+    async def cancel_many(self, target: RunFilter | Iterable[str],
+                          **options: Any) -> BulkSummary:
+        return await self.bulk("cancel", target, **options)
+
+    async def pause_many(self, target: RunFilter | Iterable[str],
+                         **options: Any) -> BulkSummary:
+        return await self.bulk("pause", target, **options)
+
+    async def resume_many(self, target: RunFilter | Iterable[str],
+                          **options: Any) -> BulkSummary:
+        return await self.bulk("resume", target, **options)
+
+    async def rerun_many(self, target: RunFilter | Iterable[str],
+                         **options: Any) -> BulkSummary:
+        return await self.bulk("rerun", target, **options)
+
+    async def approve_many(self, target: RunFilter | Iterable[str], key: str | None = None,
+                           note: str | None = None, **options: Any) -> BulkSummary:
+        return await self.bulk("approve", target, key=key, note=note, **options)
+
+    async def reject_many(self, target: RunFilter | Iterable[str], key: str | None = None,
+                          note: str | None = None, **options: Any) -> BulkSummary:
+        return await self.bulk("reject", target, key=key, note=note, **options)
 
     async def cancel(self, run_id: str) -> Outcome:
         return await self._call(self.sync.cancel, run_id)

@@ -17,7 +17,7 @@ import datetime as dt
 import math
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,6 +38,7 @@ from ..engine.json_values import changed_by_json
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.published import published
 from ..engine.runs import STATUSES, OutputEvent, RunStore
+from ..engine.selection import RunFilter, Selection
 from ..engine.signals import signals_json
 from ..engine.waits import Answered, WaitStore
 from ..errors import ConfigError, InvalidIdError, MarblesError, RunSettledError
@@ -49,6 +50,7 @@ from ..store.replies import as_text
 from .errors import ResultTimeoutError, RunCancelledError, RunFailedError
 from .outage import typed_outages
 from .views import (
+    BulkSummary,
     Outcome,
     OutputEntry,
     QuestionInfo,
@@ -373,10 +375,16 @@ class Client:
 
     def runs(self, *, status: str | None = None, workflow: str | None = None,
              queue: str | None = None, since: float | None = None, until: float | None = None,
-             limit: int = 50, cursor: str | None = None) -> RunsPage:
+             limit: int = 50, cursor: str | None = None,
+             tag: str | dict[str, str] | list[str] | None = None) -> RunsPage:
         """Runs newest first, a page at a time: `since`/`until` are epoch seconds of their
-        creation; `cursor` is the previous page's. A page's cost does not grow with the
+        creation; `cursor` is the previous page's; `tag` ("key=value", a list of them, or a
+        mapping) keeps the runs carrying every one. A page's cost does not grow with the
         number of runs (engine/paging.py)."""
+        from ..engine.tags import parse_tags
+
+        tags = parse_tags([tag] if isinstance(tag, str) else [
+            f"{k}={v}" for k, v in tag.items()] if isinstance(tag, dict) else tag or [])
         if status is not None and status not in STATUSES:  # a typo would list no run
             raise InputError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
         _check_limit(limit, 10_000)
@@ -386,13 +394,70 @@ class Client:
             raise InvalidIdError(str(exc)) from None
         page = RunPager(self.reader).page(limit=limit, after=after, filters=Filters(
             status=status, workflow=workflow, queue=queue,
-            since_ms=epoch_ms(since, "since"), until_ms=epoch_ms(until, "until")))
+            since_ms=epoch_ms(since, "since"), until_ms=epoch_ms(until, "until"), tags=tags))
         rows = [RunSummary(id=r.id, name=r.name, queue=r.queue, status=r.status,
                            attempt=r.attempt, created_ms=r.created_ms, started_ms=r.started_ms,
                            finished_ms=r.finished_ms, parent=r.parent,
-                           resumptions=r.resumptions) for r in page.rows]
+                           resumptions=r.resumptions, tags=r.tags) for r in page.rows]
         return RunsPage(rows, None if page.next is None else page.next.encode(),
                         not page.exhausted_budget)
+
+    # -- many runs at once -------------------------------------------------------------------
+
+    def select(self, **criteria: Any) -> RunFilter:
+        """A filter for the bulk operations: status, workflow, queue, since, until (epoch
+        seconds of creation), tags ("key=value" texts or a mapping), question (an open
+        question's key). At least one is needed. FilterError."""
+        return RunFilter.build(**criteria)
+
+    def count(self, target: RunFilter, sample: int = 10) -> tuple[int, list[str]]:
+        """How many runs `target` selects now, and the first `sample` ids (a dry run)."""
+        return Selection(self.reader, target, batch=1000).count(sample)
+
+    def cancel_many(self, target: RunFilter | Iterable[str], **options: Any) -> BulkSummary:
+        """Cancel the runs a filter selects (`client.select(status="queued")`), or these
+        ids, a batch at a time; see `bulk`."""
+        return self.bulk("cancel", target, **options)
+
+    def pause_many(self, target: RunFilter | Iterable[str], **options: Any) -> BulkSummary:
+        return self.bulk("pause", target, **options)
+
+    def resume_many(self, target: RunFilter | Iterable[str], **options: Any) -> BulkSummary:
+        return self.bulk("resume", target, **options)
+
+    def rerun_many(self, target: RunFilter | Iterable[str], *, from_step: str | None = None,
+                   **options: Any) -> BulkSummary:
+        """Rerun the finished runs selected; each rerun's id is fixed by the operation, so
+        the same call again reruns nothing twice (skipped: already rerun)."""
+        return self.bulk("rerun", target, from_step=from_step, **options)
+
+    def approve_many(self, target: RunFilter | Iterable[str], key: str | None = None,
+                     note: str | None = None, **options: Any) -> BulkSummary:
+        """Approve approval `key` (default: the filter's question) of each selected run."""
+        return self.bulk("approve", target, key=key, note=note, **options)
+
+    def reject_many(self, target: RunFilter | Iterable[str], key: str | None = None,
+                    note: str | None = None, **options: Any) -> BulkSummary:
+        return self.bulk("reject", target, key=key, note=note, **options)
+
+    def bulk(self, action: str, target: RunFilter | Iterable[str], *, key: str | None = None,
+             note: str | None = None, from_step: str | None = None,
+             rerun_key: str | None = None, batch: int = 100,
+             on_batch: Callable[[BulkSummary], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> BulkSummary:
+        """Apply `action` (cancel, pause, resume, rerun, approve, reject) to each run of
+        `target`, `batch` runs per pass: per run the one-run call of the same name. Runs
+        with nothing to do are skipped with a reason; `should_stop` is asked between
+        batches (True: stop; the summary says `stopped`). Safe to run again."""
+        from .bulk import run_bulk
+
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1000:
+            raise InputError(f"batch must be 1 to 1000, not {batch!r}")
+        if note is not None:
+            note = _note(note)
+        return run_bulk(self, action, target, key=key, note=note, from_step=from_step,
+                        rerun_key_=rerun_key, batch=batch, on_batch=on_batch,
+                        should_stop=should_stop)
 
     def feed(self, limit: int = 100) -> list[QuestionInfo]:
         """Open questions and approvals across runs, oldest first (`limit`: 1 to 1000)."""

@@ -124,6 +124,7 @@ class RunStatus(msgspec.Struct, frozen=True):
     # The trace its spans belong to when workers trace (docs/operate/tracing.md): the
     # enqueuer's, or one derived from the run id. 32 hex digits.
     trace_id: str | None = None
+    tags: dict[str, str] = msgspec.field(default_factory=dict)  # search tags (ctx.tag)
 
     @property
     def finished(self) -> bool:
@@ -143,6 +144,7 @@ class RunSummary(msgspec.Struct, frozen=True):
     finished_ms: int | None = None
     parent: str = ""
     resumptions: int = 0
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class RunsPage(msgspec.Struct, frozen=True):
@@ -173,3 +175,41 @@ class OutputEntry(msgspec.Struct, frozen=True):
     delivery: int
     at_ms: int
     data: Any
+
+
+class BulkFailure(msgspec.Struct, frozen=True):
+    run_id: str
+    message: str
+
+
+class BulkSummary(msgspec.Struct):
+    """What a bulk operation did (`Client.cancel_many` ..., `marbles-rq cancel --status
+    ...`): `done` runs acted on, `skipped` per reason (already cancelled, already finished,
+    not paused, already answered ...: nothing to do, not an error), `failed` per reason,
+    with the first messages in `failures`. `stopped` is True when it was interrupted
+    between batches: the same operation again does the rest (what was done is skipped)."""
+
+    action: str
+    matched: int = 0
+    done: int = 0
+    skipped: dict[str, int] = msgspec.field(default_factory=dict)
+    failed: dict[str, int] = msgspec.field(default_factory=dict)
+    failures: list[BulkFailure] = msgspec.field(default_factory=list)
+    stopped: bool = False
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    @property
+    def n_failed(self) -> int:
+        return sum(self.failed.values())
+
+    def line(self) -> str:
+        """The summary line the CLI prints."""
+        def by_reason(counts: dict[str, int]) -> str:
+            return "" if not counts else " (" + ", ".join(
+                f"{reason}: {n}" for reason, n in sorted(counts.items())) + ")"
+
+        return (f"{self.action}: done {self.done}, skipped {self.n_skipped}"
+                f"{by_reason(self.skipped)}, failed {self.n_failed}{by_reason(self.failed)}")

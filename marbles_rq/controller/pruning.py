@@ -10,6 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from ..engine.paging import tags_of
 from ..engine.runs import TERMINAL
 from ..errors import CorruptRecordError, UnsupportedRecordVersionError
 from ..store.records import RunRecord, decode
@@ -49,13 +50,17 @@ class Pruning:
         pipe = ctl.store.client.pipeline(transaction=False)
         for _, run_id in due:
             pipe.smembers(ctl.keys.effect_index(run_id))
-        receipts = pipe.execute(raise_on_error=False)
+            pipe.hget(ctl.keys.run(run_id), "tags")  # its tag index entries go with it
+        replies = pipe.execute(raise_on_error=False)
         done = 0
-        for (_, run_id), found in zip(due, receipts, strict=True):
+        for (_, run_id), found, tags in zip(due, replies[0::2], replies[1::2], strict=True):
             members = [] if isinstance(found, Exception) else sorted(as_text(m) for m in found)
+            seen = tags if isinstance(tags, bytes) else b""
             reply = ctl.run_script(run_id, functools.partial(
                 ctl.runs.scripts.purge_run, keys=ctl.keys.run_keys(run_id), run_id=run_id,
-                receipts=members))
+                receipts=members, tags=seen,
+                tag_indexes=[ctl.keys.tag_index(k, v, ctl.keys.bucket_of(run_id))
+                             for k, v in tags_of(seen).items()]))
             if reply is not None and reply.status == "ok":
                 done += 1
         ctl.stats.pruned += done

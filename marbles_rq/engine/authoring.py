@@ -135,6 +135,8 @@ class WorkflowDef:
     # The input parameter's Python default (`def body(ctx, n: int = 5)`) as JSON: what an
     # omitted input means; None when the parameter has none.
     input_default: bytes | None = field(default=None, repr=False)
+    # Search tags every run of it carries (engine/tags.py).
+    tags: dict[str, str] = field(default_factory=dict)
 
     def omitted_input(self, how: str = "give an input") -> bytes:
         """The input JSON a run asked for without one stands for (enqueue without --input, a
@@ -253,13 +255,16 @@ def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
 def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "default",
              timeout_s: float = 0.0, max_deliveries: int = 20,
              retention_s: float = 7 * 86400.0, concurrency: int | None = None,
-             concurrency_key: str | None = None, priority: int = 0) -> Any:
+             concurrency_key: str | None = None, priority: int = 0,
+             tags: dict[str, Any] | None = None) -> Any:
     """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``.
     A finished run is kept `retention_s` seconds (default 7 days), then pruned.
     `concurrency=N`: at most N runs execute at once across the fleet; with
     `concurrency_key="field"`, at most N per value of that input field. `priority`: the
-    runs' default priority (see engine/limits.py)."""
+    runs' default priority (see engine/limits.py). `tags`: search tags every run carries
+    (engine/tags.py), filterable in `runs --tag key=value`."""
     from .limit_specs import definition_problem
+    from .tags import TagError, check_tags
 
     problem = queue_problem(queue) or definition_problem(concurrency, concurrency_key,
                                                          priority)
@@ -267,6 +272,10 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
         raise DefinitionError(problem)
     if not 0 <= retention_s <= 10 * 365 * 86400:
         raise DefinitionError(f"retention_s must be between 0 and 10 years, not {retention_s}")
+    try:
+        declared_tags = check_tags(tags)
+    except TagError as exc:
+        raise DefinitionError(str(exc)) from None
 
     def register(fn: Callable[..., Any]) -> WorkflowDef:
         wf_name = name if isinstance(name, str) else fn.__name__
@@ -285,7 +294,7 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
         definition = WorkflowDef(wf_name, fn, input_param, queue, timeout_s, max_deliveries,
                                  retention_s, concurrency=concurrency or 0,
                                  concurrency_key=concurrency_key, priority=priority,
-                                 input_default=default)
+                                 input_default=default, tags=declared_tags)
         if concurrency_key is not None and input_param is None:
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): concurrency_key "
                                   f"{concurrency_key!r} names an input field, but it takes "

@@ -201,6 +201,18 @@ class RunContext:
         wins); recorded, so a replay does not publish it again (engine/published.py)."""
         published.publish(self, key, value)
 
+    def tag(self, **tags: Any) -> None:
+        """Record search tags on this run (`ctx.tag(customer="acme", region="eu")`): merged
+        with its others, indexed at once, filterable in `runs --tag customer=acme`; a key
+        given again takes the new value. Not a ledger entry: a replay sets the same values
+        again. TagError: a bad key or value, or more than 16 tags (engine/tags.py)."""
+        from .tags import check_tags, tag_run
+
+        checked = check_tags(tags)
+        if getattr(self.runs, "scripts", None) is None:
+            return  # a dry run (engine/dryrun.py): nothing outside reads its tags
+        self.call_store(tag_run, self.runs, self.run_id, checked)
+
     def wait_for_event(self, source: str, type: str | None = None,
                        match: dict[str, Any] | None = None, timeout_s: float | None = None,
                        lookback_s: float | None = None) -> event_waits.ReceivedEvent:
@@ -714,6 +726,15 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
             return _Outcome(_settled(runs.settle(ex, "failed", error=_error(exc)), "failed"),
                             parent, ex)
         ctx = RunContext(runs, ex, value, watchdog, limits, deliver, registry)
+        if definition.tags:
+            # Recorded at start too, for a run started by a caller that had not imported
+            # the definition (tags merge: the same ones again change nothing).
+            from .tags import TagError
+
+            try:
+                ctx.tag(**definition.tags)
+            except TagError as exc:  # the body's own tags took the room: they stay
+                log.warning("run %s: declared tags not recorded: %s", run_id, exc)
         tokens = context.enter(ctx, ctx.root_frames)
         watchdog.start()
         status, result, error = "succeeded", b"", None

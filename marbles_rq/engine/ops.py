@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
@@ -190,10 +191,26 @@ def enqueue(runs: RunStore, rq: RQLike, request: RunRequest,
 def enqueue_record(runs: RunStore, rq: RQLike, record: RunRecord) -> Enqueued:
     """`enqueue` of a request `prepare` has made into `record`."""
     if delayed(record):  # the controller enqueues its first delivery at its start
-        return _result(runs.record(record), dispatched=False)
+        return _tagged(runs, [_result(runs.record(record), dispatched=False)])[0]
     recorded, dispatched = FirstDelivery(rq, runs.keys, runs.client).record(
         lambda push: runs.record(record, push), limit_specs.delivery_queue(record), record.id)
-    return _result(recorded, dispatched=dispatched)
+    return _tagged(runs, [_result(recorded, dispatched=dispatched)])[0]
+
+
+def _tagged(runs: RunStore, done: list[Enqueued]) -> list[Enqueued]:
+    """Record the declared tags (`@mr.workflow(tags=...)`) of the new runs among `done`, so
+    a queued run is found by tag before it starts. A second call after the run is recorded:
+    if it is lost, the run records them when it first executes."""
+    from .execution import RunNotFoundError
+    from .tags import tag_run
+
+    for d in done:
+        definition = REGISTRY.workflows.get(d.record.name)
+        if d.created and definition is not None and definition.tags:
+            # A run finished and pruned already (a retention of 0) has nothing to find.
+            with contextlib.suppress(RunNotFoundError):
+                tag_run(runs, d.run_id, definition.tags)
+    return done
 
 
 def enqueue_many(runs: RunStore, rq: RQLike, requests: list[RunRequest],
@@ -222,13 +239,15 @@ def enqueue_records(runs: RunStore, rq: RQLike, records: list[RunRecord]) -> lis
         later = [i for i, r in enumerate(records) if delayed(r)]
         done: dict[int, Enqueued] = dict(zip(
             now, enqueue_records(runs, rq, [records[i] for i in now]), strict=True))
-        done.update(zip(later, (_result(rec, dispatched=False) for rec in runs.record_chunk(
-            [records[i] for i in later])), strict=True))
+        done.update(zip(later, _tagged(runs, [_result(rec, dispatched=False) for rec in
+                                              runs.record_chunk([records[i] for i in later])]),
+                        strict=True))
         return [done[i] for i in range(len(records))]
     delivered = FirstDelivery(rq, runs.keys, runs.client).record_chunk(
         lambda pushes: runs.record_chunk(records, pushes),
         [(limit_specs.delivery_queue(r), r.id) for r in records])
-    return [_result(recorded, dispatched=dispatched) for recorded, dispatched in delivered]
+    return _tagged(runs, [_result(recorded, dispatched=dispatched)
+                          for recorded, dispatched in delivered])
 
 
 def _result(recorded: Recorded, *, dispatched: bool) -> Enqueued:

@@ -7,7 +7,10 @@ at most a batch of ids at or before it (ZREVRANGEBYSCORE ... LIMIT), so a page c
 pipelined round trip over the buckets plus one for the runs' fields, whether the deployment
 holds a thousand runs or a million.
 
-Filters (status, workflow, queue) have no index of their own: a filtered page reads
+A tag filter reads the per-bucket index of its first tag (``{P:bNNNN}:idx:tag:K=V``, also
+scored by creation time, written with the tag) instead of the listing of every run; further
+tags, like status, workflow and queue, are checked on each candidate. Those have no index of
+their own: a filtered page reads
 candidates in that order until the page is full or `scan_budget` candidates were looked at,
 and then says how far back it got, so one page never reads the whole keyspace. A time
 window (created between two instants) is a score range, so it costs nothing extra.
@@ -16,7 +19,7 @@ window (created between two instants) is a score range, so it costs nothing extr
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -62,6 +65,7 @@ class RunRow:
     finished_ms: int | None
     parent: str
     resumptions: int = 0  # wakes after a park (attempt counts only redeliveries)
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,14 +83,15 @@ class Filters:
     queue: str | None = None
     since_ms: int | None = None   # created at or after
     until_ms: int | None = None   # created at or before
+    tags: tuple[tuple[str, str], ...] = ()  # every (key, value) must be on the run
 
     @property
     def narrowing(self) -> bool:
-        return bool(self.status or self.workflow or self.queue)
+        return bool(self.status or self.workflow or self.queue or len(self.tags) > 1)
 
 
 _FIELDS = ("doc", "status", "attempt", "queue", "created_ms", "started_ms", "finished_ms",
-           "deferred", "resumptions")
+           "deferred", "resumptions", "tags")
 
 
 def _num(value: Any) -> int | None:
@@ -101,6 +106,11 @@ class RunPager:
         self.runs = runs
         self.keys = runs.keys
         self.client = runs.client
+
+    def _index(self, filters: Filters, bucket: int) -> str:
+        if filters.tags:
+            return self.keys.tag_index(*filters.tags[0], bucket)
+        return self.keys.listing("run", bucket)
 
     def _candidates(self, after: Cursor | None, filters: Filters, batch: int
                     ) -> list[tuple[int, str]]:
@@ -121,7 +131,7 @@ class RunPager:
         while ask:
             pipe = self.client.pipeline(transaction=False)
             for b in ask:
-                pipe.zrevrangebyscore(self.keys.listing("run", b), high, low, start=offset[b],
+                pipe.zrevrangebyscore(self._index(filters, b), high, low, start=offset[b],
                                       num=per, withscores=True)
             for b, part in zip(ask, pipe.execute(), strict=True):
                 offset[b] += len(part)
@@ -180,7 +190,7 @@ class RunPager:
                          as_text(reply[1] or b"?"),
                          attempt_of(_num(reply[2]) or 0, _num(reply[7]) or 0),
                          _num(reply[4]) or ms, _num(reply[5]), _num(reply[6]), record.parent,
-                         _num(reply[8]) or 0)
+                         _num(reply[8]) or 0, tags_of(reply[9]))
             rows[rid] = row if _matches(row, filters) else None
         return [rows.get(rid) for _, rid in ids]
 
@@ -210,7 +220,18 @@ class RunPager:
                 return Page(rows, cursor, scanned, True)
 
 
+def tags_of(raw: Any) -> dict[str, str]:
+    """A run hash's `tags` field (a JSON object of text), {} when absent or unreadable."""
+    if not raw:
+        return {}
+    try:
+        return msgspec.json.decode(raw, type=dict[str, str])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return {}
+
+
 def _matches(row: RunRow, f: Filters) -> bool:
     return ((f.status is None or row.status == f.status)
             and (f.workflow is None or row.name == f.workflow)
-            and (f.queue is None or row.queue == f.queue))
+            and (f.queue is None or row.queue == f.queue)
+            and all(row.tags.get(k) == v for k, v in f.tags))

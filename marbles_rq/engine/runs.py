@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -127,6 +127,7 @@ class RunView:
     # RQ job and is the `a` of output events); `resumptions` the wakes after a park.
     delivery: int = 0
     resumptions: int = 0
+    tags: dict[str, str] = field(default_factory=dict)  # search tags (engine/tags.py)
 
     def to_json(self) -> dict[str, Any]:
         def iso(ms: int | None) -> str | None:
@@ -145,6 +146,7 @@ class RunView:
                 "limit": self.record.concurrency,
                 "key": self.record.concurrency_label or None},
             "status": self.status, "attempt": self.attempt, "resumptions": self.resumptions,
+            "tags": dict(self.tags),
             "start_at": iso(self.record.not_before_ms or None),
             "delivery": self.delivery,
             "created_at": iso(self.created_ms), "started_at": iso(self.started_ms),
@@ -185,6 +187,11 @@ def _json_or_none(raw: bytes | None) -> dict[str, Any] | None:
     except msgspec.DecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _tags(raw: bytes | None) -> dict[str, str]:
+    value = _json_or_none(raw)
+    return {} if value is None else {str(k): str(v) for k, v in value.items()}
 
 
 def _step_path(key: str) -> str:
@@ -573,7 +580,8 @@ class RunStore:
             note=as_text(f[b"note"]) if f.get(b"note") else None,
             wait_reason=as_text(f[b"wait_reason"]) if f.get(b"wait_reason") else None,
             wait_for=_json_or_none(f.get(b"wait_for")), wait_since_ms=num("wait_since"),
-            pause_requested=f.get(b"pause") == b"1", lane=num("lane") or 0)
+            pause_requested=f.get(b"pause") == b"1", lane=num("lane") or 0,
+            tags=_tags(f.get(b"tags")))
 
     def list_runs(self, *, limit: int = 50, status: str | None = None,
              name: str | None = None) -> list[RunView]:
@@ -587,29 +595,35 @@ class RunStore:
                       reverse=True)[:scan]
         views: list[RunView] = []
         for chunk in _chunks([rid for _, rid in rows], 500):
-            pipe = self.client.pipeline(transaction=False)
-            for rid in chunk:
-                keys = self.keys.run_keys(rid)
-                pipe.hgetall(keys.run)
-                pipe.hgetall(keys.steps)
-            replies = pipe.execute(raise_on_error=False)
-            for i, rid in enumerate(chunk):
-                fields, steps = replies[2 * i], replies[2 * i + 1]
-                if not fields:
-                    continue
-                keys = self.keys.run_keys(rid)
-                try:
-                    if isinstance(fields, Exception) or isinstance(steps, Exception):
-                        raise CorruptRecordError(keys.run, f"unreadable: {fields or steps}")
-                    view = self._view(keys, fields, steps)
-                except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
-                    log.warning("skipping run %s: %s", rid, exc)
-                    continue
+            for view in self.views(chunk):
                 if (status is None or view.status == status) and (
                         name is None or view.record.name == name):
                     views.append(view)
                     if len(views) >= limit:
                         return views
+        return views
+
+    def views(self, run_ids: list[str]) -> list[RunView]:
+        """The views of these runs in one round trip, in their order; a run that is gone is
+        left out, and so is one whose record is unreadable (logged: it costs only itself)."""
+        pipe = self.client.pipeline(transaction=False)
+        for rid in run_ids:
+            keys = self.keys.run_keys(rid)
+            pipe.hgetall(keys.run)
+            pipe.hgetall(keys.steps)
+        replies = pipe.execute(raise_on_error=False)
+        views: list[RunView] = []
+        for i, rid in enumerate(run_ids):
+            fields, steps = replies[2 * i], replies[2 * i + 1]
+            if not fields:
+                continue
+            keys = self.keys.run_keys(rid)
+            try:
+                if isinstance(fields, Exception) or isinstance(steps, Exception):
+                    raise CorruptRecordError(keys.run, f"unreadable: {fields or steps}")
+                views.append(self._view(keys, fields, steps))
+            except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
+                log.warning("skipping run %s: %s", rid, exc)
         return views
 
     def output(self, run_id: str, *, after: str = "0-0", block_ms: int | None = None,

@@ -259,6 +259,10 @@ class Keyspace:
         """Sorted set of ids of one kind in one bucket, scored by creation time (ms)."""
         return f"{self.tag(bucket)}:idx:{kind}"
 
+    def tag_index(self, key: str, value: str, bucket: int) -> str:
+        """Sorted set: ids of the bucket's runs tagged ``key=value`` -> creation time (ms)."""
+        return f"{self.tag(bucket)}:idx:tag:{key}={value}"
+
     def claim_keys(self, kind: str, rid: str, owner: str) -> tuple[str, str, str]:
         """record, listing and owner-set keys of one claim (the hot path: one crc32)."""
         tag = self.tag_of(rid)

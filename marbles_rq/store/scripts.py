@@ -655,13 +655,21 @@ class Scripts:
                                                    for k, rid, attempt in calls])
         return [as_text(r[0]) for r in replies]
 
-    def purge_run(self, *, keys: RunKeys, run_id: str, receipts: list[str]) -> Reply:
+    def purge_run(self, *, keys: RunKeys, run_id: str, receipts: list[str],
+                  tag_indexes: Sequence[str] = (), tags: bytes = b"") -> Reply:
+        """`tags`: the run's tags field as read; `tag_indexes`: the index key of each."""
         return self._reply("purge_run", [keys.run, keys.steps, keys.output, keys.listing,
                                          keys.finished, keys.effects, keys.asks, keys.reports,
                                          keys.feed, keys.report_index, keys.waits,
                                          keys.published, keys.event_inbox, keys.signals,
-                                         *receipts],
-                           [run_id], ("ok", "not_due", "retry"))
+                                         *receipts, *tag_indexes],
+                           [run_id, len(receipts), tags], ("ok", "not_due", "retry"))
+
+    def tag_run(self, *, run_key: str, run_id: str, tags: bytes, indexes: list[str],
+                old_indexes: list[str], max_tags: int, seen: bytes) -> Reply:
+        return self._reply("tag_run", [run_key, *indexes, *old_indexes],
+                           [run_id, tags, max_tags, seen], ("ok", "too_many", "retry",
+                                                             "missing"))
 
     def hold_finished(self, *, keys: RunKeys, run_id: str, hold_ms: int) -> Reply:
         return self._reply("hold_finished", [keys.finished], [run_id, hold_ms],

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..client import Client
 from ..deployment import Settings
+from ..errors import InvalidIdError
 from ..store.ids import check_id
 from ..triggers.schedules import KEY_PATTERN, SCHEDULES, UnknownScheduleError, set_paused
 
@@ -52,6 +53,23 @@ class Actions:
         done = self.client.rerun(check_id(run_id, "run id"), from_step=from_step or None,
                                  new_id=new_id or None)
         return done.run_id, done.summary()
+
+    def bulk(self, action: str, target: Any, *, key: str | None = None,
+             note: str | None = None) -> str:
+        """The runs list's batch bar: `marbles-rq ACTION --filter ... --yes` (a RunFilter)
+        or of the ids ticked; the summary line it prints."""
+        from ..client.bulk import ACTIONS, rerun_key
+
+        if action not in ACTIONS:
+            raise InvalidIdError(f"unknown batch action {action!r}")
+        options: dict[str, Any] = {}
+        if action in ("approve", "reject"):
+            if not key:
+                raise InvalidIdError(f"{action}: give the approval's key")
+            options = {"key": key, "note": note or None}
+        elif action == "rerun":
+            options = {"rerun_key": rerun_key(target, None)}
+        return self.client.bulk(action, target, **options).line()
 
     def pause_schedule(self, key: str, paused: bool) -> str:
         if not KEY_PATTERN.fullmatch(key):

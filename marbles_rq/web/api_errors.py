@@ -45,6 +45,8 @@ STATUS: dict[str, int] = {
     "unknown_workflow": 422,
     "answer_refused": 422,
     "invalid_signal": 422,  # a signal name outside its pattern, a payload that is not JSON
+    "invalid_filter": 400,  # a bulk operation's filter that cannot select
+    "invalid_tag": 400,  # a tag key or value outside its pattern, too many tags
     "run_not_found": 404,
     "unknown_question": 404,
     "not_published": 404,  # the run has not published that key (or finished without it)

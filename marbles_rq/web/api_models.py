@@ -143,3 +143,51 @@ class ErrorBody(msgspec.Struct, frozen=True):
     """Every refusal of the API: one JSON object."""
 
     error: ErrorDetail
+
+
+class BulkFilter(msgspec.Struct, forbid_unknown_fields=True):
+    """Which runs a bulk operation acts on: every given criterion must hold (at least one).
+    `since`/`until`: epoch seconds of the runs' creation; `tags`: "key=value" texts;
+    `question`: the key of a question or approval the run has open."""
+
+    status: str | None = None
+    workflow: str | None = None
+    queue: str | None = None
+    since: float | None = None
+    until: float | None = None
+    tags: list[str] = msgspec.field(default_factory=list)
+    question: str | None = None
+
+
+class BulkBody(msgspec.Struct, forbid_unknown_fields=True):
+    """A bulk operation: `action` (cancel, pause, resume, rerun, approve, reject) on the
+    runs `filter` selects, or on `ids` (one of the two). approve/reject: `key` (default: the
+    filter's question) and `note`; rerun: `from_step`. `dry_run`: count and sample only."""
+
+    action: str
+    filter: BulkFilter | None = None
+    ids: list[str] | None = None
+    key: str | None = None
+    note: str | None = None
+    from_step: str | None = None
+    dry_run: bool = False
+
+
+class BulkDone(msgspec.Struct, frozen=True):
+    """What a bulk operation did: `matched` runs looked at, `done` acted on, `skipped` per
+    reason (nothing to do: already cancelled, not paused ...), `failed` per error code with
+    the first messages in `failures`. A dry run: `matched` and `sample` only."""
+
+    action: str
+    matched: int
+    done: int = 0
+    skipped: dict[str, int] = msgspec.field(default_factory=dict)
+    failed: dict[str, int] = msgspec.field(default_factory=dict)
+    failures: list[BulkFailureItem] = msgspec.field(default_factory=list)
+    dry_run: bool = False
+    sample: list[str] = msgspec.field(default_factory=list)
+
+
+class BulkFailureItem(msgspec.Struct, frozen=True):
+    run_id: str
+    message: str

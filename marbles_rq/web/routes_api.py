@@ -11,6 +11,7 @@ route runs; every refusal is one JSON object (web/api_errors.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +38,9 @@ from .api_auth import ApiGuard
 from .api_errors import ApiError, error_response, log, response_for
 from .api_models import (
     AnswerBody,
+    BulkBody,
+    BulkDone,
+    BulkFailureItem,
     EventBody,
     EventSent,
     Feed,
@@ -59,6 +63,7 @@ MAX_RESULT_WAIT_S = 60.0  # a result's long-poll waits at most this long (?timeo
 DEFAULT_RESULT_WAIT_S = 30.0
 MAX_WAITING = 500  # long-polls and output streams at once: each holds a Redis connection
 MAX_BATCH = 1000  # runs in one POST /api/runs:batch
+MAX_BULK_IDS = 10_000  # ids in one POST /api/runs:bulk
 BATCH_BODY = 16 << 20  # bytes of one batch body (each input is still held to the limit)
 HEARTBEAT_S = 15.0  # a comment on a quiet output stream, so a vanished client's stream ends
 SLICE_MS = 1000  # one blocking read of an output stream
@@ -217,7 +222,7 @@ class Api:
             since=_number(request, "since", None, 0.0, 1e12),
             until=_number(request, "until", None, 0.0, 1e12),
             limit=int(_number(request, "limit", 50, 1, 10_000, integer=True) or 50),
-            cursor=q.get("cursor") or None)
+            cursor=q.get("cursor") or None, tag=q.getlist("tag"))
         return reply(page)
 
     async def feed(self, request: Request) -> Response:
@@ -305,6 +310,51 @@ class Api:
         run_id = _run_id(request)
         body = await self.json(request, NoteBody, empty=NoteBody())
         return reply(await self.client.reject(run_id, request.path_params["key"], body.note))
+
+    async def bulk(self, request: Request) -> Response:
+        from ..client.bulk import ACTIONS
+        from ..engine.selection import RunFilter
+
+        body = await self.json(request, BulkBody, limit=max(BATCH_BODY, self.limit))
+        if body.action not in ACTIONS:
+            raise ApiError("invalid_request", f"action must be one of {', '.join(ACTIONS)}, "
+                                              f"not {body.action[:40]!r}")
+        if (body.filter is None) == (body.ids is None):
+            raise ApiError("invalid_request", "give a filter or ids (one of the two)")
+        target: Any
+        if body.filter is not None:
+            f = body.filter
+            target = RunFilter.build(status=f.status, workflow=f.workflow, queue=f.queue,
+                                     since=f.since, until=f.until, tags=f.tags,
+                                     question=f.question)
+            # What is selected now: reruns made by this operation are not swept in.
+            unpinned = target
+            target = dataclasses.replace(target, until=time.time() if target.until is None
+                                         else min(target.until, time.time()))
+        else:
+            target = unpinned = [check_id(i, "run id") for i in body.ids or []]
+            if len(target) > MAX_BULK_IDS:
+                raise ApiError("invalid_request", f"at most {MAX_BULK_IDS} ids at once")
+        if body.dry_run:
+            if isinstance(target, list):
+                return reply(BulkDone(body.action, len(target), dry_run=True,
+                                      sample=target[:10]))
+            count, sample = await self.client.count(target, 10)
+            return reply(BulkDone(body.action, count, dry_run=True, sample=sample))
+        options: dict[str, Any] = {}
+        if body.action in ("approve", "reject"):
+            options = {"key": body.key, "note": body.note}
+        elif body.action == "rerun":
+            from ..client.bulk import rerun_key
+
+            # Keyed by the filter as sent (before `until` was pinned): the same request
+            # again finds the reruns it made.
+            options = {"from_step": body.from_step,
+                       "rerun_key": rerun_key(unpinned, body.from_step)}
+        done = await self.client.bulk(body.action, target, **options)
+        return reply(BulkDone(done.action, done.matched, done.done, done.skipped,
+                              done.failed, [BulkFailureItem(f.run_id, f.message)
+                                            for f in done.failures]))
 
     # -- events -----------------------------------------------------------------------------
 
@@ -457,8 +507,16 @@ ROUTES: list[ApiRoute] = [
                  Param("since", "number", "created at or after (epoch seconds)"),
                  Param("until", "number", "created before (epoch seconds)"),
                  Param("limit", "integer", "runs a page, 1 to 10000 (default 50)"),
-                 Param("cursor", "string", "the previous page's `cursor`")),
-             refusals=("invalid_request", "invalid_id", "invalid_input")),
+                 Param("cursor", "string", "the previous page's `cursor`"),
+                 Param("tag", "string", "key=value: runs carrying this tag (repeat: "
+                                        "every one)")),
+             refusals=("invalid_request", "invalid_id", "invalid_input", "invalid_tag")),
+    ApiRoute("POST", "/api/runs:bulk", Api.bulk,
+             "Cancel, pause, resume, rerun, approve or reject many runs: those a filter "
+             "selects, or a list of ids; runs with nothing to do are skipped with a reason",
+             body=BulkBody, reply=BulkDone,
+             refusals=(*BODY_REFUSALS, "invalid_filter", "invalid_tag", "invalid_id",
+                       "invalid_input")),
     ApiRoute("GET", "/api/runs/{id}", Api.status,
              "A run's status (`marbles-rq status --json`)", reply=RunStatus,
              refusals=RUN_REFUSALS),

@@ -3,8 +3,9 @@ and the writes on a run (cancel, pause, resume, rerun, answer)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -12,9 +13,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..engine.authoring import REGISTRY
+from ..engine.authoring import REGISTRY, InputError
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.runs import STATUSES
+from ..engine.selection import FilterError, RunFilter, Selection
+from ..engine.tags import TagError, parse_tags
 from ..errors import InvalidIdError
 from ..store.ids import check_id
 from ..store.replies import as_text
@@ -23,13 +26,19 @@ from .endpoint import CSRF_MARK, Web, readable, redirect_flash, write
 from .security import CSRF_FIELD
 
 PAGE_SIZE = 50
+COUNT_CAP = 10_000  # "select all N matching" counts this far, then shows "10000+"
+MAX_TICKED = 1000  # ids one batch-bar POST carries
 WINDOWS = {"15m": 15 * 60_000, "1h": 3_600_000, "24h": 86_400_000, "7d": 7 * 86_400_000}
 
 
 def runs_params(request: Request) -> dict[str, Any]:
     """The filters and the cursor of a Runs page, as read (whatever else is in the
     query)."""
-    q = request.query_params
+    return params_of(request.query_params)
+
+
+def params_of(q: Mapping[str, str]) -> dict[str, Any]:
+    """runs_params of a query, or of the filter fields a batch-bar form carries."""
     status = q.get("status") or None
     if status not in STATUSES:
         status = None
@@ -40,25 +49,47 @@ def runs_params(request: Request) -> dict[str, Any]:
         after = Cursor.decode(q.get("after"))
     except ValueError:
         after = None
+    tag = (q.get("tag") or "").strip()
+    try:
+        tags = parse_tags([tag]) if tag else ()
+    except TagError:
+        tags, tag = (), ""
     return dict(status=status, workflow=q.get("workflow") or None,
-                queue=q.get("queue") or None, window=window,
+                queue=q.get("queue") or None, window=window, tag=tag, tags=tags,
                 after=after.encode() if after is not None else "")
+
+
+def _since_ms(window: str) -> int | None:
+    return int(time.time() * 1000) - WINDOWS[window] if window else None
+
+
+def run_filter(p: dict[str, Any]) -> RunFilter | None:
+    """The filter of a Runs page as the batch bar's "all matching" uses it; None when the
+    page has no filter (a batch never means every run)."""
+    since = _since_ms(p["window"])
+    try:
+        return RunFilter.build(status=p["status"], workflow=p["workflow"], queue=p["queue"],
+                               since=None if since is None else since / 1000,
+                               tags=[f"{k}={v}" for k, v in p["tags"]])
+    except FilterError:
+        return None
 
 
 def runs_context(web: Web, request: Request) -> dict[str, Any]:
     settings = web.settings
     p = runs_params(request)
     status, window = p["status"], p["window"]
-    since = int(time.time() * 1000) - WINDOWS[window] if window else None
+    since = _since_ms(window)
     filters = Filters(status=status, workflow=p["workflow"], queue=p["queue"],
-                      since_ms=since)
+                      since_ms=since, tags=p["tags"])
     after = Cursor.decode(p["after"]) if p["after"] else None
     t0 = time.perf_counter()
     page = RunPager(settings.runs(read_only=True)).page(limit=PAGE_SIZE, after=after,
                                                          filters=filters)
     took_ms = (time.perf_counter() - t0) * 1000
     params = {"status": status or "", "workflow": filters.workflow or "",
-              "queue": filters.queue or "", "window": window if since else ""}
+              "queue": filters.queue or "", "window": window if since else "",
+              "tag": p["tag"]}
     return dict(page=page, params=params, took_ms=took_ms, first=after is None,
                 workflows=declared_workflows(web, filters.workflow), windows=list(WINDOWS))
 
@@ -99,9 +130,12 @@ def routes(web: Web) -> list[BaseRoute]:
                 return RedirectResponse(f"/runs/{search}", status_code=303)
             return redirect_flash("/runs", False, f"no run with id {search!r}")
         ctx = runs_context(web, request)
+        selected = run_filter(runs_params(request))
+        matching = None if selected is None else Selection(
+            settings.runs(read_only=True), selected, batch=1000).count(0, cap=COUNT_CAP)[0]
         response = web.render(request, "runs.html", title="Runs", live="runs",
-                              live_query=request.url.query, **ctx,
-                              **charts_of(web, request, "/runs"))
+                              live_query=request.url.query, matching=matching,
+                              count_cap=COUNT_CAP, **ctx, **charts_of(web, request, "/runs"))
         # What the page's reads cost, for a browser's network panel and the bench.
         response.headers["Server-Timing"] = f"runs;dur={ctx['took_ms']:.1f}"
         return response
@@ -147,8 +181,37 @@ def routes(web: Web) -> list[BaseRoute]:
             return await write(web, request, do, f"/runs/{run_id}")
         return endpoint
 
+    async def batch(request: Request) -> Response:
+        """The batch bar: an action on the runs ticked (`ids`), or on every run the page's
+        filter selects (`scope=all`), through the client's bulk call."""
+        back = "/runs"
+
+        def do(form: dict[str, str]) -> str:
+            target: Any
+            if form.get("scope") == "all":
+                p = params_of(form)
+                target = run_filter(p)
+                if target is None:
+                    raise InputError("set a filter first: a batch never means every run")
+                target = dataclasses.replace(target, until=time.time())
+                if form.get("action") in ("approve", "reject") and form.get("key"):
+                    target = dataclasses.replace(target, question=form["key"])
+            else:
+                target = (form.get("ids") or "").split()
+                if not target:
+                    raise InputError("tick some runs first (or select all matching)")
+                if len(target) > MAX_TICKED:
+                    raise InputError(f"at most {MAX_TICKED} runs at once")
+                for run_id in target:
+                    check_id(run_id, "run id")
+            return web.actions.bulk(form.get("action", ""), target, key=form.get("key"),
+                                    note=form.get("note"))
+
+        return await write(web, request, do, back)
+
     return [
         Route("/runs", runs_page),
+        Route("/runs/batch", batch, methods=["POST"]),
         Route("/runs/{run_id}", run_page),
         *[Route(f"/runs/{{run_id}}/{name}", run_action(name), methods=["POST"])
           for name in ("cancel", "pause", "resume", "rerun", "answer")],

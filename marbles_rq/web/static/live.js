@@ -39,6 +39,7 @@ function busy(box) {
   // Someone is typing or choosing in this part of the page: do not replace it under them.
   var a = document.activeElement;
   if (a && box.contains(a) && (a.tagName === "INPUT" || a.tagName === "TEXTAREA" || a.tagName === "SELECT")) return true;
+  if (box.querySelector("input.pick:checked")) return true;  // runs ticked for the batch bar
   return Array.prototype.some.call(box.querySelectorAll("input[type=text], input:not([type]), textarea"), function (i) { return i.value !== i.defaultValue; });
 }
 
