@@ -166,4 +166,4 @@ def test_the_compose_source_loads(redis_url: str) -> None:
         env = {**os.environ, "MARBLES_SOURCE": str(REPO_ROOT / host)}
         assert "chain" in _workflows(_mrq(redis_url, "list", "--json", env=env)), name
         checked.add(name)
-    assert checked == {"controller", "worker"}
+    assert checked == {"controller", "worker", "web"}

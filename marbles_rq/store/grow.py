@@ -50,7 +50,9 @@ PER_ID = {"rec", "run", "steps", "out", "asks", "sig", "reports", "eff", "effidx
 RUN_MEMBERS = {"leases", "dispatch", "finished", "waits", "evidx", "evpending", "evoffer", "mondue",
                "sched_idx", "sched_due", "occ_open"}  # members are (hold) the routing ids
 PIPED_MEMBERS = {"feed", "reportidx"}  # members are ``<run id>|<key>``
-DROPPED = {"req", "ctl"}  # resend markers (60 s, offline now); fences (step 1)
+# Resend markers (60 s, offline now); fences (step 1); the dashboard's per-minute rollups
+# (derived, per lane: a new leader recomputes the last hour, older minutes are not kept).
+DROPPED = {"req", "ctl", "roll", "rollmin"}
 BATCH = 200  # keys per batch: three round trips (read, copy, delete) each
 
 
