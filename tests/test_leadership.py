@@ -144,6 +144,22 @@ def test_the_controller_rides_out_a_hung_redis(procs: Procs,
     assert procs.observer.wait_status("after-hang", "succeeded", timeout=30)
 
 
+def test_a_pass_that_hangs_puts_every_threads_stack_in_the_log(
+        procs: Procs, redis_server: RedisServer) -> None:
+    """Half a lease into a pass that does not end, the controller's log says where each of its
+    threads is (a controller silent for tens of seconds once cost its lanes, and the stacks
+    taken when the test stopped it no longer showed why)."""
+    procs.env["MARBLES_SOCKET_TIMEOUT"] = "60"  # the pass waits on Redis rather than failing
+    ctl = procs.controller(lease_ms=10_000)
+    os.kill(redis_server.pid, signal.SIGSTOP)
+    try:
+        ctl.wait_log("Timeout (0:00:05)!", timeout=30)
+        ctl.wait_log("marbles_rq/controller/", timeout=5)  # its frames, not only threading's
+    finally:
+        os.kill(redis_server.pid, signal.SIGCONT)
+    assert ctl.alive() and "Traceback" not in ctl.text()
+
+
 def test_recovery_dispatches_recorded_runs_first_and_logs_each_kind(procs: Procs) -> None:
     runs = RunStore(procs.observer.runs.store)
     ids = [f"rec-{i}" for i in range(30)]

@@ -29,6 +29,7 @@ trying.)
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import threading
 import time
@@ -212,6 +213,9 @@ class Sharing:
         self._beat_thread.start()
         backoff = 0.0
         while not self.stop_event.is_set():
+            # A pass that outlasts half a lease is about to cost this controller its lanes:
+            # every thread's stack goes to the log then, to say where it hangs.
+            faulthandler.dump_traceback_later(max(5.0, self.lease_ms / 2000))
             try:
                 if self._eager or time.monotonic() >= self._next_balance \
                         or self._older_leads():
@@ -231,7 +235,9 @@ class Sharing:
                 for ctl in self.led.values():
                     ctl._in_contact_since = None
                 backoff = backing_off(exc, backoff)
+                faulthandler.cancel_dump_traceback_later()
                 self.stop_event.wait(backoff)
+            faulthandler.cancel_dump_traceback_later()
             self.stop_event.wait(self.interval_s)
         self.shutdown()
 
