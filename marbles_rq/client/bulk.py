@@ -124,8 +124,16 @@ def run_bulk(client: Client, action: str, target: Target, *, key: str | None = N
 
             raise InputError(f"{action} of many runs needs the approval's key (a filter's "
                              f"question, or key=)")
+    if isinstance(target, str | bytes) or not isinstance(target, RunFilter | Iterable):
+        # A lone id is iterable too: its characters would be acted on as ids.
+        from ..engine.authoring import InputError
+
+        raise InputError(f"the runs to {action} are a filter (client.select(...)) or a list "
+                         f"of run ids, not {type(target).__name__}")
     if not isinstance(target, RunFilter):
-        target = list(target)
+        from ..store.ids import check_id
+
+        target = [check_id(i, "run id") for i in target]  # all checked before any is acted on
     new_key = rerun_key_ or rerun_key(target, from_step)
     summary = BulkSummary(action)
     for ids in batches(client, target, batch):
