@@ -427,6 +427,13 @@ def test_a_bad_tag_filter_is_shown_and_never_widens_a_batch(procs: Procs) -> Non
         assert done.status_code == 303
         flash = c.get(done.headers["location"])
         assert "invalid tag key" in flash.text, flash.text
+        for field, value in (("status", "queuedd"), ("window", "forever")):
+            done = c.post("/runs/batch", data={
+                "csrf": web.csrf(c), "scope": "all", "action": "cancel",
+                "workflow": "web_noop", field: value, "next": "/runs"},
+                headers={"Origin": web.url})
+            flash = c.get(done.headers["location"])
+            assert f"unknown {field}" in flash.text, flash.text
     finally:
         c.close()
     assert {procs.observer.status(f"wide-{i}") for i in range(3)} == {"queued"}

@@ -201,6 +201,11 @@ def routes(web: Web) -> list[BaseRoute]:
                 p = params_of(form)
                 if p["tag_error"]:
                     raise TagError(p["tag_error"])
+                # The page reads an unknown status or window as none; a batch must not.
+                if (form.get("status") or None) not in (None, *STATUSES):
+                    raise FilterError(f"unknown status {form['status'][:40]!r}")
+                if (form.get("window") or "") not in ("", *WINDOWS):
+                    raise FilterError(f"unknown window {form['window'][:40]!r}")
                 target = run_filter(p)
                 if target is None:
                     raise InputError("set a filter first: a batch never means every run")
