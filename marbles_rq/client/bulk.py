@@ -35,7 +35,12 @@ def rerun_id(run_id: str, key: str) -> str:
     """The id of a bulk rerun of `run_id`: fixed by the operation's key, so running the
     same bulk rerun again finds the reruns it made instead of making more."""
     tail = f"-rerun-{key}"
-    return run_id[:128 - len(tail)] + tail
+    if len(run_id) + len(tail) <= 128:
+        return run_id + tail
+    # Cut to fit: a digest of the whole id keeps two ids alike in their first characters
+    # apart (they would share one rerun id, and the second never be rerun).
+    digest = hashlib.sha1(run_id.encode()).hexdigest()[:8]
+    return f"{run_id[:128 - len(tail) - 9]}-{digest}{tail}"
 
 
 def rerun_key(target: Target, from_step: str | None) -> str:
