@@ -184,6 +184,44 @@ def test_bad_filters_are_one_line_and_exit_2(procs: Procs) -> None:
     assert statuses(c, ids) == {"queued": 3}
 
 
+def test_odd_targets_and_filters_are_refused_before_anything_is_done(procs: Procs) -> None:
+    c = client(procs)
+    # Runs whose ids are single characters: a lone id string must not be walked as ids.
+    for run_id in ("x", "y"):
+        c.start("quick", {"customer": "acme", "n": 0}, id=run_id)
+    with pytest.raises(mr.MarblesError, match="list of run ids"):
+        c.cancel_many("xy")
+    with pytest.raises(mr.MarblesError, match="list of run ids"):
+        c.cancel_many(None)  # type: ignore[arg-type]
+    with pytest.raises(mr.MarblesError, match="invalid run id"):
+        c.rerun_many(["x", 5])  # type: ignore[list-item]
+    assert statuses(c, ["x", "y"]) == {"queued": 2}
+    for criteria in ({"since": float("nan")}, {"until": float("inf")},
+                     {"since": -float("inf")}, {"since": 1e300}, {"workflow": 5},
+                     {"queue": ["slow"]}):
+        with pytest.raises(FilterError):
+            c.select(**criteria)
+    assert c.select(tags="customer=acme").tags == (("customer", "acme"),)
+    one_line_error(procs.cli("cancel", "--since", "99999999999999d", "--dry-run"), 2,
+                   "since must be epoch seconds")
+    assert statuses(c, ["x", "y"]) == {"queued": 2}
+
+
+def test_long_ids_sharing_a_prefix_get_reruns_of_their_own(procs: Procs) -> None:
+    """A rerun's id is the run's id cut to fit 128 characters, plus the operation's key:
+    two long ids alike in their first 113 characters got the same rerun id, so the second
+    run was never rerun ("already rerun")."""
+    c = client(procs)
+    ids = [f"{'o' * 118}-{i}" for i in range(2)]
+    for run_id in ids:
+        c.start("quick", {"customer": "acme", "n": 0}, id=run_id)
+        c.cancel(run_id)  # finished: a rerun may be made
+    done = c.rerun_many(ids)
+    assert (done.done, done.skipped) == (2, {}), done
+    again = c.rerun_many(ids)
+    assert (again.done, again.skipped) == (0, {"already rerun": 2}), again
+
+
 def test_pause_resume_and_rerun_by_filter(procs: Procs) -> None:
     c = client(procs)
     ids = start(c, "quick", 12, prefix="p", queue="slow")

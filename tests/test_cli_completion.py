@@ -37,6 +37,14 @@ def test_completion_prints_the_script(shell: str, marker: str) -> None:
     assert bad.returncode == 2 and "tcsh" in bad.stderr
 
 
+def test_completion_without_a_shell_is_one_readable_line() -> None:
+    done = mrq("completion")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "\\n" not in done.stderr and "\\t" not in done.stderr, done.stderr
+    assert "Choose from: bash, zsh, fish" in done.stderr, done.stderr
+
+
 def test_command_names_complete_from_the_static_table() -> None:
     assert complete("in") == ["info"]
     assert complete("sch") == ["schedules"]

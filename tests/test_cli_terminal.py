@@ -24,10 +24,10 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 LOCAL_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \((just now|\d+ (s|min|h|d) ago)\)"
 
 
-def on_tty(*args: str, env: dict[str, str] | None = None,
-           timeout: float = 60.0) -> tuple[int, str, str]:
+def on_tty(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0,
+           columns: int = 160) -> tuple[int, str, str]:
     """(exit code, stdout as the terminal got it, stderr) of `marbles-rq ARGS` whose stdout
-    is a pseudo-terminal 160 columns wide."""
+    is a pseudo-terminal `columns` wide."""
     import fcntl
     import pty
     import struct
@@ -36,7 +36,7 @@ def on_tty(*args: str, env: dict[str, str] | None = None,
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("MARBLES_", "_MARBLES")) and k not in ("NO_COLOR", "COLUMNS")}
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     proc = subprocess.Popen([*_argv(), *args], stdout=slave, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
                             env={**clean, "TERM": "xterm-256color", **(env or {})})
@@ -119,6 +119,25 @@ def test_runs_and_status_on_a_terminal_and_piped(redis_url: str) -> None:
                      plain(out)), out
     assert re.search(r"^web-hourly +\w+ +every 1h +web_hourly ", plain(out), flags=re.MULTILINE)
     assert mrq(*web, "schedules").stdout.startswith("web-hourly  ")
+
+
+def test_a_long_run_id_on_a_narrow_terminal_is_shown_whole(redis_url: str) -> None:
+    """rich cut a cell that did not fit to "customer-acme…": the id a user copies into the
+    next command. It is folded over lines instead, every character kept."""
+    base = ("--redis-url", redis_url, "--source", SOURCE)
+    rid = "customer-acme-order-2026-12-02-a-rather-long-identifier-0001"
+    assert mrq(*base, "enqueue", "greet", "--id", rid).returncode == 0
+    code, out, err = on_tty(*base, "runs", columns=80)
+    assert code == 0, err
+    text = plain(out).splitlines()
+    assert "\u2026" not in plain(out), out
+    start = next(i for i, line in enumerate(text) if line.startswith("customer-"))
+    pieces = [text[start].split()[0]]
+    for line in text[start + 1:]:
+        if not line or line[0] == " ":
+            break
+        pieces.append(line.split()[0])
+    assert "".join(pieces) == rid, plain(out)
 
 
 def test_list_without_redis_reads_like_prose() -> None:

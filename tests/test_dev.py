@@ -346,3 +346,27 @@ def test_dev_starts_the_dashboard_and_prints_its_url_and_token(tmp_path: Path,
     devs.append(again)
     again.wait_line(" ready: ")
     assert f"(token {token}:" in again.text()
+
+
+def test_dev_keeps_the_token_file_owner_only_when_it_was_not(tmp_path: Path,
+                                                             devs: list[DevProc]) -> None:
+    """A web.token left world-readable (copied, or written by hand) is made owner-only:
+    whether dev writes a new token into it or reuses the one in it."""
+    home, port, web_port = tmp_path / "marbles", free_port(), free_port()
+    home.mkdir()
+    path = home / "web.token"
+    path.write_text("short\n")  # too short to reuse: a new token is written over it
+    path.chmod(0o644)
+    dev = DevProc(home, port, "--workers", "0", "--web-port", str(web_port))
+    devs.append(dev)
+    dev.wait_line(" ready: ")
+    token = path.read_text().strip()
+    assert len(token) >= 16 and f"(token {token}:" in dev.text()
+    assert path.stat().st_mode & 0o077 == 0, oct(path.stat().st_mode)
+    assert dev.stop() == 0
+    path.chmod(0o644)  # reused as it is
+    again = DevProc(home, port, "--workers", "0", "--web-port", str(web_port))
+    devs.append(again)
+    again.wait_line(" ready: ")
+    assert f"(token {token}:" in again.text()
+    assert path.stat().st_mode & 0o077 == 0, oct(path.stat().st_mode)

@@ -404,3 +404,36 @@ def test_a_short_webhook_secret_is_refused(procs: Procs) -> None:
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "MARBLES_WEBHOOK_SECRET_GITHUB is too short" in lines[0]
+
+
+def test_a_bad_tag_filter_is_shown_and_never_widens_a_batch(procs: Procs) -> None:
+    """A tag the runs list cannot parse (`customer = acme`) was dropped without a word: the
+    page listed every run, and "all matching" with that filter cancelled runs the tag would
+    have left alone. The page says what is wrong and lists nothing; the batch refuses."""
+    for i in range(3):
+        procs.enqueue("web_noop", {"order": i}, f"wide-{i}")  # no worker: they stay queued
+    web = start_web(procs)
+    c = web.signed_in()
+    try:
+        page = c.get("/runs", params={"workflow": "web_noop", "tag": "bad key=x"})
+        assert page.status_code == 200
+        assert "invalid tag key" in page.text
+        assert "wide-0" not in page.text
+        assert 'value="bad key=x"' in page.text  # the filter as typed, to be corrected
+        done = c.post("/runs/batch", data={
+            "csrf": web.csrf(c), "scope": "all", "action": "cancel", "status": "queued",
+            "workflow": "web_noop", "tag": "bad key=x", "next": "/runs"},
+            headers={"Origin": web.url})
+        assert done.status_code == 303
+        flash = c.get(done.headers["location"])
+        assert "invalid tag key" in flash.text, flash.text
+        for field, value in (("status", "queuedd"), ("window", "forever")):
+            done = c.post("/runs/batch", data={
+                "csrf": web.csrf(c), "scope": "all", "action": "cancel",
+                "workflow": "web_noop", field: value, "next": "/runs"},
+                headers={"Origin": web.url})
+            flash = c.get(done.headers["location"])
+            assert f"unknown {field}" in flash.text, flash.text
+    finally:
+        c.close()
+    assert {procs.observer.status(f"wide-{i}") for i in range(3)} == {"queued"}

@@ -316,7 +316,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_INPUT)
     except click.UsageError as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        _fail(exc.format_message() + hint, EXIT_INPUT)
+        # click lays a missing choice's options out on lines of their own ("Choose
+        # from:\n\tbash,\n\tzsh"): one line here, not escaped newlines.
+        _fail(exc.format_message().replace("\n\t", " ") + hint, EXIT_INPUT)
     except click.ClickException as exc:
         _fail(exc.format_message(), exc.exit_code)
     except Exception as exc:

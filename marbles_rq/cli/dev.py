@@ -491,10 +491,13 @@ class Dev:
         with contextlib.suppress(OSError):
             token = path.read_text().strip()
             if len(token) >= 16:
+                # A file made or copied with looser rights: the token signs in for writes.
+                os.chmod(path, 0o600)
                 return token
         token = secrets.token_urlsafe(24)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
+            os.fchmod(fh.fileno(), 0o600)  # the mode above applies only to a new file
             fh.write(token + "\n")
         return token
 

@@ -50,11 +50,13 @@ def status_cell(status: str | None) -> Any:
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None,
           empty: str | None = None) -> None:
     """Print a table (cells: `cell(...)` or plain values); `empty` instead when no rows."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
     out = console()
-    grid = Table(*columns, title=title, title_justify="left", header_style="bold",
-                 box=None, pad_edge=False)
+    # fold, not rich's ellipsis: a run id cut to "customer-acme…" on a narrow terminal
+    # cannot be copied into the next command.
+    grid = Table(*(Column(c, overflow="fold") for c in columns), title=title,
+                 title_justify="left", header_style="bold", box=None, pad_edge=False)
     n = 0
     for row in rows:
         grid.add_row(*(c if not isinstance(c, (str, int, float)) and c is not None

@@ -35,7 +35,12 @@ def rerun_id(run_id: str, key: str) -> str:
     """The id of a bulk rerun of `run_id`: fixed by the operation's key, so running the
     same bulk rerun again finds the reruns it made instead of making more."""
     tail = f"-rerun-{key}"
-    return run_id[:128 - len(tail)] + tail
+    if len(run_id) + len(tail) <= 128:
+        return run_id + tail
+    # Cut to fit: a digest of the whole id keeps two ids alike in their first characters
+    # apart (they would share one rerun id, and the second never be rerun).
+    digest = hashlib.sha1(run_id.encode()).hexdigest()[:8]
+    return f"{run_id[:128 - len(tail) - 9]}-{digest}{tail}"
 
 
 def rerun_key(target: Target, from_step: str | None) -> str:
@@ -124,8 +129,16 @@ def run_bulk(client: Client, action: str, target: Target, *, key: str | None = N
 
             raise InputError(f"{action} of many runs needs the approval's key (a filter's "
                              f"question, or key=)")
+    if isinstance(target, str | bytes) or not isinstance(target, RunFilter | Iterable):
+        # A lone id is iterable too: its characters would be acted on as ids.
+        from ..engine.authoring import InputError
+
+        raise InputError(f"the runs to {action} are a filter (client.select(...)) or a list "
+                         f"of run ids, not {type(target).__name__}")
     if not isinstance(target, RunFilter):
-        target = list(target)
+        from ..store.ids import check_id
+
+        target = [check_id(i, "run id") for i in target]  # all checked before any is acted on
     new_key = rerun_key_ or rerun_key(target, from_step)
     summary = BulkSummary(action)
     for ids in batches(client, target, batch):

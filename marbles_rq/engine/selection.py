@@ -22,6 +22,9 @@ from .runs import STATUSES, RunStore
 from .tags import parse_tags
 
 BATCH = 100  # ids acted on per pass: a pass is the unit an interrupt waits for
+# The instants a filter may name: what a date can show (a NaN or an infinity compares
+# false or overflows when the walk turns it into milliseconds).
+_EARLIEST, _LATEST = -62135596800.0, 253402300799.0
 
 
 class FilterError(InputError):
@@ -51,14 +54,21 @@ class RunFilter:
         """A filter checked: tags as `key=value` texts or a mapping. FilterError."""
         if status is not None and status not in STATUSES:
             raise FilterError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+        for name, text in (("workflow", workflow), ("queue", queue), ("question", question)):
+            if text is not None and not isinstance(text, str):
+                raise FilterError(f"{name} must be text, not {type(text).__name__}")
         for name, value in (("since", since), ("until", until)):
             if value is not None and (isinstance(value, bool)
-                                      or not isinstance(value, int | float)):
-                raise FilterError(f"{name} must be epoch seconds, not {value!r}")
+                                      or not isinstance(value, int | float)
+                                      or not _EARLIEST <= value <= _LATEST):
+                raise FilterError(f"{name} must be epoch seconds (years 1 to 9999), not "
+                                  f"{value!r}"[:200])
         if since is not None and until is not None and since > until:
             raise FilterError("since is after until: no run can match")
         if isinstance(tags, dict):
             pairs = parse_tags(f"{k}={v}" for k, v in tags.items())
+        elif isinstance(tags, str):
+            pairs = parse_tags([tags])  # one `key=value`, not its characters
         else:
             pairs = parse_tags(tags or ())
         if question is not None:

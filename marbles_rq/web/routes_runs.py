@@ -14,7 +14,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..engine.authoring import REGISTRY, InputError
-from ..engine.paging import Cursor, Filters, RunPager
+from ..engine.paging import Cursor, Filters, Page, RunPager
 from ..engine.runs import STATUSES
 from ..engine.selection import FilterError, RunFilter, Selection
 from ..engine.tags import TagError, parse_tags
@@ -50,13 +50,16 @@ def params_of(q: Mapping[str, str]) -> dict[str, Any]:
     except ValueError:
         after = None
     tag = (q.get("tag") or "").strip()
+    tag_error = ""
     try:
         tags = parse_tags([tag]) if tag else ()
-    except TagError:
-        tags, tag = (), ""
+    except TagError as exc:
+        # Kept, not dropped: without its tag the filter would select more runs than asked
+        # for (and a batch on "all matching" act on them).
+        tags, tag_error = (), str(exc)
     return dict(status=status, workflow=q.get("workflow") or None,
                 queue=q.get("queue") or None, window=window, tag=tag, tags=tags,
-                after=after.encode() if after is not None else "")
+                tag_error=tag_error, after=after.encode() if after is not None else "")
 
 
 def _since_ms(window: str) -> int | None:
@@ -66,6 +69,8 @@ def _since_ms(window: str) -> int | None:
 def run_filter(p: dict[str, Any]) -> RunFilter | None:
     """The filter of a Runs page as the batch bar's "all matching" uses it; None when the
     page has no filter (a batch never means every run)."""
+    if p["tag_error"]:
+        return None
     since = _since_ms(p["window"])
     try:
         return RunFilter.build(status=p["status"], workflow=p["workflow"], queue=p["queue"],
@@ -84,13 +89,17 @@ def runs_context(web: Web, request: Request) -> dict[str, Any]:
                       since_ms=since, tags=p["tags"])
     after = Cursor.decode(p["after"]) if p["after"] else None
     t0 = time.perf_counter()
-    page = RunPager(settings.runs(read_only=True)).page(limit=PAGE_SIZE, after=after,
-                                                         filters=filters)
+    if p["tag_error"]:
+        page = Page(rows=[], next=None, scanned=0, exhausted_budget=False)
+    else:
+        page = RunPager(settings.runs(read_only=True)).page(limit=PAGE_SIZE, after=after,
+                                                             filters=filters)
     took_ms = (time.perf_counter() - t0) * 1000
     params = {"status": status or "", "workflow": filters.workflow or "",
               "queue": filters.queue or "", "window": window if since else "",
               "tag": p["tag"]}
     return dict(page=page, params=params, took_ms=took_ms, first=after is None,
+                filter_error=p["tag_error"],
                 workflows=declared_workflows(web, filters.workflow), windows=list(WINDOWS))
 
 
@@ -190,6 +199,13 @@ def routes(web: Web) -> list[BaseRoute]:
             target: Any
             if form.get("scope") == "all":
                 p = params_of(form)
+                if p["tag_error"]:
+                    raise TagError(p["tag_error"])
+                # The page reads an unknown status or window as none; a batch must not.
+                if (form.get("status") or None) not in (None, *STATUSES):
+                    raise FilterError(f"unknown status {form['status'][:40]!r}")
+                if (form.get("window") or "") not in ("", *WINDOWS):
+                    raise FilterError(f"unknown window {form['window'][:40]!r}")
                 target = run_filter(p)
                 if target is None:
                     raise InputError("set a filter first: a batch never means every run")
