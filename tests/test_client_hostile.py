@@ -170,6 +170,10 @@ def test_answers_of_the_wrong_kind_are_refused_typed_with_nothing_written(
     wait_for(lambda: any(q.run == "appr" for q in client.feed()), timeout=30,
              what="the approval in the feed")
     keys = procs.observer.runs.client
+    # The park is written before the worker drops its RQ job: wait for that too, or the
+    # snapshot catches the transport mid-cleanup (seen in CI).
+    wait_for(lambda: not keys.keys("rq:*job*") and not keys.keys("rq:*intermediate*"),
+             timeout=30, what="the worker done with the delivery")
     before = {k: keys.dump(k) for k in keys.keys("*")}
     with pytest.raises(InputError):
         run.approve("ship", note=object())  # type: ignore[arg-type]
