@@ -21,7 +21,7 @@ from marbles_rq.engine.ops import InputTooDeepError, PayloadTooLargeError
 from marbles_rq.engine.signals import InvalidSignalError
 from marbles_rq.engine.waits import AnswerRefusedError
 from marbles_rq.errors import ConfigError, InvalidIdError, RedisUnavailableError
-from tests.procs import CHAIN_SOURCE, REPO_ROOT, Procs, wait_for
+from tests.procs import CHAIN_SOURCE, REPO_ROOT, Procs, db_contents, wait_for
 from tests.redis_procs import RedisServer
 
 CLIENT_SOURCE = REPO_ROOT / "tests" / "client_workflows.py"
@@ -46,7 +46,7 @@ def test_values_json_cannot_hold_are_refused_typed_with_nothing_written(
     client = mr.connect(redis_server.url, source=str(CLIENT_SOURCE))
     run = client.start("cl_slow", {"steps": 1})  # no worker: it stays queued
     keys = redis_server.client(decode_responses=False)
-    before = {k: keys.dump(k) for k in keys.keys("*")}
+    before = db_contents(keys)
     with pytest.raises(InputError):
         client.start("cl_fail", {"when": object()})
     with pytest.raises(InputTooDeepError):
@@ -90,7 +90,7 @@ def test_values_json_cannot_hold_are_refused_typed_with_nothing_written(
     batch.insert(2, mr.StartRequest("cl_slow", {"steps": float("nan")}))
     with pytest.raises(InputError, match=r"^request 2: input cannot be sent as JSON"):
         client.start_many(batch)
-    assert {k: keys.dump(k) for k in keys.keys("*")} == before
+    assert db_contents(keys) == before
     assert client.start("cl_fail", {"rate": [1.0, None]}).created  # a real null is fine
     # An infinite timeout waits without end, as None does: here until the run is cancelled.
     threading.Thread(target=lambda: wait_for(lambda: _blocked(redis_server), timeout=30,
@@ -174,7 +174,7 @@ def test_answers_of_the_wrong_kind_are_refused_typed_with_nothing_written(
     # snapshot catches the transport mid-cleanup (seen in CI).
     wait_for(lambda: not keys.keys("rq:*job*") and not keys.keys("rq:*intermediate*"),
              timeout=30, what="the worker done with the delivery")
-    before = {k: keys.dump(k) for k in keys.keys("*")}
+    before = db_contents(keys)
     with pytest.raises(InputError):
         run.approve("ship", note=object())  # type: ignore[arg-type]
     with pytest.raises(InputError):
@@ -183,7 +183,7 @@ def test_answers_of_the_wrong_kind_are_refused_typed_with_nothing_written(
         run.approve("ship", note="x" * (2 << 20))
     with pytest.raises(AnswerRefusedError):
         run.answer("ship", _deep(5000))  # an approval: approve or reject it
-    assert {k: keys.dump(k) for k in keys.keys("*")} == before
+    assert db_contents(keys) == before
     run.approve("ship", note="ok")
     assert run.result(timeout=30) == {"approved": True, "note": "ok"}
 
