@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ..deployment import Settings
-from ..store.replies import as_text
+from ..store.replies import as_text, server_ms
 from ..terminal import safe
 from . import render
 
@@ -46,8 +46,7 @@ def read_info(settings: Settings) -> dict[str, Any]:
     reader = settings.reader()
     keys = settings.keys
     client = reader.client
-    secs, micros = client.time()
-    now_ms = int(secs) * 1000 + int(micros) // 1000
+    now_ms = server_ms(client)
     pipe = client.pipeline(transaction=False)
     pipe.zrange(keys.workers, 0, -1, withscores=True)
     for b in range(keys.buckets):

@@ -36,7 +36,7 @@ from ..errors import RedisUnavailableError
 from ..store import Lease
 from ..store.keys import CONTROLLER_LEASE
 from ..store.redis_errors import is_outage, one_line
-from ..store.replies import as_text
+from ..store.replies import as_text, server_ms
 from ..transport import dispatch
 from ..transport.lanes import Lanes, as_lanes
 from .context import Stats
@@ -116,8 +116,7 @@ class Controller:
 
     def server_ms(self) -> int:
         # Leases are scored in the server's clock; compare in the same clock.
-        secs, micros = self.store.client.time()
-        return int(secs) * 1000 + int(micros) // 1000
+        return server_ms(self.store.client)
 
     def warn_once(self, key: str, message: str, *args: Any) -> None:
         now = time.monotonic()

@@ -43,7 +43,7 @@ from ..engine.runs import RunStore
 from ..errors import RedisUnavailableError
 from ..store import LeaseInfo, RedisStore
 from ..store.redis_errors import one_line
-from ..store.replies import as_text
+from ..store.replies import as_text, server_ms
 from ..transport.lanes import RQLike
 from .duties import Duty
 from .loop import Controller, backing_off, new_token
@@ -124,8 +124,7 @@ class Sharing:
     def balance(self) -> None:
         """Take unheld lanes up to this controller's share; hand back those above it."""
         lanes = self.keys.lanes
-        secs, micros = self.runs.client.time()
-        now_ms = int(secs) * 1000 + int(micros) // 1000
+        now_ms = server_ms(self.runs.client)
         live = self.live(now_ms)
         share = -(-lanes // len(live))
         holders = self.holders()

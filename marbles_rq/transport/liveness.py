@@ -30,7 +30,7 @@ import redis
 from ..engine.runs import RunStore
 from ..errors import RedisUnavailableError
 from ..store.redis_errors import one_line
-from ..store.replies import as_text
+from ..store.replies import as_text, server_ms
 
 log = logging.getLogger("marbles_rq.transport.liveness")
 
@@ -110,8 +110,7 @@ def lane_workers(runs: RunStore, client: Any = None) -> dict[int, list[str]]:
     the deployment; an empty list is a lane whose runs wait for a worker. `client`: another
     connection to the store's Redis (the metrics' scrape client, with its short timeout)."""
     client = runs.store.client if client is None else client
-    secs, micros = client.time()
-    now_ms = int(secs) * 1000 + int(micros) // 1000
+    now_ms = server_ms(client)
     pipe = client.pipeline(transaction=False)  # one slot: {<prefix>}
     pipe.zrangebyscore(runs.keys.workers, "-inf", "+inf", withscores=True)
     pipe.hgetall(runs.keys.worker_lanes)

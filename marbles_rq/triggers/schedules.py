@@ -36,7 +36,7 @@ from ..engine.ops import RunRequest, enqueue_many, owned_by, prepare
 from ..engine.runs import TERMINAL, RunStore
 from ..errors import MarblesError
 from ..store.redis_errors import is_outage, one_line
-from ..store.replies import as_text
+from ..store.replies import as_text, server_ms
 from ..store.scripts import Reply
 from ..transport.lanes import RQLike
 from .schedule_spec import (
@@ -97,8 +97,7 @@ def roll_schedule(runs: RunStore, rq: RQLike, key: str, *,
     if taken.status == "held":
         return RollResult(key, "skipped", holder=as_text(taken.values[0]))
     try:
-        secs, micros = runs.client.time()
-        now_ms = int(secs) * 1000 + int(micros) // 1000
+        now_ms = server_ms(runs.client)
         occ_id = definition.occurrence_id(now_ms)
         reply = runs.scripts.claim_occurrences([dict(
             keys=keys, occurrence_key=runs.keys.occurrence(key, occ_id), key=key,

@@ -11,6 +11,7 @@ from typing import Any
 from markupsafe import Markup
 
 from ..deployment import Settings
+from ..store.replies import server_ms
 from ..store.rollups import MINUTE_MS, MinuteRollup, read_minutes
 from . import charts
 
@@ -40,8 +41,7 @@ def span_of(value: str | None) -> str:
 def charts_context(settings: Settings, span: str | None) -> Charts:
     span = span_of(span)
     client = settings.reader().client
-    secs, micros = client.time()
-    now_minute = (int(secs) * 1000 + int(micros) // 1000) // MINUTE_MS
+    now_minute = server_ms(client) // MINUTE_MS
     return build(read_minutes(client, settings.keys, now_minute - _minutes(span) + 1,
                               now_minute), now_minute, span)
 

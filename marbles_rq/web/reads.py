@@ -15,6 +15,7 @@ from ..engine.output_lines import format_event
 from ..engine.runs import TERMINAL, OutputEvent, RunView
 from ..engine.waits import Question, Report, WaitStore
 from ..store.replies import as_text
+from ..store.replies import server_ms as read_server_ms
 from ..transport import dispatch
 
 OUTPUT_SHOWN = 2000  # output lines rendered with the page; later ones arrive live
@@ -232,8 +233,7 @@ def system(settings: Settings) -> System:
     reader = settings.reader()
     client = reader.client
     keys = settings.keys
-    secs, micros = client.time()
-    server_ms = int(secs) * 1000 + int(micros) // 1000
+    server_ms = read_server_ms(client)
     pipe = client.pipeline(transaction=False)
     pipe.zrange(keys.workers, 0, -1, withscores=True)
     indexes = {"runs": lambda b: keys.listing("run", b), "executing": keys.run_leases,
