@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         wait_for_event,
         wait_for_signal,
     )
+    from .engine.async_run import AsyncRunContext
     from .engine.authoring import step, workflow
     from .engine.execute import RunContext, current
     from .engine.signals import SignalTimeoutError
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AsyncClient",
+    "AsyncRunContext",
     "Client",
     "Event",
     "FileChange",
@@ -101,6 +103,7 @@ _HOME = {
     "RunSettledError": ".errors", "SignalTimeoutError": ".engine.signals",
     "step": ".engine.authoring", "workflow": ".engine.authoring",
     "RunContext": ".engine.execute", "current": ".engine.execute",
+    "AsyncRunContext": ".engine.async_run",
     "MarblesError": ".errors",
     "RedisStore": ".store", "Store": ".store", "open_store": ".store",
     "Keyspace": ".store.keys",

@@ -82,6 +82,9 @@ def _queue_names(queues: str) -> list[str]:
 @click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
 @click.option("--pool", type=click.IntRange(1, 256), default=None,
               help="Run N non-forking executors instead of one forking worker.")
+@click.option("--concurrency", type=click.IntRange(1, 1024), default=None,
+              help="Execute up to N runs at once in each process (threads; async bodies on "
+                   "each thread's event loop) instead of one forked work-horse per run.")
 @click.option("--lease-ms", type=click.IntRange(1000, 3_600_000), default=10_000,
               show_default=True, help="Lease of a running execution; renewed every third.")
 @click.option("--allow-unsafe-redis", is_flag=True,
@@ -92,7 +95,8 @@ def _queue_names(queues: str) -> list[str]:
 @click.option("--log-level", type=LOG_LEVELS, default="INFO", show_default=True)
 @metrics_options
 @click.pass_obj
-def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease_ms: int,
+def worker(settings: Settings, queues: str, burst: bool, pool: int | None,
+           concurrency: int | None, lease_ms: int,
            lanes_text: str, allow_unsafe_redis: bool, log_level: str, metrics_port: int | None,
            metrics_bind: str) -> None:
     """Execute run deliveries from RQ queues."""
@@ -100,7 +104,7 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
     from ..engine.catalog import declare
     from ..engine.context import Limits
     from ..engine.execute import Engine
-    from ..transport.worker import MarblesWorker, run_pool, work
+    from ..transport.worker import MarblesWorker, concurrent, run_pool, work
     from ..triggers.events import declare_triggers
 
     names = _queue_names(queues)
@@ -135,9 +139,10 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None, lease
         "workflows: %s", ", ".join(sorted(REGISTRY.workflows)))
     if pool:
         run_pool(engine, names, settings.rq(), size=pool, burst=burst, logging_level=log_level,
-                 serve=serve)
+                 serve=serve, concurrency=concurrency or 1)
     else:
-        work(engine, MarblesWorker, names, settings.rq(), burst=burst, logging_level=log_level,
+        cls = concurrent(concurrency) if concurrency else MarblesWorker
+        work(engine, cls, names, settings.rq(), burst=burst, logging_level=log_level,
              serve=serve)
 
 

@@ -138,6 +138,11 @@ class WorkflowDef:
     # Search tags every run of it carries (engine/tags.py).
     tags: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def is_async(self) -> bool:
+        """An `async def` body: executed on an event loop (engine/async_run.py)."""
+        return inspect.iscoroutinefunction(self.fn)
+
     def omitted_input(self, how: str = "give an input") -> bytes:
         """The input JSON a run asked for without one stands for (enqueue without --input, a
         schedule without input=): the parameter's Python default when it has one, else

@@ -14,10 +14,10 @@ import hashlib
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -26,6 +26,8 @@ from ..errors import MarblesError
 from ..store.records import ErrorInfo, RunRecord, StepRecord
 from . import authoring
 from .runs import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_OUTPUT_LINES
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from .authoring import Registry, StepDef
@@ -166,7 +168,11 @@ _current: ContextVar[Run | None] = ContextVar("marbles_run", default=None)
 # tells a branch its sibling failed.
 _frames: ContextVar[list[Frame] | None] = ContextVar("marbles_frames", default=None)
 branch_cancel: ContextVar[threading.Event | None] = ContextVar("marbles_branch", default=None)
-_ACTIVE: list[Run] = []  # the run executing in this process, if any
+# True where the code executing is an `async def` workflow or step body (on its run's event
+# loop): there a recorded call returns an awaitable. Off again inside a sync step that such a
+# body runs in a thread (engine/async_run.py).
+async_body: ContextVar[bool] = ContextVar("marbles_async", default=False)
+_ACTIVE: list[Run] = []  # the runs executing in this process (several: --concurrency)
 
 
 def enter(run: Run, frames: list[Frame]) -> tuple[Token[Run | None], Token[list[Frame] | None]]:
@@ -178,15 +184,26 @@ def enter(run: Run, frames: list[Frame]) -> tuple[Token[Run | None], Token[list[
 
 def leave(tokens: tuple[Token[Run | None], Token[list[Frame] | None]]) -> None:
     """The executor: the run that `enter` installed no longer executes here."""
+    run = _current.get()
     _current.reset(tokens[0])
     _frames.reset(tokens[1])
-    _ACTIVE.clear()
+    if run in _ACTIVE:
+        _ACTIVE.remove(run)
 
 
 def enter_branch(frame: Frame, cancel: threading.Event) -> None:
     """A parallel branch's thread: its own frame, and the event its siblings' failure sets."""
     _frames.set([frame])
     branch_cancel.set(cancel)
+
+
+def set_frames(frames: list[Frame]) -> Token[list[Frame] | None]:
+    """An async step's own frames, in its task (engine/async_run.py)."""
+    return _frames.set(frames)
+
+
+def reset_frames(token: Token[list[Frame] | None]) -> None:
+    _frames.reset(token)
 
 
 def thread_frames() -> list[Frame] | None:
@@ -199,12 +216,36 @@ def current_run() -> Run | None:
     return _current.get()
 
 
+class Ready(Generic[T]):
+    """A recorded call's outcome, already known, as an awaitable (what the module-level
+    waiting words return in an async body: `await mr.sleep(5)`)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self.value
+        yield  # a generator: `await` takes its return value
+
+    def __repr__(self) -> str:
+        return f"<marbles-rq awaitable: await it for {self.value!r}>"
+
+
+def awaitable_here(value: T) -> T | Ready[T]:
+    """`value`, or in an async body an awaitable of it."""
+    return Ready(value) if async_body.get() else value
+
+
+
 def check_not_in_foreign_thread(what: str) -> None:
     """A recorded call from a thread the body started would go unrecorded: refuse it."""
-    if _ACTIVE and _current.get() is None:
-        raise MarblesError(f"{what} was called from a thread that run {_ACTIVE[0].run_id} "
-                           f"started; it would not be recorded. Run concurrent steps with "
-                           f"mr.parallel(...)")
+    active = list(_ACTIVE)
+    if active and _current.get() is None:
+        who = f"run {active[0].run_id}" if len(active) == 1 else "a run's body"
+        raise MarblesError(f"{what} was called from a thread that {who} started; it would "
+                           f"not be recorded. Run concurrent steps with mr.parallel(...)")
 
 
 def current(what: str = "mr.current()") -> Run:

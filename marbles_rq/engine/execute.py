@@ -3,8 +3,9 @@ settle. This is what an RQ job runs, in a work-horse or in a pool executor."""
 
 from __future__ import annotations
 
-import _thread
+import functools
 import hashlib
+import inspect
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ from .execution import Execution, StepStart, event
 from .limits import start as start_with_slot
 from .runs import TIMEOUT_ERROR, RunStore
 from .waiting import NonDeterminismError, ParkRun, Wait, deliver_now
+from .watchdog_hub import HUB
 
 log = logging.getLogger("marbles_rq.engine.execute")
 
@@ -104,6 +106,48 @@ class RunLogger:
 
     def error(self, msg: str, *args: Any) -> None:
         self._log(logging.ERROR, msg, *args)
+
+
+@dataclass
+class StepCall:
+    """One call of a step at its ledger position, and what the ledger held there."""
+
+    definition: StepDef
+    key: str
+    seq: int
+    digest: str
+    recorded: StepRecord | None
+    attempts: int = 0
+
+    def __post_init__(self) -> None:
+        self.attempts = self.recorded.attempts if self.recorded is not None else 0
+
+    @property
+    def replayed(self) -> bool:
+        """The ledger holds its outcome: `replay` returns (or raises) it, nothing runs."""
+        return self.recorded is not None and self.recorded.status in ("succeeded", "failed")
+
+    def replay(self) -> Any:
+        recorded = self.recorded
+        assert recorded is not None
+        if recorded.status == "failed":
+            assert recorded.error is not None
+            raise StepFailedError(recorded.error)
+        return decode_result(recorded.result, self.definition.result_type)
+
+    def record(self, status: str, **extra: Any) -> StepRecord:
+        return StepRecord(version=1, key=self.key, name=self.definition.name, status=status,
+                          attempts=extra.pop("attempts", self.attempts), at_ms=now_ms(),
+                          seq=self.seq, args=self.digest, **extra)
+
+    def parked(self) -> StepRecord:
+        """A parked step is not finished: it replays from the top when the run is woken,
+        under the same attempt number."""
+        return self.record("parked", attempts=self.attempts - 1)
+
+    def frame(self, parent: Frame) -> Frame:
+        """The frame of this attempt's body, under `parent` (the caller's frame)."""
+        return Frame(self.key, tag=f"{parent.tag or parent.path}>{self.key}~{self.attempts}")
 
 
 class RunContext:
@@ -268,72 +312,89 @@ class RunContext:
     # -- steps ----------------------------------------------------------------------------
 
     def step(self, fn: StepDef | Any, *args: Any, **kwargs: Any) -> Any:
-        """Run `fn` as a recorded step: once per run, its result replayed afterwards."""
+        """Run `fn` as a recorded step: once per run, its result replayed afterwards. In an
+        async body, an awaitable (engine/async_run.py); its ledger position is taken now."""
         definition = fn if isinstance(fn, StepDef) else StepDef(fn.__name__, fn)
         # `ctx.step` from a thread the body started would take the workflow's own frame and
         # race the body for its positions: refused like every other recorded call.
         check_not_in_foreign_thread(f"step {definition.name!r}")
         check_branch()
-        key, seq = self.position(definition.name)
-        digest = _digest(args, kwargs)
-        recorded = self.ex.ledger.get(key)
-        if recorded is not None and recorded.status == "succeeded":
-            if recorded.args and digest and recorded.args != digest:
-                self.log.warning("step %s is replayed with other arguments than it was "
-                                 "recorded with; returning its recorded result", key)
-            return decode_result(recorded.result, definition.result_type)
-        if recorded is not None and recorded.status == "failed":
-            assert recorded.error is not None
-            raise StepFailedError(recorded.error)
-        attempts = recorded.attempts if recorded is not None else 0
+        call = self.open_step(definition, args, kwargs)
+        if context.async_body.get():
+            from .async_run import step_async
 
-        def record(status: str, **extra: Any) -> StepRecord:
-            return StepRecord(version=1, key=key, name=definition.name, status=status,
-                              attempts=extra.pop("attempts", attempts), at_ms=now_ms(),
-                              seq=seq, args=digest, **extra)
+            return step_async(self, call, args, kwargs)
+        if call.replayed:
+            return call.replay()
+        body: Callable[[], Any] = functools.partial(definition.fn, *args, **kwargs)
+        if inspect.iscoroutinefunction(definition.fn):
+            from .async_run import run_here
 
+            body = functools.partial(run_here, definition.fn, args, kwargs)
         while True:
-            attempts += 1
-            self._begin(definition, record("running"))
-            self._frames.append(Frame(key, tag=f"{self.frame.tag or self.frame.path}>{key}"
-                                                f"~{attempts}"))
+            self.begin_attempt(call)
+            self._frames.append(call.frame(self.frame))
             tried = time.perf_counter()
             try:
-                with tracing.step(definition.name, key, attempts):
-                    value = definition.fn(*args, **kwargs)
-                result = msgspec.json.encode(value)
-                self.limits.check(f"the result of step {key}", len(result),
-                                  self.limits.step_result_bytes, "step_result_bytes")
+                with tracing.step(definition.name, call.key, call.attempts):
+                    value = body()
+                result = self.encode_result(call, value)
             except ParkRun as park:
-                # A parked step is not finished: it replays from the top when the run is
-                # woken, under the same attempt number.
-                park.ledger.append(record("parked", attempts=attempts - 1))
+                park.ledger.append(call.parked())
                 raise
             except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the step's failure
                 failure = exc
             else:
-                metrics.step_tried(self.ex.record.name, "succeeded",
-                                   time.perf_counter() - tried)
-                done = record("succeeded", result=msgspec.Raw(result))
-                self.commit_entry(done, "step_succeeded", {"step": key, "attempt": attempts})
-                return decode_result(done.result, definition.result_type)
+                return self.step_succeeded(call, result, tried)
             finally:
                 self._frames.pop()
-            error = _error(failure, key)
-            metrics.step_tried(self.ex.record.name, "retried" if attempts <= definition.retries
-                               else "failed", time.perf_counter() - tried)
-            if attempts <= definition.retries:
-                delay = definition.delay_for(attempts)
-                self.commit_entry(record("running", error=error),
-                                  "step_retry", {"step": key, "attempt": attempts,
-                                                 "error": f"{error.type}: {error.message}",
-                                                 "retry_in_s": round(delay, 3)})
-                self._watchdog.sleep(delay)
-                continue
-            self.commit_entry(record("failed", error=error),
-                              "step_failed", {"step": key, "attempt": attempts,
-                                              "error": f"{error.type}: {error.message}"})
-            raise StepFailedError(error)
+            self._watchdog.sleep(self.step_failed(call, failure, tried))
+
+    def open_step(self, definition: StepDef, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> StepCall:
+        """Take the next position for `definition`, and find what the ledger holds there."""
+        key, seq = self.position(definition.name)
+        digest = _digest(args, kwargs)
+        recorded = self.ex.ledger.get(key)
+        if (recorded is not None and recorded.status == "succeeded" and recorded.args
+                and digest and recorded.args != digest):
+            self.log.warning("step %s is replayed with other arguments than it was "
+                                 "recorded with; returning its recorded result", key)
+        return StepCall(definition, key, seq, digest, recorded)
+
+    def begin_attempt(self, call: StepCall) -> None:
+        call.attempts += 1
+        self._begin(call.definition, call.record("running"))
+
+    def encode_result(self, call: StepCall, value: Any) -> bytes:
+        result = msgspec.json.encode(value)
+        self.limits.check(f"the result of step {call.key}", len(result),
+                          self.limits.step_result_bytes, "step_result_bytes")
+        return result
+
+    def step_succeeded(self, call: StepCall, result: bytes, tried: float) -> Any:
+        metrics.step_tried(self.ex.record.name, "succeeded", time.perf_counter() - tried)
+        done = call.record("succeeded", result=msgspec.Raw(result))
+        self.commit_entry(done, "step_succeeded", {"step": call.key, "attempt": call.attempts})
+        return decode_result(done.result, call.definition.result_type)
+
+    def step_failed(self, call: StepCall, failure: BaseException, tried: float) -> float:
+        """Record a failed attempt: the delay before the next one, or StepFailedError."""
+        definition, key, attempts = call.definition, call.key, call.attempts
+        error = _error(failure, key)
+        metrics.step_tried(self.ex.record.name, "retried" if attempts <= definition.retries
+                           else "failed", time.perf_counter() - tried)
+        if attempts <= definition.retries:
+            delay = definition.delay_for(attempts)
+            self.commit_entry(call.record("running", error=error),
+                              "step_retry", {"step": key, "attempt": attempts,
+                                             "error": f"{error.type}: {error.message}",
+                                             "retry_in_s": round(delay, 3)})
+            return delay
+        self.commit_entry(call.record("failed", error=error),
+                          "step_failed", {"step": key, "attempt": attempts,
+                                          "error": f"{error.type}: {error.message}"})
+        raise StepFailedError(error)
 
     def _begin(self, definition: StepDef, running: StepRecord) -> None:
         """Start a step attempt. A step with no retries, started while the execution's last
@@ -420,33 +481,37 @@ def _digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 
 class Watchdog:
-    """Renews the execution's lease every ttl/3 from a thread, and learns from the renewal
-    when the execution must stop: cancelled, timed out, or fenced by a newer delivery. A body
-    that does not reach a step boundary soon after is ended by exiting the process. The same
-    thread writes the start of a step still running START_DELAY_S after it started (its
-    start was deferred to its commit: see RunContext._begin)."""
+    """Renews the execution's lease every ttl/3, and learns from the renewal when the
+    execution must stop: cancelled, timed out, or fenced by a newer delivery. A body that
+    does not reach a step boundary soon after is ended by exiting the process (a horse) or,
+    an async body, by cancelling its task. It also writes the start of a step still running
+    START_DELAY_S after it started (its start was deferred to its commit: see
+    RunContext._begin). Ticked by the process's one watchdog thread (engine/watchdog_hub)."""
 
     def __init__(self, runs: RunStore, ex: Execution, *, hard_exit: bool) -> None:
         self.runs, self.ex, self.hard_exit = runs, ex, hard_exit
         self.reason: str | None = None
         self._stop = threading.Event()
-        self._wake = threading.Event()  # a deferred start is due before the loop's next wake
-        self._next_wake = float("inf")  # under ex.lock: when the loop wakes next (monotonic)
+        self._next_wake = float("inf")  # under ex.lock: when the hub ticks it next (monotonic)
+        self._interval = ex.ttl_ms / 3000
+        self._next_renew = 0.0
         # Set, under the lock, once the execution has its outcome. The process may outlive
         # the execution (a pool executor takes the next run), so the watchdog may end it
         # only while its own execution is still going.
         self._lock = threading.Lock()
         self._finished = False
+        # Called (from the hub's thread) once the execution must stop: an async body's task
+        # is cancelled at its next await (engine/async_run.py).
+        self.on_stop: Callable[[], None] | None = None
 
     def start(self) -> None:
-        # A bare thread (daemonic, as every thread of the _thread module): threading.Thread's
-        # start waits until the new thread has run, a handshake that costs a forked horse
-        # milliseconds of its run on a busy machine.
-        _thread.start_new_thread(self._loop, ())
+        self._next_renew = time.monotonic() + self._interval
+        self._next_wake = self._next_renew
+        HUB.add(self)
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        HUB.remove(self)
 
     def finish(self) -> None:
         """The execution has its outcome: from now on the watchdog changes nothing."""
@@ -464,8 +529,8 @@ class Watchdog:
             raise StopExecution(self.reason)
 
     def defer_start(self, start: StepStart) -> None:
-        """Keep a step's start for its commit; wake the loop if it would sleep past `due`.
-        (Cheap: in a run of fast steps the loop is woken about once per START_DELAY_S.)"""
+        """Keep a step's start for its commit; wake the hub if it would tick us past `due`.
+        (Cheap: in a run of fast steps the hub is woken about once per START_DELAY_S.)"""
         ex = self.ex
         with ex.lock:
             ex.starts[id(start)] = start
@@ -473,32 +538,31 @@ class Watchdog:
             if poke:
                 self._next_wake = start.due
         if poke:
-            self._wake.set()
+            HUB.poke()
 
-    def _loop(self) -> None:
-        interval = self.ex.ttl_ms / 3000
-        next_renew = time.monotonic() + interval
-        while not self._stop.is_set():
-            self._wake.clear()
-            now = time.monotonic()
-            with self.ex.lock:
-                first = next(iter(self.ex.starts.values()), None)
-                wake_at = min(next_renew, first.due) if first is not None else next_renew
-                self._next_wake = wake_at
-            if wake_at > now:
-                self._wake.wait(wake_at - now)
-                continue
-            if first is not None and first.due <= now:
-                status = self._store_call(self.runs.write_due_starts, self.ex, now)
-                if status not in (None, "ok"):
-                    self._stopping(status)
-                    return
-            if next_renew <= now:
-                next_renew = now + interval
-                status = self._store_call(self.runs.renew, self.ex)
-                if status not in (None, "ok"):
-                    self._stopping(status)
-                    return
+    def tick(self, now: float) -> float:
+        """The hub's call: write due starts, renew when due; when to tick next."""
+        if self._stop.is_set():
+            return math.inf
+        ex = self.ex
+        with ex.lock:
+            first = next(iter(ex.starts.values()), None)
+        if first is not None and first.due <= now:
+            status = self._store_call(self.runs.write_due_starts, ex, now)
+            if status not in (None, "ok"):
+                self._stopping(status)
+                return math.inf
+        if self._next_renew <= now:
+            self._next_renew = now + self._interval
+            status = self._store_call(self.runs.renew, ex)
+            if status not in (None, "ok"):
+                self._stopping(status)
+                return math.inf
+        with ex.lock:
+            first = next(iter(ex.starts.values()), None)
+            wake_at = min(self._next_renew, first.due) if first is not None else self._next_renew
+            self._next_wake = wake_at
+        return wake_at if not self._stop.is_set() else math.inf
 
     def _store_call(self, call: Callable[..., str | None], *args: Any) -> str | None:
         try:
@@ -527,6 +591,8 @@ class Watchdog:
                             one_line(exc))
         log.warning("run %s attempt %s: %s; stopping", self.ex.run_id, self.ex.attempt,
                     self.reason)
+        if self.on_stop is not None:
+            self.on_stop()
         if self.hard_exit:
             # The body may be inside a long step; give it a moment to reach a boundary.
             self._stop.wait(min(1.0, interval))
@@ -739,8 +805,13 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         watchdog.start()
         status, result, error = "succeeded", b"", None
         try:
-            output = definition.fn(ctx) if definition.input_type is None else definition.fn(
-                ctx, value)
+            if definition.is_async:
+                from .async_run import run_body
+
+                output = run_body(ctx, definition, value, watchdog)
+            else:
+                output = definition.fn(ctx) if definition.input_type is None else (
+                    definition.fn(ctx, value))
             result = msgspec.json.encode(output)
             limits.check("the run's result", len(result), limits.result_bytes, "result_bytes")
         except StepFailedError as exc:

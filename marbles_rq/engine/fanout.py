@@ -29,6 +29,7 @@ from .context import (
     Run,
     StepFailedError,
     StopExecution,
+    awaitable_here,
     check_branch,
     check_not_in_foreign_thread,
     decode_result,
@@ -86,8 +87,8 @@ class ChildRun:
 
     def result(self) -> Any:
         """The child's result; parks the parent until the child settles. Raises
-        ChildFailedError when it failed or was cancelled."""
-        return gather(self._run, [self])[0]
+        ChildFailedError when it failed or was cancelled. Awaited in an async body."""
+        return awaitable_here(gather(self._run, [self])[0])
 
 
 def child_id(parent: str, key: str) -> str:

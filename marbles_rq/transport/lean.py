@@ -42,8 +42,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import queue as queues
 import random
 import sys
+import threading
 import time
 from typing import Any
 
@@ -93,13 +95,14 @@ class LeanWorker:
     queue_class: Any
 
     # deliveries completed, cleaned up with the next pop on their lane's connection:
-    # (queue, job id, delete)
+    # (queue, job id, delete); under _lean_lock (a concurrent worker's executor threads add)
     _lean_done: list[tuple[Any, str, bool]] | None = None
+    _lean_flushing: tuple[tuple[Any, str, bool], ...] = ()
+    _lean_lock = threading.Lock()
     _lean_next_beat = 0.0
     _lean_next_suspension_check = 0.0
     _lean_idle = False
     _lean_busy = False
-    _lean_cause: BaseException | None = None  # what interrupted the last delivery
     # The pop order with the priority bands found (None: _ordered_queues, no bands), when it
     # is read again (monotonic), and the band queues built so far: (base key, priority).
     _lean_order: list[Any] | None = None
@@ -168,6 +171,8 @@ class LeanWorker:
         self.procline("Listening on " + ",".join(self.queue_names()))  # type: ignore[attr-defined]
         idle_since = time.monotonic()
         while True:
+            if getattr(self, "_stop_requested", False):
+                return None  # a warm shutdown asked while runs execute (LeanConcurrentWorker)
             self.heartbeat()
             if self.should_run_maintenance_tasks:  # type: ignore[attr-defined]
                 self.run_maintenance_tasks()  # type: ignore[attr-defined]
@@ -282,22 +287,28 @@ class LeanWorker:
         return order
 
     def _lean_cleanup(self, queue: Any, job_id: str, *, delete: bool) -> None:
-        if self._lean_done is None:
-            self._lean_done = []
-        self._lean_done.append((queue, job_id, delete))
+        with self._lean_lock:
+            if self._lean_done is None:
+                self._lean_done = []
+            self._lean_done.append((queue, job_id, delete))
 
     def _lean_flush(self, pipe: Any, conn: Any) -> None:
         """Queue on `pipe` the cleanups of completed deliveries whose queue lives on `conn`
         (taken off the list once the pipe succeeded: `_lean_flushed`)."""
-        for queue, job_id, delete in self._lean_done or ():
-            if queue.connection is conn:
-                pipe.lrem(queue.intermediate_queue_key, 1, job_id)
-                if delete:
-                    pipe.delete(queue.job_class.key_for(job_id))
+        with self._lean_lock:
+            self._lean_flushing = tuple(d for d in self._lean_done or ()
+                                        if d[0].connection is conn)
+        for queue, job_id, delete in self._lean_flushing:
+            pipe.lrem(queue.intermediate_queue_key, 1, job_id)
+            if delete:
+                pipe.delete(queue.job_class.key_for(job_id))
 
     def _lean_flushed(self, conn: Any) -> None:
-        if self._lean_done:
-            self._lean_done = [d for d in self._lean_done if d[0].connection is not conn]
+        with self._lean_lock:
+            if self._lean_done and self._lean_flushing:
+                sent = {id(d) for d in self._lean_flushing}
+                self._lean_done = [d for d in self._lean_done if id(d) not in sent]
+            self._lean_flushing = ()
 
     def teardown(self) -> None:
         """Clean up what completed before RQ's teardown (the worker stops)."""
@@ -317,9 +328,9 @@ class LeanWorker:
 
     # -- executing --------------------------------------------------------------------------
 
-    def _lean_perform(self, job: Any, queue: Any) -> str:
+    def _lean_perform(self, job: Any, queue: Any) -> tuple[str, BaseException | None]:
         """Run the job in this process: DONE, FAILED (RQ's failure path was taken: refused,
-        not a delivery) or INTERRUPTED (the entry point raised; logged)."""
+        not a delivery) or INTERRUPTED (the entry point raised; logged, and returned)."""
         job.started_at = rq_now()
         job.worker_name = self.name
         self.procline(f"Processing {job.id} from {queue.name} since {time.time()}")  # type: ignore[attr-defined]
@@ -331,8 +342,7 @@ class LeanWorker:
                 job.perform()
         except DeliveryInterrupted as stop:
             _log_interrupted(job.id, stop.cause)
-            self._lean_cause = stop.cause
-            return INTERRUPTED
+            return INTERRUPTED, stop.cause
         except Exception:
             exc_info = sys.exc_info()
             job.ended_at = rq_now()
@@ -341,12 +351,12 @@ class LeanWorker:
                 # RQ's failure path writes its registries in RQ's own keyspace, another slot
                 # than this lane's on a cluster: a refused job of a lane is logged (above)
                 # and dropped.
-                return REFUSED
+                return REFUSED, None
             self.handle_job_failure(job, queue=queue,  # type: ignore[attr-defined]
                                     exc_string=format_exc_info(exc_info))
-            return FAILED
+            return FAILED, None
         self.log.debug("Worker %s: %s done", self.name, job.id)
-        return DONE
+        return DONE, None
 
     def _lean_completed(self, job: Any, queue: Any, outcome: str) -> None:
         if outcome in (DONE, FAILED, REFUSED):
@@ -370,13 +380,11 @@ class LeanSimpleWorker(LeanWorker):
         (after its line is logged), so the worker's loop backs off rather than take, and
         interrupt, every queued delivery while Redis or the store is failing."""
         self._lean_busy = True
-        self._lean_cause = None
         try:
-            outcome = self._lean_perform(job, queue)
+            outcome, cause = self._lean_perform(job, queue)
         finally:
             self._lean_busy = False
         self._lean_completed(job, queue, outcome)
-        cause = self._lean_cause
         if outcome == INTERRUPTED and isinstance(cause, redis.RedisError | RedisUnavailableError):
             raise cause
 
@@ -404,7 +412,7 @@ class LeanForkingWorker(LeanWorker):
         self.setup_work_horse_signals()  # type: ignore[attr-defined]
         self._is_horse = True
         try:
-            outcome = self._lean_perform(job, queue)
+            outcome, _ = self._lean_perform(job, queue)
         except BaseException:
             os._exit(1)
         os._exit(EXIT_CODES[outcome])
@@ -438,3 +446,83 @@ class LeanForkingWorker(LeanWorker):
         # Killed, or crashed outside the delivery's code: nothing wrote an outcome.
         self.handle_work_horse_killed(job, retpid, ret_val, rusage)  # type: ignore[attr-defined]
         return INTERRUPTED
+
+
+class LeanConcurrentWorker(LeanWorker):
+    """Executes up to `concurrency` deliveries at once in this process, each in one of as
+    many executor threads (an async body on that thread's event loop: engine/async_run.py).
+    The main thread pops while a thread is free; the process's one watchdog thread renews
+    every execution's lease (engine/watchdog_hub.py). A warm shutdown (SIGTERM) stops
+    popping and waits for the deliveries executing; a cold one ends them with the process,
+    and they are redelivered as after a kill -9."""
+
+    concurrency = 1
+    _lean_active = 0
+    _lean_cv: threading.Condition | None = None
+    _lean_jobs: queues.SimpleQueue[tuple[Any, Any]] | None = None
+    _lean_trouble: BaseException | None = None  # a Redis error that interrupted a delivery
+
+    def _lean_threads(self) -> tuple[threading.Condition, queues.SimpleQueue[tuple[Any, Any]]]:
+        if self._lean_cv is None or self._lean_jobs is None:
+            self._lean_cv = threading.Condition()
+            self._lean_jobs = queues.SimpleQueue()
+            for i in range(self.concurrency):
+                # Daemons: a cold shutdown must not wait for the bodies executing.
+                threading.Thread(target=self._lean_executor, name=f"marbles-exec-{i}",
+                                 daemon=True).start()
+        return self._lean_cv, self._lean_jobs
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        """Hand the delivery to a free executor thread; return once another is free (or
+        raise the Redis error that interrupted a delivery, so the worker backs off)."""
+        cv, jobs = self._lean_threads()
+        with cv:
+            self._lean_active += 1
+            self._lean_busy = True
+        jobs.put((job, queue))
+        with cv:
+            cv.wait_for(lambda: self._lean_active < self.concurrency
+                        or self._lean_trouble is not None)
+            trouble, self._lean_trouble = self._lean_trouble, None
+        if trouble is not None:
+            raise trouble
+
+    def _lean_executor(self) -> None:
+        assert self._lean_cv is not None and self._lean_jobs is not None
+        cv, jobs = self._lean_cv, self._lean_jobs
+        while True:
+            job, queue = jobs.get()
+            outcome, cause = INTERRUPTED, None
+            try:
+                outcome, cause = self._lean_perform(job, queue)
+            except BaseException as exc:  # a bug in the transport: logged, redelivered
+                log.exception("job %s: the executor failed", job.id)
+                cause = exc
+            finally:
+                self._lean_completed(job, queue, outcome)
+                with cv:
+                    self._lean_active -= 1
+                    self._lean_busy = self._lean_active > 0
+                    if outcome == INTERRUPTED and isinstance(
+                            cause, redis.RedisError | RedisUnavailableError):
+                        self._lean_trouble = cause
+                    cv.notify_all()
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None,
+                                     max_idle_time: int | None = None) -> Any:
+        """As LeanWorker's; in burst mode, an empty queue ends the worker only once nothing
+        executes here (a run executing may still enqueue a child or a wake)."""
+        while True:
+            found = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            if found is not None or timeout is not None or not self._lean_active:
+                return found
+            cv, _ = self._lean_threads()
+            with cv:
+                cv.wait(0.2)
+
+    def teardown(self) -> None:
+        """Wait for the deliveries executing (a warm shutdown), then clean up."""
+        if self._lean_cv is not None:
+            with self._lean_cv:
+                self._lean_cv.wait_for(lambda: self._lean_active == 0)
+        super().teardown()

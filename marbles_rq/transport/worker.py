@@ -53,7 +53,7 @@ from .dispatch import (
     serve_prefix,
 )
 from .lanes import Lanes, as_lanes
-from .lean import LeanForkingWorker, LeanSimpleWorker
+from .lean import LeanConcurrentWorker, LeanForkingWorker, LeanSimpleWorker
 from .liveness import beating
 from .serializer import JSONSerializer
 
@@ -247,6 +247,17 @@ class MarblesSimpleWorker(_RedisErrorsOut, _MarblesMaintenance, LeanSimpleWorker
     """Executes deliveries in its own process (no fork per run), on the lean path."""
 
 
+class MarblesConcurrentWorker(_RedisErrorsOut, _MarblesMaintenance, LeanConcurrentWorker,
+                              SimpleWorker):
+    """Executes up to `concurrency` deliveries at once in its own process (threads)."""
+
+
+def concurrent(size: int) -> type[Any]:
+    """The worker class that executes up to `size` deliveries at once in one process."""
+    return type(f"MarblesConcurrentWorker{size}", (MarblesConcurrentWorker,),
+                {"concurrency": size})
+
+
 def build_worker(cls: type[Any], queues: list[str], lanes: Lanes, prefix: str,
                  name: str | None = None, *, serve: list[int] | None = None,
                  home: int | None = None) -> Any:
@@ -292,6 +303,9 @@ def work(engine: Engine, cls: type[Any], queues: list[str], rq: Lanes | redis.Re
     worker is rebuilt (under a new name) after a capped exponential backoff."""
     backoff = Backoff()
     prefix = engine.runs.keys.prefix
+    if issubclass(cls, LeanConcurrentWorker):
+        # A fenced execution must not end the process: the others executing here go on.
+        engine.hard_exit = False
     lanes = as_lanes(rq, engine.runs.keys)
     while True:
         started = time.monotonic()
@@ -366,11 +380,14 @@ def _kill_orphaned_horse(worker: Any) -> None:
 
 
 def run_pool(engine: Engine, queues: list[str], rq: Lanes | redis.Redis, *, size: int,
-             burst: bool, logging_level: str = "INFO", serve: list[int] | None = None) -> None:
+             burst: bool, logging_level: str = "INFO", serve: list[int] | None = None,
+             concurrency: int = 1) -> None:
     """N non-forking executors under a supervisor that restarts any that die: at once if it
     had run for HEALTHY_S, else after a capped exponential backoff per slot, so executors
     that die at birth are not respawned in a tight loop. Executor i's home lane is the i-th
-    of the served lanes, round robin; each helps the others when its own is empty."""
+    of the served lanes, round robin; each helps the others when its own is empty. Each
+    executes up to `concurrency` deliveries at once."""
+    executor = MarblesSimpleWorker if concurrency <= 1 else concurrent(concurrency)
     served = serve if serve is not None else list(range(as_lanes(rq, engine.runs.keys).count))
     supervisor = os.getpid()
     children: dict[int, tuple[int, float]] = {}  # pid -> (slot, started)
@@ -397,7 +414,7 @@ def run_pool(engine: Engine, queues: list[str], rq: Lanes | redis.Redis, *, size
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             try:
-                work(engine, MarblesSimpleWorker, queues, rq, burst=burst,
+                work(engine, executor, queues, rq, burst=burst,
                      logging_level=logging_level, serve=served,
                      home=served[slot % len(served)])
             except BaseException:

@@ -1,0 +1,368 @@
+"""Async workflows and steps: an ``async def`` body runs on an event loop of the thread
+that executes its delivery, and its recorded calls are awaited.
+
+    @mr.step
+    async def fetch(url: str) -> str: ...
+
+    @mr.workflow
+    async def crawl(ctx: mr.AsyncRunContext, urls: list[str]) -> int:
+        pages = await asyncio.gather(*(fetch(u) for u in urls))  # positions: call order
+        await ctx.sleep(3600)
+        return len(pages)
+
+What keeps a replay on the same ledger positions: a step takes its position when it is
+*called*, before anything is awaited, so `asyncio.gather(fetch(a), fetch(b))` records `a` at
+the first position and `b` at the second whichever finishes first. Each step body runs in a
+frame of its own (a context variable, so concurrent tasks do not share one). The waiting
+words (`sleep`, `wait_for_signal`, `ask`, `gather` ...) do what they do in a sync body
+(parking the run when there is something to wait for); in an async body they are awaited.
+A sync step called from an async body runs in a bounded thread pool (MARBLES_SYNC_STEPS),
+so the loop goes on with the body's other tasks meanwhile; an async step called from a sync
+body runs to its end on the thread's own loop.
+
+Store calls stay synchronous (each a few hundred microseconds): a process executes several
+runs at once by executing each in a thread of its own (transport/lean.py), each thread with
+its own loop, and the store calls of different runs overlap there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import datetime as dt
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .. import tracing
+from ..envvars import env_int
+from ..errors import MarblesError
+from . import context, event_waits, fanout, published, signal_waits, waiting
+from .authoring import InputError
+from .context import BranchCancelled, Frame, StopExecution, check_branch
+from .waiting import ParkRun
+
+if TYPE_CHECKING:
+    from .authoring import WorkflowDef
+    from .execute import RunContext, StepCall, Watchdog
+
+T = TypeVar("T")
+
+DEFAULT_SYNC_STEP_THREADS = 16
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_loops = threading.local()
+
+
+def _sync_steps() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            size = env_int("MARBLES_SYNC_STEPS", DEFAULT_SYNC_STEP_THREADS, unit="threads")
+            _pool = ThreadPoolExecutor(max_workers=max(1, size),
+                                       thread_name_prefix="marbles-sync-step")
+        return _pool
+
+
+def thread_loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop (one per executing thread, kept for its next run: clients
+    such as httpx's keep their pooled connections on it)."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        _loops.loop = loop
+    return loop
+
+
+def _finish_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks a body left running (asyncio.run does the same): none of them may
+    write for this execution once it has its outcome."""
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+
+
+def _run_on_loop(coro: Coroutine[Any, Any, T], on_task: Callable[[asyncio.Task[T]], None]
+                 | None = None) -> T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        coro.close()
+        raise MarblesError("an async step was called from sync code running on an event "
+                           "loop; await it from an async body instead")
+    loop = thread_loop()
+
+    async def in_async_body() -> T:
+        context.async_body.set(True)  # this task's own context
+        return await coro
+
+    task = loop.create_task(in_async_body())
+    if on_task is not None:
+        on_task(task)
+    try:
+        return loop.run_until_complete(task)
+    finally:
+        _finish_leftovers(loop)
+
+
+def run_here(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> T:
+    """An async step called from a sync body: run to its end on this thread's loop."""
+    return _run_on_loop(_awaited(fn(*args, **kwargs)))
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def run_body(run: RunContext, definition: WorkflowDef, value: Any, watchdog: Watchdog) -> Any:
+    """Execute an async workflow body to its outcome on this thread's loop. A watchdog that
+    learns the run must stop (cancelled, timed out, fenced) cancels the body's task: it
+    stops at its next await, as StopExecution."""
+    actx = AsyncRunContext(run)
+    coro = definition.fn(actx) if definition.input_type is None else definition.fn(actx, value)
+    loop = thread_loop()
+
+    def cancellable(task: asyncio.Task[Any]) -> None:
+        def cancel() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing runs on it
+                loop.call_soon_threadsafe(task.cancel)
+        watchdog.on_stop = cancel
+
+    try:
+        return _run_on_loop(coro, cancellable)
+    except asyncio.CancelledError:
+        if watchdog.reason is not None:
+            raise StopExecution(watchdog.reason) from None
+        raise MarblesError("the workflow's task was cancelled by its own code") from None
+    finally:
+        watchdog.on_stop = None
+
+
+async def _in_thread(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    """A sync step's body in the sync-step pool, in a copy of this task's context (the run,
+    the step's frames), as sync code: its own recorded calls are plain calls."""
+    copied = contextvars.copy_context()
+
+    def call() -> T:
+        context.async_body.set(False)
+        return fn(*args, **kwargs)
+
+    return await asyncio.get_running_loop().run_in_executor(_sync_steps(), copied.run, call)
+
+
+def step_async(run: RunContext, call: StepCall, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Coroutine[Any, Any, Any]:
+    """The awaitable of a step called in an async body (its position is already taken)."""
+    return _step(run, call, args, kwargs)
+
+
+async def _step(run: RunContext, call: StepCall, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+    if call.replayed:
+        return call.replay()
+    definition = call.definition
+    is_async = inspect.iscoroutinefunction(definition.fn)
+    while True:
+        run.begin_attempt(call)
+        token = context.set_frames([*(context.thread_frames() or run.root_frames),
+                                    call.frame(run.frame)])
+        tried = time.perf_counter()
+        try:
+            with tracing.step(definition.name, call.key, call.attempts):
+                if is_async:
+                    value = await definition.fn(*args, **kwargs)
+                else:
+                    value = await _in_thread(definition.fn, args, kwargs)
+            result = run.encode_result(call, value)
+        except ParkRun as park:
+            park.ledger.append(call.parked())
+            raise
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the step's failure
+            failure: BaseException = exc
+        else:
+            return run.step_succeeded(call, result, tried)
+        finally:
+            context.reset_frames(token)
+        await _backoff(run, run.step_failed(call, failure, tried))
+
+
+async def _backoff(run: RunContext, seconds: float) -> None:
+    """A retry's wait; the watchdog cancels the task if the run must stop meanwhile."""
+    await asyncio.sleep(seconds)
+    run._watchdog.raise_if_stopped()
+
+
+async def parallel(run: RunContext, calls: list[Callable[[], Any]]) -> list[Any]:
+    """`await ctx.parallel(lambda: fetch(a), lambda: fetch(b))`: as the sync `parallel`
+    (engine/fanout.py), with each branch a task in a frame of its own: stable positions
+    whatever order they finish in; the first failure stops the siblings at their next
+    boundary and is raised; a branch that parks parks the run once the others are done."""
+    context.check_not_in_foreign_thread("parallel")
+    check_branch()
+    if not all(callable(c) for c in calls):
+        raise InputError("parallel takes zero-argument callables, e.g. "
+                                "lambda: fetch(url)")
+    if not calls:
+        return []
+    frame = run.frame
+    n = frame.counters["|parallel"]
+    frame.counters["|parallel"] += 1
+    base = f"{frame.path}.|parallel#{n}"
+    cancel = threading.Event()
+    failed_at: list[tuple[float, int]] = []
+
+    async def branch(i: int, call: Callable[[], Any]) -> tuple[str, Any]:
+        context.enter_branch(Frame(f"{base}[{i}]",
+                                   tag=f"{frame.tag or frame.path}.|parallel#{n}[{i}]"), cancel)
+        try:
+            value = call()
+            if inspect.isawaitable(value):
+                value = await value
+            return "ok", value
+        except ParkRun as parked:
+            return "park", parked
+        except BranchCancelled:
+            return "cancelled", None
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            failed_at.append((time.monotonic(), i))
+            cancel.set()
+            return "error", exc
+
+    # Each task copies this context, then sets its own frame in its copy.
+    outcomes = await asyncio.gather(*(branch(i, c) for i, c in enumerate(calls)))
+    stops = [v for kind, v in outcomes if kind == "error" and isinstance(v, StopExecution)]
+    if stops:
+        raise stops[0]
+    if failed_at:
+        raise outcomes[min(failed_at)[1]][1]
+    parks = [v for kind, v in outcomes if kind == "park"]
+    if parks:
+        merged = ParkRun([w for p in parks for w in p.waits])
+        merged.ledger = [r for p in parks for r in p.ledger]
+        raise merged
+    check_branch()
+    return [v for _, v in outcomes]
+
+
+class AsyncAsk:
+    """`await ctx.ask.approval(...)`, `await ctx.ask.question(...)`."""
+
+    def __init__(self, run: RunContext) -> None:
+        self._ask = waiting.Ask(run)
+
+    async def approval(self, title: str, body: str | None = None, key: str | None = None,
+                       **options: Any) -> dict[str, Any]:
+        return self._ask.approval(title, body, key, **options)
+
+    async def question(self, title: str, body: str | None = None,
+                       choices: list[str] | None = None, key: str | None = None,
+                       **options: Any) -> str:
+        return self._ask.question(title, body, choices, key, **options)
+
+
+class AsyncRunContext:
+    """What an ``async def`` workflow receives: the run context, with the words that may
+    wait awaitable (`await ctx.sleep(60)`, `await ctx.step(fetch, url)`), the others as in
+    a sync body (`ctx.publish`, `ctx.log`, `ctx.stream`, `ctx.start_child` ...)."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.sync = run  # the sync context: its calls block this body's loop
+        self.ask = AsyncAsk(run)
+
+    # -- as in a sync body -------------------------------------------------------------
+
+    @property
+    def input(self) -> Any:
+        return self.sync.input
+
+    @property
+    def stream(self) -> Any:
+        return self.sync.stream
+
+    @property
+    def log(self) -> Any:
+        return self.sync.log
+
+    @property
+    def report(self) -> waiting.Reporter:
+        return self.sync.report
+
+    @property
+    def run_id(self) -> str:
+        return self.sync.run_id
+
+    @property
+    def attempt(self) -> int:
+        return self.sync.attempt
+
+    @property
+    def step_path(self) -> str:
+        return self.sync.step_path
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.sync.idempotency_key
+
+    def claim_effect(self, key: str | None = None) -> bool:
+        return self.sync.claim_effect(key)
+
+    def publish(self, key: str, value: Any) -> None:
+        published.publish(self.sync, key, value)
+
+    def tag(self, **tags: Any) -> None:
+        self.sync.tag(**tags)
+
+    def signals(self, name: str) -> list[Any]:
+        return signal_waits.drain_signals(self.sync, name)
+
+    def start_child(self, workflow: str, input: Any = None, key: str | None = None
+                    ) -> fanout.ChildRun:
+        return fanout.start_child(self.sync, workflow, input, key)
+
+    # -- awaited -----------------------------------------------------------------------
+
+    def step(self, fn: Any, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        """Run `fn` (sync or async) as a recorded step; awaitable. Its ledger position is
+        taken at this call, so `asyncio.gather(ctx.step(f, a), ctx.step(f, b))` records
+        in call order."""
+        token = context.async_body.set(True)
+        try:
+            awaitable: Coroutine[Any, Any, Any] = self.sync.step(fn, *args, **kwargs)
+        finally:
+            context.async_body.reset(token)
+        return awaitable
+
+    async def sleep(self, seconds: float) -> None:
+        waiting.sleep(self.sync, seconds)
+
+    async def sleep_until(self, when: dt.datetime) -> None:
+        waiting.sleep_until(self.sync, when)
+
+    async def wait_for_signal(self, name: str, timeout_s: float | None = None) -> Any:
+        return signal_waits.wait_for_signal(self.sync, name, timeout_s)
+
+    async def wait_for_event(self, source: str, type: str | None = None,
+                             match: dict[str, Any] | None = None,
+                             timeout_s: float | None = None,
+                             lookback_s: float | None = None) -> event_waits.ReceivedEvent:
+        return event_waits.wait_for_event(self.sync, source, type, match, timeout_s,
+                                          lookback_s)
+
+    async def gather(self, *children: fanout.ChildRun) -> list[Any]:
+        """The results of child runs, parking until every one has settled."""
+        return fanout.gather(self.sync, list(children))
+
+    async def parallel(self, *calls: Callable[[], Any]) -> list[Any]:
+        return await parallel(self.sync, list(calls))
