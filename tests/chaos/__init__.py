@@ -14,7 +14,8 @@ Layout:
   when, and which fault strikes when.
   Pure and deterministic: the same seed gives the same plan.
 * ``harness.py`` -- runs the plan against real processes: a durable redis-server, two
-  controllers, forking and ``--pool`` workers, each in its own process group; SIGKILLs,
+  controllers, forking, ``--pool`` and ``--concurrency`` workers, each in its own process
+  group; SIGKILLs,
   SIGSTOPs and restarts them; answers questions; pauses, resumes and reruns runs; sends
   signals, and events matching a waiting run (or decoys); samples
   the concurrency limits' holds; waits for quiescence.

@@ -317,7 +317,8 @@ def _check_terminal(run: Run, history: History, cancelled: set[str], report: Rep
 def _expected_outcome(run: Run, cancelled: set[str]) -> tuple[str, ...]:
     if run.id in cancelled:
         return ("cancelled", "succeeded")
-    if run.name == "cx_chain" and isinstance(run.input, dict) and run.input.get("doomed"):
+    if run.name in ("cx_chain", "cx_async_chain") and isinstance(run.input, dict) and (
+            run.input.get("doomed")):
         return ("failed",)
     return ("succeeded",)
 

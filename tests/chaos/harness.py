@@ -1,8 +1,9 @@
 """Runs a chaos plan against real processes and collects its history.
 
 Processes: a durable redis-server (ops/redis.conf: appendonly yes, appendfsync always) in a
-temporary directory on a free port; two controllers; two forking workers and one ``--pool 3``
-worker. Each process runs in its own session, so in its own process group (a
+temporary directory on a free port; two controllers; two forking workers, one ``--pool 3``
+worker and one ``--concurrency 4`` worker (several runs, sync and async, in one process).
+Each process runs in its own session, so in its own process group (a
 forking worker's horse puts itself in a group of its own and dies with its worker through
 PR_SET_PDEATHSIG). A supervisor loop in the main thread restarts whatever died, as systemd
 would, and SIGCONTs what a fault stopped once its time is up.
@@ -272,6 +273,8 @@ class Harness:
             Slot("w0", "worker", ["worker", *lease]),
             Slot("w1", "worker", ["worker", *lease]),
             Slot("w2", "worker", ["worker", *lease, "--pool", "3"], pool=3),
+            # One process executing up to 4 runs at once (threads, async bodies on loops).
+            Slot("w3", "worker", ["worker", *lease, "--concurrency", "4"]),
         ]
         for slot in self.slots:
             self._launch(slot)

@@ -18,6 +18,7 @@ from marbles_rq.triggers.events import event_key
 from tests.chaos.names import CUSTOMERS, EVENT_SOURCE, ORDER_TYPE, PRIORITIES
 
 # Worker kills are spread evenly over these kinds (then shuffled).
+ASYNC_CHAINS = 0.3  # the share of chains that are async workflows (cx_async_chain)
 WORKER_KILLS = ("worker_parent", "horse", "worker_group", "pool_executor")
 FAULT_KINDS = (*WORKER_KILLS, "leader", "redis", "stop_worker", "stop_leader")
 
@@ -177,10 +178,14 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
         n += 1
         return f"cx-{seed}-{n:05d}-{kind}"
 
+    # Its own draws: which chains are async workflows leaves every other draw as it was.
+    async_rng = random.Random(seed * 7_919 + 3)
+
     def chain(kind: str, via: str = "api") -> RunSpec:
         flaky = rng.random() < 0.12
         doomed = rng.random() < 0.04
-        return RunSpec(rid(kind), kind, "cx_chain",
+        name = "cx_async_chain" if async_rng.random() < ASYNC_CHAINS else "cx_chain"
+        return RunSpec(rid(kind), kind, name,
                        {"n": rng.randint(2, 5), "sleep_ms": rng.choice([2, 10, 30, 80]),
                         "flaky": flaky, "doomed": doomed}, via)
 

@@ -19,6 +19,8 @@ a line was accepted from an execution that no longer owned the run.
 
 Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
 
+* ``cx_async_chain`` -- ``cx_chain`` as an async workflow (gathered async steps), part of
+  the chains.
 * ``cx_chain`` -- N linked steps; optionally a flaky step (fails its first try, retried) and
   a doomed step (always fails: the run must end ``failed``).
 * ``cx_ask`` -- a step, a question or an approval (key ``q``) the harness answers, a step.
@@ -54,6 +56,7 @@ The combinations (issue 16), each under the same faults:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
@@ -228,6 +231,33 @@ def cx_chain(ctx: mr.RunContext, inp: ChainIn) -> dict[str, Any]:
         steps.append(cx_flaky(inp.sleep_ms))
     if inp.doomed:
         cx_doomed()
+    return {"steps": steps}
+
+
+@mr.step
+async def cx_alink(index: int, sleep_ms: int) -> str:
+    """cx_link as an async step: its naps are awaits, so its worker's event loop runs the
+    other steps of its run (and a `--concurrency` worker the other runs) meanwhile."""
+    run = _executing()
+    await asyncio.sleep(sleep_ms / 2000)
+    _effect(run)
+    run.stream.write({"epoch": run.ex.epoch, "step": run.step_path})
+    await asyncio.sleep((sleep_ms - sleep_ms // 2) / 1000)
+    return run.idempotency_key
+
+
+@mr.workflow
+async def cx_async_chain(ctx: mr.AsyncRunContext, inp: ChainIn) -> dict[str, Any]:
+    """cx_chain as an async workflow: one step, then the others gathered (their ledger
+    positions are those of their calls), then the sync flaky step awaited (it runs in a
+    thread) and the doomed one."""
+    first = await cx_alink(0, inp.sleep_ms)
+    rest = await asyncio.gather(*(cx_alink(i, inp.sleep_ms) for i in range(1, inp.n)))
+    steps = [first, *rest]
+    if inp.flaky:
+        steps.append(await cx_flaky(inp.sleep_ms))
+    if inp.doomed:
+        await cx_doomed()
     return {"steps": steps}
 
 
