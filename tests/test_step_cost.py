@@ -24,6 +24,7 @@ from marbles_rq.engine.runs import OutputEvent, RunStore
 from marbles_rq.engine.waits import WaitStore
 from marbles_rq.store import open_store
 from marbles_rq.store.records import StepRecord, encode
+from tests.procs import wait_for
 
 CALLS: Counter[str] = Counter()
 GATE = threading.Event()
@@ -88,6 +89,14 @@ def sc_gap(ctx: mr.RunContext, gap_s: float) -> int:
     return sc_tick(1) + sc_tick(2)
 
 
+@mr.workflow("sc_hold")
+def sc_hold(ctx: mr.RunContext) -> int:
+    """A step, then work that is no step (it waits for the test's GATE)."""
+    done = sc_tick(0)
+    assert GATE.wait(10)
+    return done
+
+
 @pytest.fixture(autouse=True)
 def _clean() -> Iterator[None]:
     CALLS.clear()
@@ -119,6 +128,13 @@ def _counting(runs: RunStore) -> Counter[str]:
         return call(name, keys, args)
 
     runs.scripts.call = counted  # type: ignore[method-assign]
+    both = runs.scripts.commit_step_and_settle
+
+    def pipelined(commit: dict[str, Any], settle: dict[str, Any]) -> Any:
+        calls["commit_step_and_settle"] += 1  # one round trip
+        return both(commit, settle)
+
+    runs.scripts.commit_step_and_settle = pipelined  # type: ignore[method-assign]
     return calls
 
 
@@ -133,7 +149,8 @@ def test_a_step_with_no_retries_costs_one_script(redis_url: str) -> None:
     calls = _counting(runs)
     before = int(time.time() * 1000)
     assert _run(runs, "cost-10") == "succeeded"
-    assert calls == Counter(start_attempt=1, commit_step=10, settle_run=1)
+    # The last step's success goes with the settle, in one round trip.
+    assert calls == Counter(start_attempt=1, commit_step=9, commit_step_and_settle=1)
     events = runs.output("cost-10")
     assert _steps(events) == [(kind, f"sc_steps.sc_tick#{i}") for i in range(10)
                               for kind in ("step_started", "step_succeeded")]
@@ -151,7 +168,7 @@ def test_a_step_with_retries_is_started_up_front(redis_url: str) -> None:
     _record(runs, "sc_retries", b"null", "cost-retries")
     calls = _counting(runs)
     assert _run(runs, "cost-retries") == "succeeded"
-    assert calls == Counter(start_attempt=1, start_step=1, commit_step=1, settle_run=1)
+    assert calls == Counter(start_attempt=1, start_step=1, commit_step_and_settle=1)
     key = "sc_retries.sc_retrying#0"
     assert _steps(runs.output("cost-retries")) == [("step_started", key),
                                                    ("step_succeeded", key)]
@@ -225,19 +242,19 @@ def test_a_step_started_after_a_pause_in_the_body_asks_redis_first(redis_url: st
     assert [s.key for s in view.steps] == ["sc_gap.sc_tick#0"]
 
 
-def test_a_cancel_right_after_a_commit_is_seen_by_the_next_commit(redis_url: str) -> None:
-    """Within FRESH_FLAGS_S of the last commit a step starts without asking: a cancel that
-    lands in between is answered by that step's commit (its result recorded), and no step
-    starts after it."""
+def test_a_cancel_right_after_a_step_is_seen_before_the_next_one_starts(
+        redis_url: str) -> None:
+    """A step's success is held for the execution's next write: a cancel that lands right
+    after it is answered by that commit, written as the next step begins (its result
+    recorded), and the next step never starts."""
     runs = _runs(redis_url)
     _record(runs, "sc_gap", b"0", "cancel-fresh")
     HOOK["between"] = lambda: runs.cancel("cancel-fresh")
     assert _run(runs, "cancel-fresh") == "cancelled"
-    assert dict(CALLS) == {"tick0": 1, "tick1": 1}
+    assert dict(CALLS) == {"tick0": 1}
     view = runs.get("cancel-fresh")
     assert view is not None and view.status == "cancelled"
-    assert [(s.key, s.status) for s in view.steps] == [
-        ("sc_gap.sc_tick#0", "succeeded"), ("sc_gap.sc_tick#1", "succeeded")]
+    assert [(s.key, s.status) for s in view.steps] == [("sc_gap.sc_tick#0", "succeeded")]
 
 
 def test_a_pause_during_a_fast_step_parks_after_it_and_it_is_not_run_again(
@@ -284,3 +301,26 @@ def test_deferred_starts_are_fenced_and_written_once(redis_url: str) -> None:
     runs.defer_start(ex, start)
     assert runs.commit_step(ex, done, "step_succeeded", b"{}") == "stale"
     assert [e.type for e in runs.output("fence-starts")].count("step_started") == 1
+
+
+def test_a_held_success_is_written_soon_though_the_body_goes_on_without_writing(
+        redis_url: str) -> None:
+    """The last step's success waits for the next write (the settle, usually), but not for
+    long: while the body works on after it, the watchdog writes it within HOLD_COMMIT_S, so
+    a crash during that work does not run the step again."""
+    runs = _runs(redis_url)
+    _record(runs, "sc_hold", b"null", "held")
+    calls = _counting(runs)
+    outcome: list[str] = []
+    body = threading.Thread(target=lambda: outcome.append(_run(runs, "held")))
+    body.start()
+    try:
+        wait_for(lambda: ((v := runs.get("held")) is not None and [
+            (s.key, s.status) for s in v.steps] == [("sc_hold.sc_tick#0", "succeeded")])
+            or None, timeout=10, what="the held success to be written")
+        assert body.is_alive()  # written while the body still works
+    finally:
+        GATE.set()
+        body.join(10)
+    assert outcome == ["succeeded"]
+    assert calls == Counter(start_attempt=1, commit_step=1, settle_run=1)

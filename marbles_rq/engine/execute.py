@@ -37,7 +37,7 @@ from .context import (
     decode_result,
     now_ms,
 )
-from .execution import Execution, StepStart, event
+from .execution import Execution, HeldCommit, StepStart, event
 from .limits import start as start_with_slot
 from .runs import TIMEOUT_ERROR, RunStore
 from .waiting import NonDeterminismError, ParkRun, Wait, deliver_now
@@ -51,6 +51,9 @@ EXIT_FENCED = 75  # a horse that learned it no longer owns its run exits with th
 # is written by its commit, or by the watchdog once it has run START_DELAY_S.
 FRESH_FLAGS_S = 0.2
 START_DELAY_S = 0.15
+# A step's success is written by the execution's next write, or by the watchdog this long
+# after: the longest a finished step can be lost to a crash, and so run again.
+HOLD_COMMIT_S = 0.05
 
 
 class StoreUnavailable(StopExecution):
@@ -196,6 +199,7 @@ class RunContext:
     def position(self, name: str) -> tuple[str, int]:
         """The ledger key and frame position of the next recorded call of `name` here.
         Raises NonDeterminismError when the ledger recorded another call at that position."""
+        self.write_held()  # what comes after a step's success is written after it
         frame = self.frame
         base = f"{frame.path}.{name}"
         key = f"{base}#{frame.counters[base]}"
@@ -373,9 +377,18 @@ class RunContext:
         return result
 
     def step_succeeded(self, call: StepCall, result: bytes, tried: float) -> Any:
+        """Record the success, held for the execution's next write (engine/execution.py
+        HeldCommit): the next recorded call, output line or settle writes it first (the
+        settle in the same round trip), the watchdog within HOLD_COMMIT_S."""
         metrics.step_tried(self.ex.record.name, "succeeded", time.perf_counter() - tried)
         done = call.record("succeeded", result=msgspec.Raw(result))
-        self.commit_entry(done, "step_succeeded", {"step": call.key, "attempt": call.attempts})
+        data = msgspec.json.encode({"step": call.key, "attempt": call.attempts})
+        held = HeldCommit(done, "step_succeeded", data, time.monotonic() + HOLD_COMMIT_S)
+        status = self._call_store(self.runs.hold_commit, self.ex, held)
+        self.ex.ledger[done.key] = done
+        if status is not None:
+            self.check_reply(status)
+        self._watchdog.held(held)
         return decode_result(done.result, call.definition.result_type)
 
     def step_failed(self, call: StepCall, failure: BaseException, tried: float) -> float:
@@ -425,7 +438,24 @@ class RunContext:
 
     def call_store(self, call: Any, *args: Any) -> Any:
         """A store call from inside the body: unreachable Redis, or one that refuses writes
-        (OOM, MISCONF, READONLY ...), stops the execution unsettled."""
+        (OOM, MISCONF, READONLY ...), stops the execution unsettled. A step success held
+        for the next write is written first."""
+        self.write_held()
+        return self._call_store(call, *args)
+
+    def write_held(self) -> None:
+        """Write the step success held for the next write, if any, and act on its reply
+        (or on that of one the watchdog wrote meanwhile)."""
+        ex = self.ex
+        if ex.held is None and not ex.held_reply:
+            return
+        status = self._call_store(self.runs.write_held, ex)
+        reply, ex.held_reply = ex.held_reply, ""
+        for seen in (status, reply):
+            if seen:
+                self.check_reply(seen)
+
+    def _call_store(self, call: Any, *args: Any) -> Any:
         try:
             return call(*args)
         except RedisUnavailableError as exc:
@@ -468,6 +498,10 @@ class RunContext:
             return
         if status == "paused":
             raise ParkRun([Wait("paused")])
+        if status in ("settled", "stale") and self._watchdog.reason in ("cancelled",
+                                                                         "timed_out"):
+            # The watchdog learned it first and settled the run: say why it stopped.
+            raise StopExecution(self._watchdog.reason)
         raise StopExecution({"stale": "stale", "settled": "stale"}.get(status, status))
 
 
@@ -540,13 +574,34 @@ class Watchdog:
         if poke:
             HUB.poke()
 
+    def held(self, held: HeldCommit) -> None:
+        """A step's success is held for the next write: wake the hub by its `due`."""
+        ex = self.ex
+        with ex.lock:
+            poke = held.due < self._next_wake
+            if poke:
+                self._next_wake = held.due
+        if poke:
+            HUB.poke()
+
     def tick(self, now: float) -> float:
-        """The hub's call: write due starts, renew when due; when to tick next."""
+        """The hub's call: write a held success and due starts, renew when due; when to tick
+        next."""
         if self._stop.is_set():
             return math.inf
         ex = self.ex
         with ex.lock:
             first = next(iter(ex.starts.values()), None)
+            held = ex.held
+        if held is not None and held.due <= now:
+            status = self._store_call(self.runs.write_held, ex)
+            if status in ("stale", "settled", "cancelled", "timed_out"):
+                self._stopping(status)
+                return math.inf
+            if status == "paused":
+                ex.held_reply = status  # the body parks at its next boundary
+            with ex.lock:
+                first = next(iter(ex.starts.values()), None)
         if first is not None and first.due <= now:
             status = self._store_call(self.runs.write_due_starts, ex, now)
             if status not in (None, "ok"):
@@ -561,6 +616,8 @@ class Watchdog:
         with ex.lock:
             first = next(iter(ex.starts.values()), None)
             wake_at = min(self._next_renew, first.due) if first is not None else self._next_renew
+            if ex.held is not None:
+                wake_at = min(wake_at, ex.held.due)
             self._next_wake = wake_at
         return wake_at if not self._stop.is_set() else math.inf
 
@@ -714,6 +771,7 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
         wait_for["until_ms"] = until
     if events := [e for w in waits for e in w.events]:
         wait_for["events"] = events
+    runs.write_held(ex)  # a step's success before the park (its reply: the park's too)
     status, attempt, queue = runs.waits().park(
         ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
         asks=[a for w in waits for a in w.asks])

@@ -48,6 +48,18 @@ class StepStart:
         return self.key, encode(stamp(self.record, ex)), self.event
 
 
+@dataclass(eq=False)
+class HeldCommit:
+    """A step's success, not written yet (RunStore.hold_commit): the execution's next write
+    writes it first, its settle in the same round trip, the watchdog once `due` (monotonic)
+    has passed. So the last step of a run costs no round trip of its own."""
+
+    record: StepRecord
+    event_type: str
+    event: bytes
+    due: float
+
+
 @dataclass
 class Execution:
     """One execution of one delivery: the epoch fences everything it writes."""
@@ -72,6 +84,10 @@ class Execution:
     mono_at_start: float = field(default_factory=time.monotonic)
     # Deferred step starts not written yet, oldest first (under `lock`; see StepStart).
     starts: dict[int, StepStart] = field(default_factory=dict)
+    # A step's success held for the next write (under `lock`; see HeldCommit), and the reply
+    # of one the watchdog wrote that the body has still to act on (paused).
+    held: HeldCommit | None = None
+    held_reply: str = ""
     # When (monotonic) a reply last said the run was not cancelled, paused or past its
     # deadline: start_attempt, start_step or commit_step (measured before the send).
     flags_at: float = field(default_factory=time.monotonic)

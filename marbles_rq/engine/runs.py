@@ -36,6 +36,7 @@ from ..store.scripts import JobPush
 from .execution import (
     DISPATCH_GRACE_MS,
     Execution,
+    HeldCommit,
     StepStart,
     event,
     stamp,
@@ -404,23 +405,56 @@ class RunStore:
         """Record a step attempt's outcome, with the deferred starts (its own among them).
         ok | cancelled | paused (written) | timed_out | stale | settled (not written)."""
         with ex.lock:
-            ex.seq += 1
-            starts = [s.triple(ex) for s in ex.starts.values()]
-            ex.starts.clear()
-            sent = time.monotonic()
-            # Never for a run holding a concurrency slot: its lease is capped at the hold's
-            # expiry, which only the watchdog's renewals extend.
-            extend = ex.slot is None and sent - ex.lease_at > ex.ttl_ms / 2000
-            status = self.scripts.commit_step(
-                keys=ex.keys, epoch=ex.epoch, step_key=record.key,
-                record=encode(stamp(record, ex)),
-                event_type=event_type, event=data, run_id=ex.run_id,
-                ttl_ms=ex.ttl_ms if extend else 0, seq=ex.seq, starts=starts).status
-            if status == "ok":
-                ex.flags_at = sent
-                if extend:
-                    ex.lease_at = sent
-            return status
+            held = self._write_held_locked(ex)
+            if held not in (None, "ok", "cancelled", "paused"):
+                return held
+            return self._commit_locked(ex, record, event_type, data)
+
+    def _commit_locked(self, ex: Execution, record: StepRecord, event_type: str,
+                       data: bytes) -> str:
+        ex.seq += 1
+        starts = [s.triple(ex) for s in ex.starts.values()]
+        ex.starts.clear()
+        sent = time.monotonic()
+        # Never for a run holding a concurrency slot: its lease is capped at the hold's
+        # expiry, which only the watchdog's renewals extend.
+        extend = ex.slot is None and sent - ex.lease_at > ex.ttl_ms / 2000
+        status: str = self.scripts.commit_step(**self._commit_args(
+            ex, record, event_type, data, starts, extend)).status
+        if status == "ok":
+            ex.flags_at = sent
+            if extend:
+                ex.lease_at = sent
+        return status
+
+    @staticmethod
+    def _commit_args(ex: Execution, record: StepRecord, event_type: str, data: bytes,
+                     starts: list[tuple[str, bytes, bytes]], extend: bool) -> dict[str, Any]:
+        return {"keys": ex.keys, "epoch": ex.epoch, "step_key": record.key,
+                "record": encode(stamp(record, ex)), "event_type": event_type, "event": data,
+                "run_id": ex.run_id, "ttl_ms": ex.ttl_ms if extend else 0, "seq": ex.seq,
+                "starts": starts}
+
+    def hold_commit(self, ex: Execution, held: HeldCommit) -> str | None:
+        """Keep a step's success for the execution's next write (None: held), writing the
+        one held before first (its reply when that one was not written: the caller stops)."""
+        with ex.lock:
+            before = self._write_held_locked(ex)
+            if before not in (None, "ok", "cancelled", "paused"):
+                return before
+            ex.held = held
+            return before
+
+    def write_held(self, ex: Execution) -> str | None:
+        """Write the held success now: its reply, or None when none is held."""
+        with ex.lock:
+            return self._write_held_locked(ex)
+
+    def _write_held_locked(self, ex: Execution) -> str | None:
+        held, ex.held = ex.held, None
+        if held is None:
+            return None
+        return self._commit_locked(ex, held.record, held.event_type, held.event)
 
     def write(self, ex: Execution, type: str, data: bytes, *,
               max_lines: int = DEFAULT_MAX_OUTPUT_LINES,
@@ -454,16 +488,29 @@ class RunStore:
 
     def settle(self, ex: Execution, status: str, *, result: bytes | None = None,
                error: ErrorInfo | None = None) -> str:
-        self.flush_starts(ex)  # a step interrupted early still shows (as interrupted)
         err = b"" if error is None else msgspec.json.encode(error)
         data: dict[str, Any] = {"status": status}
         if result is not None:
             data["result"] = msgspec.Raw(result)
         if error is not None:
             data["error"] = error
-        reply = self.scripts.settle_run(
-            keys=ex.keys, epoch=ex.epoch, status=status, result=result or b"", error=err,
-            event=msgspec.json.encode(data), run_id=ex.run_id)
+        settle: dict[str, Any] = {
+            "keys": ex.keys, "epoch": ex.epoch, "status": status, "result": result or b"",
+            "error": err, "event": msgspec.json.encode(data), "run_id": ex.run_id}
+        with ex.lock:
+            held, ex.held = ex.held, None
+            if held is not None:
+                # The last step's success and the settle, in one round trip (one fsync).
+                ex.seq += 1
+                starts = [s.triple(ex) for s in ex.starts.values()]
+                ex.starts.clear()
+                commit = self._commit_args(ex, held.record, held.event_type, held.event,
+                                           starts, False)
+                # A commit refused (stale, past its deadline) is refused by the settle too.
+                reply = self.scripts.commit_step_and_settle(commit, settle)
+            else:
+                self.write_starts_locked(ex)  # a step interrupted early still shows
+                reply = self.scripts.settle_run(**settle)
         if reply.status == "timed_out":  # it finished, but after its deadline
             return self.settle(ex, "failed", error=TIMEOUT_ERROR)
         return reply.status

@@ -395,7 +395,10 @@ class Scripts:
 
     def _reply(self, name: str, keys: list[str], args: list[str | bytes | int],
                statuses: tuple[str, ...]) -> Reply:
-        reply = self.call(name, keys, args)
+        return self._parse(name, self.call(name, keys, args), statuses)
+
+    def _parse(self, name: str, raw: Any, statuses: tuple[str, ...]) -> Reply:
+        reply = self._checked(name, raw)
         status = as_text(reply[0])
         if status not in statuses:
             raise self._unexpected(name, reply)
@@ -535,10 +538,64 @@ class Scripts:
 
     def settle_run(self, *, keys: RunKeys, epoch: int, status: str, result: bytes,
                    error: bytes, event: bytes, run_id: str) -> Reply:
-        return self._reply("settle_run",
-                           [keys.run, keys.leases, keys.dispatch, keys.output, keys.finished],
-                           [epoch, status, result, error, event, run_id],
+        return self._reply("settle_run", *self._settle_call(keys, epoch, status, result,
+                                                            error, event, run_id),
                            ("ok", "settled", "stale", "timed_out"))
+
+    @staticmethod
+    def _settle_call(keys: RunKeys, epoch: int, status: str, result: bytes, error: bytes,
+                     event: bytes, run_id: str) -> tuple[list[str], list[str | bytes | int]]:
+        return ([keys.run, keys.leases, keys.dispatch, keys.output, keys.finished],
+                [epoch, status, result, error, event, run_id])
+
+    def commit_step_and_settle(self, commit: dict[str, Any], settle: dict[str, Any]) -> Reply:
+        """commit_step, then settle_run, of one run in one round trip (its keys share a
+        slot: one pipeline to its master; Redis appends both before one fsync). Both are
+        safe to resend (the write number; a settled run answers its first record). The
+        settle's reply; a refused commit is refused by the settle too (same fence)."""
+        starts = commit["starts"]
+        keys = commit["keys"]
+        flat: list[str | bytes | int] = [x for start in starts for x in start]
+        calls = [("commit_step", [keys.run, keys.steps, keys.leases, keys.output],
+                  [commit["epoch"], commit["step_key"], commit["record"],
+                   commit["event_type"], commit["event"], commit["run_id"], commit["ttl_ms"],
+                   commit["seq"], *flat]),
+                 ("settle_run", *self._settle_call(**settle))]
+        client: Any = self.client  # redis-py's cluster routing calls are untyped
+        if isinstance(self.client, RedisCluster):
+            client = client.get_redis_connection(client.get_node_from_key(keys.run))
+
+        def pipelined() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for name, call_keys, args in calls:
+                pipe.evalsha(self.scripts[name].sha, len(call_keys), *call_keys, *args)
+            return list(pipe.execute(raise_on_error=False))
+
+        def send() -> list[Any]:
+            replies = pipelined()
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+                for name, _, _ in calls:  # the cache was emptied (a restart): load, resend
+                    client.script_load(self.scripts[name].source)
+                replies = pipelined()
+            return replies
+
+        try:
+            replies = self._resending(send)
+        except redis.RedisError as exc:
+            metrics.redis_error(exc)
+            raise
+        moved = [r for r in replies if isinstance(r, redis.ResponseError)
+                 and str(r).startswith(("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"))]
+        if moved:  # a slot moving, a failover: one by one through the cluster client
+            self.commit_step(**commit)
+            return self.settle_run(**settle)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                metrics.redis_error(reply)
+                raise reply
+        self._parse("commit_step", replies[0],
+                    ("ok", "cancelled", "timed_out", "stale", "settled", "paused"))
+        return self._parse("settle_run", replies[1], ("ok", "settled", "stale", "timed_out"))
 
     def cancel_run(self, *, keys: RunKeys, run_id: str, event: bytes, request_id: str) -> Reply:
         return self._reply("cancel_run",
