@@ -11,6 +11,9 @@ ARGV[3] result          JSON text of the result ('' for none)
 ARGV[4] error           JSON text of the error ('' for none)
 ARGV[5] event           JSON data of the final output event
 ARGV[6] run_id
+ARGV[7] after_seq       optional: settle only once the execution's write number `after_seq`
+                        was applied (the commit pipelined before this call: were it refused
+                        unread, a NOSCRIPT after a restart, this settle must not land alone)
 Returns:
   {"ok", finished_ms}
   {"settled", status, result, error}   already finished; the first terminal record
@@ -18,6 +21,7 @@ Returns:
                                        expired; nothing written
   {"timed_out"}                        "succeeded" asked after the run's deadline; nothing
                                        written (the caller settles it failed: RunTimeout)
+  {"behind"}                           write `after_seq` was not applied; nothing written
 Writes (only for "ok"): XADD KEYS[4] (its id's milliseconds are finished_ms: the server
   clock; TIME is read first, for the lease and the deadline of a run that has one); one
   HSET KEYS[1] (the epoch + 1 with the terminal record); ZREM KEYS[2]; ZADD KEYS[5]. Not KEYS[3]:
@@ -26,13 +30,16 @@ Writes (only for "ok"): XADD KEYS[4] (its id's milliseconds are finished_ms: the
 ]]
 local run, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'result', 'error', 'attempt',
-  'deadline_ms', 'retention_ms')
+  'deadline_ms', 'retention_ms', 'wseq')
 if r[2] == 'succeeded' or r[2] == 'failed' or r[2] == 'cancelled' then
   return {'settled', r[2], r[3] or '', r[4] or ''}
 end
 if r[1] ~= ARGV[1] then return {'stale', tonumber(r[1] or '0')} end
 if r[2] ~= 'running' then
   return redis.error_reply('settle_run: run is ' .. tostring(r[2]) .. ', not running')
+end
+if ARGV[7] and ARGV[7] ~= '' and tonumber(r[8] or '0') < tonumber(ARGV[7]) then
+  return {'behind'}
 end
 -- A lease that expired ends the execution's writes (see commit_step): the reaper settles
 -- or redelivers the run.

@@ -271,7 +271,10 @@ def test_a_child_recorded_after_its_parents_cancel_walked_its_children_never_run
         keys = runs.keys
         assert keys.tag_of(parent) != keys.tag_of(child)
     _record(runs, "fx_parent", None, parent)
-    assert _execute_short_lease(CancelBeforeChildRecord(open_store(url)), parent) == "stale"
+    # The watchdog learned of the cancel and settled the run; the body's next write was
+    # refused, and the delivery says why it stopped.
+    assert _execute_short_lease(CancelBeforeChildRecord(open_store(url)), parent) == (
+        "cancelled")
     assert _status(parent) == "cancelled"
     # Recorded after the walk, the child is cancelled by the execution that recorded it (it
     # reads its own run after the record), before any delivery: its body never runs.

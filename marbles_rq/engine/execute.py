@@ -3,6 +3,7 @@ settle. This is what an RQ job runs, in a work-horse or in a pool executor."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -907,6 +908,11 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         return _Outcome(_settled(runs.settle(ex, "failed", error=error), "failed"), parent, ex)
     finally:
         watchdog.finish()
+        if ex.held is not None:
+            # The body ended another way (an error the executor does not settle): a step's
+            # success held for the next write is still the run's.
+            with contextlib.suppress(redis.RedisError, RedisUnavailableError, OSError):
+                runs.write_held(ex)
         if ex.slot is not None:
             ex.slot.release()  # settled, parked, handed back or stopped: no longer executing
         if tokens is not None:

@@ -512,7 +512,8 @@ class RunStore:
                 self.write_starts_locked(ex)  # a step interrupted early still shows
                 reply = self.scripts.settle_run(**settle)
         if reply.status == "timed_out":  # it finished, but after its deadline
-            return self.settle(ex, "failed", error=TIMEOUT_ERROR)
+            again = self.settle(ex, "failed", error=TIMEOUT_ERROR)
+            return "timed_out" if again == "ok" else again
         return reply.status
 
     def claim_effect(self, ex: Execution, key: str, meta: bytes = b"null") -> str:

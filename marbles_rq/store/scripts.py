@@ -544,9 +544,12 @@ class Scripts:
 
     @staticmethod
     def _settle_call(keys: RunKeys, epoch: int, status: str, result: bytes, error: bytes,
-                     event: bytes, run_id: str) -> tuple[list[str], list[str | bytes | int]]:
-        return ([keys.run, keys.leases, keys.dispatch, keys.output, keys.finished],
-                [epoch, status, result, error, event, run_id])
+                     event: bytes, run_id: str, after_seq: int | None = None
+                     ) -> tuple[list[str], list[str | bytes | int]]:
+        args: list[str | bytes | int] = [epoch, status, result, error, event, run_id]
+        if after_seq is not None:
+            args.append(after_seq)
+        return ([keys.run, keys.leases, keys.dispatch, keys.output, keys.finished], args)
 
     def commit_step_and_settle(self, commit: dict[str, Any], settle: dict[str, Any]) -> Reply:
         """commit_step, then settle_run, of one run in one round trip (its keys share a
@@ -560,7 +563,7 @@ class Scripts:
                   [commit["epoch"], commit["step_key"], commit["record"],
                    commit["event_type"], commit["event"], commit["run_id"], commit["ttl_ms"],
                    commit["seq"], *flat]),
-                 ("settle_run", *self._settle_call(**settle))]
+                 ("settle_run", *self._settle_call(**settle, after_seq=commit["seq"]))]
         client: Any = self.client  # redis-py's cluster routing calls are untyped
         if isinstance(self.client, RedisCluster):
             client = client.get_redis_connection(client.get_node_from_key(keys.run))
@@ -574,7 +577,9 @@ class Scripts:
         def send() -> list[Any]:
             replies = pipelined()
             if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-                for name, _, _ in calls:  # the cache was emptied (a restart): load, resend
+                # The cache was emptied (a restart): load, resend. A settle that ran after
+                # a refused commit answered "behind" and wrote nothing.
+                for name, _, _ in calls:
                     client.script_load(self.scripts[name].source)
                 replies = pipelined()
             return replies
@@ -596,6 +601,7 @@ class Scripts:
         self._parse("commit_step", replies[0],
                     ("ok", "cancelled", "timed_out", "stale", "settled", "paused"))
         return self._parse("settle_run", replies[1], ("ok", "settled", "stale", "timed_out"))
+
 
     def cancel_run(self, *, keys: RunKeys, run_id: str, event: bytes, request_id: str) -> Reply:
         return self._reply("cancel_run",
