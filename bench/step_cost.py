@@ -18,7 +18,9 @@ Counted over the executions only (recording excluded):
 - fsyncs per run: ``fdatasync`` calls of redis-server counted with ``strace -c`` (a
   separate pass, since strace slows them), if strace is installed and may attach;
 - runs/s of the in-process execution (the pass without strace).
-Per step = (ten_steps - one_step) / 9: what one more step adds.
+Per step = (ten_steps - one_step) / 9: what one more step adds. Its wall time is compared
+with the floor of one fsync'd write measured on the same server in the same rounds: the
+median of sequential ``SET``s (appendfsync always: one fsync each); the aim is <= 1.5x.
 """
 
 from __future__ import annotations
@@ -94,6 +96,16 @@ def measure(tree: Path, server: RedisServer, r: redis.Redis, workflow: str, n: i
             "fsyncs": None if fsyncs is None else fsyncs / n}
 
 
+def fsync_floor_ms(r: redis.Redis, n: int = 300) -> float:
+    """The median wall time of one fsync'd write round trip (a SET) on this server."""
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        r.set(f"bench:floor:{i % 8}", i)
+        times.append(time.perf_counter() - t0)
+    return median(times) * 1000
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -115,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{r.config_get('appendfsync')['appendfsync']}; {args.runs} runs per cell, "
         f"{args.rounds} rounds, sides alternated; strace: {'yes' if strace_ok() else 'no'}")
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    floors: list[float] = []
     try:
         for rnd in range(args.rounds):
+            floors.append(fsync_floor_ms(r))
+            say(f"  round {rnd + 1} fsync floor: {floors[-1]:.3f} ms per SET")
             for workflow in WORKFLOWS:
                 for trace in ([False, True] if strace_ok() and rnd == 0 else [False]):
                     for label, tree in (sides if rnd % 2 == 0 else sides[::-1]):
@@ -149,13 +164,17 @@ def main(argv: list[str] | None = None) -> int:
 
         per_step = {k: (None if one[k] is None or ten[k] is None else (ten[k] - one[k]) / 9)
                     for k in ("reads", "scripts", "fsyncs")}
+        step_ms = (1 / ten["rate"] - 1 / one["rate"]) / 9 * 1000
         rows.append([label, f"{one['rate']:.0f}", f"{ten['rate']:.0f}",
                      f(one["scripts"]), f(one["reads"]), f(one["fsyncs"]),
-                     f(per_step["scripts"]), f(per_step["reads"]), f(per_step["fsyncs"])])
+                     f(per_step["scripts"]), f(per_step["reads"]), f(per_step["fsyncs"]),
+                     f"{step_ms:.3f}", f"{step_ms / median(floors):.2f}x"])
     say()
     say(table(["side", "one_step runs/s", "ten_steps runs/s", "scripts/run (1 step)",
                "round trips/run", "fdatasync/run", "scripts/step", "round trips/step",
-               "fdatasync/step"], rows))
+               "fdatasync/step", "ms/step", "vs floor"], rows))
+    say(f"  fsync floor (median SET, sequential): {median(floors):.3f} ms; aim: a step <= 1.5x "
+        f"the floor")
     say("  (runs/s: median over rounds of in-process execute(), no RQ; round trips: INFO "
         "total_reads_processed; fdatasync: strace -c of redis-server, round 1)")
     say(f"host load at end: {load_line()}")
