@@ -167,8 +167,11 @@ class Bench:
         self.r = redis.Redis.from_url(self.url)
         self.rq = dispatch.rq_connection(self.url)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MARBLES_")}
+        # The workers import `bench`; a PYTHONPATH given to the bench (another checkout's
+        # marbles_rq) comes first, for them as for the bench.
+        path = [p for p in (os.environ.get("PYTHONPATH"), str(REPO_ROOT)) if p]
         env.update(MARBLES_REDIS_URL=self.url, BENCH_REDIS_URL=self.url,
-                   PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
+                   PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1")
         (tmp / "logs").mkdir()
         self.procs = Procs(tmp / "logs", env)
         self.runs = RunStore(open_store(self.url))
@@ -439,8 +442,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def has_concurrency() -> bool:
-    out = subprocess.run([str(VENV_BIN / "marbles-rq"), "worker", "--help"],
+def has_concurrency(env: dict[str, str]) -> bool:
+    out = subprocess.run([str(VENV_BIN / "marbles-rq"), "worker", "--help"], env=env,
                          capture_output=True, text=True, timeout=120).stdout
     return "--concurrency" in out
 
@@ -516,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 parser.error(f"unknown side keys: {', '.join(sorted(unknown))}")
             sides = [s for s in sides if s.key in wanted]
-        have = {"concurrency": has_concurrency(),
+        have = {"concurrency": has_concurrency(b.procs.env),
                 "dramatiq": {"dramatiq", "redis"} <= peers.keys(),
                 "huey": {"huey", "redis"} <= peers.keys()}
         if args.io:
