@@ -60,7 +60,7 @@ from marbles_rq.store import open_store
 from marbles_rq.transport import dispatch
 from tests.redis_procs import DEFAULT_CONF, RedisServer
 
-from . import peer_venv
+from . import peer_venv, pyspy
 from .runs_util import (
     REPO_ROOT,
     VENV_BIN,
@@ -294,7 +294,9 @@ class Bench:
 
     # -- a cell ---------------------------------------------------------------------------
 
-    def measure(self, side: Side) -> Sample:
+    def measure(self, side: Side, profile: Path | None = None) -> Sample:
+        """One cell; with `profile`, py-spy records the worker's tree over the window into
+        that file (the cell then costs py-spy's sampling too: not one to count)."""
         self.reset()
         self.fill(side)
         done = self.done_counter(side)
@@ -313,6 +315,7 @@ class Bench:
                 time.sleep(0.002)
             t0 = time.perf_counter()
             cpu0, rcpu0 = tree_cpu(tree(child.pid)), proc_cpu_s(self.server.pid)
+            recorder = pyspy.Recorder(child.pid, profile) if profile else None
             deadline = t0 + 60 + side.n * 0.1
             # The cheap poll while the queue drains; the finished counts only for the tail.
             while self.queued(side) > 0:
@@ -323,6 +326,10 @@ class Bench:
                 time.sleep(0.005)
             t1 = time.perf_counter()
             cpu1, rcpu1 = tree_cpu(tree(child.pid)), proc_cpu_s(self.server.pid)
+            if recorder is not None:
+                err = recorder.stop()
+                if err:
+                    say(f"  py-spy: {err}")
         finally:
             self.procs.kill(child)
         self.check(side)
@@ -436,6 +443,21 @@ def report(sides: list[Side], io: bool) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+def profile(b: Bench, sides: list[Side], keys: str, tmp: Path) -> None:
+    if not peer_venv.PY_SPY.exists():
+        say("\nPROFILE skipped: no py-spy in bench/.peers")
+        return
+    wanted = {k.strip() for k in keys.split(",") if k.strip()}
+    chosen = [s for s in sides if s.key in wanted or ("marbles" in wanted and s.kind == "marbles")]
+    for side in chosen:
+        out = tmp / f"pyspy-{side.key}.txt"
+        sample = b.measure(side, profile=out)
+        say(f"\nPROFILE {side.label}: one more cell under py-spy --gil (400 Hz, not counted), "
+            f"{side.n / sample.seconds:.1f}/s, worker CPU "
+            f"{sample.worker_cpu_s / side.n * 1000:.3f} ms/job")
+        say("\n".join(pyspy.summarize(out)))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -491,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--io-seconds", type=float, default=8.0,
                         help="--io: N per side = its ideal rate times this [8]")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds [3]")
+    parser.add_argument("--profile", nargs="?", const="marbles", default="",
+                        help="after the rounds, one more cell of each marbles-rq side (or of "
+                             "the comma-separated keys given) under py-spy, not counted: "
+                             "where the worker's CPU goes")
     parser.add_argument("--only", default="",
                         help="comma-separated side keys (c8, c8-async, pool1, dramatiq, "
                              "huey-t8, huey-p1, rq, p2c8, p2c8-async, dramatiq-p2; --io: c64, "
@@ -552,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu = proc_cpu_s(http.pid)
             say(f"HTTP server CPU over the whole bench: {cpu:.1f} s")
         report(sides, args.io)
+        if args.profile:
+            profile(b, sides, args.profile, tmp)
     except BenchError as exc:
         say(f"BENCHMARK FAILED: {exc}")
         code = 1

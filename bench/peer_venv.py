@@ -1,5 +1,6 @@
-"""bench/.peers: the venv of the peers bench/concurrency.py measures (Dramatiq, Huey), made
-on first use with pip from PyPI; the project's own venv stays without them."""
+"""bench/.peers: the venv of the peers bench/concurrency.py measures (Dramatiq, Huey), and of
+py-spy for its --profile, made on first use with pip from PyPI; the project's own venv stays
+without them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from .runs_util import REPO_ROOT
 PEERS_DIR = REPO_ROOT / "bench" / ".peers"
 PEERS_BIN = PEERS_DIR / "bin"
 PEERS_PY = PEERS_BIN / "python"
-PACKAGES = ("dramatiq[redis]", "huey", "redis", "hiredis", "httpx")
+PACKAGES = ("dramatiq[redis]", "huey", "redis", "hiredis", "httpx", "py-spy")
+PY_SPY = PEERS_BIN / "py-spy"
 _PROBE = """
 import importlib, importlib.metadata
 for mod in ("dramatiq", "huey", "redis", "httpx"):
@@ -38,7 +40,7 @@ def ensure(say: Callable[[str], None]) -> dict[str, str]:
     A failed install (no route to PyPI) is said in one line, not raised: the bench then
     skips the peers it lacks."""
     have = installed()
-    if {"dramatiq", "huey", "redis", "httpx"} <= have.keys():
+    if {"dramatiq", "huey", "redis", "httpx"} <= have.keys() and PY_SPY.exists():
         return have
     if not PEERS_PY.exists():
         say(f"peers: creating the venv {PEERS_DIR.relative_to(REPO_ROOT)}")
