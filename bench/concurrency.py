@@ -564,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{s.key} {s.n}" for s in sides))
         say()
         for rnd in range(args.rounds):
-            shift = rnd % len(sides)
+            # Every side starts a round at a different place, spread over the rounds.
+            shift = rnd * len(sides) // args.rounds
             order = sides[shift:] + sides[:shift]
             say(f"round {rnd + 1}: " + ", ".join(s.key for s in order))
             for side in order:

@@ -17,7 +17,7 @@ PACKAGES = ("dramatiq[redis]", "huey", "redis", "hiredis", "httpx", "py-spy")
 PY_SPY = PEERS_BIN / "py-spy"
 _PROBE = """
 import importlib, importlib.metadata
-for mod in ("dramatiq", "huey", "redis", "httpx"):
+for mod in ("dramatiq", "huey", "redis", "hiredis", "httpx"):
     try:
         importlib.import_module(mod)
         print(mod, importlib.metadata.version(mod))
