@@ -74,8 +74,33 @@ def thread_loop() -> asyncio.AbstractEventLoop:
     loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
     if loop is None or loop.is_closed():
         loop = asyncio.new_event_loop()
+        loop.set_task_factory(_task_in_own_frame)
         _loops.loop = loop
     return loop
+
+
+def _task_in_own_frame(loop: asyncio.AbstractEventLoop, coro: Any,
+                       context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+    """Each task a body creates (`asyncio.gather(helper(a), helper(b))`) takes its recorded
+    calls in a frame of its own, named by the order of creation in its creator's frame:
+    sibling tasks reach their later calls in the order their awaits happen to finish, and a
+    replay (recorded steps return at once) reaches them in another order, so one shared
+    frame would hand a task its sibling's results, or fail the run with NonDeterminism."""
+    copied = contextvars.copy_context() if context is None else context
+    if asyncio.current_task(loop) is not None:
+        copied.run(_enter_task_frame)
+    return asyncio.Task(coro, loop=loop, context=copied)
+
+
+def _enter_task_frame() -> None:
+    frames = context.thread_frames()
+    if not frames or context.current_run() is None:
+        return
+    parent = frames[-1]
+    n = parent.counters["|task"]
+    parent.counters["|task"] += 1
+    context.set_frames([*frames, Frame(f"{parent.path}.|task#{n}",
+                                       tag=f"{parent.tag or parent.path}.|task#{n}")])
 
 
 def _finish_leftovers(loop: asyncio.AbstractEventLoop) -> None:

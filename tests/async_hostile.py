@@ -1,0 +1,51 @@
+"""Workflows used only by tests/test_async_hostile.py (loaded by workers with --source):
+async bodies written the way a user may write them wrongly or unusually.
+
+Every step counts its executions in ``ah:exec:<run id>`` (HINCRBY of its field).
+
+* `ah_helpers`: `asyncio.gather` of two helper coroutines, each calling two steps in turn;
+  the first helper's first step finishes last, so the second helpers reach their second
+  step in the reverse order of their call; then a durable sleep (a replay from the top).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import redis
+
+import marbles_rq as mr
+
+EXEC_PREFIX = "ah:exec:"
+
+
+def _client() -> redis.Redis:
+    return redis.Redis.from_url(os.environ.get("MARBLES_REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+
+def _count(name: str) -> int:
+    return int(_client().hincrby(EXEC_PREFIX + mr.current().run_id, name, 1))
+
+
+@mr.step
+async def ah_fetch(i: int) -> int:
+    _count(f"fetch{i}")
+    await asyncio.sleep(0.3 if i == 0 else 0.01)  # the first called finishes last
+    return i
+
+
+@mr.step
+async def ah_label(i: int) -> str:
+    _count(f"label{i}")
+    return f"item-{i}"
+
+
+@mr.workflow
+async def ah_helpers(ctx: mr.AsyncRunContext) -> list[str]:
+    async def helper(i: int) -> str:
+        return await ah_label(await ah_fetch(i))
+
+    labels = await asyncio.gather(helper(0), helper(1))
+    await ctx.sleep(0.1)  # parks: the run is replayed from the top when woken
+    return list(labels)
