@@ -49,3 +49,60 @@ async def ah_helpers(ctx: mr.AsyncRunContext) -> list[str]:
     labels = await asyncio.gather(helper(0), helper(1))
     await ctx.sleep(0.1)  # parks: the run is replayed from the top when woken
     return list(labels)
+
+
+RUNNING_KEY = "ah:running"
+GATE_PREFIX = "ah:gate:"
+
+
+@mr.step
+def ah_first(x: int) -> int:
+    _count("first")
+    return x + 1
+
+
+@mr.step
+async def ah_wait_gate() -> str:
+    """Marks itself running, then waits for the test's go; rides out a Redis outage (its
+    polls fail meanwhile: the user's code, not the engine, talks to Redis here)."""
+    run_id = mr.current().run_id
+    _count("gate")
+    client = _client()
+    client.sadd(RUNNING_KEY, run_id)
+    while True:
+        try:
+            if client.exists(GATE_PREFIX + run_id):
+                return "opened"
+        except redis.RedisError:
+            pass
+        await asyncio.sleep(0.05)
+
+
+@mr.step
+async def ah_after(x: str) -> str:
+    _count("after")
+    return x + "!"
+
+
+@mr.workflow
+async def ah_gated(ctx: mr.AsyncRunContext) -> str:
+    first = await ah_first(1)
+    opened = await ah_wait_gate()
+    return f"{first} {await ah_after(opened)}"
+
+
+@mr.step
+async def ah_nap(i: int) -> int:
+    client = _client()
+    client.hincrby(EXEC_PREFIX + mr.current().run_id, f"nap{i}", 1)
+    client.sadd(RUNNING_KEY, mr.current().run_id)
+    await asyncio.sleep(0.05)
+    return i
+
+
+@mr.workflow
+async def ah_naps(ctx: mr.AsyncRunContext, n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += await ah_nap(i)
+    return total

@@ -5,11 +5,15 @@ each test names what a user relies on. Real redis-server, real `marbles-rq worke
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from typing import Any
 
-from tests.async_hostile import EXEC_PREFIX
-from tests.procs import REPO_ROOT, Observer, Procs
-from tests.test_waiting_questions import final
+from tests.async_hostile import EXEC_PREFIX, RUNNING_KEY
+from tests.procs import REPO_ROOT, Observer, Procs, wait_for
+from tests.redis_procs import RedisServer
+from tests.test_waiting_questions import final, ok
 
 PROCS_SOURCES = (REPO_ROOT / "tests" / "async_hostile.py",)
 
@@ -34,3 +38,60 @@ def test_gathered_helpers_get_their_own_results_after_a_replay(procs: Procs) -> 
     assert {s.key for s in view.steps if not s.name.startswith("|")} == {
         "ah_helpers.|task#0.ah_fetch#0", "ah_helpers.|task#0.ah_label#0",
         "ah_helpers.|task#1.ah_fetch#0", "ah_helpers.|task#1.ah_label#0"}
+
+
+def running(obs: Observer, n: int, *, timeout: float = 60.0) -> set[str]:
+    """Wait until `n` runs are inside their gated step at the same time (ah_gated)."""
+    def check() -> set[str] | None:
+        found = {str(m) for m in obs.client.smembers(RUNNING_KEY)}
+        return found if len(found) >= n else None
+
+    return wait_for(check, timeout=timeout, what=f"{n} runs inside their gated step")
+
+
+def enqueue_batch(procs: Procs, workflow: str, ids: list[str], input: Any = None) -> None:
+    batch = procs.dir / f"batch-{ids[0]}.jsonl"
+    batch.write_text("".join(json.dumps({"id": i, "input": input}) + "\n" for i in ids))
+    ok(procs.cli("enqueue", workflow, "--batch", str(batch)))
+
+
+def settled(obs: Observer, run_id: str, status: str = "succeeded") -> dict[str, Any]:
+    obs.wait_final(run_id, timeout=120)
+    return final(obs, run_id, status)
+
+
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_redis_killed_under_eight_concurrent_runs(procs: Procs,
+                                                  redis_server: RedisServer) -> None:
+    """Redis is killed -9 while eight runs execute steps in one `--concurrency 8` process
+    and stays down past their lease; once it is back all eight finish, each step ran once
+    (or twice: the one whose commit the outage refused), the worker process is the same,
+    and it does not keep the old executor threads beside new ones."""
+    procs.start(workers=0)
+    worker = procs.worker(lease_ms=3000, extra=["--concurrency", "8"])
+    obs = procs.observer
+    ids = [f"r{i}" for i in range(8)]
+    enqueue_batch(procs, "ah_naps", ids, 120)
+    assert running(obs, 8) == set(ids)
+    before = threads(worker.pid)
+    redis_server.kill9()
+    worker.wait_log("cannot renew its lease", timeout=30)
+    time.sleep(4)  # the outage itself, past the lease: what the worker must ride out
+    redis_server.restart()
+    for run_id in ids:
+        assert settled(obs, run_id)["result"] == sum(range(120)), obs.dump(run_id)
+        counts = executions(obs, run_id)
+        assert sorted(counts) == sorted(f"nap{i}" for i in range(120))
+        assert sum(c - 1 for c in counts.values()) <= 1, (run_id, counts)
+    assert worker.alive()
+    # More runs after the outage: the process executes them on as many threads as before.
+    obs.client.delete(RUNNING_KEY)
+    more = [f"m{i}" for i in range(8)]
+    enqueue_batch(procs, "ah_naps", more, 60)
+    assert running(obs, 8) == set(more)
+    assert threads(worker.pid) <= before + 2, (before, threads(worker.pid))
+    for run_id in more:
+        assert settled(obs, run_id)["result"] == sum(range(60))
