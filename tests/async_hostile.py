@@ -106,3 +106,10 @@ async def ah_naps(ctx: mr.AsyncRunContext, n: int) -> int:
     for i in range(n):
         total += await ah_nap(i)
     return total
+
+
+@mr.workflow
+async def ah_forgot_await(ctx: mr.AsyncRunContext) -> str:
+    ctx.sleep(0.5)  # the await forgotten: it still parks, as mr.sleep does
+    ctx.wait_for_signal("go")  # the await forgotten: it still waits, as mr.wait_for_signal
+    return "done"

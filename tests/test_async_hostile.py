@@ -13,7 +13,7 @@ from typing import Any
 from tests.async_hostile import EXEC_PREFIX, RUNNING_KEY
 from tests.procs import REPO_ROOT, Observer, Procs, wait_for
 from tests.redis_procs import RedisServer
-from tests.test_waiting_questions import final, ok
+from tests.test_waiting_questions import final, ok, wait_parked
 
 PROCS_SOURCES = (REPO_ROOT / "tests" / "async_hostile.py",)
 
@@ -95,3 +95,16 @@ def test_redis_killed_under_eight_concurrent_runs(procs: Procs,
     assert threads(worker.pid) <= before + 2, (before, threads(worker.pid))
     for run_id in more:
         assert settled(obs, run_id)["result"] == sum(range(60))
+
+
+def test_a_forgotten_await_on_a_waiting_word_still_waits(procs: Procs) -> None:
+    """`ctx.sleep(s)` and `ctx.wait_for_signal(name)` without `await` must not be skipped:
+    they park the run as `mr.sleep` / `mr.wait_for_signal` do (a durable wait silently
+    skipped would act before its time)."""
+    procs.start(workers=1)
+    obs = procs.observer
+    procs.enqueue("ah_forgot_await", None, "forgot")
+    wait_parked(obs, "forgot", "signal", timeout=60)
+    assert [e.type for e in obs.events("forgot")].count("timer_fired") == 1, obs.dump("forgot")
+    ok(procs.cli("signal", "forgot", "go"))
+    assert final(obs, "forgot")["result"] == "done"

@@ -43,7 +43,7 @@ from ..envvars import env_int
 from ..errors import MarblesError
 from . import context, event_waits, fanout, published, signal_waits, waiting
 from .authoring import InputError
-from .context import BranchCancelled, Frame, StopExecution, check_branch
+from .context import BranchCancelled, Frame, Ready, StopExecution, check_branch
 from .waiting import ParkRun
 
 if TYPE_CHECKING:
@@ -287,14 +287,14 @@ class AsyncAsk:
     def __init__(self, run: RunContext) -> None:
         self._ask = waiting.Ask(run)
 
-    async def approval(self, title: str, body: str | None = None, key: str | None = None,
-                       **options: Any) -> dict[str, Any]:
-        return self._ask.approval(title, body, key, **options)
+    def approval(self, title: str, body: str | None = None, key: str | None = None,
+                 **options: Any) -> Ready[dict[str, Any]]:
+        return Ready(self._ask.approval(title, body, key, **options))
 
-    async def question(self, title: str, body: str | None = None,
-                       choices: list[str] | None = None, key: str | None = None,
-                       **options: Any) -> str:
-        return self._ask.question(title, body, choices, key, **options)
+    def question(self, title: str, body: str | None = None,
+                 choices: list[str] | None = None, key: str | None = None,
+                 **options: Any) -> Ready[str]:
+        return Ready(self._ask.question(title, body, choices, key, **options))
 
 
 class AsyncRunContext:
@@ -369,25 +369,30 @@ class AsyncRunContext:
             context.async_body.reset(token)
         return awaitable
 
-    async def sleep(self, seconds: float) -> None:
+    # The waiting words do their work when called, as the module-level ones do (`mr.sleep`):
+    # a forgotten `await` must not skip a durable wait; the awaitable holds the outcome.
+
+    def sleep(self, seconds: float) -> Ready[None]:
         waiting.sleep(self.sync, seconds)
+        return Ready(None)
 
-    async def sleep_until(self, when: dt.datetime) -> None:
+    def sleep_until(self, when: dt.datetime) -> Ready[None]:
         waiting.sleep_until(self.sync, when)
+        return Ready(None)
 
-    async def wait_for_signal(self, name: str, timeout_s: float | None = None) -> Any:
-        return signal_waits.wait_for_signal(self.sync, name, timeout_s)
+    def wait_for_signal(self, name: str, timeout_s: float | None = None) -> Ready[Any]:
+        return Ready(signal_waits.wait_for_signal(self.sync, name, timeout_s))
 
-    async def wait_for_event(self, source: str, type: str | None = None,
-                             match: dict[str, Any] | None = None,
-                             timeout_s: float | None = None,
-                             lookback_s: float | None = None) -> event_waits.ReceivedEvent:
-        return event_waits.wait_for_event(self.sync, source, type, match, timeout_s,
-                                          lookback_s)
+    def wait_for_event(self, source: str, type: str | None = None,
+                       match: dict[str, Any] | None = None,
+                       timeout_s: float | None = None,
+                       lookback_s: float | None = None) -> Ready[event_waits.ReceivedEvent]:
+        return Ready(event_waits.wait_for_event(self.sync, source, type, match, timeout_s,
+                                                lookback_s))
 
-    async def gather(self, *children: fanout.ChildRun) -> list[Any]:
+    def gather(self, *children: fanout.ChildRun) -> Ready[list[Any]]:
         """The results of child runs, parking until every one has settled."""
-        return fanout.gather(self.sync, list(children))
+        return Ready(fanout.gather(self.sync, list(children)))
 
     async def parallel(self, *calls: Callable[[], Any]) -> list[Any]:
         return await parallel(self.sync, list(calls))
