@@ -113,3 +113,39 @@ async def ah_forgot_await(ctx: mr.AsyncRunContext) -> str:
     ctx.sleep(0.5)  # the await forgotten: it still parks, as mr.sleep does
     ctx.wait_for_signal("go")  # the await forgotten: it still waits, as mr.wait_for_signal
     return "done"
+
+
+MARK_PREFIX = "ah:mark:"
+
+
+@mr.step
+def ah_slow_sync(x: int) -> int:
+    """A sync step (an async body runs it in the thread pool): marks itself started, then
+    waits for the test's gate."""
+    import time
+
+    run_id = mr.current().run_id
+    _count("slow")
+    client = _client()
+    client.set(MARK_PREFIX + run_id + ":started", 1)
+    while not client.exists(GATE_PREFIX + run_id):
+        time.sleep(0.02)
+    return x * 10
+
+
+@mr.workflow
+async def ah_park_mid_step(ctx: mr.AsyncRunContext) -> list[object]:
+    """One gathered task parks (a signal) while its sibling is inside a sync step."""
+    run_id = ctx.run_id
+    client = _client()
+
+    async def waiter() -> object:
+        while not client.exists(MARK_PREFIX + run_id + ":started"):
+            await asyncio.sleep(0.02)
+        client.set(MARK_PREFIX + run_id + ":waiting", 1)
+        return await ctx.wait_for_signal("go")
+
+    async def worker() -> int:
+        return int(await ah_slow_sync(4))
+
+    return list(await asyncio.gather(waiter(), worker()))

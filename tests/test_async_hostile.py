@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any
 
-from tests.async_hostile import EXEC_PREFIX, RUNNING_KEY
+from tests.async_hostile import EXEC_PREFIX, GATE_PREFIX, MARK_PREFIX, RUNNING_KEY
 from tests.procs import REPO_ROOT, Observer, Procs, wait_for
 from tests.redis_procs import RedisServer
 from tests.test_waiting_questions import final, ok, wait_parked
@@ -108,3 +108,20 @@ def test_a_forgotten_await_on_a_waiting_word_still_waits(procs: Procs) -> None:
     assert [e.type for e in obs.events("forgot")].count("timer_fired") == 1, obs.dump("forgot")
     ok(procs.cli("signal", "forgot", "go"))
     assert final(obs, "forgot")["result"] == "done"
+
+
+def test_a_task_parks_while_its_sibling_is_inside_a_sync_step(procs: Procs) -> None:
+    """A gathered task waits for a signal while its sibling is inside a sync step (in the
+    thread pool). The step finishes and is recorded before the run parks: once resumed,
+    it is replayed, not run a second time."""
+    procs.start(workers=0)
+    procs.worker(extra=["--concurrency", "2"])
+    obs = procs.observer
+    procs.enqueue("ah_park_mid_step", None, "pm")
+    wait_for(lambda: obs.client.exists(MARK_PREFIX + "pm:waiting") or None, timeout=60,
+             what="the waiting task to ask for its signal", context=lambda: obs.dump("pm"))
+    obs.client.set(GATE_PREFIX + "pm", 1)
+    wait_parked(obs, "pm", "signal", timeout=60)
+    ok(procs.cli("signal", "pm", "go", "--payload", '"yes"'))
+    assert final(obs, "pm")["result"] == ["yes", 40]
+    assert executions(obs, "pm") == {"slow": 1}, obs.dump("pm")

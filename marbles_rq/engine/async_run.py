@@ -103,9 +103,41 @@ def _enter_task_frame() -> None:
                                        tag=f"{parent.tag or parent.path}.|task#{n}")])
 
 
-def _finish_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+class _InFlight:
+    """The step attempts executing in a body's tasks. When the body parks while a sibling
+    task is inside a step, that attempt ends and is recorded before the run parks: a sync
+    step in the thread pool cannot be stopped, and an async one would be re-run on resume
+    for no reason. No new attempt starts meanwhile."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.closing = False
+        self.idle: asyncio.Event | None = None
+
+    def ended(self) -> None:
+        self.count -= 1
+        if self.count == 0 and self.idle is not None:
+            self.idle.set()
+
+    def drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.closing = True
+        while self.count:
+            self.idle = asyncio.Event()
+            loop.run_until_complete(self.idle.wait())
+
+
+_in_flight: contextvars.ContextVar[_InFlight | None] = contextvars.ContextVar(
+    "marbles_in_flight", default=None)
+
+
+def _finish_leftovers(loop: asyncio.AbstractEventLoop, body: asyncio.Task[Any] | None = None,
+                      flight: _InFlight | None = None) -> None:
     """Cancel the tasks a body left running (asyncio.run does the same): none of them may
-    write for this execution once it has its outcome."""
+    write for this execution once it has its outcome. A body that parks first lets the
+    step attempts in flight end (_InFlight)."""
+    if (flight is not None and body is not None and body.done() and not body.cancelled()
+            and isinstance(body.exception(), ParkRun)):
+        flight.drain(loop)
     pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
     for task in pending:
         task.cancel()
@@ -130,13 +162,18 @@ def _run_on_loop(coro: Coroutine[Any, Any, T], on_task: Callable[[asyncio.Task[T
         context.async_body.set(True)  # this task's own context
         return await coro
 
-    task = loop.create_task(in_async_body())
+    flight = _InFlight()
+    token = _in_flight.set(flight)  # the body's tasks copy it
+    try:
+        task = loop.create_task(in_async_body())
+    finally:
+        _in_flight.reset(token)
     if on_task is not None:
         on_task(task)
     try:
         return loop.run_until_complete(task)
     finally:
-        _finish_leftovers(loop)
+        _finish_leftovers(loop, task, flight)
 
 
 def run_here(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
@@ -158,9 +195,13 @@ def run_body(run: RunContext, definition: WorkflowDef, value: Any, watchdog: Wat
     loop = thread_loop()
 
     def cancellable(task: asyncio.Task[Any]) -> None:
+        def cancel_all() -> None:
+            for each in asyncio.all_tasks(loop):  # the body's and its leftovers (_InFlight)
+                each.cancel()
+
         def cancel() -> None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nothing runs on it
-                loop.call_soon_threadsafe(task.cancel)
+                loop.call_soon_threadsafe(cancel_all)
         watchdog.on_stop = cancel
 
     try:
@@ -197,28 +238,38 @@ async def _step(run: RunContext, call: StepCall, args: tuple[Any, ...],
         return call.replay()
     definition = call.definition
     is_async = inspect.iscoroutinefunction(definition.fn)
+    flight = _in_flight.get()
     while True:
+        if flight is not None and flight.closing:
+            raise asyncio.CancelledError  # the body parked: no new attempt (_InFlight)
         run.begin_attempt(call)
+        if flight is not None:
+            flight.count += 1
         token = context.set_frames([*(context.thread_frames() or run.root_frames),
                                     call.frame(run.frame)])
         tried = time.perf_counter()
         try:
-            with tracing.step(definition.name, call.key, call.attempts):
-                if is_async:
-                    value = await definition.fn(*args, **kwargs)
-                else:
-                    value = await _in_thread(definition.fn, args, kwargs)
-            result = run.encode_result(call, value)
-        except ParkRun as park:
-            park.ledger.append(call.parked())
-            raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the step's failure
-            failure: BaseException = exc
-        else:
-            return run.step_succeeded(call, result, tried)
+            try:
+                with tracing.step(definition.name, call.key, call.attempts):
+                    if is_async:
+                        value = await definition.fn(*args, **kwargs)
+                    else:
+                        value = await _in_thread(definition.fn, args, kwargs)
+                result = run.encode_result(call, value)
+            except ParkRun as park:
+                park.ledger.append(call.parked())
+                raise
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the step's failure
+                failure: BaseException = exc
+            else:
+                return run.step_succeeded(call, result, tried)
+            finally:
+                context.reset_frames(token)
+            delay = run.step_failed(call, failure, tried)
         finally:
-            context.reset_frames(token)
-        await _backoff(run, run.step_failed(call, failure, tried))
+            if flight is not None:
+                flight.ended()
+        await _backoff(run, delay)
 
 
 async def _backoff(run: RunContext, seconds: float) -> None:
