@@ -149,3 +149,10 @@ async def ah_park_mid_step(ctx: mr.AsyncRunContext) -> list[object]:
         return int(await ah_slow_sync(4))
 
     return list(await asyncio.gather(waiter(), worker()))
+
+
+@mr.workflow
+async def ah_forgot_step(ctx: mr.AsyncRunContext) -> str:
+    ah_label(1)  # the await forgotten: the step would never run
+    return "done"
+

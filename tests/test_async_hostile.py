@@ -125,3 +125,15 @@ def test_a_task_parks_while_its_sibling_is_inside_a_sync_step(procs: Procs) -> N
     ok(procs.cli("signal", "pm", "go", "--payload", '"yes"'))
     assert final(obs, "pm")["result"] == ["yes", 40]
     assert executions(obs, "pm") == {"slow": 1}, obs.dump("pm")
+
+
+def test_a_step_called_without_await_fails_the_run_clearly(procs: Procs) -> None:
+    """A step called without `await` would never run; the run fails, naming the step and
+    the missing await, instead of succeeding without it."""
+    procs.start(workers=1, controller=False)
+    obs = procs.observer
+    procs.enqueue("ah_forgot_step", None, "nostep")
+    error = final(obs, "nostep", "failed")["error"]
+    assert "ah_forgot_step.ah_label#0" in error["message"], error
+    assert "never awaited" in error["message"], error
+    assert executions(obs, "nostep") == {}

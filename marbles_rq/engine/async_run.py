@@ -113,6 +113,9 @@ class _InFlight:
         self.count = 0
         self.closing = False
         self.idle: asyncio.Event | None = None
+        # Steps called but not yet awaited (ledger key -> name): a body that returns with
+        # one left forgot an `await`, and the step would silently never run.
+        self.unawaited: dict[str, str] = {}
 
     def ended(self) -> None:
         self.count -= 1
@@ -171,9 +174,14 @@ def _run_on_loop(coro: Coroutine[Any, Any, T], on_task: Callable[[asyncio.Task[T
     if on_task is not None:
         on_task(task)
     try:
-        return loop.run_until_complete(task)
+        value = loop.run_until_complete(task)
     finally:
         _finish_leftovers(loop, task, flight)
+    if flight.unawaited:
+        key, name = next(iter(flight.unawaited.items()))
+        raise MarblesError(f"step {name!r} ({key}) was called but never awaited before the "
+                           f"workflow returned, so it never ran: await it, or gather it")
+    return value
 
 
 def run_here(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
@@ -229,16 +237,21 @@ async def _in_thread(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[s
 def step_async(run: RunContext, call: StepCall, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Coroutine[Any, Any, Any]:
     """The awaitable of a step called in an async body (its position is already taken)."""
+    flight = _in_flight.get()
+    if flight is not None:
+        flight.unawaited[call.key] = call.definition.name
     return _step(run, call, args, kwargs)
 
 
 async def _step(run: RunContext, call: StepCall, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
+    flight = _in_flight.get()
+    if flight is not None:
+        flight.unawaited.pop(call.key, None)
     if call.replayed:
         return call.replay()
     definition = call.definition
     is_async = inspect.iscoroutinefunction(definition.fn)
-    flight = _in_flight.get()
     while True:
         if flight is not None and flight.closing:
             raise asyncio.CancelledError  # the body parked: no new attempt (_InFlight)
