@@ -156,3 +156,9 @@ async def ah_forgot_step(ctx: mr.AsyncRunContext) -> str:
     ah_label(1)  # the await forgotten: the step would never run
     return "done"
 
+
+
+@mr.workflow
+async def ah_sync_gated(ctx: mr.AsyncRunContext) -> int:
+    """An async body inside a gated sync step (in the thread pool) after a finished one."""
+    return int(await ah_slow_sync(await ah_first(1)))

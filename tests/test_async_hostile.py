@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -137,3 +138,31 @@ def test_a_step_called_without_await_fails_the_run_clearly(procs: Procs) -> None
     assert "ah_forgot_step.ah_label#0" in error["message"], error
     assert "never awaited" in error["message"], error
     assert executions(obs, "nostep") == {}
+
+
+def test_a_second_sigterm_ends_the_runs_in_flight_with_the_process(procs: Procs) -> None:
+    """SIGTERM asks a `--concurrency` worker to finish what it executes; a second one (RQ
+    ignores one within a second of the first) is a cold shutdown: the process ends now,
+    not when its runs' steps return (here: never, until the test opens their gate), and
+    the runs are redelivered to another worker."""
+    procs.start(workers=0)
+    first = procs.worker(lease_ms=3000, extra=["--concurrency", "2"])
+    obs = procs.observer
+    ids = ["s0", "s1"]
+    enqueue_batch(procs, "ah_sync_gated", ids)
+    for run_id in ids:
+        wait_for(lambda r=run_id: obs.client.exists(MARK_PREFIX + r + ":started") or None,
+                 timeout=60, what=f"run {run_id} inside its sync step")
+    first.signal(signal.SIGTERM)
+    first.wait_log("warm shut down requested")
+    time.sleep(1.2)  # RQ takes a second signal within a second of the first for a duplicate
+    first.signal(signal.SIGTERM)
+    first.wait_log("cold shut down")
+    first.wait_exit(timeout=15)
+    procs.worker(lease_ms=3000, extra=["--concurrency", "2"])
+    for run_id in ids:
+        obs.client.set(GATE_PREFIX + run_id, 1)
+    for run_id in ids:
+        data = settled(obs, run_id)
+        assert data["result"] == 20 and data["attempt"] == 2, obs.dump(run_id)
+        assert executions(obs, run_id) == {"first": 1, "slow": 2}, obs.dump(run_id)

@@ -461,6 +461,7 @@ class LeanConcurrentWorker(LeanWorker):
     _lean_cv: threading.Condition | None = None
     _lean_jobs: queues.SimpleQueue[tuple[Any, Any] | None] | None = None
     _lean_trouble: BaseException | None = None  # a Redis error that interrupted a delivery
+    _lean_cold = False  # a second SIGTERM/SIGINT: the deliveries end with the process
 
     def _lean_threads(self) -> tuple[threading.Condition,
                                      queues.SimpleQueue[tuple[Any, Any] | None]]:
@@ -524,8 +525,22 @@ class LeanConcurrentWorker(LeanWorker):
             with cv:
                 cv.wait(0.2)
 
+    def request_force_stop(self, signum: int, frame: Any) -> None:
+        try:
+            super().request_force_stop(signum, frame)  # type: ignore[misc]
+        except SystemExit:
+            self._lean_cold = True
+            raise
+
     def teardown(self) -> None:
-        """Wait for the deliveries executing (a warm shutdown), then clean up."""
+        """Wait for the deliveries executing (a warm shutdown), then clean up. A cold one
+        ends the process once cleaned up, its deliveries with it (they are redelivered):
+        the interpreter's exit would wait for the sync steps' pool threads, and the
+        executor threads would go on executing meanwhile."""
+        if self._lean_cold:
+            super().teardown()
+            logging.shutdown()
+            os._exit(0)
         if self._lean_cv is not None and self._lean_jobs is not None:
             with self._lean_cv:
                 self._lean_cv.wait_for(lambda: self._lean_active == 0)
