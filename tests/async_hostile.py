@@ -44,7 +44,10 @@ async def ah_label(i: int) -> str:
 @mr.workflow
 async def ah_helpers(ctx: mr.AsyncRunContext) -> list[str]:
     async def helper(i: int) -> str:
-        return await ah_label(await ah_fetch(i))
+        fetched = await ah_fetch(i)
+        ctx.stream.write(f"helper {i} fetched in {mr.current().run_id}\n")
+        ctx.log.info("helper %s labels", i)
+        return await ah_label(fetched)
 
     labels = await asyncio.gather(helper(0), helper(1))
     await ctx.sleep(0.1)  # parks: the run is replayed from the top when woken

@@ -39,6 +39,12 @@ def test_gathered_helpers_get_their_own_results_after_a_replay(procs: Procs) -> 
     assert {s.key for s in view.steps if not s.name.startswith("|")} == {
         "ah_helpers.|task#0.ah_fetch#0", "ah_helpers.|task#0.ah_label#0",
         "ah_helpers.|task#1.ah_fetch#0", "ah_helpers.|task#1.ah_label#0"}
+    # What the helpers wrote between their steps is written once, not again on the replay.
+    events = obs.events("help")
+    assert sorted(e.data["text"] for e in events if e.type == "output") == [
+        "helper 0 fetched in help\n", "helper 1 fetched in help\n"]
+    assert sorted(e.data["message"] for e in events if e.type == "log") == [
+        "helper 0 labels", "helper 1 labels"]
 
 
 def running(obs: Observer, n: int, *, timeout: float = 60.0) -> set[str]:
