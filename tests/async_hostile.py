@@ -165,3 +165,9 @@ async def ah_forgot_step(ctx: mr.AsyncRunContext) -> str:
 async def ah_sync_gated(ctx: mr.AsyncRunContext) -> int:
     """An async body inside a gated sync step (in the thread pool) after a finished one."""
     return int(await ah_slow_sync(await ah_first(1)))
+
+
+@mr.workflow
+async def ah_forgot_parallel(ctx: mr.AsyncRunContext) -> str:
+    ctx.parallel(lambda: ah_label(1), lambda: ah_label(2))  # the await forgotten
+    return "done"

@@ -135,15 +135,18 @@ def test_a_task_parks_while_its_sibling_is_inside_a_sync_step(procs: Procs) -> N
 
 
 def test_a_step_called_without_await_fails_the_run_clearly(procs: Procs) -> None:
-    """A step called without `await` would never run; the run fails, naming the step and
-    the missing await, instead of succeeding without it."""
+    """A step (or `ctx.parallel`) called without `await` would never run; the run fails,
+    naming it and the missing await, instead of succeeding without it."""
     procs.start(workers=1, controller=False)
     obs = procs.observer
     procs.enqueue("ah_forgot_step", None, "nostep")
+    procs.enqueue("ah_forgot_parallel", None, "nopar")
     error = final(obs, "nostep", "failed")["error"]
     assert "ah_forgot_step.ah_label#0" in error["message"], error
     assert "never awaited" in error["message"], error
-    assert executions(obs, "nostep") == {}
+    error = final(obs, "nopar", "failed")["error"]
+    assert "ctx.parallel(...) was called but never awaited" in error["message"], error
+    assert executions(obs, "nostep") == {} and executions(obs, "nopar") == {}
 
 
 def test_a_second_sigterm_ends_the_runs_in_flight_with_the_process(procs: Procs) -> None:

@@ -113,8 +113,8 @@ class _InFlight:
         self.count = 0
         self.closing = False
         self.idle: asyncio.Event | None = None
-        # Steps called but not yet awaited (ledger key -> name): a body that returns with
-        # one left forgot an `await`, and the step would silently never run.
+        # Calls not yet awaited (a step's ledger key, or a token -> what to call it): a body
+        # that returns with one left forgot an `await`, and it would silently never run.
         self.unawaited: dict[str, str] = {}
 
     def ended(self) -> None:
@@ -178,10 +178,25 @@ def _run_on_loop(coro: Coroutine[Any, Any, T], on_task: Callable[[asyncio.Task[T
     finally:
         _finish_leftovers(loop, task, flight)
     if flight.unawaited:
-        key, name = next(iter(flight.unawaited.items()))
-        raise MarblesError(f"step {name!r} ({key}) was called but never awaited before the "
-                           f"workflow returned, so it never ran: await it, or gather it")
+        what = next(iter(flight.unawaited.values()))
+        raise MarblesError(f"{what} was called but never awaited before the workflow "
+                           f"returned, so it never ran: await it, or gather it")
     return value
+
+
+def must_await(what: str, coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+    """`coro`, noted as not awaited until it starts (see _InFlight.unawaited)."""
+    flight = _in_flight.get()
+    if flight is None:
+        return coro
+    token = f"{what}@{id(coro):x}"
+    flight.unawaited[token] = what
+
+    async def awaited() -> T:
+        flight.unawaited.pop(token, None)
+        return await coro
+
+    return awaited()
 
 
 def run_here(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
@@ -239,7 +254,7 @@ def step_async(run: RunContext, call: StepCall, args: tuple[Any, ...],
     """The awaitable of a step called in an async body (its position is already taken)."""
     flight = _in_flight.get()
     if flight is not None:
-        flight.unawaited[call.key] = call.definition.name
+        flight.unawaited[call.key] = f"step {call.definition.name!r} ({call.key})"
     return _step(run, call, args, kwargs)
 
 
@@ -458,5 +473,5 @@ class AsyncRunContext:
         """The results of child runs, parking until every one has settled."""
         return Ready(fanout.gather(self.sync, list(children)))
 
-    async def parallel(self, *calls: Callable[[], Any]) -> list[Any]:
-        return await parallel(self.sync, list(calls))
+    def parallel(self, *calls: Callable[[], Any]) -> Coroutine[Any, Any, list[Any]]:
+        return must_await("ctx.parallel(...)", parallel(self.sync, list(calls)))
