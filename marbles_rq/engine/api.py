@@ -54,9 +54,11 @@ def parallel(*calls: Callable[[], Any]) -> Any:
     """Run zero-argument callables together; their results, in order."""
     run = current("mr.parallel")
     if async_body.get():
+        from .async_run import must_await
         from .async_run import parallel as parallel_async
 
-        return parallel_async(run, list(calls))  # type: ignore[arg-type]
+        return must_await("mr.parallel(...)",
+                          parallel_async(run, list(calls)))  # type: ignore[arg-type]
     return fanout.parallel(run, list(calls))
 
 

@@ -43,7 +43,7 @@ from ..envvars import env_int
 from ..errors import MarblesError
 from . import context, event_waits, fanout, published, signal_waits, waiting
 from .authoring import InputError
-from .context import BranchCancelled, Frame, StopExecution, check_branch
+from .context import BranchCancelled, Frame, Ready, StopExecution, check_branch
 from .waiting import ParkRun
 
 if TYPE_CHECKING:
@@ -74,13 +74,73 @@ def thread_loop() -> asyncio.AbstractEventLoop:
     loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
     if loop is None or loop.is_closed():
         loop = asyncio.new_event_loop()
+        loop.set_task_factory(_task_in_own_frame)
         _loops.loop = loop
     return loop
 
 
-def _finish_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+def _task_in_own_frame(loop: asyncio.AbstractEventLoop, coro: Any,
+                       context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+    """Each task a body creates (`asyncio.gather(helper(a), helper(b))`) takes its recorded
+    calls in a frame of its own, named by the order of creation in its creator's frame:
+    sibling tasks reach their later calls in the order their awaits happen to finish, and a
+    replay (recorded steps return at once) reaches them in another order, so one shared
+    frame would hand a task its sibling's results, or fail the run with NonDeterminism."""
+    copied = contextvars.copy_context() if context is None else context
+    if asyncio.current_task(loop) is not None:
+        copied.run(_enter_task_frame)
+    return asyncio.Task(coro, loop=loop, context=copied)
+
+
+def _enter_task_frame() -> None:
+    frames = context.thread_frames()
+    if not frames or context.current_run() is None:
+        return
+    parent = frames[-1]
+    n = parent.counters["|task"]
+    parent.counters["|task"] += 1
+    context.set_frames([*frames, Frame(f"{parent.path}.|task#{n}",
+                                       tag=f"{parent.tag or parent.path}.|task#{n}")])
+
+
+class _InFlight:
+    """The step attempts executing in a body's tasks. When the body parks while a sibling
+    task is inside a step, that attempt ends and is recorded before the run parks: a sync
+    step in the thread pool cannot be stopped, and an async one would be re-run on resume
+    for no reason. No new attempt starts meanwhile."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.closing = False
+        self.idle: asyncio.Event | None = None
+        # Calls not yet awaited (a step's ledger key, or a token -> what to call it): a body
+        # that returns with one left forgot an `await`, and it would silently never run.
+        self.unawaited: dict[str, str] = {}
+
+    def ended(self) -> None:
+        self.count -= 1
+        if self.count == 0 and self.idle is not None:
+            self.idle.set()
+
+    def drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.closing = True
+        while self.count:
+            self.idle = asyncio.Event()
+            loop.run_until_complete(self.idle.wait())
+
+
+_in_flight: contextvars.ContextVar[_InFlight | None] = contextvars.ContextVar(
+    "marbles_in_flight", default=None)
+
+
+def _finish_leftovers(loop: asyncio.AbstractEventLoop, body: asyncio.Task[Any] | None = None,
+                      flight: _InFlight | None = None) -> None:
     """Cancel the tasks a body left running (asyncio.run does the same): none of them may
-    write for this execution once it has its outcome."""
+    write for this execution once it has its outcome. A body that parks first lets the
+    step attempts in flight end (_InFlight)."""
+    if (flight is not None and body is not None and body.done() and not body.cancelled()
+            and isinstance(body.exception(), ParkRun)):
+        flight.drain(loop)
     pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
     for task in pending:
         task.cancel()
@@ -105,13 +165,38 @@ def _run_on_loop(coro: Coroutine[Any, Any, T], on_task: Callable[[asyncio.Task[T
         context.async_body.set(True)  # this task's own context
         return await coro
 
-    task = loop.create_task(in_async_body())
+    flight = _InFlight()
+    token = _in_flight.set(flight)  # the body's tasks copy it
+    try:
+        task = loop.create_task(in_async_body())
+    finally:
+        _in_flight.reset(token)
     if on_task is not None:
         on_task(task)
     try:
-        return loop.run_until_complete(task)
+        value = loop.run_until_complete(task)
     finally:
-        _finish_leftovers(loop)
+        _finish_leftovers(loop, task, flight)
+    if flight.unawaited:
+        what = next(iter(flight.unawaited.values()))
+        raise MarblesError(f"{what} was called but never awaited before the workflow "
+                           f"returned, so it never ran: await it, or gather it")
+    return value
+
+
+def must_await(what: str, coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+    """`coro`, noted as not awaited until it starts (see _InFlight.unawaited)."""
+    flight = _in_flight.get()
+    if flight is None:
+        return coro
+    token = f"{what}@{id(coro):x}"
+    flight.unawaited[token] = what
+
+    async def awaited() -> T:
+        flight.unawaited.pop(token, None)
+        return await coro
+
+    return awaited()
 
 
 def run_here(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
@@ -133,9 +218,13 @@ def run_body(run: RunContext, definition: WorkflowDef, value: Any, watchdog: Wat
     loop = thread_loop()
 
     def cancellable(task: asyncio.Task[Any]) -> None:
+        def cancel_all() -> None:
+            for each in asyncio.all_tasks(loop):  # the body's and its leftovers (_InFlight)
+                each.cancel()
+
         def cancel() -> None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nothing runs on it
-                loop.call_soon_threadsafe(task.cancel)
+                loop.call_soon_threadsafe(cancel_all)
         watchdog.on_stop = cancel
 
     try:
@@ -163,37 +252,52 @@ async def _in_thread(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[s
 def step_async(run: RunContext, call: StepCall, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Coroutine[Any, Any, Any]:
     """The awaitable of a step called in an async body (its position is already taken)."""
+    flight = _in_flight.get()
+    if flight is not None:
+        flight.unawaited[call.key] = f"step {call.definition.name!r} ({call.key})"
     return _step(run, call, args, kwargs)
 
 
 async def _step(run: RunContext, call: StepCall, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
+    flight = _in_flight.get()
+    if flight is not None:
+        flight.unawaited.pop(call.key, None)
     if call.replayed:
         return call.replay()
     definition = call.definition
     is_async = inspect.iscoroutinefunction(definition.fn)
     while True:
+        if flight is not None and flight.closing:
+            raise asyncio.CancelledError  # the body parked: no new attempt (_InFlight)
         run.begin_attempt(call)
+        if flight is not None:
+            flight.count += 1
         token = context.set_frames([*(context.thread_frames() or run.root_frames),
                                     call.frame(run.frame)])
         tried = time.perf_counter()
         try:
-            with tracing.step(definition.name, call.key, call.attempts):
-                if is_async:
-                    value = await definition.fn(*args, **kwargs)
-                else:
-                    value = await _in_thread(definition.fn, args, kwargs)
-            result = run.encode_result(call, value)
-        except ParkRun as park:
-            park.ledger.append(call.parked())
-            raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the step's failure
-            failure: BaseException = exc
-        else:
-            return run.step_succeeded(call, result, tried)
+            try:
+                with tracing.step(definition.name, call.key, call.attempts):
+                    if is_async:
+                        value = await definition.fn(*args, **kwargs)
+                    else:
+                        value = await _in_thread(definition.fn, args, kwargs)
+                result = run.encode_result(call, value)
+            except ParkRun as park:
+                park.ledger.append(call.parked())
+                raise
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the step's failure
+                failure: BaseException = exc
+            else:
+                return run.step_succeeded(call, result, tried)
+            finally:
+                context.reset_frames(token)
+            delay = run.step_failed(call, failure, tried)
         finally:
-            context.reset_frames(token)
-        await _backoff(run, run.step_failed(call, failure, tried))
+            if flight is not None:
+                flight.ended()
+        await _backoff(run, delay)
 
 
 async def _backoff(run: RunContext, seconds: float) -> None:
@@ -262,14 +366,14 @@ class AsyncAsk:
     def __init__(self, run: RunContext) -> None:
         self._ask = waiting.Ask(run)
 
-    async def approval(self, title: str, body: str | None = None, key: str | None = None,
-                       **options: Any) -> dict[str, Any]:
-        return self._ask.approval(title, body, key, **options)
+    def approval(self, title: str, body: str | None = None, key: str | None = None,
+                 **options: Any) -> Ready[dict[str, Any]]:
+        return Ready(self._ask.approval(title, body, key, **options))
 
-    async def question(self, title: str, body: str | None = None,
-                       choices: list[str] | None = None, key: str | None = None,
-                       **options: Any) -> str:
-        return self._ask.question(title, body, choices, key, **options)
+    def question(self, title: str, body: str | None = None,
+                 choices: list[str] | None = None, key: str | None = None,
+                 **options: Any) -> Ready[str]:
+        return Ready(self._ask.question(title, body, choices, key, **options))
 
 
 class AsyncRunContext:
@@ -344,25 +448,30 @@ class AsyncRunContext:
             context.async_body.reset(token)
         return awaitable
 
-    async def sleep(self, seconds: float) -> None:
+    # The waiting words do their work when called, as the module-level ones do (`mr.sleep`):
+    # a forgotten `await` must not skip a durable wait; the awaitable holds the outcome.
+
+    def sleep(self, seconds: float) -> Ready[None]:
         waiting.sleep(self.sync, seconds)
+        return Ready(None)
 
-    async def sleep_until(self, when: dt.datetime) -> None:
+    def sleep_until(self, when: dt.datetime) -> Ready[None]:
         waiting.sleep_until(self.sync, when)
+        return Ready(None)
 
-    async def wait_for_signal(self, name: str, timeout_s: float | None = None) -> Any:
-        return signal_waits.wait_for_signal(self.sync, name, timeout_s)
+    def wait_for_signal(self, name: str, timeout_s: float | None = None) -> Ready[Any]:
+        return Ready(signal_waits.wait_for_signal(self.sync, name, timeout_s))
 
-    async def wait_for_event(self, source: str, type: str | None = None,
-                             match: dict[str, Any] | None = None,
-                             timeout_s: float | None = None,
-                             lookback_s: float | None = None) -> event_waits.ReceivedEvent:
-        return event_waits.wait_for_event(self.sync, source, type, match, timeout_s,
-                                          lookback_s)
+    def wait_for_event(self, source: str, type: str | None = None,
+                       match: dict[str, Any] | None = None,
+                       timeout_s: float | None = None,
+                       lookback_s: float | None = None) -> Ready[event_waits.ReceivedEvent]:
+        return Ready(event_waits.wait_for_event(self.sync, source, type, match, timeout_s,
+                                                lookback_s))
 
-    async def gather(self, *children: fanout.ChildRun) -> list[Any]:
+    def gather(self, *children: fanout.ChildRun) -> Ready[list[Any]]:
         """The results of child runs, parking until every one has settled."""
-        return fanout.gather(self.sync, list(children))
+        return Ready(fanout.gather(self.sync, list(children)))
 
-    async def parallel(self, *calls: Callable[[], Any]) -> list[Any]:
-        return await parallel(self.sync, list(calls))
+    def parallel(self, *calls: Callable[[], Any]) -> Coroutine[Any, Any, list[Any]]:
+        return must_await("ctx.parallel(...)", parallel(self.sync, list(calls)))

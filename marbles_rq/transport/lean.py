@@ -459,10 +459,12 @@ class LeanConcurrentWorker(LeanWorker):
     concurrency = 1
     _lean_active = 0
     _lean_cv: threading.Condition | None = None
-    _lean_jobs: queues.SimpleQueue[tuple[Any, Any]] | None = None
+    _lean_jobs: queues.SimpleQueue[tuple[Any, Any] | None] | None = None
     _lean_trouble: BaseException | None = None  # a Redis error that interrupted a delivery
+    _lean_cold = False  # a second SIGTERM/SIGINT: the deliveries end with the process
 
-    def _lean_threads(self) -> tuple[threading.Condition, queues.SimpleQueue[tuple[Any, Any]]]:
+    def _lean_threads(self) -> tuple[threading.Condition,
+                                     queues.SimpleQueue[tuple[Any, Any] | None]]:
         if self._lean_cv is None or self._lean_jobs is None:
             self._lean_cv = threading.Condition()
             self._lean_jobs = queues.SimpleQueue()
@@ -491,7 +493,10 @@ class LeanConcurrentWorker(LeanWorker):
         assert self._lean_cv is not None and self._lean_jobs is not None
         cv, jobs = self._lean_cv, self._lean_jobs
         while True:
-            job, queue = jobs.get()
+            item = jobs.get()
+            if item is None:
+                return  # the worker tore down: a rebuilt one starts threads of its own
+            job, queue = item
             outcome, cause = INTERRUPTED, None
             try:
                 outcome, cause = self._lean_perform(job, queue)
@@ -520,9 +525,27 @@ class LeanConcurrentWorker(LeanWorker):
             with cv:
                 cv.wait(0.2)
 
+    def request_force_stop(self, signum: int, frame: Any) -> None:
+        try:
+            super().request_force_stop(signum, frame)  # type: ignore[misc]
+        except SystemExit:
+            self._lean_cold = True
+            raise
+
     def teardown(self) -> None:
-        """Wait for the deliveries executing (a warm shutdown), then clean up."""
-        if self._lean_cv is not None:
+        """Wait for the deliveries executing (a warm shutdown), then clean up. A cold one
+        ends the process once cleaned up, its deliveries with it (they are redelivered):
+        the interpreter's exit would wait for the sync steps' pool threads, and the
+        executor threads would go on executing meanwhile."""
+        if self._lean_cold:
+            super().teardown()
+            logging.shutdown()
+            os._exit(0)
+        if self._lean_cv is not None and self._lean_jobs is not None:
             with self._lean_cv:
                 self._lean_cv.wait_for(lambda: self._lean_active == 0)
+            # `work` rebuilds the worker after a Redis error: without this, each rebuild
+            # would leave `concurrency` idle threads behind.
+            for _ in range(self.concurrency):
+                self._lean_jobs.put(None)
         super().teardown()
