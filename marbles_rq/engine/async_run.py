@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import tracing
 from ..envvars import env_int
@@ -47,10 +47,73 @@ from .context import BranchCancelled, Frame, Ready, StopExecution, check_branch
 from .waiting import ParkRun
 
 if TYPE_CHECKING:
-    from .authoring import WorkflowDef
-    from .execute import RunContext, StepCall, Watchdog
+    from ..store.records import StepRecord
+    from .authoring import StepDef, WorkflowDef
 
 T = TypeVar("T")
+
+
+# What this module needs of the executor (engine/execute.py), which hands it async bodies
+# and steps: described here, so that the executor depends on this module and not back.
+
+class StepCall(Protocol):
+    """One call of a step at its ledger position (execute.StepCall)."""
+
+    key: str
+    definition: StepDef
+    attempts: int
+
+    @property
+    def replayed(self) -> bool: ...
+
+    def replay(self) -> Any: ...
+
+    def parked(self) -> StepRecord: ...
+
+    def frame(self, parent: Frame) -> Frame: ...
+
+
+class Watchdog(Protocol):
+    """An execution's watchdog (execute.Watchdog): why it must stop, and who to tell."""
+
+    reason: str | None
+    on_stop: Callable[[], None] | None
+
+    def raise_if_stopped(self) -> None: ...
+
+
+class RunContext(context.Run, Protocol):
+    """The run context a body executes in (execute.RunContext)."""
+
+    root_frames: list[Frame]
+    input: Any
+    stream: Any
+    log: Any
+    report: waiting.Reporter
+
+    @property
+    def _watchdog(self) -> Watchdog: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def step_path(self) -> str: ...
+
+    @property
+    def idempotency_key(self) -> str: ...
+
+    def claim_effect(self, key: str | None = None) -> bool: ...
+
+    def tag(self, **tags: Any) -> None: ...
+
+    def begin_attempt(self, call: Any) -> None: ...
+
+    def encode_result(self, call: Any, value: Any) -> bytes: ...
+
+    def step_succeeded(self, call: Any, result: bytes, tried: float) -> Any: ...
+
+    def step_failed(self, call: Any, failure: BaseException, tried: float) -> float: ...
 
 DEFAULT_SYNC_STEP_THREADS = 16
 _pool: ThreadPoolExecutor | None = None
