@@ -324,3 +324,45 @@ def test_a_held_success_is_written_soon_though_the_body_goes_on_without_writing(
         body.join(10)
     assert outcome == ["succeeded"]
     assert calls == Counter(start_attempt=1, commit_step=1, settle_run=1)
+
+
+def test_the_leases_of_many_executions_in_one_process_are_renewed_together(
+        redis_url: str) -> None:
+    """Forty runs execute at once in this process (as `worker --concurrency 40` does): the
+    process's one watchdog thread renews their leases in batches, not a round trip each,
+    so many runs (or a slow disk) do not outlast their leases."""
+    runs = _runs(redis_url)
+    ids = [f"many-{i}" for i in range(40)]
+    for run_id in ids:
+        _record(runs, "sc_long", b"null", run_id)
+    batches: list[int] = []
+    singles = _counting(runs)
+    renew_attempts = runs.scripts.renew_attempts
+
+    def counted(items: Any) -> Any:
+        batches.append(len(items))
+        return renew_attempts(items)
+
+    runs.scripts.renew_attempts = counted  # type: ignore[method-assign]
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def execute_one(run_id: str) -> None:
+        outcome = execute(runs, REGISTRY, run_id, 1, worker="w-many", lease_ms=1500,
+                          hard_exit=False)
+        with lock:
+            outcomes.append(outcome)
+
+    bodies = [threading.Thread(target=execute_one, args=(run_id,)) for run_id in ids]
+    for body in bodies:
+        body.start()
+    try:
+        wait_for(lambda: sum(batches) >= 3 * len(ids) or None, timeout=30,
+                 what="three renewals of every lease")
+    finally:
+        GATE.set()
+        for body in bodies:
+            body.join(10)
+    assert sorted(outcomes) == ["succeeded"] * len(ids)
+    assert singles["renew_attempt"] == 0
+    assert max(batches) > 1 and len(batches) < sum(batches) / 4, batches

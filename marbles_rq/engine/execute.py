@@ -585,6 +585,20 @@ class Watchdog:
         if poke:
             HUB.poke()
 
+    def renewal_due(self, now: float, early: bool = False) -> bool:
+        """Its renewal is due (`early`: within half an interval) and may go in the hub's
+        batch (engine/watchdog_hub.py): an execution holding a concurrency slot renews the
+        slot first, itself."""
+        due = self._next_renew - (self._interval / 2 if early else 0)
+        return (not self._stop.is_set() and due <= now and self.ex.slot is None
+                and hasattr(self.runs, "renew_many"))
+
+    def renewed(self, status: str | None, now: float) -> None:
+        """The hub renewed it in a batch: `status` as `RunStore.renew`'s (None: not sent)."""
+        self._next_renew = now + self._interval
+        if status not in (None, "ok"):
+            self._stopping(status)
+
     def tick(self, now: float) -> float:
         """The hub's call: write a held success and due starts, renew when due; when to tick
         next."""

@@ -486,6 +486,17 @@ class RunStore:
             ex.lease_at = sent
         return status
 
+    def renew_many(self, exs: list[Execution]) -> list[str | None]:
+        """Renew the leases of executions that hold no concurrency slot, in one round trip
+        (per master): each one's status as `renew`'s, None where its call failed."""
+        sent = time.monotonic()
+        statuses = self.scripts.renew_attempts([(ex.keys, ex.epoch, ex.ttl_ms, ex.run_id)
+                                                for ex in exs])
+        for ex, status in zip(exs, statuses, strict=True):
+            if status == "ok":
+                ex.lease_at = sent
+        return statuses
+
     def settle(self, ex: Execution, status: str, *, result: bytes | None = None,
                error: ErrorInfo | None = None) -> str:
         err = b"" if error is None else msgspec.json.encode(error)

@@ -14,7 +14,12 @@ import math
 import os
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
+
+import redis
+
+from ..errors import RedisUnavailableError
+from ..store.redis_errors import one_line
 
 log = logging.getLogger("marbles_rq.engine.watchdog")
 
@@ -23,8 +28,19 @@ MAX_SLEEP_S = 5.0  # a tick that raised is retried within this long
 
 
 class Ticking(Protocol):
+    runs: Any
+    ex: Any
+
     def tick(self, now: float) -> float:
         """Do what is due at `now` (monotonic); when to be ticked next (inf: never)."""
+        ...
+
+    def renewal_due(self, now: float, early: bool = False) -> bool:
+        """Whether its lease renewal is due (`early`: soon) and may go in a batch."""
+        ...
+
+    def renewed(self, status: str | None, now: float) -> None:
+        """Its renewal was sent in a batch: its status (None: not sent)."""
         ...
 
 
@@ -75,6 +91,7 @@ class Hub:
                 self._wake.wait(IDLE_EXIT_S)
                 continue
             idle_since = None
+            self._renew_together(dogs)
             wake_at = math.inf
             for dog in dogs:
                 try:
@@ -88,6 +105,33 @@ class Hub:
             delay = min(wake_at - time.monotonic(), MAX_SLEEP_S)
             if delay > 0:
                 self._wake.wait(delay)
+
+
+    @staticmethod
+    def _renew_together(dogs: list[Ticking]) -> None:
+        """The renewals due now, in one round trip per store (and master), not one each:
+        many runs in one process (and a slow disk) would otherwise outlast their leases."""
+        now = time.monotonic()
+        if not any(dog.renewal_due(now) for dog in dogs):
+            return
+        # Those due soon go too: renewals started at different times fall into step, one
+        # round trip for all of them every so often rather than one each, staggered.
+        groups: dict[int, list[Ticking]] = {}
+        for dog in dogs:
+            if dog.renewal_due(now, early=True):
+                groups.setdefault(id(dog.runs), []).append(dog)
+        for group in groups.values():
+            statuses: list[str | None]
+            try:
+                statuses = group[0].runs.renew_many([d.ex for d in group])
+            except (redis.RedisError, RedisUnavailableError, OSError) as exc:
+                log.warning("cannot renew %s leases (%s); retrying", len(group), one_line(exc))
+                statuses = [None] * len(group)
+            for dog, status in zip(group, statuses, strict=True):
+                try:
+                    dog.renewed(status, now)
+                except Exception:
+                    log.exception("an execution's watchdog failed")
 
 
 HUB = Hub()

@@ -536,6 +536,15 @@ class Scripts:
                            [epoch, ttl_ms, run_id, cap_ms],
                            ("ok", "stale", "settled", "cancelled", "timed_out", "expired"))
 
+    def renew_attempts(self, items: Sequence[tuple[RunKeys, int, int, str]]
+                       ) -> list[str | None]:
+        """renew_attempt for many executions (keys, epoch, ttl_ms, run id; no slot cap) in
+        one pipeline per master: each status, None for a call that failed on its keys."""
+        replies = self.call_many("renew_attempt", [
+            ([keys.run, keys.leases], [epoch, ttl_ms, run_id, 0])
+            for keys, epoch, ttl_ms, run_id in items], errors=True)
+        return [None if isinstance(r, Exception) else as_text(r[0]) for r in replies]
+
     def settle_run(self, *, keys: RunKeys, epoch: int, status: str, result: bytes,
                    error: bytes, event: bytes, run_id: str) -> Reply:
         return self._reply("settle_run", *self._settle_call(keys, epoch, status, result,
