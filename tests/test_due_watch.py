@@ -7,7 +7,8 @@
   a script's (an enqueue's dispatch check) wrote it, and `soonest` sees it;
 - a lost subscription (CLIENT KILL), the flags turned off, or a server refusing CONFIG SET:
   what is due is still found, by reading every bucket again;
-- on a cluster, one subscription per master: an entry in a bucket of each master is found.
+- on a cluster, one subscription per master: an entry in a bucket of each master is found;
+- a store grown to more buckets: its controller watches the new bucket tags.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from marbles_rq.controller.waiting import WaitingDuty
 from marbles_rq.engine.ops import RunRequest, prepare
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
+from marbles_rq.store.grow import Grower
 from marbles_rq.store.keys import Keyspace
 from marbles_rq.transport.dispatch import rq_connection
 from marbles_rq.triggers.events import EventsDuty
@@ -171,3 +173,25 @@ def test_on_a_cluster_one_subscription_per_master_finds_what_is_due(
         client.zrem(keys.run_dispatch(bucket), ids[bucket])
     assert ctl.due(keys.run_dispatch, ctl.server_ms(), 10) == []
     assert ctl.soonest(keys.run_dispatch) == FAR_MS
+
+
+def test_a_grown_store_is_watched_under_its_new_buckets(redis_url: str) -> None:
+    """`buckets grow` is offline: a controller started after it watches the new bucket tags,
+    and finds both an entry the growth moved and one written after."""
+    runs = RunStore(open_store(redis_url, buckets=64))
+    keys = runs.keys
+    old = _ids_by_bucket(keys)
+    runs.client.zadd(keys.run_waits(5), {old[5]: FAR_MS})  # not due: recovery leaves it
+    Grower(runs.client, keys.prefix, 128, progress=lambda _: None).run()
+    (ctl,) = _controllers(redis_url, buckets=128, lanes=1)
+    grown = ctl.keys
+    assert grown.buckets == 128
+    moved_to = grown.bucket_of(old[5])
+    assert ctl.due(grown.run_waits, FAR_MS, 10) == [(moved_to, old[5])]
+    assert ctl.soonest(grown.run_waits) == FAR_MS
+    assert ctl.watch.watching
+    new = _ids_by_bucket(grown)
+    runs.client.zadd(grown.run_waits(127), {new[127]: FAR_MS - 1})
+    assert ctl.soonest(grown.run_waits) == FAR_MS - 1
+    assert sorted(ctl.due(grown.run_waits, FAR_MS, 10)) == sorted(
+        [(moved_to, old[5]), (127, new[127])])
