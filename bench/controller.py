@@ -162,6 +162,33 @@ def run(url: str, args: Any) -> None:
           f"{args.queued:,} runs queued, {args.passes} passes")
     print(f"  {summary(with_schedules)}")
 
+    # 2c. every duty a `marbles-rq controller` keeps, unthreaded (the waiting runs' and the
+    # schedules' threads make the same reads each time they look): the idle pass of a lane
+    from marbles_rq.controller.rollups import RollupsDuty
+    from marbles_rq.controller.waiting import WaitingDuty
+    from marbles_rq.triggers.events import EventsDuty
+    from marbles_rq.triggers.monitors import MonitorsDuty
+
+    assert ctl.lease is not None
+    ctl.store.release_lease(ctl.lease)
+    sched = ScheduleDuty(registry, threaded=False)
+    ctl = Controller(runs, rq, duties=[OccurrenceDuty(sched), sched, EventsDuty(),
+                                       WaitingDuty(threaded=False), MonitorsDuty(),
+                                       RollupsDuty()])
+    assert ctl.lead()
+    ctl.recover()
+    ctl.pass_once()  # the first look reads every bucket once (and the first rollup)
+    every_duty = []
+    for _ in range(args.passes):
+        time.sleep(1.0)  # the events duty looks every second, pruning every 5 s
+        every_duty.append(timed_pass(ctl, client))
+    watch = getattr(ctl, "watch", None)  # (absent from a controller before the watch)
+    how = "through keyspace notifications" if watch and watch.watching else "every pass"
+    print(f"\nidle pass of a lane with every duty (events, waits, schedules, monitors, "
+          f"rollups; {runs.keys.buckets} buckets), {args.passes} passes 1 s apart; due "
+          f"indexes read {how}")
+    print(f"  {summary(every_duty)}  (commands max {max(r[2] for r in every_duty)})")
+
     # 3. startup recovery: recorded runs whose delivery never reached RQ
     for count in args.recover:
         client.flushall()

@@ -104,8 +104,10 @@ class Dispatching:
             metrics.redelivered_many(queue_name, "not_in_rq", len(batch))
             done += len(batch)
         if checked:
+            keys, bucket_of = ctl.keys, {run_id: bucket for bucket, run_id in due}
             ctl.runs.scripts.dispatch_done(
-                [(ctl.keys.run_keys(rid), rid, attempt) for rid, attempt in checked])
+                [(keys.run(rid), keys.run_dispatch(bucket_of[rid]), rid, attempt)
+                 for rid, attempt in checked])
         return len(due), done
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import socket
 import threading
@@ -41,6 +42,7 @@ from ..transport import dispatch
 from ..transport.lanes import Lanes, as_lanes
 from .context import Stats
 from .dispatching import DISPATCH_BUDGET, Dispatching
+from .due_watch import DueWatch
 from .duties import RECOVERY_ORDER, Duty
 from .lost_deliveries import LOST_AFTER_S, LostDeliveries
 from .lost_workers import LIVENESS_GRACE_S, STALL_S, LostWorkers
@@ -87,6 +89,7 @@ class Controller:
             [dispatch.InFlight(rq_lane.conn, self.keys.prefix, rq_lane.rq_prefix)
              for rq_lane in self.rq.lanes if rq_lane.index == lane], lost_after_s)
         self.pruning = Pruning()
+        self.watch = DueWatch(self.store.client, self.keys, self.buckets)
 
     # -- election -----------------------------------------------------------------------------
 
@@ -130,26 +133,46 @@ class Controller:
         most `per_bucket` from each, one pipelined read: what every pass and duty reads to
         cost what is due. An unreadable index is skipped (one warning); a member that
         belongs to another bucket is removed, since no script would ever touch it."""
-        pipe = self.store.client.pipeline(transaction=False)
-        buckets = self.buckets
-        for bucket in buckets:
-            pipe.zrangebyscore(key_of(bucket), "-inf", now_ms, start=0, num=per_bucket)
         due: list[tuple[int, str]] = []
-        for bucket, ids in zip(buckets, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(ids, Exception):
-                if is_outage(ids):
-                    raise ids
-                self.warn_once(key_of(bucket), "skipping unreadable index %s: %s",
-                               key_of(bucket), one_line(ids))
-                continue
-            for rid in map(as_text, ids):
-                if self.keys.bucket_of(rid) == bucket:
-                    due.append((bucket, rid))
-                else:  # planted or left by a bug: its scripts would never touch this entry
-                    self.store.client.zrem(key_of(bucket), rid)
-                    self.warn_once(f"stray:{key_of(bucket)}", "removed %r from %s: that id "
-                                   "belongs to another bucket", rid, key_of(bucket))
+        for bucket, rid, _ in self.due_scored(key_of, now_ms, per_bucket):
+            if self.keys.bucket_of(rid) == bucket:
+                due.append((bucket, rid))
+            else:  # planted or left by a bug: its scripts would never touch this entry
+                self.store.client.zrem(key_of(bucket), rid)
+                self.warn_once(f"stray:{key_of(bucket)}", "removed %r from %s: that id "
+                               "belongs to another bucket", rid, key_of(bucket))
         return due if budget is None else due[:budget]
+
+    def due_scored(self, key_of: Callable[[int], str], now_ms: int,
+                   per_bucket: int) -> list[tuple[int, str, int]]:
+        """(bucket, member, score) of the per-bucket index `key_of(bucket)` scored <=
+        now_ms, at most `per_bucket` from each, in one pipelined read of only the buckets
+        whose index may hold something due (controller/due_watch.py): a lane with nothing
+        due costs a few commands, not a few per bucket. An unreadable index is skipped
+        (one warning)."""
+        kind = self.watch.kind_of(key_of)
+        buckets, seq = self.watch.look(kind, now_ms)
+        if not buckets:
+            return []
+        pipe = self.store.client.pipeline(transaction=False)
+        for bucket in buckets:
+            pipe.zrangebyscore(key_of(bucket), "-inf", now_ms, start=0, num=per_bucket,
+                               withscores=True)
+            if seq >= 0:
+                pipe.zrange(key_of(bucket), 0, 0, withscores=True)
+        replies = pipe.execute(raise_on_error=False)
+        found, lowest = (replies[0::2], replies[1::2]) if seq >= 0 else (replies, [])
+        self.watch.learn(kind, seq, _lowest(buckets, lowest))
+        due: list[tuple[int, str, int]] = []
+        for bucket, rows in zip(buckets, found, strict=True):
+            if isinstance(rows, Exception):
+                if is_outage(rows):
+                    raise rows
+                self.warn_once(key_of(bucket), "skipping unreadable index %s: %s",
+                               key_of(bucket), one_line(rows))
+                continue
+            due += [(bucket, as_text(member), int(score)) for member, score in rows]
+        return due
 
     def run_script(self, run_id: str, call: Callable[[], Any]) -> Any:
         """One run's script call. A script error costs only this run's turn: one warning
@@ -173,14 +196,23 @@ class Controller:
                 and time.monotonic() < lease.valid_until)
 
     def soonest(self, key_of: Callable[[int], str]) -> int | None:
-        """The lowest score over the per-bucket index `key_of(bucket)` (one pipelined
-        read): when a duty's thread has something due next."""
+        """The lowest score over the per-bucket index `key_of(bucket)`: when a duty's
+        thread has something due next (only the buckets not known already are read)."""
+        kind = self.watch.kind_of(key_of)
+        buckets, seq = self.watch.unknown(kind)
         pipe = self.store.client.pipeline(transaction=False)
-        for bucket in self.buckets:
+        for bucket in buckets:
             pipe.zrange(key_of(bucket), 0, 0, withscores=True)
-        scores = [int(found[0][1]) for found in pipe.execute(raise_on_error=False)
-                  if isinstance(found, list) and found]
-        return min(scores) if scores else None
+        read = _lowest(buckets, pipe.execute(raise_on_error=False) if buckets else [])
+        self.watch.learn(kind, seq, read)
+        if seq >= 0:
+            complete, low = self.watch.lowest(kind)
+            if complete:
+                return None if low == math.inf else int(low)
+        low = min(read.values(), default=math.inf)
+        if seq >= 0:  # a bucket written while it was read: take what is known besides
+            low = min(low, self.watch.lowest(kind)[1])
+        return None if low == math.inf else int(low)
 
     def step_down(self, why: str) -> None:
         """A script refused a write because a newer controller was elected: stop acting
@@ -341,6 +373,7 @@ class Controller:
         if not self.lead():
             if self._leading:
                 self._leading = False
+                self.watch.close()  # what it knew goes stale while another leads
                 log.warning("no longer the controller%s; waiting to take over",
                             f" of lane {self.lane}" if self.keys.lanes > 1 else "")
             return False
@@ -363,6 +396,7 @@ class Controller:
         a failure only lets it lapse."""
         lease, self.lease = self.lease, None
         self._leading = False
+        self.watch.close()
         if lease is None:
             return
         try:
@@ -389,6 +423,7 @@ class Controller:
                 backoff = backing_off(exc, backoff)
                 self.stop_event.wait(backoff)
             self.stop_event.wait(self.interval_s)
+        self.watch.close()
         if self.lease is not None:
             try:
                 self.store.release_lease(self.lease)
@@ -396,6 +431,16 @@ class Controller:
             except (redis.RedisError, RedisUnavailableError) as exc:
                 log.warning("could not release the controller lease (%s); it lapses",
                             one_line(exc))
+
+
+def _lowest(buckets: list[int], replies: list[Any]) -> dict[int, float]:
+    """Bucket -> the lowest score its index held (inf: empty), of the readable replies of
+    ZRANGE 0 0 WITHSCORES."""
+    out: dict[int, float] = {}
+    for bucket, found in zip(buckets, replies, strict=False):
+        if isinstance(found, list):
+            out[bucket] = float(found[0][1]) if found else math.inf
+    return out
 
 
 def new_token() -> str:

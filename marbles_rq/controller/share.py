@@ -192,6 +192,7 @@ class Sharing:
             close = getattr(duty, "close", None)
             if close is not None:
                 close()
+        ctl.watch.close()
 
     def _drop(self, lane: int) -> None:
         """The lane's controller no longer leads (its lease lapsed, a newer leader fenced

@@ -364,7 +364,11 @@ class Events:
         for bucket in buckets:
             pipe.zrangebyscore(self.keys.event_offer(bucket), "-inf", now_ms, start=0,
                                num=per_bucket)
-        keys = [as_text(k) for found in pipe.execute() for k in found]
+        return self.offer_late([as_text(k) for found in pipe.execute() for k in found])
+
+    def offer_late(self, keys: list[str]) -> int:
+        """Offer these journaled events (their offer came due: the sender died between the
+        journal and the offer); returns how many."""
         for key in keys:
             fields = self.store.client.hmget(self.keys.event(key), ["doc", "received_ms"])
             if fields[0] is None:  # pruned
@@ -574,9 +578,10 @@ class EventsDuty:
             return
         self._next_scan = now + SCAN_EVERY_S
         events = self._events(ctl)
-        events.offer_due(ctl.server_ms(), PER_BUCKET, ctl.buckets)
-        keys = events.pending(due_ms=ctl.server_ms(), per_bucket=PER_BUCKET,
-                              buckets=ctl.buckets)
+        # Through the controller's reads of what is due: an idle lane reads no bucket.
+        events.offer_late([k for _, k in ctl.due(ctl.keys.event_offer, ctl.server_ms(),
+                                                 PER_BUCKET)])
+        keys = [k for _, k in ctl.due(ctl.keys.event_pending, ctl.server_ms(), PER_BUCKET)]
         if keys:
             self._start(ctl, events, keys)
 

@@ -247,11 +247,8 @@ class ScheduleDuty:
         """Start the occurrences claimed (their cursor moved on) but never started."""
         keys = ctl.keys
         cutoff = ctl.server_ms() - older_than_ms
-        pipe = ctl.store.client.pipeline(transaction=False)
-        for bucket in ctl.buckets:
-            pipe.zrangebyscore(keys.occurrences_open(bucket), "-inf", cutoff, start=0,
-                               num=DUE_BATCH)
-        occ_ids = [as_text(o) for found in pipe.execute() for o in found]
+        occ_ids = [occ_id for _, occ_id, _ in ctl.due_scored(keys.occurrences_open, cutoff,
+                                                             DUE_BATCH)]
         if not occ_ids:
             return 0
         pipe = ctl.store.client.pipeline(transaction=False)
@@ -350,20 +347,8 @@ class ScheduleDuty:
         """Fire (or move) every schedule whose due time passed: O(what is due)."""
         keys = ctl.keys
         now_ms = ctl.server_ms()
-        pipe = ctl.store.client.pipeline(transaction=False)
-        for bucket in ctl.buckets:
-            pipe.zrangebyscore(keys.schedule_due(bucket), "-inf", now_ms, start=0,
-                               num=DUE_BATCH, withscores=True)
-        due: list[tuple[str, int]] = []
-        results = pipe.execute(raise_on_error=False)
-        for bucket, found in zip(ctl.buckets, results, strict=True):
-            if isinstance(found, Exception):
-                if is_outage(found):
-                    raise found
-                log.warning("skipping unreadable %s: %s", keys.schedule_due(bucket),
-                            one_line(found))
-                continue
-            due += [(as_text(k), int(score)) for k, score in found]
+        due = [(key, score) for _, key, score in ctl.due_scored(keys.schedule_due, now_ms,
+                                                                DUE_BATCH)]
         if time.monotonic() - self._open_checked >= OPEN_AFTER_MS / 1000:
             self._open_checked = time.monotonic()  # open claims: every few seconds
             self.start_open(ctl, OPEN_AFTER_MS)
