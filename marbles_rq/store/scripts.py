@@ -430,9 +430,14 @@ class Scripts:
             retention_ms, lane, push, limit), ("ok", "exists", "corrupt"))
 
     def claim_runs(self, calls: list[dict[str, Any]]) -> list[Reply]:
-        """claim_run for many runs in one round trip and one fsync (see call_many)."""
-        replies = self.call_many("claim_run", [self._claim_run_call(**c) for c in calls],
-                                 transaction=True)
+        """claim_run for many runs in one round trip and one fsync (see call_many); on one
+        standalone server, runs that all enqueue their delivery go in one script call."""
+        chunk = self._claim_chunk(calls)
+        if chunk is not None:
+            replies = self.call("claim_runs", *chunk)
+        else:
+            replies = self.call_many("claim_run", [self._claim_run_call(**c) for c in calls],
+                                     transaction=True)
         out = []
         for reply in replies:
             status = as_text(reply[0])
@@ -440,6 +445,42 @@ class Scripts:
                 raise self._unexpected("claim_run", reply)
             out.append(Reply(status, reply[1:]))
         return out
+
+    def _claim_chunk(self, calls: list[dict[str, Any]]
+                     ) -> tuple[list[str], list[str | bytes | int]] | None:
+        """claim_runs.lua's KEYS and ARGV for `calls`, or None when they do not fit it: a
+        cluster, fewer than two, a call without a push, or job hashes whose fields differ
+        in name or order (each is then written as claim_run writes it)."""
+        if len(calls) < 2 or type(self.client) is not redis.Redis:
+            return None
+        pushes: list[JobPush | None] = [c.get("push") for c in calls]
+        if any(push is None for push in pushes):
+            return None
+        jobs = [push.fields for push in pushes if push is not None]
+        names = jobs[0][0::2]
+        if any(fields[0::2] != names for fields in jobs):
+            return None
+        shared: list[str | bytes] = []
+        own: list[int] = []  # positions of the values that differ between deliveries
+        for i, name in enumerate(names):
+            value = jobs[0][2 * i + 1]
+            if all(fields[2 * i + 1] == value for fields in jobs):
+                shared += [name, value]
+            else:
+                own.append(2 * i + 1)
+        keys: list[str] = []
+        args: list[str | bytes | int] = [len(calls), len(shared) // 2, len(own), *shared,
+                                         *(jobs[0][i - 1] for i in own)]
+        for call, push in zip(calls, pushes, strict=True):
+            assert push is not None
+            run_keys: RunKeys = call["keys"]
+            keys += [run_keys.run, run_keys.listing, run_keys.dispatch, run_keys.output,
+                     *push.keys()]
+            args += [call["run_id"], call["doc"], call["request_id"], call["queue"],
+                     call["timeout_ms"], call["max_deliveries"], call["grace_ms"],
+                     call["event"], call["retention_ms"], call.get("lane", 0), push.job_id,
+                     call.get("limit", ""), *(push.fields[i] for i in own)]
+        return keys, args
 
     def seed_and_claim_run(self, *, seed: Sequence[tuple[str, bytes]],
                            claim: dict[str, Any]) -> tuple[Reply, Reply]:
