@@ -132,3 +132,19 @@ def test_found_duplicate_and_broken_runs_are_answered_one_by_one(redis_url: str)
         (False, "queued"), (False, "queued"), (True, "queued")]
     assert bytes(again[0].record.input) == bytes(old.input)
     assert msgspec.json.decode(r.hget(runs.keys.run(broken.id), "doc"))["id"] == broken.id
+
+
+def test_a_chunk_of_large_records_is_sent_one_claim_run_each(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from marbles_rq.store import scripts
+
+    runs, rq, r = _setup(redis_url)
+    enqueue_record(runs, rq, _records("large-warm", 1)[0])  # claim_run in the script cache
+    records = _records("large", 3)
+    monkeypatch.setattr(scripts, "CHUNK_SCRIPT_BYTES", sum(len(x.id) for x in records))
+    r.config_resetstat()
+    done = enqueue_records(runs, rq, records)
+    assert [(d.created, d.dispatched) for d in done] == [(True, True)] * 3
+    stats = r.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] == 3 and stats["cmdstat_multi"]["calls"] == 1
+    assert all(r.hget(runs.keys.run(x.id), "enq") == b"1" for x in records)

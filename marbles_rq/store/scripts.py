@@ -30,6 +30,8 @@ T = TypeVar("T")
 _RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 # A request marker outlives every resend (they stop after `retry_s`, 3 s by default).
 MARKER_MS = 60_000
+# claim_runs takes a chunk's records in one call while their bytes stay below this.
+CHUNK_SCRIPT_BYTES = 8 << 20
 # A started occurrence is kept 8 days (longer than a run's default retention), then expires.
 OCCURRENCE_KEEP_MS = 8 * 86_400_000
 
@@ -449,9 +451,13 @@ class Scripts:
     def _claim_chunk(self, calls: list[dict[str, Any]]
                      ) -> tuple[list[str], list[str | bytes | int]] | None:
         """claim_runs.lua's KEYS and ARGV for `calls`, or None when they do not fit it: a
-        cluster, fewer than two, a call without a push, or job hashes whose fields differ
-        in name or order (each is then written as claim_run writes it)."""
+        cluster, fewer than two, a call without a push, job hashes whose fields differ in
+        name or order, or records larger than CHUNK_SCRIPT_BYTES in all (the script holds
+        all of them at once; one claim_run at a time holds one). Each is then written as
+        claim_run writes it."""
         if len(calls) < 2 or type(self.client) is not redis.Redis:
+            return None
+        if sum(len(call["doc"]) for call in calls) > CHUNK_SCRIPT_BYTES:
             return None
         pushes: list[JobPush | None] = [c.get("push") for c in calls]
         if any(push is None for push in pushes):
