@@ -434,12 +434,19 @@ class Scripts:
     def claim_runs(self, calls: list[dict[str, Any]]) -> list[Reply]:
         """claim_run for many runs in one round trip and one fsync (see call_many); on one
         standalone server, runs that all enqueue their delivery go in one script call."""
+        return self.claim_runs_later(calls)()
+
+    def claim_runs_later(self, calls: list[dict[str, Any]]) -> Callable[[], list[Reply]]:
+        """`claim_runs` in two halves: the arguments are built now, and the returned call
+        sends them (a batch builds the next chunk while the server writes this one)."""
         chunk = self._claim_chunk(calls)
         if chunk is not None:
-            replies = self.call("claim_runs", *chunk)
-        else:
-            replies = self.call_many("claim_run", [self._claim_run_call(**c) for c in calls],
-                                     transaction=True)
+            keys, args = chunk
+            return lambda: self._claim_replies(self.call("claim_runs", keys, args))
+        many = [self._claim_run_call(**c) for c in calls]
+        return lambda: self._claim_replies(self.call_many("claim_run", many, transaction=True))
+
+    def _claim_replies(self, replies: list[Any]) -> list[Reply]:
         out = []
         for reply in replies:
             status = as_text(reply[0])
