@@ -31,6 +31,26 @@ class Record(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind", omit_d
     VERSION: ClassVar[int] = 1
     version: int
 
+    def __post_init__(self) -> None:
+        # msgspec leaves a float out only when it is the default's own object (floats are
+        # compared by identity): a 0.0 computed elsewhere, or decoded, is made that object.
+        for name, default in _float_defaults(type(self)):
+            value = getattr(self, name)
+            if value is not default and value == default:
+                msgspec.structs.force_setattr(self, name, default)
+
+
+_FLOAT_DEFAULTS: dict[type[Any], tuple[tuple[str, float], ...]] = {}
+
+
+def _float_defaults(cls: type[Any]) -> tuple[tuple[str, float], ...]:
+    found = _FLOAT_DEFAULTS.get(cls)
+    if found is None:
+        found = _FLOAT_DEFAULTS[cls] = tuple(
+            (f.name, f.default) for f in msgspec.structs.fields(cls)
+            if isinstance(f.default, float))
+    return found
+
 
 class IdRecord(Record, kw_only=True, frozen=True):
     """A record addressed by its own id (claims, journal entries)."""
