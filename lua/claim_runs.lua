@@ -70,8 +70,16 @@ local function claim(k, a)
     end
   end
   local fields = {'doc', doc, 'req', req, 'queue', ARGV[a + 3], 'status', 'queued',
-    'attempt', 1, 'epoch', 0, 'created_ms', now_ms, 'timeout_ms', ARGV[a + 4],
-    'max_deliveries', ARGV[a + 5], 'retention_ms', ARGV[a + 8], 'lane', ARGV[a + 9]}
+    'attempt', 1, 'epoch', 0, 'created_ms', now_ms, 'max_deliveries', ARGV[a + 5],
+    'retention_ms', ARGV[a + 8]}
+  if ARGV[a + 4] ~= '0' then  -- as claim_run: no timeout and lane 0 are left out
+    fields[#fields + 1] = 'timeout_ms'
+    fields[#fields + 1] = ARGV[a + 4]
+  end
+  if ARGV[a + 9] ~= '0' then
+    fields[#fields + 1] = 'lane'
+    fields[#fields + 1] = ARGV[a + 9]
+  end
   if enqueued == 1 then
     fields[#fields + 1] = 'enq'
     fields[#fields + 1] = 1

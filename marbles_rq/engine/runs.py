@@ -309,7 +309,8 @@ class RunStore:
             final_cancel=event(status="cancelled", reason="cancelled before it started"),
             final_timeout=event(status="failed", error={"type": "RunTimeout",
                                                         "message": "the run passed its timeout"}),
-            token=uuid.uuid4().hex, slot=slot, slot_until=slot_until)
+            # 64 random bits tell this start from the run's other starts; kept in its hash.
+            token=uuid.uuid4().hex[:16], slot=slot, slot_until=slot_until)
         if reply.status == "corrupt":
             return Started("corrupt", detail=f"corrupt record at {keys.run}: "
                                              f"{as_text(reply.values[0])}")
