@@ -28,6 +28,19 @@ local names_at = 4 + 2 * m  -- first of the p per-delivery field names
 local first = names_at + p  -- first value of run 1
 local width = 12 + p
 
+-- The job hash fields every delivery shares, read once; each run's own values follow them.
+local shared = {}
+for i = 4, 3 + 2 * m do shared[#shared + 1] = ARGV[i] end
+
+-- As claim_run: the writes that can fail go first, each undone if a later one fails.
+local function broken(key)
+  return {'corrupt', key .. ' holds a ' .. redis.call('TYPE', key).ok}
+end
+local function undo_out(out, id)
+  redis.call('XDEL', out, id)
+  if redis.call('XLEN', out) == 0 then redis.call('DEL', out) end
+end
+
 local function claim(k, a)
   local run, listing, dispatch, out = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local job, queue, queues = KEYS[k + 5], KEYS[k + 6], KEYS[k + 7]
@@ -40,20 +53,12 @@ local function claim(k, a)
     end
     return {'exists', existing[1], existing[3]}
   end
-  -- As claim_run: the writes that can fail go first, each undone if a later one fails.
-  local function broken(key)
-    return {'corrupt', key .. ' holds a ' .. redis.call('TYPE', key).ok}
-  end
   local id = redis.pcall('XADD', out, '*', 't', 'queued', 'a', 1, 'd', ARGV[a + 7])
   if type(id) == 'table' then return broken(out) end
-  local function undo_out()
-    redis.call('XDEL', out, id)
-    if redis.call('XLEN', out) == 0 then redis.call('DEL', out) end
-  end
   local now_ms = tonumber(string.match(id, '^%d+'))
   local listed = redis.pcall('ZADD', listing, now_ms, run_id)
   if type(listed) == 'table' then
-    undo_out()
+    undo_out(out, id)
     return broken(listing)
   end
   local enqueued, pushed = 0, nil
@@ -65,7 +70,7 @@ local function claim(k, a)
     local checked = redis.pcall('ZADD', dispatch, now_ms + tonumber(ARGV[a + 6]), run_id)
     if type(checked) == 'table' then
       redis.call('ZREM', listing, run_id)
-      undo_out()
+      undo_out(out, id)
       return broken(dispatch)
     end
   end
@@ -91,8 +96,7 @@ local function claim(k, a)
   end
   redis.call('HSET', run, unpack(fields))
   if enqueued == 1 then
-    local job_fields = {}
-    for i = 4, 3 + 2 * m do job_fields[#job_fields + 1] = ARGV[i] end
+    local job_fields = {unpack(shared)}
     for j = 0, p - 1 do
       job_fields[#job_fields + 1] = ARGV[names_at + j]
       job_fields[#job_fields + 1] = ARGV[a + 12 + j]
