@@ -10,9 +10,9 @@ What each side does:
 
 * marbles-rq: the real command, a separate process (its start-up counted), reading the
   file line by line, validating each input against the workflow's struct (strict), and per
-  chunk of 500 one transaction of claim_run scripts that record each run and enqueue its
-  RQ job in the same call: one round trip and one fsync per chunk. Its peak RSS is read
-  from wait4, to show memory stays bounded.
+  chunk of 500 one claim_runs script call that records each run and enqueues its RQ job:
+  one round trip and one fsync per chunk, the next chunk built while the server writes
+  this one. Its peak RSS is read from wait4, to show memory stays bounded.
 * RQ: `Queue.prepare_data` + `Queue.enqueue_many` per 500 in one pipeline (one round trip
   per chunk), in this process, no file and no validation: the floor of an RQ batch enqueue.
 

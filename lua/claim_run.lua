@@ -93,8 +93,16 @@ if enqueued == 0 then
   end
 end
 local fields = {'doc', doc, 'req', req, 'queue', ARGV[4], 'status', 'queued', 'attempt', 1,
-  'epoch', 0, 'created_ms', now_ms, 'timeout_ms', ARGV[5], 'max_deliveries', ARGV[6],
-  'retention_ms', ARGV[9], 'lane', ARGV[10]}
+  'epoch', 0, 'created_ms', now_ms, 'max_deliveries', ARGV[6], 'retention_ms', ARGV[9]}
+-- No timeout and lane 0 are the readers' defaults: left out, the run's hash stays smaller.
+if ARGV[5] ~= '0' then
+  fields[#fields + 1] = 'timeout_ms'
+  fields[#fields + 1] = ARGV[5]
+end
+if ARGV[10] ~= '0' then
+  fields[#fields + 1] = 'lane'
+  fields[#fields + 1] = ARGV[10]
+end
 if enqueued == 1 then  -- start_attempt then knows there is no dispatch check to remove
   fields[#fields + 1] = 'enq'
   fields[#fields + 1] = 1

@@ -343,7 +343,9 @@ def test_resends_answer_with_the_first_sends_outcome(redis_url: str) -> None:
 def test_enqueue_many_enqueues_each_chunk_right_after_recording_it(redis_url: str) -> None:
     runs = _runs(redis_url)
     rq = rq_connection(redis_url)
-    claim_sha = runs.client.script_load(runs.scripts.scripts["claim_run"].source)
+    # One claim_runs call per chunk on this shared Redis (claim_run: one call per run).
+    claim_shas = tuple(f"EVALSHA {runs.client.script_load(runs.scripts.scripts[name].source)}"
+                       for name in ("claim_run", "claim_runs"))
     seen: list[str] = []
     monitor_client = redis.Redis.from_url(redis_url)
 
@@ -353,7 +355,7 @@ def test_enqueue_many_enqueues_each_chunk_right_after_recording_it(redis_url: st
                 text = cmd["command"]
                 if "monitor-stop" in text:
                     return
-                if text.startswith(f"EVALSHA {claim_sha}"):
+                if text.startswith(claim_shas):
                     seen.append("claim")
                 elif text.startswith((f"LPUSH {Q}", f"RPUSH {Q}")):
                     seen.append("push")
@@ -367,7 +369,7 @@ def test_enqueue_many_enqueues_each_chunk_right_after_recording_it(redis_url: st
     runs.client.echo("monitor-stop")
     thread.join(10)
     assert all(r.dispatched for r in results)
-    assert seen.count("claim") == 1_200
+    assert seen.count("claim") == 3  # 1,200 runs in chunks of 500
     first_push, last_claim = seen.index("push"), len(seen) - 1 - seen[::-1].index("claim")
     assert first_push < last_claim  # the first chunk was in RQ before the last was recorded
     assert sorted(rq.lrange(Q, 0, -1)) == sorted(f"mrq-m-{i}-a1".encode() for i in range(1_200))

@@ -150,6 +150,7 @@ def test_enqueue_is_one_round_trip_single_and_batch(redis_url: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     runs, rq = _stores(redis_url)
     ops.enqueue(runs, rq, RunRequest("lt_noop", b"null", "warm"))  # connections, scripts
+    ops.enqueue_many(runs, rq, [RunRequest("lt_noop", b"null", f"warm-{i}") for i in range(2)])
     admin = redis.Redis.from_url(redis_url)
     assert _round_trips(admin, lambda: ops.enqueue(
         runs, rq, RunRequest("lt_noop", b"null", "one-1"))) == 1

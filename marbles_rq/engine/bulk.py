@@ -38,8 +38,9 @@ from .authoring import REGISTRY, InputError, Registry, queue_problem
 from .ops import (
     ENQUEUE_CHUNK,
     MAX_DEPTH,
+    Enqueued,
     RunRequest,
-    enqueue_records,
+    enqueue_records_later,
     json_depth_exceeds,
     max_payload,
     prepare,
@@ -154,8 +155,8 @@ def bulk_enqueue(runs: RunStore, rq: RQLike, workflow: str, fh: IO[bytes], *,
         if on_refused is not None:
             on_refused(item)
 
-    def deliver(records: list[RunRecord]) -> None:  # in the sender's thread
-        for outcome in enqueue_records(runs, rq, records):
+    def deliver(send: Callable[[], list[Enqueued]]) -> None:  # in the sender's thread
+        for outcome in send():
             if outcome.created:
                 report.enqueued += 1
                 report.undispatched += not outcome.dispatched
@@ -167,7 +168,9 @@ def bulk_enqueue(runs: RunStore, rq: RQLike, workflow: str, fh: IO[bytes], *,
     sender = _Sender(deliver)
 
     def send() -> None:
-        sender.put([record for _, record in pending])
+        # The chunk's call is built here, in the reader's thread: the sender's thread only
+        # sends it, while the reader reads, checks and builds the next one.
+        sender.put(enqueue_records_later(runs, rq, [record for _, record in pending]))
         pending.clear()
 
     try:
@@ -220,28 +223,31 @@ def _read(fh: IO[bytes], name: str, queue: str | None, registry: Registry, limit
         send()
 
 
-class _Sender:
-    """Sends chunks from a thread of its own, in order, while the caller reads and checks
-    the next chunk: the server's work on one chunk overlaps the client's on the next (with
-    `appendfsync always`, about half the time of a chunk is the server's). At most one chunk
-    is in flight and one waits, so memory stays bounded; the first error stops it and is
-    raised to the caller by its next `put` or by `close`."""
+_Send = Callable[[], list[Enqueued]]
 
-    def __init__(self, deliver: Callable[[list[RunRecord]], None]) -> None:
+
+class _Sender:
+    """Sends chunks from a thread of its own, in order, while the caller reads, checks and
+    builds the next chunk: the server's work on one chunk overlaps the client's on the next
+    (with `appendfsync always`, about half the time of a chunk is the server's). At most one
+    chunk is in flight and one waits, so memory stays bounded; the first error stops it and
+    is raised to the caller by its next `put` or by `close`."""
+
+    def __init__(self, deliver: Callable[[_Send], None]) -> None:
         self._deliver = deliver
-        self._queue: queue_mod.Queue[list[RunRecord] | None] = queue_mod.Queue(maxsize=1)
+        self._queue: queue_mod.Queue[_Send | None] = queue_mod.Queue(maxsize=1)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="bulk-sender", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while True:
-            records = self._queue.get()
-            if records is None:
+            send = self._queue.get()
+            if send is None:
                 return
             if self._error is None:
                 try:
-                    self._deliver(records)
+                    self._deliver(send)
                 except BaseException as exc:  # handed to the caller's thread
                     self._error = exc
 
@@ -250,9 +256,9 @@ class _Sender:
             error, self._error = self._error, None
             raise error
 
-    def put(self, records: list[RunRecord]) -> None:
+    def put(self, send: _Send) -> None:
         self._raise()
-        self._queue.put(records)
+        self._queue.put(send)
 
     def close(self) -> None:
         self._queue.put(None)

@@ -6,6 +6,7 @@ import contextlib
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -226,12 +227,26 @@ def enqueue_many(runs: RunStore, rq: RQLike, requests: list[RunRequest],
     return out
 
 
+def enqueue_records_later(runs: RunStore, rq: RQLike,
+                          records: list[RunRecord]) -> Callable[[], list[Enqueued]]:
+    """`enqueue_records` in two halves: on one shared standalone Redis the chunk's call is
+    built now and the returned function sends it (a batch builds the next chunk while the
+    server writes this one); otherwise the returned function does all of it."""
+    first = FirstDelivery(rq, runs.keys, runs.client)
+    if first.shared is None or any(delayed(r) for r in records):
+        return lambda: enqueue_records(runs, rq, records)
+    pushes = first.pushes([(limit_specs.delivery_queue(r), r.id) for r in records])
+    send = runs.record_chunk_later(records, pushes)
+    return lambda: _tagged(runs, [_result(recorded, dispatched=recorded.enqueued)
+                                  for recorded in send()])
+
+
 def enqueue_records(runs: RunStore, rq: RQLike, records: list[RunRecord]) -> list[Enqueued]:
     """Record one chunk of prepared runs and enqueue the new ones: one round trip when the
-    store and RQ share one standalone Redis (record and enqueue in one script call per
-    run, all in one transaction), else recorded in one round trip and enqueued in one per
-    queue. A run whose id exists is returned as it is and not enqueued again. Runs asked to
-    start later are recorded only (the controller enqueues them at their start)."""
+    store and RQ share one standalone Redis (record and enqueue in one script call), else
+    recorded in one round trip and enqueued in one per queue. A run whose id exists is
+    returned as it is and not enqueued again. Runs asked to start later are recorded only
+    (the controller enqueues them at their start)."""
     if any(delayed(r) for r in records):
         # By position, not by id: an id given twice in one chunk has two answers (the
         # first recorded created it, the other found it).

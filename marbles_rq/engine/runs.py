@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -260,13 +260,20 @@ class RunStore:
                      pushes: list[JobPush] | None = None) -> list[Recorded]:
         """Record a chunk in one round trip; `pushes` (one per record) enqueue each run's
         first delivery in the same call (see `record`)."""
+        return self.record_chunk_later(chunk, pushes)()
+
+    def record_chunk_later(self, chunk: list[RunRecord], pushes: list[JobPush] | None = None
+                           ) -> Callable[[], list[Recorded]]:
+        """`record_chunk` in two halves: the call is built now, the returned function sends
+        it and reads the replies."""
         chunk = [self.traced(r) for r in chunk]
         calls = [self._claim_args(r) for r in chunk]
         if pushes is not None:
             for call, push in zip(calls, pushes, strict=True):
                 call["push"] = push
-        replies = self.scripts.claim_runs(calls)
-        return [self._recorded(r, reply) for r, reply in zip(chunk, replies, strict=True)]
+        send = self.scripts.claim_runs_later(calls)
+        return lambda: [self._recorded(r, reply)
+                        for r, reply in zip(chunk, send(), strict=True)]
 
     def record_seeded(self, record: RunRecord, ledger: list[StepRecord],
                       push: JobPush | None = None) -> Recorded:
@@ -303,7 +310,8 @@ class RunStore:
             final_cancel=event(status="cancelled", reason="cancelled before it started"),
             final_timeout=event(status="failed", error={"type": "RunTimeout",
                                                         "message": "the run passed its timeout"}),
-            token=uuid.uuid4().hex, slot=slot, slot_until=slot_until)
+            # 64 random bits tell this start from the run's other starts; kept in its hash.
+            token=uuid.uuid4().hex[:16], slot=slot, slot_until=slot_until)
         if reply.status == "corrupt":
             return Started("corrupt", detail=f"corrupt record at {keys.run}: "
                                              f"{as_text(reply.values[0])}")

@@ -219,7 +219,14 @@ class Keyspace:
         return {self.tag(b): b for b in range(self.buckets)}
 
     def tag_of(self, ident: str) -> str:
-        return self.tag(self.bucket_of(ident))
+        # The keys of one id are usually spelled together (run_keys spells nine): the last
+        # id's tag is kept, one tuple swapped whole, so threads sharing a keyspace are safe.
+        last = self.__dict__.get("_last_tag")
+        if last is not None and last[0] == ident:
+            return last[1]  # type: ignore[no-any-return]
+        tag = self.tag(self.bucket_of(ident))
+        object.__setattr__(self, "_last_tag", (ident, tag))
+        return tag
 
     @property
     def meta(self) -> str:

@@ -6,7 +6,9 @@ Rules (see README, "Records"):
   rather than decoding it and later writing it back without the new fields;
 * user payloads (inputs, results, values) are ``msgspec.Raw``: their bytes are stored and
   handed back unchanged (key order, unicode, integers of any size);
-* new fields get defaults; a field's type never changes.
+* new fields get defaults; a field's type never changes;
+* a field holding its default is not written (``omit_defaults``): a default never changes
+  either, or a record written before would read back with the new one.
 """
 
 from __future__ import annotations
@@ -18,11 +20,36 @@ import msgspec
 from ..errors import CorruptRecordError, UnsupportedRecordVersionError
 
 
-class Record(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind"):
-    """Base of every stored document. Subclasses set ``tag=`` (their kind) and VERSION."""
+class Record(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind", omit_defaults=True):
+    """Base of every stored document. Subclasses set ``tag=`` (their kind) and VERSION.
+
+    A field equal to its default is left out of the stored text (a run's record is written
+    for every run and kept until it is pruned: half of its bytes were defaults); the
+    decoder fills it back in, and reads the texts written before, which hold every field,
+    alike. ``kind`` and ``version`` have no default and are always written."""
 
     VERSION: ClassVar[int] = 1
     version: int
+
+    def __post_init__(self) -> None:
+        # msgspec leaves a float out only when it is the default's own object (floats are
+        # compared by identity): a 0.0 computed elsewhere, or decoded, is made that object.
+        for name, default in _float_defaults(type(self)):
+            value = getattr(self, name)
+            if value is not default and value == default:
+                msgspec.structs.force_setattr(self, name, default)
+
+
+_FLOAT_DEFAULTS: dict[type[Any], tuple[tuple[str, float], ...]] = {}
+
+
+def _float_defaults(cls: type[Any]) -> tuple[tuple[str, float], ...]:
+    found = _FLOAT_DEFAULTS.get(cls)
+    if found is None:
+        found = _FLOAT_DEFAULTS[cls] = tuple(
+            (f.name, f.default) for f in msgspec.structs.fields(cls)
+            if isinstance(f.default, float))
+    return found
 
 
 class IdRecord(Record, kw_only=True, frozen=True):

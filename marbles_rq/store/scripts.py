@@ -30,6 +30,8 @@ T = TypeVar("T")
 _RETRY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 # A request marker outlives every resend (they stop after `retry_s`, 3 s by default).
 MARKER_MS = 60_000
+# claim_runs takes a chunk's records in one call while their bytes stay below this.
+CHUNK_SCRIPT_BYTES = 8 << 20
 # A started occurrence is kept 8 days (longer than a run's default retention), then expires.
 OCCURRENCE_KEEP_MS = 8 * 86_400_000
 
@@ -433,9 +435,21 @@ class Scripts:
             retention_ms, lane, push, limit), ("ok", "exists", "corrupt"))
 
     def claim_runs(self, calls: list[dict[str, Any]]) -> list[Reply]:
-        """claim_run for many runs in one round trip and one fsync (see call_many)."""
-        replies = self.call_many("claim_run", [self._claim_run_call(**c) for c in calls],
-                                 transaction=True)
+        """claim_run for many runs in one round trip and one fsync (see call_many); on one
+        standalone server, runs that all enqueue their delivery go in one script call."""
+        return self.claim_runs_later(calls)()
+
+    def claim_runs_later(self, calls: list[dict[str, Any]]) -> Callable[[], list[Reply]]:
+        """`claim_runs` in two halves: the arguments are built now, and the returned call
+        sends them (a batch builds the next chunk while the server writes this one)."""
+        chunk = self._claim_chunk(calls)
+        if chunk is not None:
+            keys, args = chunk
+            return lambda: self._claim_replies(self.call("claim_runs", keys, args))
+        many = [self._claim_run_call(**c) for c in calls]
+        return lambda: self._claim_replies(self.call_many("claim_run", many, transaction=True))
+
+    def _claim_replies(self, replies: list[Any]) -> list[Reply]:
         out = []
         for reply in replies:
             status = as_text(reply[0])
@@ -443,6 +457,46 @@ class Scripts:
                 raise self._unexpected("claim_run", reply)
             out.append(Reply(status, reply[1:]))
         return out
+
+    def _claim_chunk(self, calls: list[dict[str, Any]]
+                     ) -> tuple[list[str], list[str | bytes | int]] | None:
+        """claim_runs.lua's KEYS and ARGV for `calls`, or None when they do not fit it: a
+        cluster, fewer than two, a call without a push, job hashes whose fields differ in
+        name or order, or records larger than CHUNK_SCRIPT_BYTES in all (the script holds
+        all of them at once; one claim_run at a time holds one). Each is then written as
+        claim_run writes it."""
+        if len(calls) < 2 or type(self.client) is not redis.Redis:
+            return None
+        if sum(len(call["doc"]) for call in calls) > CHUNK_SCRIPT_BYTES:
+            return None
+        pushes: list[JobPush | None] = [c.get("push") for c in calls]
+        if any(push is None for push in pushes):
+            return None
+        jobs = [push.fields for push in pushes if push is not None]
+        names = jobs[0][0::2]
+        if any(fields[0::2] != names for fields in jobs):
+            return None
+        shared: list[str | bytes] = []
+        own: list[int] = []  # positions of the values that differ between deliveries
+        for i, name in enumerate(names):
+            value = jobs[0][2 * i + 1]
+            if all(fields[2 * i + 1] == value for fields in jobs):
+                shared += [name, value]
+            else:
+                own.append(2 * i + 1)
+        keys: list[str] = []
+        args: list[str | bytes | int] = [len(calls), len(shared) // 2, len(own), *shared,
+                                         *(jobs[0][i - 1] for i in own)]
+        for call, push in zip(calls, pushes, strict=True):
+            assert push is not None
+            run_keys: RunKeys = call["keys"]
+            keys += [run_keys.run, run_keys.listing, run_keys.dispatch, run_keys.output,
+                     *push.keys()]
+            args += [call["run_id"], call["doc"], call["request_id"], call["queue"],
+                     call["timeout_ms"], call["max_deliveries"], call["grace_ms"],
+                     call["event"], call["retention_ms"], call.get("lane", 0), push.job_id,
+                     call.get("limit", ""), *(push.fields[i] for i in own)]
+        return keys, args
 
     def seed_and_claim_run(self, *, seed: Sequence[tuple[str, bytes]],
                            claim: dict[str, Any]) -> tuple[Reply, Reply]:

@@ -67,14 +67,21 @@ class FirstDelivery:
             return written, False  # recorded: the controller dispatches it
         return written, True
 
+    def pushes(self, runs: list[tuple[str, str]]) -> list[JobPush] | None:
+        """The first deliveries of runs ((queue, run id) each) as the record script writes
+        them, or None when the store and RQ do not share one standalone Redis."""
+        if self.shared is None:
+            return None
+        return [dispatch.delivery_push(self.shared, self.prefix, queue_name, run_id, 1)
+                for queue_name, run_id in runs]
+
     def record_chunk(self, write: Callable[[list[JobPush] | None], list[W]],
                      runs: list[tuple[str, str]]) -> list[tuple[W, bool]]:
         """Record a chunk of runs ((queue, run id) each, in the order `write` answers them)
         and deliver the new ones: in the same round trip on a shared Redis, else after it,
         in one round trip per queue and lane."""
-        if self.shared is not None:
-            pushes = [dispatch.delivery_push(self.shared, self.prefix, queue_name, run_id, 1)
-                      for queue_name, run_id in runs]
+        pushes = self.pushes(runs)
+        if pushes is not None:
             return [(w, w.enqueued) for w in write(pushes)]
         written = write(None)
         fresh: dict[str, list[tuple[str, int]]] = defaultdict(list)
