@@ -279,9 +279,12 @@ def run_body(run: RunContext, definition: WorkflowDef, value: Any, watchdog: Wat
     actx = AsyncRunContext(run)
     coro = definition.fn(actx) if definition.input_type is None else definition.fn(actx, value)
     loop = thread_loop()
+    ended = threading.Event()  # a cancel that comes late must not reach this loop's next run
 
     def cancellable(task: asyncio.Task[Any]) -> None:
         def cancel_all() -> None:
+            if ended.is_set():
+                return
             for each in asyncio.all_tasks(loop):  # the body's and its leftovers (_InFlight)
                 each.cancel()
 
@@ -297,6 +300,7 @@ def run_body(run: RunContext, definition: WorkflowDef, value: Any, watchdog: Wat
             raise StopExecution(watchdog.reason) from None
         raise MarblesError("the workflow's task was cancelled by its own code") from None
     finally:
+        ended.set()
         watchdog.on_stop = None
 
 
