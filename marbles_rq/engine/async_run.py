@@ -413,18 +413,7 @@ async def parallel(run: RunContext, calls: list[Callable[[], Any]]) -> list[Any]
 
     # Each task copies this context, then sets its own frame in its copy.
     outcomes = await asyncio.gather(*(branch(i, c) for i, c in enumerate(calls)))
-    stops = [v for kind, v in outcomes if kind == "error" and isinstance(v, StopExecution)]
-    if stops:
-        raise stops[0]
-    if failed_at:
-        raise outcomes[min(failed_at)[1]][1]
-    parks = [v for kind, v in outcomes if kind == "park"]
-    if parks:
-        merged = ParkRun([w for p in parks for w in p.waits])
-        merged.ledger = [r for p in parks for r in p.ledger]
-        raise merged
-    check_branch()
-    return [v for _, v in outcomes]
+    return fanout.branches_outcome(list(outcomes), failed_at)
 
 
 class AsyncAsk:

@@ -261,6 +261,14 @@ def parallel(run: Run, calls: list[Callable[[], Any]]) -> list[Any]:
         futures = [pool.submit(contextvars.copy_context().run, branch, i, call)
                    for i, call in enumerate(calls)]
         outcomes = [f.result() for f in futures]
+    return branches_outcome(outcomes, failed_at)
+
+
+def branches_outcome(outcomes: list[tuple[str, Any]],
+                     failed_at: list[tuple[float, int]]) -> list[Any]:
+    """What parallel branches that all ended come to (sync or async: engine/async_run.py):
+    a stop first, then the first failure, then one park for everything they wait for;
+    else their results in order."""
     stops = [v for kind, v in outcomes if kind == "error" and isinstance(v, StopExecution)]
     if stops:
         raise stops[0]
