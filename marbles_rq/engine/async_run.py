@@ -42,8 +42,7 @@ from .. import tracing
 from ..envvars import env_int
 from ..errors import MarblesError
 from . import context, event_waits, fanout, published, signal_waits, waiting
-from .authoring import InputError
-from .context import BranchCancelled, Frame, Ready, StopExecution, check_branch
+from .context import BranchCancelled, Frame, Ready, StopExecution
 from .waiting import ParkRun
 
 if TYPE_CHECKING:
@@ -378,17 +377,9 @@ async def parallel(run: RunContext, calls: list[Callable[[], Any]]) -> list[Any]
     (engine/fanout.py), with each branch a task in a frame of its own: stable positions
     whatever order they finish in; the first failure stops the siblings at their next
     boundary and is raised; a branch that parks parks the run once the others are done."""
-    context.check_not_in_foreign_thread("parallel")
-    check_branch()
-    if not all(callable(c) for c in calls):
-        raise InputError("parallel takes zero-argument callables, e.g. "
-                                "lambda: fetch(url)")
+    frame, n, base = fanout.open_parallel(run, calls)
     if not calls:
         return []
-    frame = run.frame
-    n = frame.counters["|parallel"]
-    frame.counters["|parallel"] += 1
-    base = f"{frame.path}.|parallel#{n}"
     cancel = threading.Event()
     failed_at: list[tuple[float, int]] = []
 

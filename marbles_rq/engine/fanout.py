@@ -223,11 +223,9 @@ def gather(run: Run, children: list[ChildRun]) -> list[Any]:
 
 # -- parallel steps ----------------------------------------------------------------------
 
-def parallel(run: Run, calls: list[Callable[[], Any]]) -> list[Any]:
-    """Run `calls` in threads, each in a frame of its own (stable ledger positions whatever
-    order they finish in). The first failure stops the siblings at their next boundary and
-    is raised once they have stopped; a branch that parks parks the run once the others are
-    done."""
+def open_parallel(run: Run, calls: list[Callable[[], Any]]) -> tuple[Frame, int, str]:
+    """The checks and the position of a `parallel` call (sync or async: engine/async_run):
+    its frame, its number there, and its branches' base path."""
     check_not_in_foreign_thread("parallel")
     check_branch()
     if not all(callable(c) for c in calls):
@@ -235,7 +233,15 @@ def parallel(run: Run, calls: list[Callable[[], Any]]) -> list[Any]:
     frame = run.frame
     n = frame.counters["|parallel"]
     frame.counters["|parallel"] += 1
-    base = f"{frame.path}.|parallel#{n}"
+    return frame, n, f"{frame.path}.|parallel#{n}"
+
+
+def parallel(run: Run, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run `calls` in threads, each in a frame of its own (stable ledger positions whatever
+    order they finish in). The first failure stops the siblings at their next boundary and
+    is raised once they have stopped; a branch that parks parks the run once the others are
+    done."""
+    frame, n, base = open_parallel(run, calls)
     cancel = threading.Event()
     failed_at: list[tuple[float, int]] = []
     lock = threading.Lock()
