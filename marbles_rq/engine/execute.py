@@ -55,6 +55,8 @@ START_DELAY_S = 0.15
 # A step's success is written by the execution's next write, or by the watchdog this long
 # after: the longest a finished step can be lost to a crash, and so run again.
 HOLD_COMMIT_S = 0.05
+# The reason a replay check's execution stops at: the first step its ledger does not hold.
+REPLAY_REACHED_NEW_WORK = "reached_new_work"
 
 
 class StoreUnavailable(StopExecution):
@@ -368,6 +370,8 @@ class RunContext:
         return StepCall(definition, key, seq, digest, recorded)
 
     def begin_attempt(self, call: StepCall) -> None:
+        if self.ex.replay_only:
+            raise StopExecution(REPLAY_REACHED_NEW_WORK)
         call.attempts += 1
         self._begin(call.definition, call.record("running"))
 

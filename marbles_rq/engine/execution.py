@@ -103,6 +103,9 @@ class Execution:
     tries: int = 1
     resumptions: int = 0
     kind: str = "first"
+    # A replay check (engine/replay_check.py): the body runs against its ledger and stops
+    # where it would do new work (a step not recorded), so no step body ever runs.
+    replay_only: bool = False
 
     def server_now_ms(self) -> int:
         """The server clock now, as far as this process can tell without asking: never
