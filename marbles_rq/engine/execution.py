@@ -103,6 +103,9 @@ class Execution:
     tries: int = 1
     resumptions: int = 0
     kind: str = "first"
+    # The keys of the questions the body's asks looked up (engine/waiting.py), kept by a
+    # replay check (engine/replay_check.py) to tell a question no longer asked; None: not kept.
+    asks_seen: set[str] | None = None
     # A replay check (engine/replay_check.py): the body runs against its ledger and stops
     # where it would do new work (a step not recorded), so no step body ever runs.
     replay_only: bool = False

@@ -55,9 +55,6 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
             timeout_s, int | float) or not 0 < timeout_s <= MAX_TIMEOUT_S):
         raise InputError("timeout_s must be between 0 and a year")
     key, seq = run.position("|signal")
-    if not isinstance(run.runs, RunStore):
-        # A dry run (engine/dryrun.py) has no signals: nobody can send it one.
-        raise ParkRun([Wait("signal", signals=[name])])
     recorded = run.ex.ledger.get(key)
     due = 0
     if recorded is not None:
@@ -68,6 +65,10 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
         if recorded.status == "timed_out":
             raise SignalTimeoutError(f"no signal {name!r} within {data.get('timeout_s')} s")
         due = int(data["due_ms"])  # waiting: its timeout's due time, written when it parked
+    if not isinstance(run.runs, RunStore):
+        # A run in memory (engine/dryrun.py, engine/replay_check.py) receives no signal now:
+        # nobody can send it one. What its ledger holds is replayed above.
+        raise ParkRun([Wait("signal", signals=[name])])
     while True:
         found = run.call_store(read_buffered, run.runs, run.run_id, name, 1)
         # A signal sent after the timeout was due stays for a later wait: the timeout won.
@@ -120,12 +121,12 @@ def drain_signals(run: Run, name: str) -> list[Any]:
     check_branch()
     check_name(name)
     key, seq = run.position("|signals")
-    if not isinstance(run.runs, RunStore):
-        return []  # a dry run has no signals: nobody can send it one
     recorded = run.ex.ledger.get(key)
     if recorded is not None:
         _check_same(run, recorded, name, "signals")
         return list(msgspec.json.decode(recorded.result)["payloads"])
+    if not isinstance(run.runs, RunStore):
+        return []  # a run in memory has no signals now: nobody can send it one
     while True:
         found = run.call_store(read_buffered, run.runs, run.run_id, name, None)
         count = len(found.payloads)

@@ -152,6 +152,8 @@ class Ask:
         n = frame.counters["|ask"]
         frame.counters["|ask"] += 1
         qkey = check_key(key, "question key") if key is not None else _local(run, f"ask:{n}")
+        if run.ex.asks_seen is not None:
+            run.ex.asks_seen.add(qkey)
         state = run_asks(run).get(qkey)
         if state is not None and state["kind"] != kind:
             # An answer recorded for another kind of ask (the code changed under a waiting
