@@ -153,6 +153,10 @@ class Run(Protocol):
         """Go on after a write's reply `status`, or stop (or park) as it says."""
         ...
 
+    def hold_entry(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
+        """Commit a ledger entry with the execution's next write."""
+        ...
+
     def commit_entry(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
         """Commit a ledger entry and act on the reply."""
         ...

@@ -387,14 +387,19 @@ class RunContext:
         settle in the same round trip), the watchdog within HOLD_COMMIT_S."""
         metrics.step_tried(self.ex.record.name, "succeeded", time.perf_counter() - tried)
         done = call.record("succeeded", result=msgspec.Raw(result))
-        data = msgspec.json.encode({"step": call.key, "attempt": call.attempts})
-        held = HeldCommit(done, "step_succeeded", data, time.monotonic() + HOLD_COMMIT_S)
+        self.hold_entry(done, "step_succeeded", {"step": call.key, "attempt": call.attempts})
+        return decode_result(done.result, call.definition.result_type)
+
+    def hold_entry(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
+        """Commit a ledger entry with the execution's next write (the one held before it is
+        written now): nothing recorded after it can be written without it."""
+        held = HeldCommit(record, event_type, msgspec.json.encode(data),
+                          time.monotonic() + HOLD_COMMIT_S)
         status = self._call_store(self.runs.hold_commit, self.ex, held)
-        self.ex.ledger[done.key] = done
+        self.ex.ledger[record.key] = record
         if status is not None:
             self.check_reply(status)
         self._watchdog.held(held)
-        return decode_result(done.result, call.definition.result_type)
 
     def step_failed(self, call: StepCall, failure: BaseException, tried: float) -> float:
         """Record a failed attempt: the delay before the next one, or StepFailedError."""

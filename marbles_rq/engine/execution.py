@@ -109,6 +109,8 @@ class Execution:
     # A replay check (engine/replay_check.py): the body runs against its ledger and stops
     # where it would do new work (a step not recorded), so no step body ever runs.
     replay_only: bool = False
+    # The ledger keys of the patch decisions this execution read or took (engine/patches.py).
+    patches_seen: set[str] = field(default_factory=set)
 
     def server_now_ms(self) -> int:
         """The server clock now, as far as this process can tell without asking: never

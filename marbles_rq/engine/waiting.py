@@ -180,8 +180,8 @@ def run_asks(run: Run) -> dict[str, dict[str, Any]]:
     if run.found_asks is None:
 
         questions = run.call_store(run.runs.waits().questions, run.run_id)
-        run.found_asks = {q.key: {"state": q.state, "answer": q.answer, "kind": q.record.ask}
-                     for q in questions}
+        run.found_asks = {q.key: {"state": q.state, "answer": q.answer, "kind": q.record.ask,
+                                  "step": q.record.step} for q in questions}
     return run.found_asks
 
 
