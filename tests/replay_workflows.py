@@ -4,11 +4,18 @@ executions in Redis (``rc:exec:<run id>``): a replay check must never run one.""
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import redis
 
 import marbles_rq as mr
+from marbles_rq.engine import authoring
+
+# An explicit version keeps `shipping`'s old and patched source on one version (a patch is how
+# a body changes without a new one), where versions exist.
+SAME_VERSION = ({"version": "1"} if "version" in inspect.signature(authoring.workflow).parameters
+                else {})
 
 EXEC_PREFIX = "rc:exec:"
 
@@ -72,3 +79,12 @@ def child_sum(ctx: mr.RunContext, n: int) -> int:
 def parent(ctx: mr.RunContext, n: int) -> list[int]:
     children = [mr.start_child("child_sum", n + i, key=f"k{i}") for i in range(2)]
     return list(mr.gather(*children))
+
+
+@mr.workflow(**SAME_VERSION)
+def shipping(ctx: mr.RunContext, n: int) -> str:
+    a = fetch(n)
+    # (the patched deploy adds `weigh` here: tests/test_replay_check.py PATCH)
+    colour = ctx.ask.question("Colour?", choices=["red", "blue"], key="colour")
+    size = ctx.ask.question("Size?", choices=["S", "L"], key="size")
+    return pack(a, colour + size)

@@ -1,10 +1,12 @@
 """`marbles-rq export` and `marbles-rq replay --check`, on histories of REAL runs: a real
-redis-server and a real `marbles-rq worker` (tests/procs.py) execute tests/replay_workflows.py;
-runs wait on a question, finish after an answer, after a signal, after their children. The
-checker then replays them (real CLI processes) against changed copies of that source written
-to tmp_path: a reordered step, a removed step, a renamed ask, a body that now raises, a patch
-removed too early. The unchanged source passes, and no step body runs during a check (each
-step counts its executions in Redis).
+redis-server and real `marbles-rq worker`s (tests/procs.py) execute tests/replay_workflows.py;
+runs wait on a question, finish after an answer, after a signal, after their children. Then a
+deploy: the worker is stopped and one on the patched source (`mr.patched` added to
+`shipping`) takes over, so one run goes on along the patch's old branch and a new one takes the
+new branch. The checker replays them (real CLI processes) against the deployed source, which
+passes, and against changed copies of it written to tmp_path: a reordered step, a removed
+step, a renamed ask, a body that now raises, a patch removed too early, a patch deprecated too
+early. No step body runs during a check (each step counts its executions in Redis).
 """
 
 from __future__ import annotations
@@ -19,20 +21,23 @@ import msgspec
 import pytest
 
 from marbles_rq.engine.history import History, from_line, to_line
-from marbles_rq.store.records import StepRecord
 from tests.procs import REPO_ROOT, Procs, _cli_argv
 from tests.redis_procs import RedisServer, free_port
 from tests.replay_workflows import EXEC_PREFIX
 
-SOURCE = REPO_ROOT / "tests" / "replay_workflows.py"
+OLD_SOURCE = REPO_ROOT / "tests" / "replay_workflows.py"
+# The deploy: `shipping` gets a step behind a patch, before its first question.
+PATCH = ("    # (the patched deploy adds `weigh` here: tests/test_replay_check.py PATCH)\n",
+         '    if mr.patched("weigh-first"):\n        a = weigh(a)\n')
 Done = subprocess.CompletedProcess
 
 
 class Recorded:
     """The runs recorded once for the module, and their exported histories."""
 
-    def __init__(self, procs: Procs, file: Path) -> None:
+    def __init__(self, procs: Procs, file: Path, source: Path) -> None:
         self.procs, self.file = procs, file
+        self.source = source  # the deployed source (the patch added)
 
     def histories(self) -> dict[str, History]:
         lines = self.file.read_bytes().splitlines()
@@ -67,29 +72,48 @@ def one_line_error(done: Done[str], code: int, *words: str) -> str:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
     base = tmp_path_factory.mktemp("replay-check")
+    deployed = base / "deployed" / "replay_workflows.py"
+    deployed.parent.mkdir()
+    deployed.write_text(OLD_SOURCE.read_text().replace(*PATCH))
     server = RedisServer.start(dir=base / "redis")
-    procs = Procs(server.url, base / "procs", sources=(SOURCE,))
+    old = Procs(server.url, base / "old", sources=(OLD_SOURCE,))
+    procs = Procs(server.url, base / "procs", sources=(deployed,))
     try:
-        procs.worker()
-        obs = procs.observer
-        procs.enqueue("order", 1, "o-wait")
-        procs.enqueue("order", 2, "o-done")
-        procs.enqueue("nudged", None, "s-done")
-        procs.enqueue("parent", 5, "p-done")
-        for rid in ("o-wait", "o-done"):
+        worker = old.worker()
+        obs = old.observer
+        old.enqueue("order", 1, "o-wait")
+        old.enqueue("order", 2, "o-done")
+        old.enqueue("nudged", None, "s-done")
+        old.enqueue("parent", 5, "p-done")
+        old.enqueue("shipping", 3, "sh-old")
+        for rid in ("o-wait", "o-done", "sh-old"):
             obs.wait_status(rid, "waiting")
+        assert obs.wait_status("p-done", "succeeded").status == "succeeded"
+        worker.stop()  # the deploy: the old code is gone
+        procs.worker()
         ok(procs.cli("answer", "o-done", "colour", "blue"))
         ok(procs.cli("signal", "s-done", "go", "--payload", '{"n": 4}'))
-        for rid in ("o-done", "s-done", "p-done"):
+        # sh-old had asked its question before the patch existed: it takes the old branch.
+        ok(procs.cli("answer", "sh-old", "colour", "red"))
+        procs.enqueue("shipping", 3, "sh-new")
+        for rid in ("o-done", "s-done"):
             assert obs.wait_status(rid, "succeeded", "failed").status == "succeeded", rid
+        obs.wait_event("sh-old", lambda e: e.type == "parked" and e.data.get("questions") == [
+            "size"], what="sh-old parked at its second question")
+        obs.wait_status("sh-new", "waiting")
         file = base / "runs.jsonl"
-        out = ok(procs.cli("export", "o-wait", "o-done", "s-done", "p-done", "-o", str(file)))
-        assert out.strip() == f"exported 4 run histories to {file}"
-        yield Recorded(procs, file)
+        out = ok(procs.cli("export", *RUNS, "-o", str(file)))
+        assert out.strip() == f"exported {len(RUNS)} run histories to {file}"
+        yield Recorded(procs, file, deployed)
     finally:
+        old.stop_all()
         procs.stop_all()
+        print(old.report())
         print(procs.report())
         server.stop()
+
+
+RUNS = ("o-wait", "o-done", "s-done", "p-done", "sh-old", "sh-new")
 
 
 def check(recorded: Recorded, source: Path, *args: str) -> Done[str]:
@@ -104,8 +128,8 @@ def check_json(recorded: Recorded, source: Path, *args: str) -> tuple[int, dict[
     return done.returncode, {o["run"]: o for o in objects[:-1]}, objects[-1]
 
 
-def changed(tmp_path: Path, *edits: tuple[str, str]) -> Path:
-    text = SOURCE.read_text()
+def changed(recorded: Recorded, tmp_path: Path, *edits: tuple[str, str]) -> Path:
+    text = recorded.source.read_text()
     for old, new in edits:
         assert old in text, old
         text = text.replace(old, new)
@@ -119,7 +143,7 @@ def changed(tmp_path: Path, *edits: tuple[str, str]) -> Path:
 
 def test_export_writes_what_a_replay_reads(recorded: Recorded) -> None:
     histories = recorded.histories()
-    assert list(histories) == ["o-wait", "o-done", "s-done", "p-done"]
+    assert tuple(histories) == RUNS
     waiting = histories["o-wait"]
     assert waiting.status == "waiting" and waiting.run.name == "order"
     assert msgspec.json.decode(waiting.run.input) == 1
@@ -138,6 +162,10 @@ def test_export_writes_what_a_replay_reads(recorded: Recorded) -> None:
     parent = histories["p-done"]
     assert [(c.id, c.status, msgspec.json.decode(c.result)) for c in parent.children] == [
         ("p-done.k0", "succeeded", 6), ("p-done.k1", "succeeded", 7)]
+    old_branch, new_branch = histories["sh-old"], histories["sh-new"]
+    assert [(e.name, msgspec.json.decode(e.result)) for e in old_branch.ledger
+            if e.name.startswith("|patch:")] == [("|patch:weigh-first", False)]
+    assert [e.name for e in new_branch.ledger] == ["fetch", "|patch:weigh-first", "weigh"]
     # A line is a record with a version, and reads back byte for byte.
     line = recorded.file.read_bytes().splitlines()[0]
     assert json.loads(line)["kind"] == "history" and json.loads(line)["version"] == 1
@@ -156,20 +184,23 @@ def test_export_selects_a_workflow_by_status(recorded: Recorded) -> None:
 
 def test_the_unchanged_source_passes_and_no_step_body_runs(recorded: Recorded) -> None:
     before = recorded.executions()
-    out = ok(check(recorded, SOURCE, "--from", str(recorded.file)))
+    out = ok(check(recorded, recorded.source, "--from", str(recorded.file)))
     lines = out.splitlines()
-    assert lines[-1] == "4 runs: ok 4, failing 0", out
+    assert lines[-1] == "6 runs: ok 6, failing 0", out
     assert "ok    o-wait  order  parked at question 'colour', as recorded" in lines
     assert "ok    o-done  order  finished the same way (same result)" in lines
     # The recorded signal and the children's outcomes are replayed, not waited for again.
     assert "ok    s-done  nudged  finished the same way (same result)" in lines
     assert "ok    p-done  parent  finished the same way (same result)" in lines
+    assert "ok    sh-old  shipping@1  parked at question 'size', as recorded" in lines or (
+        "ok    sh-old  shipping  parked at question 'size', as recorded" in lines)
+    assert "patch 'weigh-first': 1 run still on its old branch" in lines
     assert recorded.executions() == before
 
 
 def test_a_reordered_step_is_non_determinism(recorded: Recorded, tmp_path: Path) -> None:
-    source = changed(tmp_path, ("    b = check(a)\n    c = weigh(b)\n",
-                                "    c = weigh(a)\n    b = check(c)\n"))
+    source = changed(recorded, tmp_path, ("    b = check(a)\n    c = weigh(b)\n",
+                                          "    c = weigh(a)\n    b = check(c)\n"))
     code, runs, summary = check_json(recorded, source, "--from", str(recorded.file))
     assert code == 1
     for rid in ("o-wait", "o-done"):
@@ -178,22 +209,24 @@ def test_a_reordered_step_is_non_determinism(recorded: Recorded, tmp_path: Path)
         assert (problem["frame"], problem["position"], problem["recorded"],
                 problem["called"]) == ("order", 1, "check", "weigh")
     assert runs["s-done"]["ok"] and runs["p-done"]["ok"]
-    assert summary["summary"] == {"runs": 4, "ok": 2, "failing": 2}
+    assert summary["summary"] == {"runs": 6, "ok": 4, "failing": 2}
 
 
 def test_a_removed_step_is_caught(recorded: Recorded, tmp_path: Path) -> None:
-    source = changed(tmp_path, ("    b = check(a)\n    c = weigh(b)\n", "    c = weigh(a)\n"))
+    source = changed(recorded, tmp_path,
+                     ("    b = check(a)\n    c = weigh(b)\n", "    c = weigh(a)\n"))
     done = check(recorded, source, "--from", str(recorded.file))
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
     assert ("FAIL  o-wait  order  NonDeterminism in order at position 1: recorded 'check', "
             "now 'weigh'") in lines
-    assert lines[-1] == "4 runs: ok 2, failing 2"
+    assert lines[-1] == "6 runs: ok 4, failing 2"
 
 
 def test_a_removed_last_step_is_caught_on_a_finished_run(recorded: Recorded,
                                                          tmp_path: Path) -> None:
-    source = changed(tmp_path, ("    label = pack(c, colour)\n", "    label = f'{c}-{colour}'\n"))
+    source = changed(recorded, tmp_path,
+                     ("    label = pack(c, colour)\n", "    label = f'{c}-{colour}'\n"))
     code, runs, _ = check_json(recorded, source, "--from", str(recorded.file))
     assert code == 1
     assert runs["o-done"]["outcome"] == "unreached"
@@ -202,7 +235,7 @@ def test_a_removed_last_step_is_caught_on_a_finished_run(recorded: Recorded,
 
 
 def test_a_renamed_ask_is_caught(recorded: Recorded, tmp_path: Path) -> None:
-    source = changed(tmp_path, ('key="colour"', 'key="color"'))
+    source = changed(recorded, tmp_path, ('key="colour"', 'key="color"'))
     code, runs, _ = check_json(recorded, source, "--from", str(recorded.file))
     assert code == 1
     for rid in ("o-wait", "o-done"):
@@ -214,9 +247,9 @@ def test_a_renamed_ask_is_caught(recorded: Recorded, tmp_path: Path) -> None:
 
 
 def test_a_body_error_between_steps_is_caught(recorded: Recorded, tmp_path: Path) -> None:
-    source = changed(tmp_path, ('    ctx.log.info("packing in %s", colour)\n',
-                                '    if colour == "blue":\n'
-                                '        raise ValueError("blue is sold out")\n'))
+    source = changed(recorded, tmp_path, ('    ctx.log.info("packing in %s", colour)\n',
+                                          '    if colour == "blue":\n'
+                                          '        raise ValueError("blue is sold out")\n'))
     code, runs, _ = check_json(recorded, source, "--from", str(recorded.file))
     assert code == 1
     assert runs["o-done"]["outcome"] == "body_error"
@@ -226,52 +259,49 @@ def test_a_body_error_between_steps_is_caught(recorded: Recorded, tmp_path: Path
 
 def test_run_ids_and_a_workflow_selection_read_redis(recorded: Recorded,
                                                      tmp_path: Path) -> None:
-    out = ok(check(recorded, SOURCE, "o-wait", "p-done"))
+    out = ok(check(recorded, recorded.source, "o-wait", "p-done"))
     assert out.splitlines()[-1] == "2 runs: ok 2, failing 0"
     # --workflow alone checks the runs in flight (waiting, running, queued).
-    code, runs, _ = check_json(recorded, SOURCE, "--workflow", "order")
+    code, runs, _ = check_json(recorded, recorded.source, "--workflow", "order")
     assert code == 0 and list(runs) == ["o-wait"]
-    code, runs, _ = check_json(recorded, SOURCE, "--workflow", "order", "--status",
+    code, runs, _ = check_json(recorded, recorded.source, "--workflow", "order", "--status",
                                "succeeded,waiting")
     assert code == 0 and sorted(runs) == ["o-done", "o-wait"]
-    source = changed(tmp_path, ('key="colour"', 'key="color"'))
+    source = changed(recorded, tmp_path, ('key="colour"', 'key="color"'))
     done = check(recorded, source, "--workflow", "order")
     assert done.returncode == 1 and done.stdout.splitlines()[-1] == "1 run: ok 0, failing 1"
 
 
-# -- patches (ledgers built here: a patch entry as `mr.patched` records it) -----------------
+# -- patches ---------------------------------------------------------------------------
 
-def _with_patch(history: History, decision: bool) -> History:
-    """`history` with a patch decision recorded before its first step."""
-    first = history.ledger[0]
-    entry = StepRecord(version=1, key="order.patch:fast-pack#0", name="patch:fast-pack",
-                       status="succeeded", attempts=0, seq=-1, epoch=first.epoch,
-                       wseq=first.wseq - 1,
-                       result=msgspec.Raw(msgspec.json.encode(decision)))
-    return msgspec.structs.replace(history, ledger=[entry, *history.ledger])
-
-
-def test_a_patch_removed_while_runs_took_its_old_branch(recorded: Recorded,
-                                                        tmp_path: Path) -> None:
-    histories = recorded.histories()
-    file = tmp_path / "patched.jsonl"
-    file.write_bytes(to_line(_with_patch(histories["o-wait"], False))
-                     + to_line(_with_patch(histories["o-done"], True)))
-    # The source declares no `mr.patched("fast-pack")`: the patch was removed.
-    code, runs, summary = check_json(recorded, SOURCE, "--from", str(file))
+def test_a_patch_removed_too_early_is_caught(recorded: Recorded, tmp_path: Path) -> None:
+    # The new branch kept, the patch and its old branch removed: sh-old took the old one.
+    source = changed(recorded, tmp_path, (PATCH[1], "    a = weigh(a)\n"))
+    code, runs, summary = check_json(recorded, source, "--from", str(recorded.file))
     assert code == 1
-    assert runs["o-wait"]["outcome"] == "patch_removed"
-    assert runs["o-wait"]["summary"] == ("patch 'fast-pack' removed while this run took its "
+    assert runs["sh-old"]["outcome"] == "patch_removed", runs["sh-old"]
+    assert runs["sh-old"]["summary"] == ("patch 'weigh-first' removed while this run took its "
                                          "old branch")
-    assert runs["o-wait"]["old_branch_patches"] == ["fast-pack"]
-    assert runs["o-done"]["ok"]  # it took the new branch
-    assert summary["patches"] == {"fast-pack": {"old_branch_runs": 1}}
-    done = check(recorded, SOURCE, "--from", str(file))
-    assert "patch 'fast-pack': 1 run still on its old branch" in done.stdout.splitlines()
-    # Only new-branch runs: the old branch may go.
-    file.write_bytes(to_line(_with_patch(histories["o-wait"], True)))
-    out = ok(check(recorded, SOURCE, "--from", str(file)))
-    assert ("patch 'fast-pack': no run in flight on its old branch (its old branch may be "
+    assert runs["sh-old"]["old_branch_patches"] == ["weigh-first"]
+    assert runs["sh-new"]["ok"], runs["sh-new"]  # it took the new branch, which stays
+    assert summary["patches"] == {"weigh-first": {"old_branch_runs": 1}}
+    assert summary["summary"] == {"runs": 6, "ok": 5, "failing": 1}
+
+
+def test_a_patch_deprecated_too_early_is_caught(recorded: Recorded, tmp_path: Path) -> None:
+    source = changed(recorded, tmp_path,
+                     (PATCH[1], '    mr.deprecate_patch("weigh-first")\n    a = weigh(a)\n'))
+    code, runs, _ = check_json(recorded, source, "--from", str(recorded.file))
+    assert code == 1
+    assert runs["sh-old"]["outcome"] == "patch_deprecated", runs["sh-old"]
+    assert runs["sh-old"]["problems"][0]["patch"] == "weigh-first"
+    assert runs["sh-new"]["ok"]
+
+
+def test_only_new_branch_runs_in_flight_let_the_old_branch_go(recorded: Recorded,
+                                                              tmp_path: Path) -> None:
+    out = ok(check(recorded, recorded.source, "sh-new"))
+    assert ("patch 'weigh-first': no run in flight on its old branch (its old branch may be "
             "removed, as far as these runs tell)") in out.splitlines()
 
 
@@ -286,25 +316,25 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(recorded: Recorded, tmp_path:
     one_line_error(procs.cli("export", "o-wait", "--workflow", "order"), 2, "not both")
     dead = f"redis://127.0.0.1:{free_port()}/0"
     one_line_error(procs.cli("export", "o-wait", "--redis-url", dead), 3, "cannot reach Redis")
-    one_line_error(check(recorded, SOURCE, "o-wait", "--redis-url", dead), 3,
+    one_line_error(check(recorded, recorded.source, "o-wait", "--redis-url", dead), 3,
                    "cannot reach Redis")
-    one_line_error(check(recorded, SOURCE, "--from", str(tmp_path / "none.jsonl")), 2,
+    one_line_error(check(recorded, recorded.source, "--from", str(tmp_path / "none.jsonl")), 2,
                    "cannot read the history file")
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(recorded.file.read_bytes().splitlines()[0] + b"\n{\"kind\": \"run\"}\n")
-    one_line_error(check(recorded, SOURCE, "--from", str(bad)), 2, f"{bad}:2",
+    one_line_error(check(recorded, recorded.source, "--from", str(bad)), 2, f"{bad}:2",
                    "not a run history")
     newer = json.loads(recorded.file.read_bytes().splitlines()[0])
     newer["version"] = 99
     bad.write_text(json.dumps(newer) + "\n")
-    one_line_error(check(recorded, SOURCE, "--from", str(bad)), 2, f"{bad}:1")
-    one_line_error(procs.cli("replay", "--source", str(SOURCE), "o-wait"), 2, "--check")
+    one_line_error(check(recorded, recorded.source, "--from", str(bad)), 2, f"{bad}:1")
+    one_line_error(procs.cli("replay", "--source", str(recorded.source), "o-wait"), 2, "--check")
     argv = [*_cli_argv(), "--redis-url", procs.url, "replay", "--check", "o-wait"]
     env = {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
     no_source = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
                                stdin=subprocess.DEVNULL)
     one_line_error(no_source, 2, "give --source")
-    one_line_error(check(recorded, SOURCE, "--from", str(recorded.file), "o-wait"), 2,
+    one_line_error(check(recorded, recorded.source, "--from", str(recorded.file), "o-wait"), 2,
                    "only one of them")
     # A file export refused leaves nothing behind.
     target = tmp_path / "out.jsonl"

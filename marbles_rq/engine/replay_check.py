@@ -42,14 +42,16 @@ from .context import Limits
 from .dryrun import DRY_LEASE_MS, MemoryRuns, _Ask, _Run
 from .execute import REPLAY_REACHED_NEW_WORK, execute
 from .history import ChildOutcome, History, wf_version_of
+from .patches import PATCH_PREFIX, decision_of, patch_of
 from .runs import RunStore
 
 REPLAY_WORKER = "replay-check"
 IN_FLIGHT = ("waiting", "running", "queued")  # what `replay --check --workflow` selects
-PATCH_PREFIX = "patch:"
 _NON_DETERMINISM = re.compile(r"in (?P<frame>.*) at position (?P<position>\d+): the ledger "
                               r"recorded (?P<recorded>.*) there, the body now calls "
                               r"(?P<called>.*) \(a workflow must")
+_DEPRECATED = re.compile(r"^patch (?P<patch>'[^']*'|\"[^\"]*\") in (?P<frame>.+?) is "
+                         r"deprecated")
 
 
 class ReadLedger(dict[str, StepRecord]):
@@ -108,8 +110,7 @@ class ReplayRuns(MemoryRuns):
             ex.asks_seen = set()
             self.ledgers[run_id] = ledger
             self.asks_seen[run_id] = ex.asks_seen
-            seen = getattr(ex, "patches_seen", None)
-            self.patches_seen[run_id] = seen if isinstance(seen, set) else set()
+            self.patches_seen[run_id] = ex.patches_seen
         return started
 
     def child_states(self, ids: list[str]) -> list[tuple[str, bytes | None, bytes | None]]:
@@ -294,7 +295,7 @@ class Checker:
                 continue
             before_stop = last_reached is not None and ledger_order(entry) < last_reached
             if covered or before_stop or any(p.kind == "nondeterminism" for p in problems):
-                pid = entry.name[len(PATCH_PREFIX):]
+                pid = patch_of(entry)
                 problems.append(Problem(
                     "patch_removed", f"patch {pid!r} removed while this run took its old "
                     f"branch", {"patch": pid, "key": entry.key}))
@@ -309,6 +310,12 @@ def _failure(history: History, error: ErrorInfo) -> list[Problem]:
     if history.status == "failed" and recorded is not None and (
             recorded.type, recorded.message) == (error.type, error.message):
         return []  # it failed so when it was recorded
+    deprecated = _DEPRECATED.search(error.message) if error.type == "NonDeterminism" else None
+    if deprecated is not None:
+        pid = _unquote(deprecated["patch"])
+        return [Problem("patch_deprecated", f"patch {pid!r} deprecated (its old branch "
+                        f"deleted) while this run took its old branch",
+                        {"patch": pid, "frame": deprecated["frame"]})]
     if error.type == "NonDeterminism":
         detail: dict[str, Any] = {"frame": error.step}
         found = _NON_DETERMINISM.search(error.message)
@@ -361,8 +368,8 @@ def _patch_decisions(ledger: Iterable[StepRecord]) -> tuple[list[str], list[str]
     """The patch ids the ledger decided, and those it decided False (the old branch)."""
     decided, old = [], []
     for entry in sorted(ledger, key=ledger_order):
-        if entry.name.startswith(PATCH_PREFIX):
-            pid = entry.name[len(PATCH_PREFIX):]
+        pid = patch_of(entry)
+        if pid is not None:
             decided.append(pid)
             if _decision(entry) is False:
                 old.append(pid)
@@ -371,12 +378,9 @@ def _patch_decisions(ledger: Iterable[StepRecord]) -> tuple[list[str], list[str]
 
 def _decision(entry: StepRecord) -> bool | None:
     try:
-        value = msgspec.json.decode(entry.result)
+        return decision_of(entry)
     except msgspec.DecodeError:
         return None
-    if isinstance(value, dict):
-        value = value.get("patched", value.get("decision"))
-    return value if isinstance(value, bool) else None
 
 
 def _call(entry: StepRecord) -> str:
