@@ -283,9 +283,7 @@ class Checker:
                                  f"it stopped (first: {_call(unreached[0])}); they are "
                                  f"checked when the run gets there")
         # A patch whose old branch this run took, and that the new code no longer reaches.
-        seen = store.patches_seen.get(history.run_id, set()) | {
-            k for k in reached if k in {e.key for e in history.ledger
-                                        if e.name.startswith(PATCH_PREFIX)}}
+        seen = store.patches_seen.get(history.run_id, set()) | reached
         last_reached = max((ledger_order(e) for e in calls if e.key in reached), default=None)
         covered = not unreached
         for entry in history.ledger:
