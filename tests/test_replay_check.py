@@ -20,7 +20,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from marbles_rq.engine.history import History, from_line, to_line
+import marbles_rq as mr
+from marbles_rq.engine import authoring
+from marbles_rq.engine.authoring import Registry
+from marbles_rq.engine.dryrun import DryRun, dry_run
+from marbles_rq.engine.history import History, QuestionState, from_line, to_line
+from marbles_rq.engine.replay_check import check_all
 from tests.procs import REPO_ROOT, Procs, _cli_argv
 from tests.redis_procs import RedisServer, free_port
 from tests.replay_workflows import EXEC_PREFIX
@@ -303,6 +308,66 @@ def test_only_new_branch_runs_in_flight_let_the_old_branch_go(recorded: Recorded
     out = ok(check(recorded, recorded.source, "sh-new"))
     assert ("patch 'weigh-first': no run in flight on its old branch (its old branch may be "
             "removed, as far as these runs tell)") in out.splitlines()
+
+
+# -- in memory: async and parallel bodies (histories from dry runs, no Redis) ---------------
+
+def _history(done: DryRun, status: str | None = None, drop: str = "") -> History:
+    """A dry run's run as `export` writes it; `status` and `drop` (a step name whose
+    entries are left out, the question reopened) make it a run still in flight."""
+    run = done.runs.runs[done.view.record.id]
+    questions = [QuestionState(record=a.record, state="open" if drop else a.state,
+                               answer=msgspec.Raw(msgspec.json.encode(None if drop
+                                                                      else a.answer)))
+                 for a in run.asks.values()]
+    return History(version=1, run=run.record, status=status or run.status,
+                   result=msgspec.Raw(run.result or b"null"),
+                   ledger=[e for e in run.ledger.values() if e.name != drop],
+                   questions=questions)
+
+
+def test_async_and_parallel_bodies_replay_in_memory() -> None:
+    calls: list[str] = []
+
+    @mr.step(name="rc_unit_fetch")
+    async def fetch(n: int) -> int:
+        calls.append("fetch")
+        return n + 1
+
+    @mr.step(name="rc_unit_size")
+    def size(n: int) -> int:
+        calls.append("size")
+        return n * 2
+
+    async def async_flow(ctx: Any) -> list[object]:
+        x = await fetch(3)
+        colour = await ctx.ask.question("Colour?", choices=["red", "blue"], key="colour")
+        return [await size(x), colour]
+
+    def parallel_flow(ctx: Any) -> list[int]:
+        return list(mr.parallel(lambda: size(1), lambda: size(2)))
+
+    def swapped_flow(ctx: Any) -> list[int]:
+        return list(mr.parallel(lambda: size(1), lambda: size(2), lambda: size(3)))
+
+    registry = Registry()
+    for name, fn in (("a", async_flow), ("p", parallel_flow)):
+        registry.workflows[name] = authoring.WorkflowDef(name, fn, None)
+    done_a = dry_run("a", b"null", registry=registry, answer=lambda q: "red")
+    done_p = dry_run("p", b"null", registry=registry)
+    histories = [_history(done_a), _history(done_a, "waiting", drop="rc_unit_size"),
+                 _history(done_p)]
+    calls.clear()
+    report = check_all(histories, registry)
+    assert [v.summary for v in report.verdicts] == [
+        "finished the same way (same result)", "parked at question 'colour', as recorded",
+        "finished the same way (same result)"]
+    assert calls == []  # no step body ran
+    registry.workflows["p"] = authoring.WorkflowDef("p", swapped_flow, None)
+    verdict = check_all([_history(done_p)], registry).verdicts[0]
+    # A third branch is new work: it stops there, before finishing differently.
+    assert verdict.ok and verdict.summary.startswith("reached the end of its recorded history")
+    assert calls == []
 
 
 # -- bad input ---------------------------------------------------------------------------
