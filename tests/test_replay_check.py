@@ -347,21 +347,32 @@ def test_async_and_parallel_bodies_replay_in_memory() -> None:
     def parallel_flow(ctx: Any) -> list[int]:
         return list(mr.parallel(lambda: size(1), lambda: size(2)))
 
+    @mr.step(name="rc_unit_outer")
+    def outer(n: int) -> int:
+        calls.append("outer")
+        return size(n) + 1  # a step inside a step: replayed with the outer one's result
+
+    def nested_flow(ctx: Any) -> int:
+        return int(outer(4))
+
     def swapped_flow(ctx: Any) -> list[int]:
         return list(mr.parallel(lambda: size(1), lambda: size(2), lambda: size(3)))
 
     registry = Registry()
-    for name, fn in (("a", async_flow), ("p", parallel_flow)):
+    for name, fn in (("a", async_flow), ("p", parallel_flow), ("n", nested_flow)):
         registry.workflows[name] = authoring.WorkflowDef(name, fn, None)
     done_a = dry_run("a", b"null", registry=registry, answer=lambda q: "red")
     done_p = dry_run("p", b"null", registry=registry)
+    done_n = dry_run("n", b"null", registry=registry)
+    assert sorted(e.key for e in done_n.view.steps) == ["n.rc_unit_outer#0",
+                                                        "n.rc_unit_outer#0.rc_unit_size#0"]
     histories = [_history(done_a), _history(done_a, "waiting", drop="rc_unit_size"),
-                 _history(done_p)]
+                 _history(done_p), _history(done_n)]
     calls.clear()
     report = check_all(histories, registry)
     assert [v.summary for v in report.verdicts] == [
         "finished the same way (same result)", "parked at question 'colour', as recorded",
-        "finished the same way (same result)"]
+        "finished the same way (same result)", "finished the same way (same result)"]
     assert calls == []  # no step body ran
     registry.workflows["p"] = authoring.WorkflowDef("p", swapped_flow, None)
     verdict = check_all([_history(done_p)], registry).verdicts[0]

@@ -221,11 +221,17 @@ class Checker:
         ledger = store.ledgers.get(history.run_id)
         read = ledger.read if ledger is not None else []
         reached = set(read)
-        calls = sorted((e for e in history.ledger if not e.name.startswith(PATCH_PREFIX)),
+        # What a recorded step's body did (its own steps, questions, patches) replays with
+        # the step's result: a replay never goes inside a step that finished.
+        finished_steps = _finished_steps(history.ledger)
+        ledger_entries = [e for e in history.ledger
+                          if not _inside(_frame_of(e), finished_steps)]
+        calls = sorted((e for e in ledger_entries if not e.name.startswith(PATCH_PREFIX)),
                        key=ledger_order)
         unreached = [e for e in calls if e.key not in reached]
         asked = store.asks_seen.get(history.run_id, set())
-        lost_asks = [q for q in history.questions if q.record.key not in asked]
+        lost_asks = [q for q in history.questions if q.record.key not in asked
+                     and not _inside(q.record.step, finished_steps)]
         problems = verdict.problems
         if run.status == "failed" and run.error is not None:
             problems += _failure(history, run.error)
@@ -271,7 +277,7 @@ class Checker:
             problems.append(Problem("ask_changed", message,
                                     {"recorded": lost.record.key,
                                      "asked": new_questions[0] if new_questions else None}))
-        if unreached and finished and not any(p.kind == "nondeterminism" for p in problems):
+        if unreached and finished and not problems:
             first = unreached[0]
             problems.append(Problem(
                 "unreached", f"it {where} without reaching {len(unreached)} recorded "
@@ -286,7 +292,7 @@ class Checker:
         seen = store.patches_seen.get(history.run_id, set()) | reached
         last_reached = max((ledger_order(e) for e in calls if e.key in reached), default=None)
         covered = not unreached
-        for entry in history.ledger:
+        for entry in ledger_entries:
             if not entry.name.startswith(PATCH_PREFIX) or entry.key in seen:
                 continue
             if _decision(entry) is not False:
@@ -301,6 +307,28 @@ class Checker:
             # The first problem says it all; the patch, when there is one, is its cause.
             problems.sort(key=lambda p: p.kind != "patch_removed")
             verdict.summary = problems[0].message
+
+
+def _finished_steps(ledger: Iterable[StepRecord]) -> set[str]:
+    return {e.key for e in ledger if not e.name.startswith("|")
+            and e.status in ("succeeded", "failed")}
+
+
+def _frame_of(entry: StepRecord) -> str:
+    """The frame path an entry was recorded in (its key without `.<name>#<n>`)."""
+    cut = entry.key.rfind(f".{entry.name}#")
+    return entry.key[:cut] if cut > 0 else ""
+
+
+def _inside(frame: str, steps: set[str]) -> bool:
+    """Is `frame` the body of one of `steps` (a step's frame path is its ledger key), or
+    inside one?"""
+    while frame:
+        if frame in steps:
+            return True
+        cut = frame.rfind(".")
+        frame = frame[:cut] if cut > 0 else ""
+    return False
 
 
 def _failure(history: History, error: ErrorInfo) -> list[Problem]:
@@ -365,8 +393,12 @@ def _new_work_at(read: list[str], ledger: ReadLedger | None) -> str:
 def _patch_decisions(ledger: Iterable[StepRecord]) -> tuple[list[str], list[str]]:
     """The patch ids the ledger decided, and those it decided False (the old branch)."""
     decided, old = [], []
-    for entry in sorted(ledger, key=ledger_order):
+    entries = list(ledger)
+    finished = _finished_steps(entries)
+    for entry in sorted(entries, key=ledger_order):
         pid = patch_of(entry)
+        if pid is not None and _inside(_frame_of(entry), finished):
+            continue  # taken inside a step that finished: it is never decided again
         if pid is not None:
             decided.append(pid)
             if _decision(entry) is False:
