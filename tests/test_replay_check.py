@@ -381,6 +381,33 @@ def test_async_and_parallel_bodies_replay_in_memory() -> None:
     assert calls == []
 
 
+def test_a_version_the_new_source_does_not_serve_is_said_and_still_checked() -> None:
+    class Serving(Registry):
+        """Serves version "2" of each workflow (and runs recorded before versions)."""
+
+        def serving(self, name: str, version: str) -> authoring.WorkflowDef | None:
+            return self.workflows.get(name) if version in ("", "2") else None
+
+    @mr.step(name="rc_unit_one")
+    def one() -> int:
+        return 1
+
+    def flow(ctx: Any) -> int:
+        return int(one())
+
+    registry = Serving()
+    registry.workflows["v"] = authoring.WorkflowDef("v", flow, None)
+    done = _history(dry_run("v", b"null", registry=registry))
+    old = msgspec.structs.replace(done, wf_version="1")
+    verdicts = check_all([old, msgspec.structs.replace(done, wf_version="2")],
+                         registry).verdicts
+    assert verdicts[0].ok and verdicts[0].summary == "finished the same way (same result)"
+    # (With versions, the current definition's own is named after it.)
+    assert len(verdicts[0].notes) == 1 and verdicts[0].notes[0].startswith(
+        "version 1 is not served by the new source; replayed against its current definition")
+    assert verdicts[1].ok and verdicts[1].notes == []
+
+
 # -- bad input ---------------------------------------------------------------------------
 
 def test_bad_input_is_one_line_and_a_non_zero_exit(recorded: Recorded, tmp_path: Path) -> None:
