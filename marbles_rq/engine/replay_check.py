@@ -39,13 +39,14 @@ from ..errors import MarblesError
 from ..store.records import ErrorInfo, StepRecord, ledger_order
 from .authoring import Registry
 from .context import Limits
-from .dryrun import DRY_LEASE_MS, MemoryRuns, _Ask, _Run
+from .dryrun import MemoryRuns, _Ask, _Run
 from .execute import REPLAY_REACHED_NEW_WORK, execute
 from .history import ChildOutcome, History, wf_version_of
 from .patches import PATCH_PREFIX, decision_of, patch_of
 from .runs import RunStore
 
 REPLAY_WORKER = "replay-check"
+REPLAY_LEASE_MS = 3_600_000  # no lease to keep: the watchdog renews in memory, rarely
 IN_FLIGHT = ("waiting", "running", "queued")  # what `replay --check --workflow` selects
 _NON_DETERMINISM = re.compile(r"in (?P<frame>.*) at position (?P<position>\d+): the ledger "
                               r"recorded (?P<recorded>.*) there, the body now calls "
@@ -93,9 +94,9 @@ class ReplayRuns(MemoryRuns):
         run.ledger = {entry.key: entry for entry in history.ledger}
         run.effects = set(history.effects)
         for q in history.questions:
-            run.asks[q.record.key] = _Ask(q.record, q.asked_ms, q.state,
-                                          msgspec.json.decode(q.answer),
-                                          q.answered_ms or None)
+            run.asks[q.record.key] = _Ask(record=q.record, asked_ms=q.asked_ms, state=q.state,
+                                          answer=msgspec.json.decode(q.answer),
+                                          answered_ms=q.answered_ms or None)
         self.runs[record.id] = run
         self.children = {c.id: c for c in history.children}
         return record.id
@@ -204,7 +205,7 @@ class Checker:
         run_id = store.load(history, record_version)
         try:
             ended = execute(cast(RunStore, store), self.registry, run_id, 1,
-                            worker=REPLAY_WORKER, lease_ms=DRY_LEASE_MS, hard_exit=False,
+                            worker=REPLAY_WORKER, lease_ms=REPLAY_LEASE_MS, hard_exit=False,
                             limits=self.limits, deliver=None)
         except MarblesError as exc:
             problem = Problem("replay_error", f"the replay could not run: {exc}")
