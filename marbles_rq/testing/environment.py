@@ -15,10 +15,11 @@ deliver the runs that can run. Nothing touches Redis.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 import msgspec
@@ -47,6 +48,9 @@ from ..store.ids import check_id
 from .faults import Faults
 from .schedules import Schedules
 
+if TYPE_CHECKING:
+    from ..triggers.schedule_spec import ScheduleRegistry
+
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -60,10 +64,13 @@ class Environment:
     `start`: the clock's first reading (an aware datetime; a naive one is read in `tz`);
     now by default. `tz`: the zone `now()` answers in (UTC by default). `registry`: the
     workflows (those declared by imported modules by default). `schedules`: fire the
-    declared schedules (`@mr.schedule`) on the clock: True (all), False, or their keys."""
+    declared schedules (`@mr.schedule`) on the clock: True (all whose workflow is loaded),
+    False, or their keys; `schedule_registry`: where they are declared (`@mr.schedule(...,
+    registry=...)`; the default one otherwise)."""
 
     def __init__(self, *, start: dt.datetime | None = None, tz: str | ZoneInfo | None = None,
                  registry: Registry = REGISTRY, schedules: bool | list[str] = True,
+                 schedule_registry: ScheduleRegistry | None = None,
                  limits: Limits | None = None) -> None:
         self.tz = ZoneInfo(tz) if isinstance(tz, str) else (tz or ZoneInfo("UTC"))
         if start is not None and start.tzinfo is None:
@@ -79,7 +86,8 @@ class Environment:
             keys: list[str] | None = []
         else:
             keys = None if schedules is True else list(schedules)
-        self.schedules = Schedules(self.engine, _schedule_registry(keys), keys)
+        self.schedules = Schedules(self.engine, _schedule_registry(schedule_registry, keys),
+                                   keys)
         self.engine.timed.append(self.schedules)
 
     # -- the clock --------------------------------------------------------------------------
@@ -306,15 +314,14 @@ class Environment:
         again is received once. Returns the `Sent` the client returns."""
         from ..triggers.events import TRIGGERS, Sent, prepare_event, run_input
 
-        from_client = id
-        event_id = from_client or f"kit-{next(self._ids)}"
+        event_id = id or f"kit-{next(self._ids)}"
         raw = encode_payload(payload)
         record, trigger = prepare_event(source, event_id, type=type or "", payload=raw,
                                         registry=self.registry, triggers=TRIGGERS)
         record = msgspec.structs.replace(record, received_at_ms=self.engine.now_ms())
         if record.id in self._events:
-            return msgspec.structs.replace(self._events[record.id], created=False,
-                                           run_created=False, delivered=())
+            return dataclasses.replace(self._events[record.id], created=False,
+                                       run_created=False, delivered=())
         run_id, created = "", False
         if trigger is not None:
             run_record = prepare(RunRequest(trigger.workflow, run_input(record), record.id,
@@ -329,13 +336,14 @@ class Environment:
         return sent
 
 
-def _schedule_registry(keys: list[str] | None) -> Any:
+def _schedule_registry(registry: ScheduleRegistry | None,
+                       keys: list[str] | None) -> ScheduleRegistry:
     from ..triggers.schedule_spec import SCHEDULES
 
-    if keys is not None:
-        for key in keys:
-            SCHEDULES.get(key)  # UnknownScheduleError for a key not declared
-    return SCHEDULES
+    registry = SCHEDULES if registry is None else registry
+    for key in keys or []:
+        registry.get(key)  # UnknownScheduleError for a key not declared
+    return registry
 
 
 __all__ = ["Environment"]
