@@ -31,6 +31,7 @@ from .ops import RunRequest, prepare
 from .runs import TERMINAL, OutputEvent, RunView
 from .waits import Question
 
+DRY_WORKER = "dry-run"  # the worker its output and `--json` name
 MAX_WAITS = 10_000  # a guard against a workflow that never stops waiting
 
 # An answer to a question, or None to cancel the run at it (stdin is not a terminal).
@@ -52,7 +53,8 @@ def dry_run(name: str, raw_input: bytes, *, answer: Answerer | None = None,
     request = RunRequest(name, raw_input, run_id or f"dry-{uuid.uuid4().hex[:12]}",
                          strict=True)
     record = prepare(request, registry)
-    engine = MemoryEngine(registry, limits=limits or Limits.from_env(), on_event=on_event)
+    engine = MemoryEngine(registry, limits=limits or Limits.from_env(), worker=DRY_WORKER,
+                          on_event=on_event)
     engine.store.record(record)
     _drive(engine, record.id, answer, on_note or (lambda text: None))
     view = engine.store.get(record.id)

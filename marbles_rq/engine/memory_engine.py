@@ -42,11 +42,12 @@ class Timed:
 
 class MemoryEngine:
     def __init__(self, registry: Registry = REGISTRY, *, start_ms: int | None = None,
-                 limits: Limits | None = None,
+                 limits: Limits | None = None, worker: str = MEMORY_WORKER,
                  on_event: Callable[[str, OutputEvent], None] | None = None) -> None:
         self.registry = registry
         self.clock = VirtualClock(start_ms)
         self.store = MemoryRuns(self.clock, on_event)
+        self.store.worker = worker
         self.limits = limits or Limits()
         # The test kit's overrides of step bodies (Execution.override_step).
         self.override_step: Callable[[str, StepDef], StepDef] | None = None
@@ -73,7 +74,7 @@ class MemoryEngine:
         self.store.override_step = self.override_step
         try:
             return execute(cast(RunStore, self.store), self.registry, run_id, run.attempt,
-                           worker=MEMORY_WORKER, lease_ms=LEASE_MS, hard_exit=False,
+                           worker=self.store.worker, lease_ms=LEASE_MS, hard_exit=False,
                            limits=self.limits, deliver=None)
         except Crashed:
             self.store.crashed(run_id)

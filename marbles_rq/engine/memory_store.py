@@ -125,6 +125,7 @@ class MemoryRuns:
                  on_event: Callable[[str, OutputEvent], None] | None = None) -> None:
         self.keys = Keyspace()
         self.clock = clock or VirtualClock()
+        self.worker = MEMORY_WORKER  # the name `status` shows its runs executed on
         self.runs: dict[str, _Run] = {}
         self.on_event = on_event
         # A test's injected crash: the ledger key after whose commit an execution stops.
@@ -537,7 +538,7 @@ class MemoryRuns:
                        epoch=run.epoch, created_ms=run.created_ms, started_ms=run.started_ms,
                        finished_ms=run.finished_ms,
                        result=None if run.result is None else msgspec.Raw(run.result),
-                       error=run.error, worker=MEMORY_WORKER, cancel_requested=False,
+                       error=run.error, worker=self.worker, cancel_requested=False,
                        steps=ledger, wait_reason=run.wait_reason, wait_for=run.wait_for,
                        wait_since_ms=run.wait_since_ms)
 
