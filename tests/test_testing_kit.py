@@ -54,6 +54,23 @@ def kit_daily(ctx: mr.RunContext) -> str:
     return "report"
 
 
+OVERLAPS = ScheduleRegistry()
+
+
+@mr.schedule(every="1h", registry=OVERLAPS)
+@mr.workflow()
+def kit_hourly(ctx: mr.RunContext) -> str:
+    mr.sleep(1800)
+    return "ok"
+
+
+@mr.schedule(cron="*/10 * * * *", tz="UTC", registry=OVERLAPS)
+@mr.workflow()
+def kit_ten_minutes(ctx: mr.RunContext) -> str:
+    mr.sleep(900)
+    return "ok"
+
+
 @mr.step(retries=2, delay_s=30)
 def kit_charge(n: int) -> int:
     CALLS.append(f"charge {n}")
@@ -171,6 +188,20 @@ def test_a_month_of_sleep_and_a_daily_berlin_schedule_across_both_2027_dst_chang
     assert elapsed < 1.0, f"{elapsed:.2f} s of wall time"
 
 
+def test_an_interval_counts_from_the_last_runs_end_and_a_busy_cron_slot_is_skipped() -> None:
+    env = Environment(start=dt.datetime(2027, 1, 1, tzinfo=UTC), schedule_registry=OVERLAPS)
+    env.advance(dt.timedelta(hours=5))
+    by_key: dict[str, list[str]] = {}
+    for fire in env.schedules.fired:
+        by_key.setdefault(fire.key, []).append(fire.at.strftime("%H:%M"))
+    # every 1h from the end of the previous run (each sleeps 30 min)
+    assert by_key["kit-hourly"] == ["01:00", "02:30", "04:00"]
+    # every 10 min, each run 15 min: the slot that finds the previous running is skipped
+    assert by_key["kit-ten-minutes"][:4] == ["00:10", "00:30", "00:50", "01:10"]
+    assert len(by_key["kit-ten-minutes"]) == 15  # 00:10 .. 04:50
+    assert env.schedules.skipped("kit-ten-minutes") == 15  # 00:20 .. 05:00
+
+
 def test_the_clock_starts_where_asked_and_never_moves_by_itself() -> None:
     env = Environment(start=dt.datetime(2030, 1, 1, 12, 0), tz="Europe/Berlin")
     assert env.now() == dt.datetime(2030, 1, 1, 12, 0, tzinfo=BERLIN)
@@ -224,6 +255,21 @@ def test_fail_step_beyond_the_retries_fails_the_run_with_the_given_error() -> No
         run.result()
     assert failed.value.error["type"] == "ConnectionError"
     assert "card declined" in failed.value.error["message"]
+    assert CALLS == []
+
+
+def test_fail_step_and_mock_step_on_async_steps() -> None:
+    env = Environment()
+    env.fail_step("kit_async.kit_fetch#0", times=1, error=TimeoutError)
+    run = env.start(kit_async, 1)
+    env.advance(3600)
+    with pytest.raises(RunFailedError) as failed:  # kit_fetch has no retries
+        run.result()
+    assert failed.value.error["type"] == "TimeoutError"
+    env.mock_step("kit_fetch", lambda n: n * 100)
+    mocked = env.start(kit_async, 1)
+    env.advance(3600)
+    assert mocked.result() == 100 + 10000
     assert CALLS == []
 
 
