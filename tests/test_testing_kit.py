@@ -344,7 +344,8 @@ def test_children_run_and_their_parent_gathers_them() -> None:
     env = Environment()
     parent = env.start(kit_parent)
     env.run_until_idle()
-    children = env.children(parent.id)
+    children = env.children(parent)  # a handle, or its id
+    assert [c.id for c in children] == [c.id for c in env.children(parent.id)]
     assert [c.workflow for c in children] == ["kit_child"] * 3
     assert [c.status().status for c in children] == ["waiting"] * 3
     env.advance(120)

@@ -164,41 +164,46 @@ class Environment:
             raise RunNotFoundError(f"no run with id {run_id!r}")
         return run
 
-    def status_json(self, run_id: str) -> dict[str, Any]:
+    def status_json(self, run: str | RunHandle) -> dict[str, Any]:
         """`status --json`'s document for the run, as the client's."""
-        run = self._run(run_id)
+        run_id = _id(run)
+        state = self._run(run_id)
         view = self.engine.store.get(run_id)
         assert view is not None
         data = view.to_json()
         now = self.engine.now_ms()
         data["questions"] = [q.to_json(now) for q in
                              self.engine.store.waits().questions(run_id)]
-        data["reports"] = [Report(run_id, r).to_json() for r in run.reports.values()]
-        data["published"] = dict(sorted(run.published.items()))
+        data["reports"] = [Report(run_id, r).to_json() for r in state.reports.values()]
+        data["published"] = dict(sorted(state.published.items()))
         data["signals"] = {name: {"sent": len(box.payloads), "taken": box.taken,
                                   "buffered": len(box.payloads) - box.taken}
-                           for name, box in sorted(run.signals.items())}
+                           for name, box in sorted(state.signals.items())}
         return data
 
-    def status(self, run_id: str) -> RunStatus:
+    def status(self, run: str | RunHandle) -> RunStatus:
+        run_id = _id(run)
         return msgspec.convert(self.status_json(run_id), RunStatus)
 
-    def result(self, run_id: str, timeout: float | None = None, *, type: Any = Any) -> Any:
+    def result(self, run: str | RunHandle, timeout: float | None = None, *,
+               type: Any = Any) -> Any:
         """The run's result, after delivering what can run now (the clock does not move):
         RunFailedError, RunCancelledError as the client's; ResultTimeoutError when it has
         not finished then (it waits: advance the clock, answer it, signal it ...)."""
-        run = self._run(run_id)
+        run_id = _id(run)
+        state = self._run(run_id)
         self.run_until_idle()
-        if run.status not in TERMINAL:
+        if state.status not in TERMINAL:
             raise ResultTimeoutError(
-                f"run {run_id} has not finished: it is {run.status}"
-                + (f" ({run.wait_reason})" if run.status == "waiting" else "")
+                f"run {run_id} has not finished: it is {state.status}"
+                + (f" ({state.wait_reason})" if state.status == "waiting" else "")
                 + "; advance the clock or do what it waits for")
-        final = next(e.data for e in reversed(run.output) if e.type == "final")
+        final = next(e.data for e in reversed(state.output) if e.type == "final")
         return settle(run_id, dict(final), type)
 
-    def children(self, run_id: str) -> list[RunHandle]:
-        """The runs `run_id` started as its children, in the order they were recorded."""
+    def children(self, run: str | RunHandle) -> list[RunHandle]:
+        """The runs `run` started as its children, in the order they were recorded."""
+        run_id = _id(run)
         self._run(run_id)
         return [RunHandle(self, cid, workflow=r.record.name, queue=r.record.queue)
                 for cid, r in self.engine.store.runs.items() if r.record.parent == run_id]
@@ -207,8 +212,9 @@ class Environment:
         """Every run in the environment, in the order they were recorded."""
         return [RunHandle(self, rid) for rid in self.engine.store.runs]
 
-    def output(self, run_id: str) -> list[Any]:
+    def output(self, run: str | RunHandle) -> list[Any]:
         """The run's output events (type, delivery, data), as `watch` shows them."""
+        run_id = _id(run)
         return list(self._run(run_id).output)
 
     def watch(self, run_id: str, *, after: str = "0-0", follow: bool = True
@@ -334,6 +340,10 @@ class Environment:
                     tuple(sorted(delivered)))
         self._events[record.id] = sent
         return sent
+
+
+def _id(run: str | RunHandle) -> str:
+    return run.id if isinstance(run, RunHandle) else run
 
 
 def _schedule_registry(registry: ScheduleRegistry | None,
