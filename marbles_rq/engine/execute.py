@@ -261,7 +261,7 @@ class RunContext:
 
         checked = check_tags(tags)
         if getattr(self.runs, "scripts", None) is None:
-            return  # a dry run (engine/dryrun.py): nothing outside reads its tags
+            return  # runs in memory (engine/memory_store.py) keep no tags
         self.call_store(tag_run, self.runs, self.run_id, checked)
 
     def wait_for_event(self, source: str, type: str | None = None,
