@@ -45,6 +45,12 @@ def kit_month_sleeper(ctx: mr.RunContext) -> str:
     return "rested"
 
 
+@mr.workflow()
+def kit_until(ctx: mr.RunContext, when: str) -> str:
+    ctx.sleep_until(dt.datetime.fromisoformat(when))
+    return when
+
+
 DAILY = ScheduleRegistry()
 
 
@@ -220,6 +226,16 @@ def test_the_clock_starts_where_asked_and_never_moves_by_itself() -> None:
     assert run.result() == "rested"
     with pytest.raises(ValueError):
         env.advance(-1)
+
+
+def test_sleep_until_a_local_time_after_the_change_to_summer_time() -> None:
+    env = Environment(start=dt.datetime(2027, 3, 27, 12, tzinfo=BERLIN), tz="Europe/Berlin")
+    run = env.start(kit_until, "2027-03-28T12:00:00+02:00")  # 23 hours later, not 24
+    env.advance(dt.timedelta(hours=22, minutes=59, seconds=59))
+    assert run.status().status == "waiting"
+    env.advance(dt.timedelta(seconds=1))
+    assert run.result() == "2027-03-28T12:00:00+02:00"
+    assert env.now() == dt.datetime(2027, 3, 28, 12, tzinfo=BERLIN)
 
 
 def test_a_run_past_its_deadline_fails_at_that_instant() -> None:
