@@ -158,6 +158,44 @@ def test_the_dry_run_agrees_with_production(case: Case,
         assert child == production[name], name
 
 
+# -- the test kit (marbles_rq.testing) --------------------------------------------------------
+
+def _kit(case: Case) -> tuple[Outcome, dict[str, Outcome]]:
+    """The case in a test kit Environment, answered and signalled as production was, the
+    clock moved on until it settles."""
+    import datetime as dt
+
+    from marbles_rq.testing import Environment
+
+    authoring.load_source(str(SOURCE))
+    env = Environment(schedules=False)
+    run = env.start(case.workflow, case.input, run_id=case.run_id)
+    env.run_until_idle()
+    for key, value in case.answers.items():
+        run.answer(key, str(value))
+        env.run_until_idle()
+    for key in case.approvals:
+        run.approve(key)
+    for name, payload in case.signals:
+        run.signal(name, payload)
+    env.advance(dt.timedelta(minutes=1))  # the timers (1 s) fire; no timeout is reached
+    store = env.engine.store
+    view = store.get(case.run_id)
+    assert view is not None
+    children = {f"child {c.id}": Outcome.of(child) for c in env.children(case.run_id)
+                if (child := store.get(c.id)) is not None}
+    return Outcome.of(view), children
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.workflow for c in CASES])
+def test_the_test_kit_agrees_with_production(case: Case,
+                                             production: dict[str, Outcome]) -> None:
+    outcome, children = _kit(case)
+    assert outcome == production[case.workflow]
+    for name, child in children.items():
+        assert child == production[name], name
+
+
 def test_every_case_ran_in_production(production: dict[str, Outcome]) -> None:
     """The production side itself: what each workflow is documented to do."""
     assert production["ct_steps"].result == "<[4, 6]>"

@@ -20,8 +20,8 @@ import marbles_rq as mr
 from marbles_rq.engine import authoring
 from marbles_rq.engine.authoring import Registry
 from marbles_rq.engine.context import Limits
-from marbles_rq.engine.dryrun import MemoryRuns, _drive, dry_run
-from marbles_rq.engine.execute import execute
+from marbles_rq.engine.dryrun import dry_run
+from marbles_rq.engine.memory_engine import MemoryEngine
 from marbles_rq.engine.ops import RunRequest, prepare
 from marbles_rq.engine.patches import PatchIdError, check_id
 from marbles_rq.store.records import StepRecord
@@ -175,15 +175,14 @@ def test_a_run_that_passed_the_point_takes_the_old_branch_on_every_replay() -> N
 
     registry = _registry(flow=old)
 
-    mem = MemoryRuns()
+    engine = MemoryEngine(registry, limits=Limits())
     record = prepare(RunRequest("flow", b"null", "r1"), registry)
-    mem.record(record)
-    execute(mem, registry, "r1", 1, worker="t", lease_ms=60_000,  # type: ignore[arg-type]
-            hard_exit=False, limits=Limits(), deliver=None)
-    assert mem.runs["r1"].status == "waiting" and calls == ["work"]
+    engine.store.record(record)
+    engine.run_until_idle()
+    assert engine.store.runs["r1"].status == "waiting" and calls == ["work"]
     registry.workflows["flow"] = authoring.WorkflowDef("flow", new, None)
-    _drive(mem, registry, "r1", None, lambda text: None, Limits())
-    view = mem.get("r1")
+    engine.advance_to(engine.now_ms() + 3_600_000)  # its timer fires: the new code replays
+    view = engine.store.get("r1")
     assert view is not None and view.status == "succeeded"
     assert json.loads(bytes(view.result or b"null")) == "old:done"
     assert calls == ["work"]  # replayed, not re-run
@@ -201,14 +200,14 @@ def test_deprecate_patch_fails_a_run_on_the_old_branch_and_passes_the_others() -
     assert done.view.status == "succeeded"  # nothing recorded there: the new code runs
 
     for decision, status in ((b"false", "failed"), (b"true", "succeeded")):
-        mem = MemoryRuns()
+        engine = MemoryEngine(registry, limits=Limits())
         record = prepare(RunRequest("flow", b"null", f"r-{decision.decode()}"), registry)
-        mem.record(record)
-        mem.runs[record.id].ledger["flow.|patch:p#0"] = StepRecord(
+        engine.store.record(record)
+        engine.store.runs[record.id].ledger["flow.|patch:p#0"] = StepRecord(
             version=1, key="flow.|patch:p#0", name="|patch:p", status="succeeded",
             attempts=0, result=msgspec.Raw(decision))
-        _drive(mem, registry, record.id, None, lambda text: None, Limits())
-        view = mem.get(record.id)
+        engine.run_until_idle()
+        view = engine.store.get(record.id)
         assert view is not None and view.status == status
         if status == "failed":
             assert view.error is not None and view.error.type == "NonDeterminism"

@@ -280,7 +280,11 @@ def decode_result(raw: msgspec.Raw, result_type: Any) -> Any:
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    """Now, in epoch ms: the run's own clock where it has one (a run in memory: its virtual
+    clock), else this machine's."""
+    run = _current.get()
+    clock = run.ex.clock if run is not None else None
+    return clock() if clock is not None else int(time.time() * 1000)
 
 
 def _route_step(step: StepDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -261,7 +261,7 @@ class RunContext:
 
         checked = check_tags(tags)
         if getattr(self.runs, "scripts", None) is None:
-            return  # a dry run (engine/dryrun.py): nothing outside reads its tags
+            return  # runs in memory (engine/memory_store.py) keep no tags
         self.call_store(tag_run, self.runs, self.run_id, checked)
 
     def wait_for_event(self, source: str, type: str | None = None,
@@ -333,6 +333,7 @@ class RunContext:
             return step_async(self, call, args, kwargs)
         if call.replayed:
             return call.replay()
+        definition = call.definition  # perhaps a test kit's override (open_step)
         body: Callable[[], Any] = functools.partial(definition.fn, *args, **kwargs)
         if inspect.iscoroutinefunction(definition.fn):
             from .async_run import run_here
@@ -367,6 +368,8 @@ class RunContext:
                 and digest and recorded.args != digest):
             self.log.warning("step %s is replayed with other arguments than it was "
                                  "recorded with; returning its recorded result", key)
+        if self.ex.override_step is not None:  # a test kit's mock or injected failure
+            definition = self.ex.override_step(key, definition)
         return StepCall(definition, key, seq, digest, recorded)
 
     def begin_attempt(self, call: StepCall) -> None:
@@ -564,8 +567,10 @@ class Watchdog:
         self.stop()
 
     def sleep(self, seconds: float) -> None:
-        """A retry backoff that ends early when the execution must stop."""
-        self._stop.wait(seconds)
+        """A retry backoff that ends early when the execution must stop (none on a virtual
+        clock: a run in memory does not wait for it)."""
+        if self.ex.clock is None:
+            self._stop.wait(seconds)
         self.raise_if_stopped()
 
     def raise_if_stopped(self) -> None:

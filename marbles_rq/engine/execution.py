@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,11 +112,19 @@ class Execution:
     replay_only: bool = False
     # The ledger keys of the patch decisions this execution read or took (engine/patches.py).
     patches_seen: set[str] = field(default_factory=set)
+    # A virtual clock (epoch ms) that replaces the server's for this execution: runs in
+    # memory (engine/memory_store.py: the dry run, the test kit) read their time from it.
+    clock: Callable[[], int] | None = None
+    # The test kit's overrides of step bodies (marbles_rq/testing: mocks, injected
+    # failures): given the step's ledger key and definition, the definition to run.
+    override_step: Callable[[str, Any], Any] | None = None
 
     def server_now_ms(self) -> int:
         """The server clock now, as far as this process can tell without asking: never
         behind it (a timer due this far ahead must not end early), so the local clock runs
         from before the start request was sent, and partial milliseconds round up."""
+        if self.clock is not None:
+            return self.clock()
         return self.server_ms + math.ceil((time.monotonic() - self.mono_at_start) * 1000)
 
 

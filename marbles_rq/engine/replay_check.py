@@ -2,7 +2,7 @@
 
 Each history (engine/history.py) is replayed against the new source's workflow in process
 memory by the real executor (engine/execute.py `execute`) on the dry run's in-memory store
-(engine/dryrun.py), with `Execution.replay_only` set: a recorded call returns what the ledger
+(engine/memory_store.py), with `Execution.replay_only` set: a recorded call returns what the ledger
 holds, the code between recorded calls runs, and the execution stops at the first step the
 ledger does not hold, so no step body ever runs. Nothing is written to Redis.
 
@@ -39,9 +39,9 @@ from ..errors import MarblesError
 from ..store.records import ErrorInfo, StepRecord, ledger_order
 from .authoring import Registry
 from .context import Limits
-from .dryrun import MemoryRuns, _Ask, _Run
 from .execute import REPLAY_REACHED_NEW_WORK, execute
 from .history import ChildOutcome, History, wf_version_of
+from .memory_store import MemoryRuns, _Ask, _Run
 from .patches import PATCH_PREFIX, decision_of, patch_of
 from .runs import RunStore
 

@@ -26,7 +26,7 @@ from ..store.records import StepRecord
 from .authoring import InputError
 from .context import Run, check_branch, check_not_in_foreign_thread, now_ms
 from .runs import RunStore
-from .signals import SignalTimeoutError, check_name, read_buffered, take
+from .signals import Buffered, SignalTimeoutError, check_name, read_buffered, take
 from .waiting import NonDeterminismError, ParkRun, Wait
 
 MAX_TIMEOUT_S = 366 * 86400
@@ -42,6 +42,27 @@ def _check_same(run: Run, record: StepRecord, name: str, call: str) -> None:
         # The same call, for another name: the code changed under a waiting run.
         raise NonDeterminismError(run.frame.path, record.seq, f"{call}({recorded!r})",
                                   f"{call}({name!r})")
+
+
+def _read(run: Run, name: str, limit: int | None) -> Buffered:
+    """The run's untaken signals of `name` (runs in memory, engine/memory_store.py, keep
+    their signals themselves)."""
+    if isinstance(run.runs, RunStore):
+        found: Buffered = run.call_store(read_buffered, run.runs, run.run_id, name, limit)
+        return found
+    memory: Any = run.runs
+    found = run.call_store(memory.read_buffered, run.run_id, name, limit)
+    return found
+
+
+def _take(run: Run, name: str, taken: int, count: int, record: StepRecord,
+          event: dict[str, Any]) -> str:
+    if isinstance(run.runs, RunStore):
+        status: str = run.call_store(take, run.runs, run.ex, name, taken, count, record, event)
+        return status
+    memory: Any = run.runs
+    status = run.call_store(memory.take_signal, run.ex, name, taken, count, record, event)
+    return status
 
 
 def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
@@ -70,7 +91,7 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
         # nobody can send it one. What its ledger holds is replayed above.
         raise ParkRun([Wait("signal", signals=[name])])
     while True:
-        found = run.call_store(read_buffered, run.runs, run.run_id, name, 1)
+        found = _read(run, name, 1)
         # A signal sent after the timeout was due stays for a later wait: the timeout won.
         if found.payloads and (not due or found.at_ms[0] <= due):
             payload = msgspec.Raw(found.payloads[0])
@@ -79,8 +100,8 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
                 result=msgspec.Raw(msgspec.json.encode(
                     {"name": name, "seq": found.taken + 1, "payload": payload})),
                 at_ms=now_ms(), seq=seq)
-            status = run.call_store(take, run.runs, run.ex, name, found.taken, 1, record,
-                                    {"name": name, "seqs": [found.taken + 1], "call": key})
+            status = _take(run, name, found.taken, 1, record,
+                           {"name": name, "seqs": [found.taken + 1], "call": key})
             if status == "conflict":
                 continue  # another branch took it first: look again
             run.check_reply(status)
@@ -94,9 +115,8 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
                 result=msgspec.Raw(msgspec.json.encode(
                     {"name": name, "due_ms": due, "timeout_s": timeout})),
                 at_ms=now_ms(), seq=seq)
-            status = run.call_store(take, run.runs, run.ex, name, found.taken, 0, record,
-                                    {"name": name, "seqs": [], "call": key,
-                                     "timed_out": True})
+            status = _take(run, name, found.taken, 0, record,
+                           {"name": name, "seqs": [], "call": key, "timed_out": True})
             if status == "conflict":
                 continue
             run.check_reply(status)
@@ -128,7 +148,7 @@ def drain_signals(run: Run, name: str) -> list[Any]:
     if not isinstance(run.runs, RunStore):
         return []  # a run in memory has no signals now: nobody can send it one
     while True:
-        found = run.call_store(read_buffered, run.runs, run.run_id, name, None)
+        found = _read(run, name, None)
         count = len(found.payloads)
         record = StepRecord(
             version=1, key=key, name="|signals", status="received", attempts=0,
@@ -136,9 +156,9 @@ def drain_signals(run: Run, name: str) -> list[Any]:
                 {"name": name, "first_seq": found.taken + 1,
                  "payloads": [msgspec.Raw(p) for p in found.payloads]})),
             at_ms=now_ms(), seq=seq)
-        status = run.call_store(take, run.runs, run.ex, name, found.taken, count, record,
-                                {"name": name, "call": key,
-                                 "seqs": list(range(found.taken + 1, found.taken + 1 + count))})
+        status = _take(run, name, found.taken, count, record,
+                       {"name": name, "call": key,
+                        "seqs": list(range(found.taken + 1, found.taken + 1 + count))})
         if status == "conflict":
             continue
         run.check_reply(status)
