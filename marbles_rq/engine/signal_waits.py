@@ -86,10 +86,6 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
         if recorded.status == "timed_out":
             raise SignalTimeoutError(f"no signal {name!r} within {data.get('timeout_s')} s")
         due = int(data["due_ms"])  # waiting: its timeout's due time, written when it parked
-    if not isinstance(run.runs, RunStore):
-        # A run in memory (engine/dryrun.py, engine/replay_check.py) receives no signal now:
-        # nobody can send it one. What its ledger holds is replayed above.
-        raise ParkRun([Wait("signal", signals=[name])])
     while True:
         found = _read(run, name, 1)
         # A signal sent after the timeout was due stays for a later wait: the timeout won.
@@ -145,8 +141,6 @@ def drain_signals(run: Run, name: str) -> list[Any]:
     if recorded is not None:
         _check_same(run, recorded, name, "signals")
         return list(msgspec.json.decode(recorded.result)["payloads"])
-    if not isinstance(run.runs, RunStore):
-        return []  # a run in memory has no signals now: nobody can send it one
     while True:
         found = _read(run, name, None)
         count = len(found.payloads)
