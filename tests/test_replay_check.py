@@ -443,3 +443,16 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(recorded: Recorded, tmp_path:
     target = tmp_path / "out.jsonl"
     one_line_error(procs.cli("export", "o-wait", "nope", "-o", str(target)), 2, "nope")
     assert not target.exists() and list(tmp_path.glob(".export-*")) == []
+
+
+def test_a_run_past_a_new_patch_counts_on_its_old_branch(recorded: Recorded,
+                                                         tmp_path: Path) -> None:
+    """o-wait recorded its steps before the patch existed: replayed by the patched code it
+    decides the old branch (nothing recorded yet), and the count says so."""
+    source = changed(recorded, tmp_path, ("    a = fetch(n)\n",
+                                          "    a = fetch(n)\n    if mr.patched('late'):\n"
+                                          "        a += 0\n"))
+    code, runs, summary = check_json(recorded, source, "o-wait")
+    assert code == 0 and runs["o-wait"]["ok"], runs
+    assert runs["o-wait"]["old_branch_patches"] == ["late"]
+    assert summary["patches"] == {"late": {"old_branch_runs": 1}}

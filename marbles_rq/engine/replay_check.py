@@ -213,6 +213,10 @@ class Checker:
             verdict.ended, verdict.summary = "error", problem.message
             return verdict
         verdict.ended = ended
+        # The decisions the run recorded, and those its replay took: a run that passed a
+        # patch's place before the patch was deployed takes the old branch when it replays.
+        verdict.patches, verdict.old_branch = _patch_decisions(
+            store.runs[run_id].ledger.values())
         self._judge(history, verdict)
         return verdict
 
