@@ -456,3 +456,39 @@ def test_a_run_past_a_new_patch_counts_on_its_old_branch(recorded: Recorded,
     assert code == 0 and runs["o-wait"]["ok"], runs
     assert runs["o-wait"]["old_branch_patches"] == ["late"]
     assert summary["patches"] == {"late": {"old_branch_runs": 1}}
+
+
+def test_the_client_exports_and_the_test_kit_checks(recorded: Recorded) -> None:
+    """From Python: `client.export` (sync and asyncio) gives the histories the CLI writes, and
+    `marbles_rq.testing.check_replays` replays a file of them against the imported code."""
+    import asyncio
+    import sys
+
+    client = mr.connect(recorded.procs.url)
+    try:
+        exported = {h.run_id: h for h in client.export(*RUNS)}
+    finally:
+        client.close()
+    def same(h: History) -> bytes:  # as written, but for when it was exported
+        return to_line(msgspec.structs.replace(h, exported_at_ms=0))
+
+    assert {k: same(h) for k, h in exported.items()} == {
+        k: same(h) for k, h in recorded.histories().items()}
+
+    async def export_async() -> list[History]:
+        aclient = mr.connect_async(recorded.procs.url)
+        try:
+            return await aclient.export("o-wait")
+        finally:
+            await aclient.aclose()
+
+    assert [same(h) for h in asyncio.run(export_async())] == [same(exported["o-wait"])]
+    script = ("from marbles_rq.engine.authoring import load_source\n"
+              f"load_source({str(recorded.source)!r})\n"
+              "from marbles_rq.testing import check_replays\n"
+              f"report = check_replays({str(recorded.file)!r})\n"
+              "print(report.summary(), report.old_branch)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "6 runs: ok 6, failing 0 {'weigh-first': 1}"

@@ -61,6 +61,7 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.history import History
     from ..engine.ops import Enqueued, RunRequest
     from ..engine.rerun import Rerun
     from ..engine.signals import SignalSent, SignalStarted
@@ -598,6 +599,16 @@ class Client:
 
         return send_signal(self.runs_store, check_id(run_id, "run id"), name, payload,
                            payload_json=payload_json, rq=self.lanes, request_id=request_id)
+
+    # -- histories ---------------------------------------------------------------------------
+
+    def export(self, *run_ids: str) -> list[History]:
+        """The runs' histories, as `marbles-rq export` writes them (input, version, ledger,
+        answers, signals, children's outcomes): what `marbles_rq.testing.check_replays`
+        and `replay --check --from` replay against new code. RunNotFoundError."""
+        from ..engine.history import read_histories
+
+        return read_histories(self.reader, [check_id(r, "run id") for r in run_ids])
 
     # -- published state --------------------------------------------------------------------
 

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .environment import Environment
+    from .replays import check_replays
     from .schedules import Fired
 
-__all__ = ["Environment", "Fired"]
+__all__ = ["Environment", "Fired", "check_replays"]
 
 
 def __getattr__(name: str) -> Any:
@@ -29,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from .environment import Environment
 
         return Environment
+    if name == "check_replays":
+        from .replays import check_replays
+
+        return check_replays
     if name == "Fired":
         from .schedules import Fired
 
