@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .engine.api import (
         ask,
         gather,
+        now,
         parallel,
         publish,
         report,
@@ -73,6 +74,7 @@ __all__ = [
     "deprecate_patch",
     "gather",
     "monitor",
+    "now",
     "on_event",
     "open_store",
     "parallel",
@@ -99,7 +101,7 @@ _HOME = {
     **{name: ".client" for name in (
         "AsyncClient", "Client", "ResultTimeoutError", "RunCancelledError", "RunFailedError",
         "RunHandle", "RunStatus", "StartRequest", "connect", "connect_async")},
-    "ask": ".engine.api", "gather": ".engine.api", "parallel": ".engine.api",
+    "ask": ".engine.api", "gather": ".engine.api", "now": ".engine.api", "parallel": ".engine.api",
     "report": ".engine.api", "sleep": ".engine.api", "sleep_until": ".engine.api",
     "start_child": ".engine.api", "publish": ".engine.api", "wait_for_event": ".engine.api",
     "signals": ".engine.api", "wait_for_signal": ".engine.api",

@@ -59,7 +59,7 @@ def test_every_public_name_is_its_modules_object() -> None:
         "marbles_rq.client": ["AsyncClient", "Client", "ResultTimeoutError",
                               "RunCancelledError", "RunFailedError", "RunHandle", "RunStatus",
                               "StartRequest", "connect", "connect_async"],
-        "marbles_rq.engine.api": ["ask", "gather", "parallel", "publish", "report",
+        "marbles_rq.engine.api": ["ask", "gather", "now", "parallel", "publish", "report",
                                   "signals", "sleep", "sleep_until", "start_child",
                                   "wait_for_event", "wait_for_signal"],
         "marbles_rq.engine.signals": ["SignalTimeoutError"],

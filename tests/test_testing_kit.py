@@ -51,6 +51,13 @@ def kit_until(ctx: mr.RunContext, when: str) -> str:
     return when
 
 
+@mr.workflow()
+def kit_clock_reader(ctx: mr.RunContext) -> list[str]:
+    before = mr.now()
+    mr.sleep(3 * 86400)
+    return [before.isoformat(), mr.now().isoformat()]
+
+
 DAILY = ScheduleRegistry()
 
 
@@ -226,6 +233,13 @@ def test_the_clock_starts_where_asked_and_never_moves_by_itself() -> None:
     assert run.result() == "rested"
     with pytest.raises(ValueError):
         env.advance(-1)
+
+
+def test_mr_now_reads_the_virtual_clock() -> None:
+    env = Environment(start=dt.datetime(2031, 5, 1, 8, tzinfo=UTC))
+    run = env.start(kit_clock_reader)
+    env.advance(dt.timedelta(days=3))
+    assert run.result() == ["2031-05-01T08:00:00+00:00", "2031-05-04T08:00:00+00:00"]
 
 
 def test_sleep_until_a_local_time_after_the_change_to_summer_time() -> None:

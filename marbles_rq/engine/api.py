@@ -62,6 +62,14 @@ def parallel(*calls: Callable[[], Any]) -> Any:
     return fanout.parallel(run, list(calls))
 
 
+def now() -> dt.datetime:
+    """The time (UTC) on the run's clock, recorded: every replay of the run returns the
+    instant its first execution read (see engine/run_clock.py)."""
+    from .run_clock import read_clock
+
+    return read_clock(current("mr.now"))
+
+
 def publish(key: str, value: Any) -> None:
     """Publish `value` under `key` for the run executing (see engine/published.py)."""
     published.publish(current("mr.publish"), key, value)

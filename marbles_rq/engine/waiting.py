@@ -39,7 +39,7 @@ MAX_BODY = 20_000
 MAX_CHOICE = 200
 MAX_SLEEP_MS = 10 * 366 * 86_400_000  # timers are for up to ten years
 KIND_NAMES = {"|sleep": "mr.sleep", "|child": "mr.start_child",
-              "|signal": "mr.wait_for_signal", "|signals": "ctx.signals"}
+              "|signal": "mr.wait_for_signal", "|signals": "ctx.signals", "|now": "mr.now"}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
