@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -157,7 +156,8 @@ def test_two_versions_in_one_source(tmp_path: Path) -> None:
     shown = listed(source)["v21_two"]
     assert shown["version"] == "2" and shown["versions"] == ["1", "2"]
     text = mrq("list", source=source).stdout
-    assert "v21_two: version 2 (current; also serves 1), queue default" in text, text
+    assert "  v21_two: queue default, no timeout, kept 7 d, no input\n    version 2 (new runs " \
+           "start on it); also serves 1\n" in text, text
 
 
 def test_current_true_picks_the_version_new_runs_start_on(tmp_path: Path) -> None:
@@ -394,7 +394,3 @@ def _rolling_deploy(old: Procs, new: Procs, fleet: Procs) -> None:
     finally:
         browser.close()
     assert '<dd class="mono" id="run-version">1</dd>' in html, html
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__, "-q"]))

@@ -149,9 +149,8 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
                           "input_schema": schema, "priority": wf.priority,
                           "concurrency": None if not wf.concurrency else {
                               "limit": wf.concurrency, "key": wf.concurrency_key}})
-        prose[name] = (f"version {wf.version}" + (
-            f" (current; also serves {', '.join(others)})" if others else "") + ", "
-            + _workflow_prose(wf))
+        prose[name] = f"  {name}: {_workflow_prose(wf)}\n    version {wf.version}" + (
+            f" (new runs start on it); also serves {', '.join(others)}" if others else "")
     state, unreachable = _trigger_state(settings, SCHEDULES, MONITORS)
     monitors = [state["monitors"].get(key) or {
         "key": key, "kind": m.kind, "source": m.source, "interval_s": m.interval_s,
@@ -168,7 +167,8 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
         return
     click.echo("workflows:" if workflows else "workflows: none (is --source set?)")
     for wf_data in workflows:
-        click.echo(safe(f"  {wf_data['name']}: {prose[wf_data['name']]}"))
+        for line in prose[wf_data["name"]].splitlines():
+            click.echo(safe(line))
     click.echo("schedules:" if schedules else "schedules: none")
     for sch in schedules:
         status = "" if sch["status"] is None else f", {sch['status']}"
