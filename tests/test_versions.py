@@ -338,6 +338,7 @@ def _rolling_deploy(old: Procs, new: Procs, fleet: Procs) -> None:
     wait_for(lambda: int(obs.client.hget(obs.runs.keys.run("r1"), "deferred") or 0) >= 2,
              timeout=60, what="r1 to be handed back twice", context=lambda: obs.dump("r1"))
     assert obs.status("r1") in ("queued", "running")
+    assert _status(new, "r1")["attempt"] == 1  # hand-backs are not counted as deliveries
 
     # doctor names the versions live workers serve and warns about the waiting runs.
     doctor = new.cli("doctor")
