@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .engine.async_run import AsyncRunContext
     from .engine.authoring import step, workflow
     from .engine.execute import RunContext, current
+    from .engine.patches import deprecate_patch, patched
     from .engine.signals import SignalTimeoutError
     from .errors import MarblesError, RunSettledError
     from .store import RedisStore, Store, open_store
@@ -69,11 +70,13 @@ __all__ = [
     "connect",
     "connect_async",
     "current",
+    "deprecate_patch",
     "gather",
     "monitor",
     "on_event",
     "open_store",
     "parallel",
+    "patched",
     "publish",
     "report",
     "schedule",
@@ -104,6 +107,7 @@ _HOME = {
     "step": ".engine.authoring", "workflow": ".engine.authoring",
     "RunContext": ".engine.execute", "current": ".engine.execute",
     "AsyncRunContext": ".engine.async_run",
+    "patched": ".engine.patches", "deprecate_patch": ".engine.patches",
     "MarblesError": ".errors",
     "RedisStore": ".store", "Store": ".store", "open_store": ".store",
     "Keyspace": ".store.keys",

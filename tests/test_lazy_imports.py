@@ -46,6 +46,14 @@ def test_importing_the_package_imports_none_of_its_narrow_parts() -> None:
     assert "httpx" in found
 
 
+def test_the_test_kits_pytest_plugin_imports_nothing_narrow() -> None:
+    # pytest loads it (the pytest11 entry point) in every session of every project that
+    # installs marbles-rq: the kit's engine waits for a test that asks for `mr_env`.
+    assert _imported_after("import marbles_rq.testing.pytest_plugin") == []
+    assert _imported_after("from marbles_rq.testing import Environment\nEnvironment()") \
+        != []
+
+
 def test_every_public_name_is_its_modules_object() -> None:
     homes = {
         "marbles_rq.client": ["AsyncClient", "Client", "ResultTimeoutError",
@@ -58,6 +66,7 @@ def test_every_public_name_is_its_modules_object() -> None:
         "marbles_rq.engine.authoring": ["step", "workflow"],
         "marbles_rq.engine.execute": ["RunContext", "current"],
         "marbles_rq.engine.async_run": ["AsyncRunContext"],
+        "marbles_rq.engine.patches": ["deprecate_patch", "patched"],
         "marbles_rq.errors": ["MarblesError", "RunSettledError"],
         "marbles_rq.store": ["RedisStore", "Store", "open_store"],
         "marbles_rq.store.keys": ["Keyspace"],

@@ -17,6 +17,7 @@ import pytest
 
 import marbles_rq as mr
 from marbles_rq.deployment import Settings
+from marbles_rq.engine.history import from_line
 from marbles_rq.web.app import create_app
 from marbles_rq.web.security import Guard
 from tests.procs import REPO_ROOT, Procs, wait_for
@@ -398,6 +399,13 @@ def test_published_state_over_http(procs: Procs, web: Web) -> None:
     missing = curl(web, "GET", "/api/runs/pub-1/state/other")
     assert missing.status == 404 and missing.error()["code"] == "not_published"
     assert curl(web, "GET", "/api/runs/nope/state/stage").error()["code"] == "run_not_found"
+    # Its history, as `export` writes it: what `replay --check --from` reads.
+    history = curl(web, "GET", "/api/runs/pub-1/history")
+    assert history.status == 200, history.body
+    line = from_line(history.body, "GET /api/runs/pub-1/history")
+    assert line.run_id == "pub-1" and line.status == "succeeded"
+    assert any(entry.name == "|publish" for entry in line.ledger)
+    assert curl(web, "GET", "/api/runs/nope/history").error()["code"] == "run_not_found"
 
 
 def test_signals_over_http(procs: Procs, web: Web) -> None:

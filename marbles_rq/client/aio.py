@@ -13,7 +13,7 @@ import functools
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -37,6 +37,9 @@ from .sync import (
     wait_seconds,
 )
 from .views import BulkSummary, Outcome, OutputEntry, QuestionInfo, RunsPage, RunStatus
+
+if TYPE_CHECKING:
+    from ..engine.history import History
 
 T = TypeVar("T")
 
@@ -109,6 +112,9 @@ class AsyncClient:
 
     async def status(self, run_id: str) -> RunStatus:
         return await self._call(self.sync.status, run_id)
+
+    async def export(self, *run_ids: str) -> list[History]:
+        return await self._call(self.sync.export, *run_ids)
 
     async def runs(self, **filters: Any) -> RunsPage:
         return await self._call(self.sync.runs, **filters)

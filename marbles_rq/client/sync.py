@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 import redis
@@ -61,6 +61,7 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.history import History
     from ..engine.ops import Enqueued, RunRequest
     from ..engine.rerun import Rerun
     from ..engine.signals import SignalSent, SignalStarted
@@ -600,6 +601,16 @@ class Client:
         return send_signal(self.runs_store, check_id(run_id, "run id"), name, payload,
                            payload_json=payload_json, rq=self.lanes, request_id=request_id)
 
+    # -- histories ---------------------------------------------------------------------------
+
+    def export(self, *run_ids: str) -> list[History]:
+        """The runs' histories, as `marbles-rq export` writes them (input, version, ledger,
+        answers, signals, children's outcomes): what `marbles_rq.testing.check_replays`
+        and `replay --check --from` replay against new code. RunNotFoundError."""
+        from ..engine.history import read_histories
+
+        return read_histories(self.reader, [check_id(r, "run id") for r in run_ids])
+
     # -- published state --------------------------------------------------------------------
 
     def get(self, run_id: str, key: str) -> Any:
@@ -744,13 +755,33 @@ def encode_input(value: Any) -> bytes:
     return encode_json(value)
 
 
+class RunClient(Protocol):
+    """What a RunHandle asks of its client: the Client, or the test kit's Environment
+    (marbles_rq/testing), which offers the same calls on runs in memory."""
+
+    def status(self, run_id: str) -> RunStatus: ...
+    def result(self, run_id: str, timeout: float | None = None, *, type: Any = Any) -> Any: ...
+    def cancel(self, run_id: str) -> Outcome: ...
+    def pause(self, run_id: str) -> Outcome: ...
+    def resume(self, run_id: str) -> Outcome: ...
+    def answer(self, run_id: str, key: str, value: Any) -> Outcome: ...
+    def approve(self, run_id: str, key: str, note: str | None = None) -> Outcome: ...
+    def reject(self, run_id: str, key: str, note: str | None = None) -> Outcome: ...
+    def get(self, run_id: str, key: str) -> Any: ...
+    def signal(self, run_id: str, name: str, payload: Any = None, *,
+               request_id: str | None = None) -> SignalSent: ...
+    def watch(self, run_id: str, *, after: str = "0-0", follow: bool = True
+              ) -> Iterator[OutputEntry]: ...
+    def wait_for(self, run_id: str, key: str, timeout: float = 60.0) -> Any: ...
+
+
 class RunHandle:
     """One run, by id. `created` is True when `start` recorded it, False when a run with
     that id existed (nothing was started), None for a handle from `Client.handle`. A
     started handle also knows its workflow, queue, whether its first delivery was enqueued
     (`dispatched`; False: the controller enqueues it) and the run's status then."""
 
-    def __init__(self, client: Client, run_id: str, *, created: bool | None = None,
+    def __init__(self, client: RunClient, run_id: str, *, created: bool | None = None,
                  workflow: str | None = None, queue: str | None = None,
                  dispatched: bool | None = None, initial_status: str | None = None) -> None:
         self.client, self.id = client, run_id

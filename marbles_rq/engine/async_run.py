@@ -367,8 +367,10 @@ async def _step(run: RunContext, call: StepCall, args: tuple[Any, ...],
 
 
 async def _backoff(run: RunContext, seconds: float) -> None:
-    """A retry's wait; the watchdog cancels the task if the run must stop meanwhile."""
-    await asyncio.sleep(seconds)
+    """A retry's wait; the watchdog cancels the task if the run must stop meanwhile (none
+    on a virtual clock: a run in memory does not wait for it)."""
+    if run.ex.clock is None:
+        await asyncio.sleep(seconds)
     run._watchdog.raise_if_stopped()
 
 

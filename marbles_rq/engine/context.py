@@ -153,6 +153,10 @@ class Run(Protocol):
         """Go on after a write's reply `status`, or stop (or park) as it says."""
         ...
 
+    def hold_entry(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
+        """Commit a ledger entry with the execution's next write."""
+        ...
+
     def commit_entry(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
         """Commit a ledger entry and act on the reply."""
         ...
@@ -276,7 +280,11 @@ def decode_result(raw: msgspec.Raw, result_type: Any) -> Any:
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    """Now, in epoch ms: the run's own clock where it has one (a run in memory: its virtual
+    clock), else this machine's."""
+    run = _current.get()
+    clock = run.ex.clock if run is not None else None
+    return clock() if clock is not None else int(time.time() * 1000)
 
 
 def _route_step(step: StepDef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -203,8 +203,10 @@ def wait_for_event(run: Run, source: str, type: str | None = None,
             "match": match}
     wait = {"source": source, "type": type, "match": match}
     if getattr(run.runs, "scripts", None) is None:
-        # A dry run (engine/dryrun.py) receives no events: it stops at the wait.
-        raise ParkRun([Wait("event", events=[wait])])
+        # Runs in memory (engine/memory_store.py: a dry run, the test kit) keep their events.
+        memory: Any = run.runs
+        got: ReceivedEvent = memory.event_wait(run, spec, wait, timeout_s, lookback_ms)
+        return got
     timeout_record = StepRecord(version=1, key=wait_key, name="|event", status="timed_out",
                                 attempts=0, result=msgspec.Raw(msgspec.json.encode(wait)),
                                 at_ms=now_ms(), seq=seq)

@@ -261,7 +261,7 @@ class RunContext:
 
         checked = check_tags(tags)
         if getattr(self.runs, "scripts", None) is None:
-            return  # a dry run (engine/dryrun.py): nothing outside reads its tags
+            return  # runs in memory (engine/memory_store.py) keep no tags
         self.call_store(tag_run, self.runs, self.run_id, checked)
 
     def wait_for_event(self, source: str, type: str | None = None,
@@ -333,6 +333,7 @@ class RunContext:
             return step_async(self, call, args, kwargs)
         if call.replayed:
             return call.replay()
+        definition = call.definition  # perhaps a test kit's override (open_step)
         body: Callable[[], Any] = functools.partial(definition.fn, *args, **kwargs)
         if inspect.iscoroutinefunction(definition.fn):
             from .async_run import run_here
@@ -367,6 +368,8 @@ class RunContext:
                 and digest and recorded.args != digest):
             self.log.warning("step %s is replayed with other arguments than it was "
                                  "recorded with; returning its recorded result", key)
+        if self.ex.override_step is not None:  # a test kit's mock or injected failure
+            definition = self.ex.override_step(key, definition)
         return StepCall(definition, key, seq, digest, recorded)
 
     def begin_attempt(self, call: StepCall) -> None:
@@ -387,14 +390,19 @@ class RunContext:
         settle in the same round trip), the watchdog within HOLD_COMMIT_S."""
         metrics.step_tried(self.ex.record.name, "succeeded", time.perf_counter() - tried)
         done = call.record("succeeded", result=msgspec.Raw(result))
-        data = msgspec.json.encode({"step": call.key, "attempt": call.attempts})
-        held = HeldCommit(done, "step_succeeded", data, time.monotonic() + HOLD_COMMIT_S)
+        self.hold_entry(done, "step_succeeded", {"step": call.key, "attempt": call.attempts})
+        return decode_result(done.result, call.definition.result_type)
+
+    def hold_entry(self, record: StepRecord, event_type: str, data: dict[str, Any]) -> None:
+        """Commit a ledger entry with the execution's next write (the one held before it is
+        written now): nothing recorded after it can be written without it."""
+        held = HeldCommit(record, event_type, msgspec.json.encode(data),
+                          time.monotonic() + HOLD_COMMIT_S)
         status = self._call_store(self.runs.hold_commit, self.ex, held)
-        self.ex.ledger[done.key] = done
+        self.ex.ledger[record.key] = record
         if status is not None:
             self.check_reply(status)
         self._watchdog.held(held)
-        return decode_result(done.result, call.definition.result_type)
 
     def step_failed(self, call: StepCall, failure: BaseException, tried: float) -> float:
         """Record a failed attempt: the delay before the next one, or StepFailedError."""
@@ -559,8 +567,10 @@ class Watchdog:
         self.stop()
 
     def sleep(self, seconds: float) -> None:
-        """A retry backoff that ends early when the execution must stop."""
-        self._stop.wait(seconds)
+        """A retry backoff that ends early when the execution must stop (none on a virtual
+        clock: a run in memory does not wait for it)."""
+        if self.ex.clock is None:
+            self._stop.wait(seconds)
         self.raise_if_stopped()
 
     def raise_if_stopped(self) -> None:

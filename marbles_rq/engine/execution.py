@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,14 +104,27 @@ class Execution:
     tries: int = 1
     resumptions: int = 0
     kind: str = "first"
+    # The keys of the questions the body's asks looked up (engine/waiting.py), kept by a
+    # replay check (engine/replay_check.py) to tell a question no longer asked; None: not kept.
+    asks_seen: set[str] | None = None
     # A replay check (engine/replay_check.py): the body runs against its ledger and stops
     # where it would do new work (a step not recorded), so no step body ever runs.
     replay_only: bool = False
+    # The ledger keys of the patch decisions this execution read or took (engine/patches.py).
+    patches_seen: set[str] = field(default_factory=set)
+    # A virtual clock (epoch ms) that replaces the server's for this execution: runs in
+    # memory (engine/memory_store.py: the dry run, the test kit) read their time from it.
+    clock: Callable[[], int] | None = None
+    # The test kit's overrides of step bodies (marbles_rq/testing: mocks, injected
+    # failures): given the step's ledger key and definition, the definition to run.
+    override_step: Callable[[str, Any], Any] | None = None
 
     def server_now_ms(self) -> int:
         """The server clock now, as far as this process can tell without asking: never
         behind it (a timer due this far ahead must not end early), so the local clock runs
         from before the start request was sent, and partial milliseconds round up."""
+        if self.clock is not None:
+            return self.clock()
         return self.server_ms + math.ceil((time.monotonic() - self.mono_at_start) * 1000)
 
 

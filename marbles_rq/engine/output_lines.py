@@ -41,6 +41,8 @@ def format_event(ev: OutputEvent) -> str:
         "timer_fired": lambda: f"timer {d.get('timer')} fired ({d.get('late_ms')} ms after "
                                f"its due time)",
         "published": lambda: f"published {d.get('key')}",
+        "patched": lambda: (f"patch {d.get('patch')}: the {'new' if d.get('new') else 'old'} "
+                             f"branch, recorded"),
         "event_received": lambda: f"event {d.get('event')} ({_event_kind(d)}) received by "
                                   f"{d.get('wait')}",
         "event_wait_timed_out": lambda: f"wait {d.get('wait')} for an event timed out",

@@ -101,8 +101,8 @@ def publish(run: Run, key: str, value: Any) -> None:
                         attempts=0, result=msgspec.Raw(msgspec.json.encode({"key": key})),
                         at_ms=now_ms(), seq=seq)
     if getattr(run.runs, "scripts", None) is None:
-        # A dry run (engine/dryrun.py): in memory, where nobody reads it from outside; its
-        # output shows it.
+        # Runs in memory (engine/memory_store.py: a dry run, the test kit): the entry's
+        # event carries the value, which the memory store keeps for `get`.
         run.commit_entry(record, "published", {"key": key, "step": ledger_key,
                                                "value": msgspec.Raw(encoded)})
         return

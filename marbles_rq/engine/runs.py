@@ -582,7 +582,7 @@ class RunStore:
 
     def waits(self) -> WaitStore:
         """Questions, reports, parking and waking of this store's runs. (A method, so the
-        in-memory runs of a dry run hand out their own: engine/dryrun.py.)"""
+        runs in memory hand out their own: engine/memory_store.py.)"""
         return WaitStore(self)
 
     def child_states(self, ids: list[str]) -> list[tuple[str, bytes | None, bytes | None]]:

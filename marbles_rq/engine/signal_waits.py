@@ -26,7 +26,7 @@ from ..store.records import StepRecord
 from .authoring import InputError
 from .context import Run, check_branch, check_not_in_foreign_thread, now_ms
 from .runs import RunStore
-from .signals import SignalTimeoutError, check_name, read_buffered, take
+from .signals import Buffered, SignalTimeoutError, check_name, read_buffered, take
 from .waiting import NonDeterminismError, ParkRun, Wait
 
 MAX_TIMEOUT_S = 366 * 86400
@@ -44,6 +44,27 @@ def _check_same(run: Run, record: StepRecord, name: str, call: str) -> None:
                                   f"{call}({name!r})")
 
 
+def _read(run: Run, name: str, limit: int | None) -> Buffered:
+    """The run's untaken signals of `name` (runs in memory, engine/memory_store.py, keep
+    their signals themselves)."""
+    if isinstance(run.runs, RunStore):
+        found: Buffered = run.call_store(read_buffered, run.runs, run.run_id, name, limit)
+        return found
+    memory: Any = run.runs
+    found = run.call_store(memory.read_buffered, run.run_id, name, limit)
+    return found
+
+
+def _take(run: Run, name: str, taken: int, count: int, record: StepRecord,
+          event: dict[str, Any]) -> str:
+    if isinstance(run.runs, RunStore):
+        status: str = run.call_store(take, run.runs, run.ex, name, taken, count, record, event)
+        return status
+    memory: Any = run.runs
+    status = run.call_store(memory.take_signal, run.ex, name, taken, count, record, event)
+    return status
+
+
 def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
     """The payload of the next signal `name` the run has not taken, parking the run until
     one arrives; SignalTimeoutError when none was sent within `timeout_s` seconds of the
@@ -55,9 +76,6 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
             timeout_s, int | float) or not 0 < timeout_s <= MAX_TIMEOUT_S):
         raise InputError("timeout_s must be between 0 and a year")
     key, seq = run.position("|signal")
-    if not isinstance(run.runs, RunStore):
-        # A dry run (engine/dryrun.py) has no signals: nobody can send it one.
-        raise ParkRun([Wait("signal", signals=[name])])
     recorded = run.ex.ledger.get(key)
     due = 0
     if recorded is not None:
@@ -69,7 +87,7 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
             raise SignalTimeoutError(f"no signal {name!r} within {data.get('timeout_s')} s")
         due = int(data["due_ms"])  # waiting: its timeout's due time, written when it parked
     while True:
-        found = run.call_store(read_buffered, run.runs, run.run_id, name, 1)
+        found = _read(run, name, 1)
         # A signal sent after the timeout was due stays for a later wait: the timeout won.
         if found.payloads and (not due or found.at_ms[0] <= due):
             payload = msgspec.Raw(found.payloads[0])
@@ -78,8 +96,8 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
                 result=msgspec.Raw(msgspec.json.encode(
                     {"name": name, "seq": found.taken + 1, "payload": payload})),
                 at_ms=now_ms(), seq=seq)
-            status = run.call_store(take, run.runs, run.ex, name, found.taken, 1, record,
-                                    {"name": name, "seqs": [found.taken + 1], "call": key})
+            status = _take(run, name, found.taken, 1, record,
+                           {"name": name, "seqs": [found.taken + 1], "call": key})
             if status == "conflict":
                 continue  # another branch took it first: look again
             run.check_reply(status)
@@ -93,9 +111,8 @@ def wait_for_signal(run: Run, name: str, timeout_s: float | None = None) -> Any:
                 result=msgspec.Raw(msgspec.json.encode(
                     {"name": name, "due_ms": due, "timeout_s": timeout})),
                 at_ms=now_ms(), seq=seq)
-            status = run.call_store(take, run.runs, run.ex, name, found.taken, 0, record,
-                                    {"name": name, "seqs": [], "call": key,
-                                     "timed_out": True})
+            status = _take(run, name, found.taken, 0, record,
+                           {"name": name, "seqs": [], "call": key, "timed_out": True})
             if status == "conflict":
                 continue
             run.check_reply(status)
@@ -120,14 +137,12 @@ def drain_signals(run: Run, name: str) -> list[Any]:
     check_branch()
     check_name(name)
     key, seq = run.position("|signals")
-    if not isinstance(run.runs, RunStore):
-        return []  # a dry run has no signals: nobody can send it one
     recorded = run.ex.ledger.get(key)
     if recorded is not None:
         _check_same(run, recorded, name, "signals")
         return list(msgspec.json.decode(recorded.result)["payloads"])
     while True:
-        found = run.call_store(read_buffered, run.runs, run.run_id, name, None)
+        found = _read(run, name, None)
         count = len(found.payloads)
         record = StepRecord(
             version=1, key=key, name="|signals", status="received", attempts=0,
@@ -135,9 +150,9 @@ def drain_signals(run: Run, name: str) -> list[Any]:
                 {"name": name, "first_seq": found.taken + 1,
                  "payloads": [msgspec.Raw(p) for p in found.payloads]})),
             at_ms=now_ms(), seq=seq)
-        status = run.call_store(take, run.runs, run.ex, name, found.taken, count, record,
-                                {"name": name, "call": key,
-                                 "seqs": list(range(found.taken + 1, found.taken + 1 + count))})
+        status = _take(run, name, found.taken, count, record,
+                       {"name": name, "call": key,
+                        "seqs": list(range(found.taken + 1, found.taken + 1 + count))})
         if status == "conflict":
             continue
         run.check_reply(status)

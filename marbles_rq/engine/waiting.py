@@ -152,6 +152,8 @@ class Ask:
         n = frame.counters["|ask"]
         frame.counters["|ask"] += 1
         qkey = check_key(key, "question key") if key is not None else _local(run, f"ask:{n}")
+        if run.ex.asks_seen is not None:
+            run.ex.asks_seen.add(qkey)
         state = run_asks(run).get(qkey)
         if state is not None and state["kind"] != kind:
             # An answer recorded for another kind of ask (the code changed under a waiting
@@ -178,8 +180,8 @@ def run_asks(run: Run) -> dict[str, dict[str, Any]]:
     if run.found_asks is None:
 
         questions = run.call_store(run.runs.waits().questions, run.run_id)
-        run.found_asks = {q.key: {"state": q.state, "answer": q.answer, "kind": q.record.ask}
-                     for q in questions}
+        run.found_asks = {q.key: {"state": q.state, "answer": q.answer, "kind": q.record.ask,
+                                  "step": q.record.step} for q in questions}
     return run.found_asks
 
 

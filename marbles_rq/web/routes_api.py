@@ -178,6 +178,10 @@ class Api:
     async def status(self, request: Request) -> Response:
         return reply(await self.client.status(_run_id(request)))
 
+    async def history(self, request: Request) -> Response:
+        histories = await self.client.export(_run_id(request))
+        return reply(histories[0])
+
     async def result(self, request: Request) -> Response:
         run_id = _run_id(request)
         timeout = _number(request, "timeout", DEFAULT_RESULT_WAIT_S, 0.0, float("inf"))
@@ -520,6 +524,10 @@ ROUTES: list[ApiRoute] = [
     ApiRoute("GET", "/api/runs/{id}", Api.status,
              "A run's status (`marbles-rq status --json`)", reply=RunStatus,
              refusals=RUN_REFUSALS),
+    ApiRoute("GET", "/api/runs/{id}/history", Api.history,
+             "A run's history (`marbles-rq export`'s line): what `replay --check --from` "
+             "replays against new code (`kind` history, `version` 1)",
+             reply=dict[str, Any], refusals=RUN_REFUSALS),
     ApiRoute("GET", "/api/runs/{id}/result", Api.result,
              "Wait for a run to finish (long-poll) and answer its result, its error or "
              "its cancellation; 408 `timeout` if it has not finished in time",

@@ -84,6 +84,7 @@ KINDS: dict[str, str] = {
     "answer_twice": "a question was answered twice, or another answer than the accepted one "
                     "was recorded",
     "answer_unseen": "a run did not see its recorded answer",
+    "patch_changed": "a replay took another patch decision than the run recorded",
     "timer_early": "a timer fired before it was due",
     "timer_once": "a timer did not fire exactly once",
     "child_twice": "a child was started twice, or an extra child run exists",
@@ -548,6 +549,12 @@ def _check_questions(run: Run, tries: list[AnswerTry], report: Report) -> None:
                        f"{run.result.get('answer')!r}, the recorded answer is {q['answer']!r}")
     if run.name == "cx_ask" and run.status == "succeeded" and not run.questions:
         report.add("answer_unseen", run.id, "succeeded without its question recorded")
+    if run.name == "cx_ask" and run.status == "succeeded" and isinstance(run.result, dict):
+        report.checked["patches"] += 1
+        recorded = [s for s in run.steps.values() if s.name == "|patch:cx-ask-patch"]
+        if run.result.get("patched") is not True or len(recorded) != 1:
+            report.add("patch_changed", run.id, f"patch decision {run.result.get('patched')!r}, "
+                       f"{len(recorded)} recorded (every run starts on the patched code)")
 
 
 # -- timers --------------------------------------------------------------------------------------

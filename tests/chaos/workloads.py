@@ -23,7 +23,8 @@ Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
   the chains.
 * ``cx_chain`` -- N linked steps; optionally a flaky step (fails its first try, retried) and
   a doomed step (always fails: the run must end ``failed``).
-* ``cx_ask`` -- a step, a question or an approval (key ``q``) the harness answers, a step.
+* ``cx_ask`` -- a step, a patch marker (``mr.patched``), a question or an approval (key
+  ``q``) the harness answers, a step.
 * ``cx_timer`` -- a step, ``mr.sleep``, a step.
 * ``cx_parent`` / ``cx_child`` -- children started with stable keys, gathered.
 * ``cx_fan`` -- ``mr.parallel`` over N steps, then one more.
@@ -269,13 +270,16 @@ class AskIn(msgspec.Struct):
 @mr.workflow
 def cx_ask(ctx: mr.RunContext, inp: AskIn) -> dict[str, Any]:
     before = cx_link(0, inp.sleep_ms)
+    # Every run starts on this code: the new branch, on every replay after every kill (a
+    # decision lost to a kill would be taken again after the question: the old branch).
+    patched = mr.patched("cx-ask-patch")
     answer: Any
     if inp.kind == "approval":
         answer = ctx.ask.approval("Ship it?", key=QUESTION_KEY)
     else:
         answer = ctx.ask.question("Which colour?", choices=COLOURS, key=QUESTION_KEY)
     after = cx_echo(answer)
-    return {"answer": answer, "steps": [before, after]}
+    return {"answer": answer, "steps": [before, after], "patched": patched}
 
 
 class TimerIn(msgspec.Struct):
