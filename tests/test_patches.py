@@ -137,8 +137,15 @@ def test_a_patch_added_while_runs_wait_keeps_old_runs_on_the_old_branch(
 def _registry(**bodies: Any) -> Registry:
     registry = Registry()
     for name, fn in bodies.items():
-        registry.workflows[name] = authoring.WorkflowDef(name, fn, None)
+        registry.workflows[name] = _pinned(name, fn)
     return registry
+
+
+def _pinned(name: str, fn: Any) -> authoring.WorkflowDef:
+    """A definition with a given version: a patched workflow keeps its version across the
+    deploy that adds the patch (its default version, a fingerprint of the code, would
+    change with it, and a worker would hand the runs in flight back)."""
+    return authoring.WorkflowDef(name, fn, None, _version="1")
 
 
 def test_a_new_run_takes_the_new_branch_and_records_it() -> None:
@@ -180,7 +187,7 @@ def test_a_run_that_passed_the_point_takes_the_old_branch_on_every_replay() -> N
     engine.store.record(record)
     engine.run_until_idle()
     assert engine.store.runs["r1"].status == "waiting" and calls == ["work"]
-    registry.workflows["flow"] = authoring.WorkflowDef("flow", new, None)
+    registry.workflows["flow"] = _pinned("flow", new)
     engine.advance_to(engine.now_ms() + 3_600_000)  # its timer fires: the new code replays
     view = engine.store.get("r1")
     assert view is not None and view.status == "succeeded"

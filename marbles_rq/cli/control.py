@@ -126,7 +126,7 @@ def roll(settings: Settings, name: str, input_json: str | None, run_id: str | No
               "workflow's input as a JSON Schema).")
 @click.pass_obj
 def list_cmd(settings: Settings, as_json: bool) -> None:
-    """What --source declares: workflows (queue, timeout, retention, input), schedules
+    """What --source declares: workflows (version, queue, timeout, retention, input), schedules
     (cadence, next due, paused) and monitors (kind, interval, next due). Needs no Redis for
     the declarations; when Redis answers, schedules and monitors show their state too."""
     from ..engine.authoring import REGISTRY
@@ -136,16 +136,21 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
     settings.load_source()
     workflows = []
     prose = {}
+    served = REGISTRY.versions
     for name, wf in sorted(REGISTRY.workflows.items()):
         schema: Any = None
         if wf.input_type is not None:
             schema = msgspec.json.schema(wf.input_type)
-        workflows.append({"name": name, "queue": wf.queue, "timeout_s": wf.timeout_s,
+        others = sorted(v for v in served.get(name, {}) if v != wf.version)
+        workflows.append({"name": name, "version": wf.version,
+                          "versions": sorted([wf.version, *others]),
+                          "queue": wf.queue, "timeout_s": wf.timeout_s,
                           "max_deliveries": wf.max_deliveries, "retention_s": wf.retention_s,
                           "input_schema": schema, "priority": wf.priority,
                           "concurrency": None if not wf.concurrency else {
                               "limit": wf.concurrency, "key": wf.concurrency_key}})
-        prose[name] = _workflow_prose(wf)
+        prose[name] = f"  {name}: {_workflow_prose(wf)}\n    version {wf.version}" + (
+            f" (new runs start on it); also serves {', '.join(others)}" if others else "")
     state, unreachable = _trigger_state(settings, SCHEDULES, MONITORS)
     monitors = [state["monitors"].get(key) or {
         "key": key, "kind": m.kind, "source": m.source, "interval_s": m.interval_s,
@@ -162,7 +167,8 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
         return
     click.echo("workflows:" if workflows else "workflows: none (is --source set?)")
     for wf_data in workflows:
-        click.echo(safe(f"  {wf_data['name']}: {prose[wf_data['name']]}"))
+        for line in prose[wf_data["name"]].splitlines():
+            click.echo(safe(line))
     click.echo("schedules:" if schedules else "schedules: none")
     for sch in schedules:
         status = "" if sch["status"] is None else f", {sch['status']}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 import redis
@@ -20,6 +21,7 @@ from ..store.doctor import (
     warnings,
 )
 from ..store.redis_errors import one_line
+from ..terminal import safe
 
 
 @click.command()
@@ -39,8 +41,13 @@ def doctor(settings: Settings, as_json: bool) -> None:
     if settings.keys.lanes > 1:
         checks += _lane_checks(settings)
     bad = problems(checks)
+    versions = _versions(settings)
     if as_json:
-        click.echo(json.dumps({"redis_url": _redacted(url), **report(checks)}, indent=2))
+        doc = {"redis_url": _redacted(url), **report(checks)}
+        doc["warnings"] += versions["warnings"]
+        doc["workflows"] = versions["workflows"]
+        doc["unserved"] = versions["unserved"]
+        click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(f"Redis {_redacted(url)}")
         for check in checks:
@@ -52,6 +59,7 @@ def doctor(settings: Settings, as_json: bool) -> None:
         if not bad:
             click.echo("ok: acknowledged writes survive a crash and are never evicted")
         _report_lanes(settings)
+        _report_versions(versions)
     if bad:
         sys.exit(1)
 
@@ -89,6 +97,57 @@ def _report_lanes(settings: Settings) -> None:
         if not workers:
             click.echo(f"warning: lane {lane} has no live worker: its runs wait (start "
                        f"'marbles-rq worker --lanes {lane}' or '--lanes all')", err=True)
+
+
+def _versions(settings: Settings) -> dict[str, Any]:
+    """Per workflow, the versions live workers serve (and which workers); the not finished
+    runs of a version that no live worker serves, per (workflow, version), with a warning
+    line for each."""
+    from ..engine.unserved import open_runs
+    from ..transport.served import live_versions
+
+    out: dict[str, Any] = {"workflows": {}, "unserved": [], "warnings": [], "lines": []}
+    try:
+        runs = settings.runs(read_only=True)
+        live = live_versions(runs)
+        scan = open_runs(runs)
+    except (redis.RedisError, MarblesError) as exc:
+        out["warnings"].append(f"cannot read the workers' versions: {one_line(exc)}")
+        return out
+    out["workflows"] = {name: {v: sorted(workers) for v, workers in sorted(versions.items())}
+                        for name, versions in sorted(live.served.items())}
+    for (workflow, version), (count, example) in sorted(scan.runs.items()):
+        if live.serves(workflow, version):
+            continue
+        out["unserved"].append({"workflow": workflow, "version": version, "runs": count,
+                                "example": example})
+        what = f"version {version!r}" if version else "(recorded before versions)"
+        out["warnings"].append(
+            f"{count} not finished run{'' if count == 1 else 's'} of workflow {workflow!r} "
+            f"{what}: no live worker serves it, so they wait (e.g. run {example}); start a "
+            f"worker whose --source declares that version")
+    if live.silent:
+        out["lines"].append(f"  {len(live.silent)} live worker(s) started by an earlier "
+                            f"marbles-rq do not say which versions they serve")
+    if not scan.complete:
+        out["lines"].append(f"  (runs checked: the newest {scan.scanned}; older ones were "
+                            f"not read)")
+    return out
+
+
+def _report_versions(versions: dict[str, Any]) -> None:
+    """Per workflow, the versions live workers serve; a warning per (workflow, version) with
+    runs that no live worker serves."""
+    click.echo("workflows served by live workers:" if versions["workflows"] else
+               "workflows served by live workers: none")
+    for name, served in versions["workflows"].items():
+        click.echo(safe(f"  {name}: " + ", ".join(
+            f"version {v} ({len(workers)} worker{'' if len(workers) == 1 else 's'})"
+            for v, workers in served.items())))
+    for line in versions["lines"]:
+        click.echo(line)
+    for line in versions["warnings"]:
+        click.echo(safe(f"warning: {line}"), err=True)
 
 
 def _redacted(url: str) -> str:

@@ -151,6 +151,8 @@ def _status_lines(data: dict[str, Any], *, head: bool = True,
         out.append(f"  queue {data['queue']}  lane {data['lane']}  created "
                    f"{data['created_at']}  started {data['started_at'] or '-'}  finished "
                    f"{data['finished_at'] or '-'}")
+        if data.get("version"):
+            out.append(f"  version {data['version']}")
     if data["priority"] or data["concurrency"]:
         limit = data["concurrency"]
         out.append(f"  priority {data['priority']}" + ("" if not limit else
@@ -209,6 +211,7 @@ def _status_table(data: dict[str, Any]) -> None:
     grid.add_column()
     facts: list[tuple[str, Any]] = [
         ("run", render.cell(data["id"])), ("workflow", render.cell(data["name"])),
+        ("version", render.cell(data.get("version") or "-")),
         ("status", render.status_cell(data["status"])),
         ("attempt", render.cell(f"{data['attempt']}" + _resumed(data["resumptions"]))),
         ("queue", render.cell(f"{data['queue']} (lane {data['lane']})")),
@@ -308,13 +311,15 @@ def runs_cmd(settings: Settings, status_: str | None, name: str | None, queue: s
     elif not page.runs:
         render.none_match("no runs match")
     elif render.on_terminal():
-        render.table(["RUN", "WORKFLOW", "STATUS", "ATTEMPT", "CREATED", "DURATION", "TAGS"],
+        render.table(["RUN", "WORKFLOW", "STATUS", "ATTEMPT", "CREATED", "DURATION", "VERSION",
+                      "TAGS"],
                      [[r.id, r.name, render.status_cell(r.status),
                        f"{r.attempt}" + (f" (resumed {r.resumptions})" if r.resumptions
                                          else ""),
                        render.when(_iso(r.created_ms)),
                        render.took(None if r.started_ms is None else _iso(r.started_ms),
                                    None if r.finished_ms is None else _iso(r.finished_ms)),
+                       r.version or "-",
                        " ".join(f"{k}={v}" for k, v in sorted(r.tags.items()))]
                       for r in page.runs])
     else:

@@ -94,6 +94,9 @@ class RunStatus(msgspec.Struct, frozen=True):
     queue: str
     status: str  # queued | running | waiting | succeeded | failed | cancelled
     attempt: int
+    # The workflow version it started on (`@mr.workflow(version=...)` or a fingerprint of
+    # the code); "" for a run recorded before runs carried one.
+    version: str = ""
     lane: int = 0
     priority: int = 0
     concurrency: Concurrency | None = None
@@ -145,6 +148,7 @@ class RunSummary(msgspec.Struct, frozen=True):
     parent: str = ""
     resumptions: int = 0
     tags: dict[str, str] = msgspec.field(default_factory=dict)
+    version: str = ""  # the workflow version it started on ("": recorded before versions)
 
 
 class RunsPage(msgspec.Struct, frozen=True):

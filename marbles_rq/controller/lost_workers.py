@@ -78,7 +78,8 @@ class LostWorkers:
             forget = []
         if forget:
             ctl.runs.scripts.forget_workers(workers_key=ctl.keys.workers, workers=forget,
-                                            cutoff_ms=cutoff, lanes_key=ctl.keys.worker_lanes)
+                                            cutoff_ms=cutoff, lanes_key=ctl.keys.worker_lanes,
+                                            versions_key=ctl.keys.worker_versions)
         return done
 
     def _executing(self, ctl: PassContext) -> list[tuple[str, str]]:

@@ -137,6 +137,25 @@ class WorkflowDef:
     input_default: bytes | None = field(default=None, repr=False)
     # Search tags every run of it carries (engine/tags.py).
     tags: dict[str, str] = field(default_factory=dict)
+    # The version its author gave (`version=`); None: a fingerprint of its code
+    # (engine/fingerprint.py), computed at first use and kept.
+    _version: str | None = field(default=None, repr=False)
+    # `current=True`: the version new runs start on, whichever of the name's versions is
+    # declared last.
+    current: bool = False
+    _fingerprint: str | None = field(default=None, repr=False)
+
+    @property
+    def version(self) -> str:
+        """The version its runs record: the one given with `version=`, or a fingerprint of
+        the body's and its steps' source (10 hex digits)."""
+        if self._version is not None:
+            return self._version
+        if self._fingerprint is None:
+            from .fingerprint import fingerprint
+
+            self._fingerprint = fingerprint(self.fn, StepDef)
+        return self._fingerprint
 
     @property
     def is_async(self) -> bool:
@@ -211,8 +230,73 @@ class WorkflowDef:
 
 @dataclass
 class Registry:
+    """The loaded definitions. `workflows` maps each name to its current version (the one new
+    runs start on: the one marked `current=True`, else the one declared last); `declared`
+    holds every version of each name, in the order declared."""
+
     workflows: dict[str, WorkflowDef] = field(default_factory=dict)
     steps: dict[str, StepDef] = field(default_factory=dict)
+    declared: dict[str, list[WorkflowDef]] = field(default_factory=dict)
+
+    @property
+    def versions(self) -> dict[str, dict[str, WorkflowDef]]:
+        """Workflow name -> version -> its definition."""
+        out = {name: {d.version: d for d in defs} for name, defs in self.declared.items()}
+        for name, d in self.workflows.items():
+            out.setdefault(name, {d.version: d})
+        return out
+
+    def serving(self, name: str, version: str) -> WorkflowDef | None:
+        """The definition that executes a run of `name` recorded with `version`, or None
+        when this registry does not serve it. A run recorded before runs carried a version
+        ("") is served by the current definition."""
+        current = self.workflows.get(name)
+        if current is None or not version or current.version == version:
+            return current
+        return next((d for d in self.declared.get(name, ()) if d.version == version), None)
+
+    def add_workflow(self, definition: WorkflowDef) -> None:
+        """Register one version of a workflow. Several versions of a name need a version each
+        (at most one may go without: its fingerprint); the same one at two places is a
+        DefinitionError, at the same place again a module loaded twice."""
+        name = definition.name
+        defs = list(self.declared.get(name, ()))
+        for i, other in enumerate(defs):
+            if other._version != definition._version:
+                continue
+            if _where(other.fn) != _where(definition.fn):
+                if definition._version is None:
+                    raise DefinitionError(
+                        f"duplicate workflow name {name!r}: defined at {_where(other.fn)} and "
+                        f"{_where(definition.fn)} (to serve several versions of it, give "
+                        f"each a version=)")
+                raise DefinitionError(
+                    f"duplicate workflow {name!r} version {definition._version!r}: defined at "
+                    f"{_where(other.fn)} and {_where(definition.fn)}")
+            defs[i] = definition  # same place again: a module loaded twice
+            break
+        else:
+            defs.append(definition)
+        flagged = [d for d in defs if d.current]
+        if len(flagged) > 1:
+            raise DefinitionError(
+                f"workflow {name!r}: more than one version says current=True (at "
+                f"{', '.join(_where(d.fn) for d in flagged)})")
+        self.declared[name] = defs
+        self.workflows[name] = flagged[0] if flagged else defs[-1]
+
+    def check_versions(self) -> None:
+        """Compute every fingerprint now (right after the source is imported, before its
+        files can change on disk) and refuse two definitions of a name with one version
+        (a fingerprint equal to another's given version)."""
+        for name, defs in self.declared.items():
+            seen: dict[str, WorkflowDef] = {}
+            for d in defs:
+                other = seen.setdefault(d.version, d)
+                if other is not d:
+                    raise DefinitionError(
+                        f"duplicate workflow {name!r} version {d.version!r}: defined at "
+                        f"{_where(other.fn)} and {_where(d.fn)}")
 
     def _add(self, table: dict[str, Any], kind: str, name: str, definition: Any) -> None:
         existing = table.get(name)
@@ -261,18 +345,25 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
              timeout_s: float = 0.0, max_deliveries: int = 20,
              retention_s: float = 7 * 86400.0, concurrency: int | None = None,
              concurrency_key: str | None = None, priority: int = 0,
-             tags: dict[str, Any] | None = None) -> Any:
+             tags: dict[str, Any] | None = None, version: str | None = None,
+             current: bool = False) -> Any:
     """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``.
     A finished run is kept `retention_s` seconds (default 7 days), then pruned.
     `concurrency=N`: at most N runs execute at once across the fleet; with
     `concurrency_key="field"`, at most N per value of that input field. `priority`: the
     runs' default priority (see engine/limits.py). `tags`: search tags every run carries
-    (engine/tags.py), filterable in `runs --tag key=value`."""
+    (engine/tags.py), filterable in `runs --tag key=value`. `version`: the version its runs
+    record (1 to 64 of A-Z a-z 0-9 . _ -); default: a fingerprint of the body's and its
+    steps' source, which any edit of them changes. Several versions of one name may be
+    declared (each with its `version=`): a worker serves each, new runs start on the one
+    declared last, or on the one marked `current=True`."""
+    from .fingerprint import version_problem
     from .limit_specs import definition_problem
     from .tags import TagError, check_tags
 
     problem = queue_problem(queue) or definition_problem(concurrency, concurrency_key,
-                                                         priority)
+                                                         priority) or (
+        None if version is None else version_problem(version))
     if problem is not None:
         raise DefinitionError(problem)
     if not 0 <= retention_s <= 10 * 365 * 86400:
@@ -299,12 +390,13 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
         definition = WorkflowDef(wf_name, fn, input_param, queue, timeout_s, max_deliveries,
                                  retention_s, concurrency=concurrency or 0,
                                  concurrency_key=concurrency_key, priority=priority,
-                                 input_default=default, tags=declared_tags)
+                                 input_default=default, tags=declared_tags,
+                                 _version=version, current=current)
         if concurrency_key is not None and input_param is None:
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): concurrency_key "
                                   f"{concurrency_key!r} names an input field, but it takes "
                                   f"no input")
-        REGISTRY._add(REGISTRY.workflows, "workflow", wf_name, definition)
+        REGISTRY.add_workflow(definition)
         return definition
 
     if callable(name):
@@ -320,6 +412,12 @@ def load_source(source: str) -> list[str]:
         # import, and so run, every module below wherever the process was started.
         raise DefinitionError("empty --source entry (a stray ':'?): name a module, a file or "
                               "a folder")
+    modules = _import_source(source)
+    REGISTRY.check_versions()
+    return modules
+
+
+def _import_source(source: str) -> list[str]:
     path = Path(source)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.py") if not any(

@@ -2,10 +2,13 @@
 workflow code.
 
 A worker writes, on start, one entry per workflow it serves: the defaults a run is recorded
-with (queue, timeouts, retention, priority, its concurrency limit and key field) and what an
-omitted input means. A client that knows a workflow only by name (another service, a script
-that must not import the application) records its runs with these defaults, so they match
-what the worker would have chosen; the input is sent as JSON, and the worker validates it.
+with (queue, timeouts, retention, priority, its concurrency limit and key field), what an
+omitted input means, and the version new runs start on (with every version it serves). A
+client that knows a workflow only by name (another service, a script that must not import
+the application) records its runs with these defaults, so they match what the worker would
+have chosen; the input is sent as JSON, and the worker validates it. The last worker to start
+wins: during a rolling deploy, an old worker restarted after the new ones makes such callers
+stamp the old version until a new one starts.
 """
 
 from __future__ import annotations
@@ -35,10 +38,16 @@ class Declared(msgspec.Struct, kw_only=True, frozen=True):
     # tells a default of null from none.
     input_default: Any = None
     has_default: bool = False
+    # The version new runs start on, and every version the declaring worker serves ("" and
+    # [] in entries written before workflows had versions).
+    workflow_version: str = ""
+    versions: list[str] = msgspec.field(default_factory=list)
 
 
-def declared(definition: WorkflowDef) -> Declared:
-    return Declared(queue=definition.queue, timeout_s=definition.timeout_s,
+def declared(definition: WorkflowDef, versions: list[str] | None = None) -> Declared:
+    return Declared(workflow_version=definition.version,
+                    versions=versions or [definition.version], queue=definition.queue,
+                    timeout_s=definition.timeout_s,
                     max_deliveries=definition.max_deliveries,
                     retention_s=definition.retention_s, concurrency=definition.concurrency,
                     concurrency_key=definition.concurrency_key, priority=definition.priority,
@@ -52,8 +61,10 @@ def declare(client: Any, keys: Keyspace, registry: Registry) -> None:
     """Record the registry's workflows (one HSET; last writer wins, as the newest deploy
     should)."""
     if registry.workflows:
+        served = registry.versions
         client.hset(keys.workflows, mapping={
-            name: msgspec.json.encode(declared(d)) for name, d in registry.workflows.items()})
+            name: msgspec.json.encode(declared(d, sorted(served.get(name, {d.version: d}))))
+            for name, d in registry.workflows.items()})
 
 
 def _unavailable(*_args: Any, **_kwargs: Any) -> Any:
@@ -61,8 +72,9 @@ def _unavailable(*_args: Any, **_kwargs: Any) -> Any:
 
 
 def lookup(client: Any, keys: Keyspace, name: str) -> WorkflowDef:
-    """A stand-in definition for `name` from the catalog: the defaults of its runs, an input
-    taken as any JSON. UnknownWorkflowError when no worker has declared it."""
+    """A stand-in definition for `name` from the catalog: the defaults of its runs, its
+    current version, an input taken as any JSON. UnknownWorkflowError when no worker has
+    declared it."""
     raw = client.hget(keys.workflows, name)
     if raw is None:
         raise UnknownWorkflowError(
@@ -76,4 +88,5 @@ def lookup(client: Any, keys: Keyspace, name: str) -> WorkflowDef:
                        _input_type=Any, concurrency=entry.concurrency,
                        concurrency_key=entry.concurrency_key, priority=entry.priority,
                        input_default=msgspec.json.encode(entry.input_default)
-                       if entry.has_default or entry.input_default is not None else None)
+                       if entry.has_default or entry.input_default is not None else None,
+                       _version=entry.workflow_version)

@@ -859,16 +859,19 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         return _Outcome(_settled(reply, "cancelled"), "", ex if reply == "ok" else None)
     metrics.run_started(ex.record.name, ex.kind)
     traced.begin(ex.record, ex.kind, worker)
-    definition = registry.workflows.get(ex.record.name)
+    definition = registry.serving(ex.record.name, ex.record.wf_version)
     if definition is None:
         # Not this worker's to fail: a rolling deploy, or a worker with other sources.
         note = (f"waiting for a worker that knows workflow {ex.record.name!r} (worker "
                 f"{worker} does not)")
+        if ex.record.name in registry.workflows:
+            note = (f"waiting for a worker that serves version {ex.record.wf_version!r} of "
+                    f"workflow {ex.record.name!r} (worker {worker} serves "
+                    f"{', '.join(map(repr, sorted(registry.versions[ex.record.name])))})")
         status = runs.defer(ex, note)
         if ex.slot is not None:
             ex.slot.release()
-        log.warning("run %s: workflow %r is not loaded here; handed back (%s)", run_id,
-                    ex.record.name, status)
+        log.warning("run %s: %s; handed back (%s)", run_id, note, status)
         return _Outcome("deferred")
     watchdog = Watchdog(runs, ex, hard_exit=hard_exit)
     tokens = None

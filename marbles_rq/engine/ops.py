@@ -170,7 +170,8 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
                      else request.priority,
                      concurrency=concurrency, concurrency_label=label,
                      origin=request.origin if request.origin in TRIGGER_ORIGINS else "",
-                     not_before_ms=_start(request.not_before_ms))
+                     not_before_ms=_start(request.not_before_ms),
+                     wf_version=definition.version)
 
 
 def _start(not_before_ms: int) -> int:

@@ -66,6 +66,7 @@ class RunRow:
     parent: str
     resumptions: int = 0  # wakes after a park (attempt counts only redeliveries)
     tags: dict[str, str] = field(default_factory=dict)
+    version: str = ""  # the workflow version it started on
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ class RunPager:
                          as_text(reply[1] or b"?"),
                          attempt_of(_num(reply[2]) or 0, _num(reply[7]) or 0),
                          _num(reply[4]) or ms, _num(reply[5]), _num(reply[6]), record.parent,
-                         _num(reply[8]) or 0, tags_of(reply[9]))
+                         _num(reply[8]) or 0, tags_of(reply[9]), record.wf_version)
             rows[rid] = row if _matches(row, filters) else None
         return [rows.get(rid) for _, rid in ids]
 

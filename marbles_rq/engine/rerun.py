@@ -17,6 +17,12 @@ earlier children from the copied entries. Durable timers recorded before it are 
 (the new run gathers the same children's results). Answers to questions are not part of
 the ledger: a question asked before the step is asked again.
 
+A rerun starts on the workflow's current version (what a new run starts on), not on the
+version the old run recorded: a rerun usually follows a fix, and the old version may be
+served by no worker any more. From a step, the copied entries are replayed against the
+current code as a redelivery after a deploy would be: a step before `from_step` that the
+new code calls in another order fails the rerun with NonDeterminism.
+
 Only a finished run (succeeded, failed, cancelled) can be rerun: the ledger of a run that
 still executes is still being written, and two live runs of the same work is what a user
 asking for a rerun of a running run rarely means (cancel it first).
@@ -135,7 +141,8 @@ def rerun(runs: RunStore, rq: RQLike, run_id: str, *, from_step: str | None = No
                        max_deliveries=definition.max_deliveries,
                        retention_s=definition.retention_s, rerun_of=old.id,
                        rerun_from_step=key or "", priority=old.priority,
-                       concurrency=old.concurrency, concurrency_label=old.concurrency_label)
+                       concurrency=old.concurrency, concurrency_label=old.concurrency_label,
+                       wf_version=definition.version)
     band = delivery_queue(record)  # its priority band, as every delivery of it
     recorded, dispatched = FirstDelivery(rq, runs.keys, runs.client).record(
         lambda push: runs.record_seeded(record, copied, push), band, record.id)

@@ -142,6 +142,7 @@ class RunView:
 
         return {
             "id": self.record.id, "name": self.record.name, "queue": self.record.queue,
+            "version": self.record.wf_version,
             "lane": self.lane, "priority": self.record.priority,
             "concurrency": None if not self.record.concurrency else {
                 "limit": self.record.concurrency,

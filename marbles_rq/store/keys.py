@@ -256,6 +256,12 @@ class Keyspace:
         """Hash: worker name -> the lanes it serves ("0,2"), written with its liveness beat."""
         return f"{{{self.prefix}}}:worker_lanes"
 
+    @property
+    def worker_versions(self) -> str:
+        """Hash: worker name -> the workflow versions it serves (JSON: workflow -> versions),
+        written with its first liveness beat, removed with its `worker_lanes` entry."""
+        return f"{{{self.prefix}}}:worker_versions"
+
     # -- claimed records (kind + id) -----------------------------------------------------
 
     def record(self, kind: str, rid: str) -> str:

@@ -143,6 +143,10 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     # The W3C traceparent of the span that enqueued it ("" when that process did not trace):
     # every attempt, on any worker and after any redelivery, joins this trace (tracing.py).
     traceparent: str = ""
+    # The version of its workflow it started on (`@mr.workflow(version=...)`, or a
+    # fingerprint of the code): only a worker that serves this version executes it. ""
+    # for a run recorded before runs carried one: any worker that knows the workflow does.
+    wf_version: str = ""
 
 
 class StepRecord(Record, tag="step", kw_only=True, frozen=True):

@@ -918,21 +918,29 @@ class Scripts:
     # -- worker liveness ---------------------------------------------------------------
 
     def beat_worker(self, *, workers_key: str, worker: str, ttl_ms: int,
-                    lanes_key: str | None = None, lanes: str = "") -> int:
-        """The worker is alive for ttl_ms more (and serves `lanes`); returns until when
-        (server ms)."""
+                    lanes_key: str | None = None, lanes: str = "",
+                    versions_key: str | None = None, versions: str = "") -> int:
+        """The worker is alive for ttl_ms more (and serves `lanes`, and the workflow
+        `versions`, JSON); returns until when (server ms)."""
         keys = [workers_key] if lanes_key is None else [workers_key, lanes_key]
-        reply = self.call("beat_worker", keys, [worker, ttl_ms, lanes])
+        args: list[Any] = [worker, ttl_ms, lanes]
+        if lanes_key is not None and versions_key is not None:
+            keys.append(versions_key)
+            args.append(versions)
+        reply = self.call("beat_worker", keys, args)
         if as_text(reply[0]) != "ok":
             raise self._unexpected("beat_worker", reply)
         return int(reply[1])
 
     def forget_workers(self, *, workers_key: str, workers: Sequence[str],
-                       cutoff_ms: int | None, lanes_key: str | None = None) -> list[str]:
+                       cutoff_ms: int | None, lanes_key: str | None = None,
+                       versions_key: str | None = None) -> list[str]:
         """forget_worker for each (pipelined): ok | kept for each. cutoff_ms None removes
         them whatever their time."""
         cutoff = "" if cutoff_ms is None else cutoff_ms
         keys = [workers_key] if lanes_key is None else [workers_key, lanes_key]
+        if lanes_key is not None and versions_key is not None:
+            keys.append(versions_key)
         replies = self.call_many("forget_worker", [(keys, [w, cutoff]) for w in workers])
         return [as_text(r[0]) for r in replies]
 

@@ -42,8 +42,11 @@ class WorkerBeat:
     """Beats for one worker name from a daemon thread until stopped."""
 
     def __init__(self, runs: RunStore, name: str, *, every_s: float = WORKER_BEAT_S,
-                 ttl_ms: int = WORKER_TTL_MS, lanes: list[int] | None = None) -> None:
+                 ttl_ms: int = WORKER_TTL_MS, lanes: list[int] | None = None,
+                 versions: str | None = None) -> None:
         self.runs, self.name = runs, name
+        # The workflow versions it serves (transport/served.py); None: it does not say.
+        self.versions = versions
         self.lanes = ",".join(map(str, lanes if lanes is not None
                                   else range(runs.keys.lanes)))
         self.every_s, self.ttl_ms = every_s, ttl_ms
@@ -62,7 +65,10 @@ class WorkerBeat:
                 self.runs.scripts.beat_worker(workers_key=self.runs.keys.workers,
                                               worker=self.name, ttl_ms=self.ttl_ms,
                                               lanes_key=self.runs.keys.worker_lanes,
-                                              lanes=self.lanes)
+                                              lanes=self.lanes,
+                                              versions_key=None if self.versions is None
+                                              else self.runs.keys.worker_versions,
+                                              versions=self.versions or "")
                 if self._failing:
                     log.info("worker %s: liveness beats reach Redis again", self.name)
                 self._failing = False
@@ -84,7 +90,8 @@ class WorkerBeat:
             try:
                 self.runs.scripts.forget_workers(workers_key=self.runs.keys.workers,
                                                  workers=[self.name], cutoff_ms=None,
-                                                 lanes_key=self.runs.keys.worker_lanes)
+                                                 lanes_key=self.runs.keys.worker_lanes,
+                                                 versions_key=self.runs.keys.worker_versions)
             except (redis.RedisError, RedisUnavailableError, OSError) as exc:
                 log.info("worker %s: could not take it off the liveness index (%s); it lapses",
                          self.name, one_line(exc))
@@ -92,11 +99,13 @@ class WorkerBeat:
 
 @contextlib.contextmanager
 def beating(runs: RunStore, name: str, *, idle: Callable[[], bool],
-            lanes: list[int] | None = None) -> Iterator[WorkerBeat]:
-    """Beat for worker `name` while the block runs. A block that ends normally with the worker
-    `idle` (no horse left) takes the name off the index; any other end lets it lapse, so the
-    controller redelivers what was executing under it within WORKER_TTL_MS."""
-    beat = WorkerBeat(runs, name, lanes=lanes).start()
+            lanes: list[int] | None = None,
+            versions: str | None = None) -> Iterator[WorkerBeat]:
+    """Beat for worker `name` while the block runs (saying it serves `versions`, JSON of
+    workflow -> versions). A block that ends normally with the worker `idle` (no horse left)
+    takes the name off the index; any other end lets it lapse, so the controller redelivers
+    what was executing under it within WORKER_TTL_MS."""
+    beat = WorkerBeat(runs, name, lanes=lanes, versions=versions).start()
     try:
         yield beat
     except BaseException:

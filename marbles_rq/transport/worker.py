@@ -56,6 +56,7 @@ from .lanes import Lanes, as_lanes
 from .lean import LeanConcurrentWorker, LeanForkingWorker, LeanSimpleWorker
 from .liveness import beating
 from .serializer import JSONSerializer
+from .served import served_text
 
 log = logging.getLogger("marbles_rq.transport.worker")
 
@@ -319,7 +320,7 @@ def work(engine: Engine, cls: type[Any], queues: list[str], rq: Lanes | redis.Re
             configure(engine)
             serve_prefix(prefix)
             with beating(engine.runs, name, idle=functools.partial(_no_horse, worker),
-                         lanes=serve):
+                         lanes=serve, versions=served_text(engine.registry)):
                 worker.work(burst=burst, logging_level=logging_level, with_scheduler=False)
         except _StopAsked:
             return  # asked before RQ's loop installed its own handlers
