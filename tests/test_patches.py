@@ -127,6 +127,11 @@ def test_a_patch_added_while_runs_wait_keeps_old_runs_on_the_old_branch(
             ledger = _ledger(new, run_id)
             assert ledger["patchy.|patch:add-extra#0"] is False
             assert "patchy.extra#0" not in ledger
+        # status shows the decisions: in --json (the client's RunStatus.patches) and text.
+        shown = json.loads(new.cli("status", "old-1", "--json").stdout)
+        assert shown["patches"] == [{"id": "add-extra", "path": "patchy.|patch:add-extra",
+                                     "new": False}]
+        assert "patch add-extra  new branch" in new.cli("status", "new-1").stdout
     finally:
         old.stop_all()
         new.stop_all()

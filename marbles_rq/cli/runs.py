@@ -185,6 +185,9 @@ def _status_lines(data: dict[str, Any], *, head: bool = True,
     for timer in data["timers"]:
         fired = f"  fired {timer['fired_at']}" if timer.get("fired_at") else ""
         out.append(f"  timer {timer['path']}#{timer['position']}  due {timer['due_at']}{fired}")
+    for patch in data.get("patches", []):
+        out.append(f"  patch {patch['id']}  {'new' if patch['new'] else 'old'} branch  "
+                   f"(at {patch['path']})")
     if steps:
         for s in data["steps"]:
             out.append(f"  step {s['path']}#{s['position']}  {s['status']}  attempts "

@@ -49,6 +49,14 @@ class TimerInfo(msgspec.Struct, frozen=True):
     fired_at: str | None = None
 
 
+class PatchInfo(msgspec.Struct, frozen=True):
+    """A patch decision the run recorded (`mr.patched`): `new` True for the new branch."""
+
+    id: str
+    path: str
+    new: bool
+
+
 class QuestionInfo(msgspec.Struct, frozen=True):
     """A question or approval a run asked (also an entry of the feed)."""
 
@@ -119,6 +127,7 @@ class RunStatus(msgspec.Struct, frozen=True):
     rerun_from_step: str | None = None
     children: list[dict[str, Any]] = msgspec.field(default_factory=list)
     timers: list[TimerInfo] = msgspec.field(default_factory=list)
+    patches: list[PatchInfo] = msgspec.field(default_factory=list)
     steps: list[StepInfo] = msgspec.field(default_factory=list)
     questions: list[QuestionInfo] = msgspec.field(default_factory=list)
     reports: list[ReportInfo] = msgspec.field(default_factory=list)

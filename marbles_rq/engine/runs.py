@@ -172,6 +172,10 @@ class RunView:
                         "due_at": iso(msgspec.json.decode(s.result).get("due_ms")),
                         "fired_at": iso(msgspec.json.decode(s.result).get("fired_ms"))}
                        for s in self.steps if s.name == "|sleep"],
+            # The patch decisions (engine/patches.py): which branch the run takes where.
+            "patches": [{"id": s.name[len("|patch:"):], "path": _step_path(s.key),
+                         "new": msgspec.json.decode(s.result) is True}
+                        for s in self.steps if s.name.startswith("|patch:")],
             # A step still "running" (or parked) in a finished run was interrupted.
             "steps": [{"path": _step_path(s.key), "position": _step_position(s.key),
                        "name": s.name, "attempts": s.attempts,
