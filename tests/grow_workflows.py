@@ -35,7 +35,7 @@ def g_effect(key: str) -> bool:
     return mr.current().claim_effect(key)
 
 
-@mr.workflow
+@mr.workflow(version="1")  # test_buckets enqueues it from a stub of that version
 def g_ok(ctx: mr.RunContext, inp: Any = None) -> dict[str, Any]:
     return {"echo": g_step(inp), "first": g_effect("ok")}
 

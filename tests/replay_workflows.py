@@ -29,7 +29,7 @@ def _count(name: str) -> None:
         client.close()
 
 
-@mr.step
+@mr.step("rc_fetch")  # named apart from examples/etl.py's `fetch`: steps share one registry
 def fetch(n: int) -> int:
     _count("fetch")
     return n + 1

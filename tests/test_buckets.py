@@ -41,10 +41,11 @@ def bk_noop(ctx: mr.RunContext) -> None:
     return None
 
 
-@mr.workflow("g_ok")
+@mr.workflow("g_ok", version="1")
 def _g_ok_here(ctx: mr.RunContext, inp: Any = None) -> None:
-    """Only its name and input schema matter here (enqueued in-process, run by workers that
-    load tests/grow_workflows.py)."""
+    """Only its name, input schema and version matter here (enqueued in-process, run by
+    workers that load tests/grow_workflows.py, whose g_ok declares the same version: a
+    stub's own fingerprint would name code no worker has)."""
 
 
 def redis_cli_slots(masters: int) -> list[int]:

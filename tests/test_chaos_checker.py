@@ -140,12 +140,14 @@ def valid_history() -> History:
     ask = Builder(h, "r-ask", "cx_ask", {"kind": "question"})
     ask.start()
     before = ask.step("cx_ask.cx_link#0")
+    ask.run.steps["cx_ask.|patch:cx-ask-patch#0"] = Step(
+        "cx_ask.|patch:cx-ask-patch#0", "|patch:cx-ask-patch", "succeeded", 0, True, -1)
     ask.park("question", questions=["q"])
     ask.ev("answered", key="q", answer="red")
     ask.wake("answer")
     ask.start()
     after = ask.step("cx_ask.cx_echo#0", "cx_echo", effect=False)
-    ask.finish({"answer": "red", "steps": [before, after]})
+    ask.finish({"answer": "red", "steps": [before, after], "patched": True})
     ask.run.questions = {"q": {"state": "answered", "answer": "red", "rev": 2}}
     h.submitted.append(Submitted("r-ask", "cx_ask", "api", True))
     h.answers += [AnswerTry("r-ask", "q", "red", "api", "accepted"),
@@ -465,6 +467,11 @@ def _answer_not_seen(h: History) -> None:
     h.runs["r-ask"].result = {"answer": "green", "steps": h.runs["r-ask"].result["steps"]}
 
 
+def _patch_decided_anew(h: History) -> None:
+    """A replay after the question took the old branch: the decision was not kept."""
+    h.runs["r-ask"].result = {**h.runs["r-ask"].result, "patched": False}
+
+
 def _timer_early(h: History) -> None:
     run = h.runs["r-timer"]
     due = run.steps["cx_timer.|sleep#0"].result["due_ms"]
@@ -710,6 +717,7 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "event_second_run": ("event_twice", _event_second_run),
     "answer_twice": ("answer_twice", _answered_twice),
     "answer_unseen": ("answer_unseen", _answer_not_seen),
+    "patch_changed": ("patch_changed", _patch_decided_anew),
     "timer_early": ("timer_early", _timer_early),
     "timer_once": ("timer_once", _timer_twice),
     "timer_once_unrecorded": ("timer_once", _timer_passed_unrecorded),

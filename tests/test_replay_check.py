@@ -159,14 +159,14 @@ def test_export_writes_what_a_replay_reads(recorded: Recorded) -> None:
     waiting = histories["o-wait"]
     assert waiting.status == "waiting" and waiting.run.name == "order"
     assert msgspec.json.decode(waiting.run.input) == 1
-    assert [e.name for e in waiting.ledger] == ["fetch", "check", "weigh"]
+    assert [e.name for e in waiting.ledger] == ["rc_fetch", "check", "weigh"]
     assert [(q.record.key, q.state) for q in waiting.questions] == [("colour", "open")]
     assert waiting.wait_reason == "question" and waiting.wait_for["questions"] == ["colour"]
     done = histories["o-done"]
     assert done.status == "succeeded"
     assert [(q.record.key, q.state, msgspec.json.decode(q.answer)) for q in done.questions] == [
         ("colour", "answered", "blue")]
-    assert [e.name for e in done.ledger] == ["fetch", "check", "weigh", "pack"]
+    assert [e.name for e in done.ledger] == ["rc_fetch", "check", "weigh", "pack"]
     assert msgspec.json.decode(done.result) == {"label": "37-blue", "colour": "blue"}
     signalled = histories["s-done"]
     assert [(s.name, s.sent, s.taken) for s in signalled.signals] == [("go", 1, 1)]
@@ -177,7 +177,7 @@ def test_export_writes_what_a_replay_reads(recorded: Recorded) -> None:
     old_branch, new_branch = histories["sh-old"], histories["sh-new"]
     assert [(e.name, msgspec.json.decode(e.result)) for e in old_branch.ledger
             if e.name.startswith("|patch:")] == [("|patch:weigh-first", False)]
-    assert [e.name for e in new_branch.ledger] == ["fetch", "|patch:weigh-first", "weigh"]
+    assert [e.name for e in new_branch.ledger] == ["rc_fetch", "|patch:weigh-first", "weigh"]
     # A line is a record with a version, and reads back byte for byte.
     line = recorded.file.read_bytes().splitlines()[0]
     assert json.loads(line)["kind"] == "history" and json.loads(line)["version"] == 1
