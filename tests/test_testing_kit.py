@@ -235,6 +235,22 @@ def test_the_clock_starts_where_asked_and_never_moves_by_itself() -> None:
         env.advance(-1)
 
 
+def test_the_clock_refuses_to_go_back_or_past_what_a_datetime_holds_and_stays_put() -> None:
+    start = dt.datetime(2030, 1, 1, 12, tzinfo=UTC)
+    env = Environment(start=start)
+    with pytest.raises(ValueError, match="does not go back"):
+        env.advance_to(dt.datetime(2000, 1, 1, tzinfo=UTC))
+    for amount in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite"):
+            env.advance(amount)
+    with pytest.raises(ValueError, match="9999"):
+        env.advance(dt.timedelta(days=999_999_999))
+    assert env.now() == start
+    run = env.start(kit_month_sleeper)
+    env.advance(dt.timedelta(days=30))
+    assert run.result() == "rested"
+
+
 def test_mr_now_reads_the_virtual_clock() -> None:
     env = Environment(start=dt.datetime(2031, 5, 1, 8, tzinfo=UTC))
     run = env.start(kit_clock_reader)

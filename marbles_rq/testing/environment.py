@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from ..triggers.schedule_spec import ScheduleRegistry
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+# A day short of datetime.max, so reading the clock in any zone stays in range.
+_LAST_MS = (dt.datetime(9999, 12, 30, tzinfo=dt.UTC) - _EPOCH) // dt.timedelta(milliseconds=1)
 
 
 def _ms(when: dt.datetime) -> int:
@@ -101,15 +103,26 @@ class Environment:
         its instant and in time order, what comes due (timers, ask/signal/event timeouts,
         run deadlines, schedules) and delivering what that wakes or starts."""
         seconds = delta.total_seconds() if isinstance(delta, dt.timedelta) else float(delta)
-        if seconds < 0:
-            raise ValueError("the clock does not go back")
-        self.engine.advance_to(self.engine.now_ms() + int(seconds * 1000))
+        if seconds != seconds or seconds in (float("inf"), float("-inf")):
+            raise ValueError(f"cannot advance the clock by {delta!r}: give a finite amount")
+        self.engine.advance_to(self._target(self.engine.now_ms() + int(seconds * 1000)))
 
     def advance_to(self, when: dt.datetime) -> None:
         """Move the clock to `when` (aware), as `advance` does."""
         if when.tzinfo is None:
             when = when.replace(tzinfo=self.tz)
-        self.engine.advance_to(_ms(when))
+        self.engine.advance_to(self._target(_ms(when)))
+
+    def _target(self, target_ms: int) -> int:
+        # Refused before anything fires: a clock moved back, or past what a datetime holds
+        # (now(), status times), would leave the environment unreadable.
+        now_ms = self.engine.now_ms()
+        if target_ms < now_ms:
+            raise ValueError(f"the clock does not go back (it reads {self.now().isoformat()})")
+        if target_ms > _LAST_MS:
+            raise ValueError("cannot move the clock past 9999-12-31 (a datetime holds no "
+                             "later time)")
+        return target_ms
 
     def run_until_idle(self) -> None:
         """Deliver every run that can run now, and what they start or wake, until none
