@@ -459,6 +459,20 @@ def test_a_run_past_a_new_patch_counts_on_its_old_branch(recorded: Recorded,
     assert summary["patches"] == {"late": {"old_branch_runs": 1}}
 
 
+def test_a_patch_before_a_question_the_run_already_asked_counts_on_its_old_branch(
+        recorded: Recorded, tmp_path: Path) -> None:
+    """o-wait asked 'colour' before the patch existed: once answered, its worker decides
+    the old branch there (the question comes after the patch's place), so the check must
+    decide the same, not run the new branch's step before a question already asked."""
+    source = changed(recorded, tmp_path, ("    c = weigh(b)\n",
+                                          "    c = weigh(b)\n    if mr.patched('pre-ask'):\n"
+                                          "        c = check(c)\n"))
+    code, runs, summary = check_json(recorded, source, "o-wait")
+    assert code == 0 and runs["o-wait"]["ok"], runs
+    assert runs["o-wait"]["old_branch_patches"] == ["pre-ask"]
+    assert summary["patches"] == {"pre-ask": {"old_branch_runs": 1}}
+
+
 def test_the_client_exports_and_the_test_kit_checks(recorded: Recorded) -> None:
     """From Python: `client.export` (sync and asyncio) gives the histories the CLI writes, and
     `marbles_rq.testing.check_replays` replays a file of them against the imported code."""

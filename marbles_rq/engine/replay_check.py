@@ -93,6 +93,9 @@ class ReplayRuns(MemoryRuns):
         run = _Run(record, self.now_ms())
         run.ledger = {entry.key: entry for entry in history.ledger}
         run.effects = set(history.effects)
+        # A run that asked has parked: its next delivery is a resumption, which is what lets
+        # mr.patched see the questions it asked past the patch's place (engine/patches.py).
+        run.resumptions = 1 if history.questions else 0
         for q in history.questions:
             run.asks[q.record.key] = _Ask(record=q.record, asked_ms=q.asked_ms, state=q.state,
                                           answer=msgspec.json.decode(q.answer),
