@@ -51,6 +51,21 @@ def kit_until(ctx: mr.RunContext, when: str) -> str:
     return when
 
 
+class KitEscape(BaseException):
+    """Not an Exception: the executor does not take it for the step's failure."""
+
+
+@mr.step(name="kit_escaping")
+def kit_escaping(n: int) -> int:
+    CALLS.append(f"escape {n}")
+    raise KitEscape(f"escaped {n}")
+
+
+@mr.workflow(max_deliveries=3)
+def kit_escaper(ctx: mr.RunContext, n: int) -> int:
+    return kit_escaping(n)
+
+
 @mr.workflow()
 def kit_clock_reader(ctx: mr.RunContext) -> list[str]:
     before = mr.now()
@@ -329,6 +344,22 @@ def test_crash_after_a_step_replays_the_ledger_without_running_it_again() -> Non
     assert status.attempt == 2  # a redelivery
     kinds = [e.data["kind"] for e in env.output(run.id) if e.type == "attempt_started"]
     assert kinds == ["first", "redelivery"]
+
+
+def test_a_base_exception_from_a_step_is_a_crash_redelivered_until_max_deliveries() -> None:
+    """On a worker it ends the work-horse; the run is redelivered, and failed once it has
+    had its max_deliveries. The kit does the same (it used to raise it out of `result()`
+    and leave the run running for ever), and names what escaped."""
+    env = Environment()
+    run = env.start(kit_escaper, 4)
+    with pytest.raises(RunFailedError, match=r"DeliveriesExhausted.*KitEscape: escaped 4"):
+        run.result()
+    status = run.status()
+    assert (status.status, status.attempt) == ("failed", 3)
+    assert CALLS == ["escape 4"] * 3
+    other = env.start(kit_month_sleeper)  # the environment goes on
+    env.advance(dt.timedelta(days=30))
+    assert other.result() == "rested"
 
 
 def test_mock_step_replaces_the_body_and_is_still_recorded() -> None:

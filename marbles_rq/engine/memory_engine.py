@@ -79,6 +79,13 @@ class MemoryEngine:
         except Crashed:
             self.store.crashed(run_id)
             return "crashed"
+        except BaseException as exc:
+            if isinstance(exc, (Exception, KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise  # the engine's own error, or the test process stopping: the caller's
+            # What the executor does not take for the body's failure (a step raising a
+            # BaseException of its own) ends a worker's work-horse: the run is redelivered.
+            self.store.crashed(run_id, exc)
+            return "crashed"
 
     def run_until_idle(self) -> None:
         """Deliver every run that can run now (and what they start or wake) until none

@@ -363,13 +363,27 @@ class MemoryRuns:
     def fail_corrupt(self, run_id: str, reason: str) -> str:
         raise MarblesError(f"in memory: {reason}")
 
-    def crashed(self, run_id: str) -> None:
+    def crashed(self, run_id: str, cause: BaseException | None = None) -> None:
         """An execution stopped as a kill -9 stops it: its lease expires and the run is
-        delivered again (a redelivery, which replays the ledger)."""
+        delivered again (a redelivery, which replays the ledger), or fails once it has had
+        its workflow's max_deliveries, as the controller's reaper gives up (lua/reap_run.lua).
+        `cause`: what escaped the executor, named in that failure."""
         with self._lock:
             run = self.runs[run_id]
             if run.status != "running":
                 return
+            if run.tries >= run.record.max_deliveries:
+                last = "" if cause is None else (f" (the last was stopped by "
+                                                 f"{type(cause).__name__}: {cause})")
+                error = ErrorInfo(type="DeliveriesExhausted",
+                                  message=f"the run's executions kept vanishing; gave up "
+                                          f"after {run.tries} deliveries{last}")
+            else:
+                error = None
+        if error is not None:
+            self._settle(run_id, "failed", error=error)
+            return
+        with self._lock:
             run.status, run.attempt, run.tries = "queued", run.attempt + 1, run.tries + 1
             run.kind, run.queued_ms = "redelivery", self.now_ms()
 
