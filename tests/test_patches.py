@@ -226,6 +226,43 @@ def test_deprecate_patch_fails_a_run_on_the_old_branch_and_passes_the_others() -
             assert "deprecated" in view.error.message and "'p'" in view.error.message
 
 
+def test_deprecate_patch_fails_a_run_that_passed_its_place_before_the_patch_existed() -> None:
+    """The patch was never deployed to this run's worker (no decision recorded), but the
+    run asked its question, which comes after the patch's place: it would have taken the
+    old branch, so the deprecated patch fails it rather than run the new branch's step
+    before a question already answered."""
+    from marbles_rq.testing import Environment
+
+    calls: list[str] = []
+
+    @mr.step(name="deprecate_rule_extra")
+    def extra() -> str:
+        calls.append("extra")
+        return "extra"
+
+    def old(ctx: Any) -> str:
+        return str(ctx.ask.question("go?", key="go"))
+
+    def new(ctx: Any) -> str:
+        mr.deprecate_patch("p")
+        extra()
+        return str(ctx.ask.question("go?", key="go"))
+
+    registry = _registry(flow=old)
+    env = Environment(registry=registry, schedules=False)
+    run = env.start("flow")
+    env.run_until_idle()
+    assert run.status().status == "waiting"
+    registry.workflows["flow"] = _pinned("flow", new)
+    run.answer("go", "yes")
+    env.run_until_idle()
+    view = run.status()
+    assert view.status == "failed" and view.error is not None, view
+    assert view.error.type == "NonDeterminism"
+    assert "deprecated" in view.error.message and "'p'" in view.error.message
+    assert calls == []
+
+
 @pytest.mark.parametrize("bad", ["", "has space", "x" * 101, "|pipe", "a#1", 7])
 def test_a_bad_patch_id_is_refused_naming_it(bad: Any) -> None:
     with pytest.raises(PatchIdError, match="invalid patch id"):

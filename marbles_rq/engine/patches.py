@@ -17,8 +17,9 @@ it lost to a crash, nothing recorded after it was lost with it, and the same dec
 taken again.
 
 ``mr.deprecate_patch(id)`` replaces ``patched(id)`` once the old branch is deleted: a run that
-recorded False there cannot go on (it fails with NonDeterminism, naming the patch) instead of
-running code its ledger does not follow. ``marbles-rq replay --check`` says which patches
+recorded False there (or recorded nothing there but is past that point) cannot go on (it
+fails with NonDeterminism, naming the patch) instead of running code its ledger does not
+follow. ``marbles-rq replay --check`` says which patches
 still have runs on their old branch (engine/replay_check.py).
 """
 
@@ -86,6 +87,11 @@ def deprecate_patch(patch: str) -> None:
     check_id(patch)
     key, recorded = _place(run, patch)
     if recorded is None:
+        # No decision recorded: a run past this place without one would have taken the
+        # old branch here had it been patched, so it cannot take the new one either.
+        if _passed(run):
+            run.ex.patches_seen.add(key)
+            raise DeprecatedPatchError(run.frame.path, patch)
         return
     run.ex.patches_seen.add(key)
     if not decision_of(recorded):
