@@ -433,6 +433,12 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(recorded: Recorded, tmp_path:
     bad.write_text(json.dumps(newer) + "\n")
     one_line_error(check(recorded, recorded.source, "--from", str(bad)), 2, f"{bad}:1")
     one_line_error(procs.cli("replay", "--source", str(recorded.source), "o-wait"), 2, "--check")
+    # A misspelt workflow checks nothing: refused, where a declared one with no run in
+    # flight passes.
+    one_line_error(check(recorded, recorded.source, "--workflow", "ordr"), 2, "'ordr'",
+                   "declares no such workflow")
+    assert ok(check(recorded, recorded.source, "--workflow", "child_sum")).splitlines() == [
+        "0 runs: ok 0, failing 0"]
     argv = [*_cli_argv(), "--redis-url", procs.url, "replay", "--check", "o-wait"]
     env = {k: v for k, v in procs.env.items() if k != "MARBLES_SOURCE"}
     no_source = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,

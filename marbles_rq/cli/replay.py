@@ -129,6 +129,10 @@ def replay_cmd(settings: Settings, run_ids: tuple[str, ...], check: bool,
         wanted = _wanted(run_ids, workflow, status, IN_FLIGHT)
         for batch in select(settings.runs(read_only=True), wanted):
             histories += batch
+        if workflow and not histories and workflow not in REGISTRY.workflows:
+            # Else a misspelt name checks nothing and passes.
+            raise click.UsageError(f"--workflow {workflow!r}: the source declares no such "
+                                   f"workflow and no run of it was found")
 
     def show(verdict: Verdict) -> None:
         if as_json:
