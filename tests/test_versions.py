@@ -136,6 +136,15 @@ def test_an_explicit_version_is_checked(bad: Any) -> None:
     assert "v21_bad" not in REGISTRY.workflows
 
 
+@pytest.mark.parametrize("bad", ["yes", "false", 1, None])
+def test_current_must_be_a_bool(bad: Any) -> None:
+    # current="false" is truthy: taken as given it would make that version current.
+    with pytest.raises(DefinitionError, match="current= must be True or False") as err:
+        mr.workflow("v21_cur", version="1", current=bad)
+    assert "\n" not in str(err.value)
+    assert "v21_cur" not in REGISTRY.workflows
+
+
 def test_two_versions_in_one_source(tmp_path: Path) -> None:
     source = write_source(tmp_path / "both", V1.replace('"order"', '"v21_two"'),
                           V2.replace('"order"', '"v21_two"'), step="v21_two_stamp")

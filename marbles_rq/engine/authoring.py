@@ -364,6 +364,8 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     problem = queue_problem(queue) or definition_problem(concurrency, concurrency_key,
                                                          priority) or (
         None if version is None else version_problem(version))
+    if problem is None and not isinstance(current, bool):
+        problem = f"current= must be True or False, not {current!r}"
     if problem is not None:
         raise DefinitionError(problem)
     if not 0 <= retention_s <= 10 * 365 * 86400:
