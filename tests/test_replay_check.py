@@ -452,6 +452,30 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(recorded: Recorded, tmp_path:
     assert not target.exists() and list(tmp_path.glob(".export-*")) == []
 
 
+def test_export_to_a_pipe_writes_into_it_and_a_directory_is_refused(recorded: Recorded,
+                                                                     tmp_path: Path) -> None:
+    """`-o /dev/stdout` or a named pipe is written to, not replaced by a file renamed over
+    it (as root that replaced /dev/stdout's link, or a device node)."""
+    import os
+    import stat
+
+    fifo = tmp_path / "runs.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so the export's open does not block
+    try:
+        done = recorded.procs.cli("export", "o-wait", "-o", str(fifo))
+        assert done.returncode == 0, done.stderr
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+        line = os.read(reader, 1 << 20)
+    finally:
+        os.close(reader)
+    assert from_line(line, "fifo").run_id == "o-wait"
+    assert done.stdout == "" and "exported 1 run history" in done.stderr
+    one_line_error(recorded.procs.cli("export", "o-wait", "-o", str(tmp_path)), 1,
+                   "is a directory")
+    assert [p.name for p in tmp_path.iterdir()] == ["runs.fifo"]
+
+
 def test_a_run_past_a_new_patch_counts_on_its_old_branch(recorded: Recorded,
                                                          tmp_path: Path) -> None:
     """o-wait recorded its steps before the patch existed: replayed by the patched code it

@@ -69,6 +69,23 @@ def export_cmd(settings: Settings, run_ids: tuple[str, ...], workflow: str | Non
                 out.write(to_line(history))
         out.flush()
         return
+    if os.path.isdir(output):
+        raise click.ClickException(f"cannot write {output}: it is a directory")
+    if os.path.exists(output) and not os.path.isfile(output):
+        # A pipe, a device, /dev/stdout: written to as it is (renaming a file over it would
+        # replace it).
+        try:
+            count = 0
+            with open(output, "wb") as fh:
+                for batch in batches:
+                    for history in batch:
+                        fh.write(to_line(history))
+                        count += 1
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
+        click.echo(safe(f"exported {count} run histor{'y' if count == 1 else 'ies'} to "
+                        f"{output}"), err=True)
+        return
     folder = os.path.dirname(os.path.abspath(output))
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".export-", suffix=".jsonl")
@@ -82,9 +99,11 @@ def export_cmd(settings: Settings, run_ids: tuple[str, ...], workflow: str | Non
                     fh.write(to_line(history))
                     count += 1
         os.replace(tmp, output)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
         raise
     click.echo(safe(f"exported {count} run histor{'y' if count == 1 else 'ies'} to {output}"))
 
