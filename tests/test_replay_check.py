@@ -432,6 +432,10 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(recorded: Recorded, tmp_path:
     newer["version"] = 99
     bad.write_text(json.dumps(newer) + "\n")
     one_line_error(check(recorded, recorded.source, "--from", str(bad)), 2, f"{bad}:1")
+    newer.update(version=1, status="parked")
+    bad.write_text(json.dumps(newer) + "\n")
+    one_line_error(check(recorded, recorded.source, "--from", str(bad)), 2, f"{bad}:1",
+                   "status 'parked'")
     one_line_error(procs.cli("replay", "--source", str(recorded.source), "o-wait"), 2, "--check")
     # A misspelt workflow checks nothing: refused, where a declared one with no run in
     # flight passes.

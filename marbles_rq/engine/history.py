@@ -32,7 +32,7 @@ from ..store.records import AskRecord, ErrorInfo, Record, RunRecord, StepRecord,
 from ..store.replies import as_text
 from .authoring import InputError
 from .execution import RunNotFoundError
-from .runs import TERMINAL, RunStore, RunView
+from .runs import STATUSES, TERMINAL, RunStore, RunView
 from .waits import Question
 
 BATCH = 100  # runs read per round of pipelines
@@ -281,6 +281,10 @@ def from_line(line: bytes, where: str) -> History:
             raise UnsupportedRecordVersionError(where, history.run.version, RunRecord.VERSION)
     except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
         raise HistoryFileError(f"{where}: not a run history ({_short(exc)})") from None
+    if history.status not in STATUSES:
+        # Whether the run is in flight (the old-branch counts) is read from it.
+        raise HistoryFileError(f"{where}: not a run history (status {history.status!r} is "
+                               f"not one of {', '.join(STATUSES)})")
     return history
 
 
