@@ -362,6 +362,20 @@ def test_a_base_exception_from_a_step_is_a_crash_redelivered_until_max_deliverie
     assert other.result() == "rested"
 
 
+def test_an_injection_that_could_never_match_is_refused_naming_it() -> None:
+    """A step's bare name given for a call's key, a typo'd step name: the injection would
+    silently do nothing and the test pass for the wrong reason."""
+    env = Environment()
+    for inject in (env.fail_step, env.crash_after):
+        with pytest.raises(ValueError, match=r"'kit_charge' is not a ledger key"):
+            inject("kit_charge")
+    with pytest.raises(ValueError, match=r"no step named 'kit_chrage'.*kit_charge"):
+        env.mock_step("kit_chrage", 1)
+    env.crash_after("kit_order.|parallel#0[1].kit_charge#0")  # a branch's call: a key
+    env.mock_step("kit_order.kit_charge#0", 7)
+    assert env.start(kit_order, 5).result()["paid"] == 7
+
+
 def test_mock_step_replaces_the_body_and_is_still_recorded() -> None:
     env = Environment()
     env.mock_step("kit_charge", 7)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
@@ -155,19 +156,26 @@ class Environment:
         """The next `times` attempts of the step call at ledger key `key` ("workflow.step#0";
         a step inside a step: "workflow.outer#0.inner#0") raise `error` (a RuntimeError by
         default) instead of running its body: its retries apply."""
-        self.faults.fail(key, times, error)
+        self.faults.fail(_call_key(key, "fail_step"), times, error)
 
     def mock_step(self, name_or_key: str, replacement: Any) -> None:
         """Replace the body of a step (by its name, or one call by its ledger key) with
         `replacement`: a callable taking the step's arguments, or the value to return. The
         step is still recorded (and replayed) as any other."""
+        if isinstance(name_or_key, str) and "#" not in name_or_key:
+            if name_or_key not in self.registry.steps:
+                known = ", ".join(sorted(self.registry.steps)) or "none"
+                raise ValueError(f"mock_step: no step named {name_or_key!r} (known: {known}; "
+                                 f"or give one call's ledger key, 'workflow.step#0')")
+        else:
+            _call_key(name_or_key, "mock_step")
         self.faults.mock(name_or_key, replacement)
 
     def crash_after(self, key: str) -> None:
         """The execution that commits the ledger entry `key` (a step's outcome, a fired
         timer, a received signal) stops right after, as a kill -9 would stop it; the run is
         delivered again and replays from its ledger (the step is not run again)."""
-        self.engine.store.crash_after.add(key)
+        self.engine.store.crash_after.add(_call_key(key, "crash_after"))
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -353,6 +361,18 @@ class Environment:
                     tuple(sorted(delivered)))
         self._events[record.id] = sent
         return sent
+
+
+_CALL_KEY = re.compile(r"\S+#\d+")
+
+
+def _call_key(key: str, what: str) -> str:
+    """`key` if it has the shape of a call's ledger key; else ValueError (a step's bare name
+    or a typo would never match, and the injection would silently do nothing)."""
+    if not isinstance(key, str) or not _CALL_KEY.fullmatch(key):
+        raise ValueError(f"{what}: {key!r} is not a ledger key such as 'workflow.step#0' "
+                         f"(the n-th call of the step in that frame; status().steps lists them)")
+    return key
 
 
 def _id(run: str | RunHandle) -> str:
