@@ -163,8 +163,10 @@ class Environment:
         `replacement`: a callable taking the step's arguments, or the value to return. The
         step is still recorded (and replayed) as any other."""
         if isinstance(name_or_key, str) and "#" not in name_or_key:
-            if name_or_key not in self.registry.steps:
-                known = ", ".join(sorted(self.registry.steps)) or "none"
+            # A step runs from its own definition: it may be declared outside `registry`.
+            steps = {**REGISTRY.steps, **self.registry.steps}
+            if name_or_key not in steps:
+                known = ", ".join(sorted(steps)) or "none"
                 raise ValueError(f"mock_step: no step named {name_or_key!r} (known: {known}; "
                                  f"or give one call's ledger key, 'workflow.step#0')")
         else:
