@@ -261,6 +261,10 @@ def test_the_clock_refuses_to_go_back_or_past_what_a_datetime_holds_and_stays_pu
     with pytest.raises(ValueError, match="9999"):
         env.advance(dt.timedelta(days=999_999_999))
     assert env.now() == start
+    with pytest.raises(TypeError, match="takes a datetime"):
+        env.advance_to("2031-01-01")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes a datetime"):
+        Environment(start="2031-01-01")  # type: ignore[arg-type]
     run = env.start(kit_month_sleeper)
     env.advance(dt.timedelta(days=30))
     assert run.result() == "rested"

@@ -75,6 +75,8 @@ class Environment:
                  registry: Registry = REGISTRY, schedules: bool | list[str] = True,
                  schedule_registry: ScheduleRegistry | None = None,
                  limits: Limits | None = None) -> None:
+        if start is not None and not isinstance(start, dt.datetime):
+            raise TypeError(f"Environment(start=...) takes a datetime, not {start!r}")
         self.tz = ZoneInfo(tz) if isinstance(tz, str) else (tz or ZoneInfo("UTC"))
         if start is not None and start.tzinfo is None:
             start = start.replace(tzinfo=self.tz)
@@ -110,6 +112,8 @@ class Environment:
 
     def advance_to(self, when: dt.datetime) -> None:
         """Move the clock to `when` (aware), as `advance` does."""
+        if not isinstance(when, dt.datetime):
+            raise TypeError(f"advance_to takes a datetime, not {when!r}")
         if when.tzinfo is None:
             when = when.replace(tzinfo=self.tz)
         self.engine.advance_to(self._target(_ms(when)))
