@@ -213,12 +213,7 @@ class WaitStore:
         {approved, note}) and wake the run. The first answer wins."""
         check_id(run_id, "run id")
         question = self.question(run_id, key)
-        if question.record.ask != kind:
-            verb = "answer" if question.record.ask == "question" else "approve or reject"
-            what = "an approval" if question.record.ask == "approval" else "a question"
-            raise AnswerRefusedError(f"{key!r} of run {run_id} is {what}; {verb} it")
-        if kind == "question":
-            value = self._choice(question, value)
+        value = answer_of_kind(question, run_id, key, value, kind)
         try:
             msgspec.json.encode(value)
         except (UnicodeEncodeError, msgspec.EncodeError):
@@ -391,3 +386,13 @@ def match_choice(choices: list[str] | None, value: str) -> str | None:
     if value.isdigit() and 1 <= int(value) <= len(choices):
         return choices[int(value) - 1]
     return None
+
+
+def answer_of_kind(question: Question, run_id: str, key: str, value: Any, kind: str) -> Any:
+    """The answer to record for `question` (a choice's text for a question's choice number),
+    or AnswerRefusedError when it is another kind of ask than the call answers."""
+    if question.record.ask != kind:
+        verb = "answer" if question.record.ask == "question" else "approve or reject"
+        what = "an approval" if question.record.ask == "approval" else "a question"
+        raise AnswerRefusedError(f"{key!r} of run {run_id} is {what}; {verb} it")
+    return WaitStore._choice(question, value) if kind == "question" else value

@@ -38,11 +38,10 @@ from ..engine.runs import TERMINAL
 from ..engine.signals import SignalSent, check_name, encode_payload
 from ..engine.waits import (
     AlreadyAnsweredError,
-    AnswerRefusedError,
     NotPausedError,
     Report,
     UnknownQuestionError,
-    WaitStore,
+    answer_of_kind,
 )
 from ..errors import RunSettledError
 from ..store.ids import check_id
@@ -314,12 +313,7 @@ class Environment:
         if found is None:
             known = ", ".join(q.key for q in waits.questions(run_id)) or "it has asked none"
             raise UnknownQuestionError(f"run {run_id} has no question {key!r} ({known})")
-        if found.record.ask != kind:
-            verb = "answer" if found.record.ask == "question" else "approve or reject"
-            what = "an approval" if found.record.ask == "approval" else "a question"
-            raise AnswerRefusedError(f"{key!r} of run {run_id} is {what}; {verb} it")
-        if kind == "question":
-            value = WaitStore._choice(found, value)
+        value = answer_of_kind(found, run_id, key, value, kind)
         if run.status in TERMINAL:
             raise AlreadyAnsweredError(f"run {run_id} has already finished ({run.status}); "
                                        f"nothing recorded")
