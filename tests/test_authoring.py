@@ -29,15 +29,15 @@ class Need(msgspec.Struct):
 
 
 def test_a_three_step_workflow_is_a_dozen_lines() -> None:
-    @mr.step
+    @mr.step("t_price")  # examples/app/shop.py has a `price`
     def price(sku: str) -> int:
         return {"apple": 3}.get(sku, 1)
 
-    @mr.step(retries=2)
+    @mr.step("t_total", retries=2)
     def total(unit: int, qty: int) -> int:
         return unit * qty
 
-    @mr.step
+    @mr.step("t_receipt")
     def receipt(amount: int) -> str:
         return f"charged {amount}"
 
