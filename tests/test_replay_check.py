@@ -190,6 +190,10 @@ def test_export_selects_a_workflow_by_status(recorded: Recorded) -> None:
     out = ok(recorded.procs.cli("export", "--workflow", "order"))
     assert sorted(json.loads(line)["run"]["id"] for line in out.splitlines()) == [
         "o-done", "o-wait"]
+    # A workflow with no run (or a misspelt one) exports nothing, and says so on stderr.
+    none = recorded.procs.cli("export", "--workflow", "ordr")
+    assert none.returncode == 0 and none.stdout == ""
+    assert none.stderr.strip() == "note: no run of workflow 'ordr' in any status"
 
 
 # -- replay --check ----------------------------------------------------------------------
@@ -541,3 +545,14 @@ def test_the_client_exports_and_the_test_kit_checks(recorded: Recorded) -> None:
                           timeout=120, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "6 runs: ok 6, failing 0 {'weigh-first': 1}"
+
+
+def test_a_run_twice_in_a_file_is_checked_once(recorded: Recorded, tmp_path: Path) -> None:
+    doubled = tmp_path / "twice.jsonl"
+    doubled.write_bytes(recorded.file.read_bytes() * 2)
+    done = check(recorded, recorded.source, "--from", str(doubled))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"{len(RUNS)} runs: ok {len(RUNS)}, failing 0"
+    assert done.stderr.strip() == (f"note: {len(RUNS)} line(s) repeat a run already in "
+                                   f"{doubled}; each run is checked once, as its last line "
+                                   f"has it")

@@ -64,10 +64,17 @@ def export_cmd(settings: Settings, run_ids: tuple[str, ...], workflow: str | Non
         batches = list(batches)
     if output == "-":
         out = sys.stdout.buffer
+        count = 0
         for batch in batches:
             for history in batch:
                 out.write(to_line(history))
+                count += 1
         out.flush()
+        if not count and wanted.workflow:
+            # Not an error (a workflow may have no run now), but a misspelt name looks the
+            # same: say it on stderr, so stdout stays a valid (empty) history file.
+            click.echo(safe(f"note: no run of workflow {wanted.workflow!r} in "
+                            f"{', '.join(wanted.statuses) or 'any status'}"), err=True)
         return
     if os.path.isdir(output):
         raise click.ClickException(f"cannot write {output}: it is a directory")
@@ -144,6 +151,13 @@ def replay_cmd(settings: Settings, run_ids: tuple[str, ...], check: bool,
     histories: list[History] = []
     if from_file is not None:
         histories = list(read_file(from_file))  # every line read before any is replayed
+        # A run twice (two exports concatenated) is checked once, as its last line has it.
+        unique = {h.run_id: h for h in histories}
+        if len(unique) < len(histories):
+            click.echo(f"note: {len(histories) - len(unique)} line(s) repeat a run already in "
+                       f"{from_file}; each run is checked once, as its last line has it",
+                       err=True)
+            histories = list(unique.values())
     else:
         wanted = _wanted(run_ids, workflow, status, IN_FLIGHT)
         for batch in select(settings.runs(read_only=True), wanted):

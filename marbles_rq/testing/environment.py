@@ -26,7 +26,15 @@ from zoneinfo import ZoneInfo
 import msgspec
 
 from ..client.errors import ResultTimeoutError
-from ..client.sync import RunHandle, _input_bytes, _note, entry_of, settle, workflow_name
+from ..client.sync import (
+    RunHandle,
+    _input_bytes,
+    _note,
+    encode_json,
+    entry_of,
+    settle,
+    workflow_name,
+)
 from ..client.views import Outcome, OutputEntry, RunStatus
 from ..engine.authoring import REGISTRY, Registry, WorkflowDef
 from ..engine.context import Limits
@@ -342,7 +350,7 @@ class Environment:
         from ..triggers.events import TRIGGERS, Sent, prepare_event, run_input
 
         event_id = id or f"kit-{next(self._ids)}"
-        raw = encode_payload(payload)
+        raw = encode_json(payload, "the payload")  # as the client's send_event
         record, trigger = prepare_event(source, event_id, type=type or "", payload=raw,
                                         registry=self.registry, triggers=TRIGGERS)
         record = msgspec.structs.replace(record, received_at_ms=self.engine.now_ms())
