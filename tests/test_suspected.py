@@ -370,7 +370,9 @@ def test_a_new_timer_is_due_on_the_server_clock_not_on_stream_ids(runs: RunStore
     assert _run(runs, run_id, 1) == "parked"
     after = _server_ms(runs)
     due = int((_view(runs, run_id).wait_for or {})["until_ms"])
-    assert before + 1_000 <= due <= after + 1_000 + 1
+    # The executor's clock errs late, never early (Execution.server_now_ms), by up to the
+    # round trip of the start that read the server's: a few ms on a loaded machine.
+    assert before + 1_000 <= due <= after + 1_000 + 50
 
 
 def test_a_commit_extends_the_lease_on_the_server_clock_not_on_stream_ids(
