@@ -11,6 +11,8 @@ ARGV[3] request_id      a resend with the same id answers "ok" again
 ARGV[4] workflow        the triggered workflow; '' when no trigger matches (state unmatched)
 ARGV[5] run_id          the run it starts (derived from the event key); '' when unmatched
 ARGV[6] grace_ms        the controller starts a pending event after this long
+ARGV[7] batch           BatchSlot JSON when the trigger batches its events (the batch the
+                        controller appends a pending event to); '' otherwise
 Returns:
   {"ok", received_ms}                    journaled by this call (or an earlier send of it)
   {"exists", doc, state, workflow, run}  the event was received before; nothing written
@@ -33,6 +35,7 @@ local state = 'pending'
 if workflow == '' then state = 'unmatched' end
 redis.call('HSET', evt, 'doc', doc, 'req', req, 'state', state, 'workflow', workflow,
   'run', run_id, 'received_ms', now_ms)
+if ARGV[7] ~= '' then redis.call('HSET', evt, 'batch', ARGV[7]) end
 redis.call('ZADD', listing, now_ms, key)
 if state == 'pending' then redis.call('ZADD', pending, now_ms + tonumber(ARGV[6]), key) end
 redis.call('ZADD', offer, now_ms + tonumber(ARGV[6]), key)

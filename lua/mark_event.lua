@@ -5,15 +5,17 @@ KEYS[2] pending zset    <tag>:evpending
 KEYS[3] bucket fence    <tag>:ctl                {epoch}: the newest controller seen here
 ARGV[1] event_key
 ARGV[2] ctl_epoch       the calling controller's lease epoch; 0 for the sender (not fenced)
-ARGV[3] state           started | failed | retry (stays pending, due again after retry_ms)
+ARGV[3] state           started | batched | failed | retry (stays pending, due again after
+                        retry_ms)
 ARGV[4] note            why it failed or waits ('' for started)
 ARGV[5] retry_ms        for retry: how long until the controller tries again
+ARGV[6] run             batched: the batch (and run) the event went to; '' otherwise
 Returns:
   {"ok"}                    written
   {"not_pending", state}    started, failed or unmatched already; nothing written
   {"missing"}               no such event; nothing written
   {"fenced", epoch}         a newer controller acts on this bucket; nothing written
-Writes: HSET KEYS[1] state, note; ZREM or ZADD KEYS[2]; HSET KEYS[3] epoch (a controller)
+Writes: HSET KEYS[1] state, note (run); ZREM or ZADD KEYS[2]; HSET KEYS[3] epoch (a controller)
 ]]
 local evt, pending, fence = KEYS[1], KEYS[2], KEYS[3]
 local key, ctl_epoch, state, note = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -42,5 +44,6 @@ if state == 'retry' then
   return {'ok'}
 end
 redis.call('HSET', evt, 'state', state, 'note', note)
+if ARGV[6] ~= '' then redis.call('HSET', evt, 'run', ARGV[6]) end
 redis.call('ZREM', pending, key)
 return {'ok'}

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .store import RedisStore, Store, open_store
     from .store.keys import Keyspace
     from .store.memory import MemoryStore
+    from .triggers.batches import Batch
     from .triggers.events import Event, on_event, send_event
     from .triggers.monitors import FileChange, HttpChange, Launch, monitor
     from .triggers.schedules import schedule
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncClient",
     "AsyncRunContext",
+    "Batch",
     "Client",
     "Event",
     "FileChange",
@@ -116,6 +118,7 @@ _HOME = {
     "MemoryStore": ".store.memory",
     "Event": ".triggers.events", "on_event": ".triggers.events",
     "send_event": ".triggers.events",
+    "Batch": ".triggers.batches",
     "FileChange": ".triggers.monitors", "HttpChange": ".triggers.monitors",
     "Launch": ".triggers.monitors", "monitor": ".triggers.monitors",
     "schedule": ".triggers.schedules",

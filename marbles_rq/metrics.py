@@ -157,6 +157,13 @@ class Metrics:
         self.redis_errors = counter(
             "marbles_rq_redis_errors_total", "Redis errors met, by kind (timeout, connection, "
             "oom, readonly, other); a resent script call counts each failed send.", ["kind"])
+        self.events_batched = counter(
+            "marbles_rq_events_batched_total", "Inbound events appended to a batch of their "
+            "trigger (each once).", ["workflow"])
+        self.batches_sealed = counter(
+            "marbles_rq_batches_sealed_total", "Event batches sealed, by what sealed them: "
+            "size (full), bytes (the next event would pass the input limit), time (max_wait "
+            "ended).", ["workflow", "by"])
 
 
 _M: Metrics | None = None

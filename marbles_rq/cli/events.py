@@ -9,6 +9,7 @@ import click
 from ..deployment import Settings
 from ..engine.ops import max_payload
 from ..terminal import safe
+from ..triggers.batches import Batches, OpenBatch
 from ..triggers.events import Events
 from .runs import json_argument
 
@@ -34,6 +35,33 @@ def events(ctx: click.Context, limit: int, as_json: bool) -> None:
         note = f"  [{v.note}]" if v.note else ""
         click.echo(safe(f"{v.to_json()['received_at']}  {v.key}  {what}  id={v.id}  "
                         f"{v.state}  {run}{note}"))
+    _echo_batches(Batches(settings.runs(read_only=True)).open())
+
+
+@events.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the open batches as JSON.")
+@click.pass_obj
+def batches(settings: Settings, as_json: bool) -> None:
+    """Open event batches (triggers declared with batch=): per trigger and key value, how
+    many events each holds, when it opened and when it seals by time (reads only)."""
+    from ..client import Client
+
+    found = Client(settings).open_batches()
+    if as_json:
+        click.echo(json.dumps([b.to_json() for b in found], indent=2))
+        return
+    if not found:
+        click.echo("no open batches")
+    _echo_batches(found)
+
+
+def _echo_batches(found: list[OpenBatch]) -> None:
+    for b in found:
+        data = b.to_json()
+        key = f"  key={b.key}" if b.key else ""
+        click.echo(safe(f"open batch {b.batch_id}  {b.trigger} -> {b.workflow}{key}  "
+                        f"{b.size} event{'' if b.size == 1 else 's'}  opened "
+                        f"{data['opened_at']}  seals {data['seals_at']}"))
 
 
 @events.command()
@@ -70,6 +98,9 @@ def send(settings: Settings, source: str, event_id: str, event_type: str, payloa
         run = f", run {sent.run_id}" if sent.run_id else ""
         click.echo(safe(f"event {sent.key} was received before ({sent.state}{run}); nothing "
                         f"created"))
+    elif sent.state == "batched":
+        click.echo(safe(f"event {sent.key} received; in batch {sent.run_id} ({sent.workflow})"
+                        + ("; the batch is full: run queued" if sent.run_created else "")))
     elif not sent.workflow:
         click.echo(safe(f"event {sent.key} journaled; no trigger matches {source}"
                         + (f"/{event_type}" if event_type else "") + ", so no run"))

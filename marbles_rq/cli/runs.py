@@ -171,6 +171,11 @@ def _status_lines(data: dict[str, Any], *, head: bool = True,
         out.append(f"  waiting: {_waiting(data['waiting'])}")
     if data["pause_requested"]:
         out.append("  pause requested: it parks at its next step boundary")
+    if data.get("batch"):
+        b = data["batch"]
+        out.append(f"  batch of {b['events']} event{'' if b['events'] == 1 else 's'} from "
+                   f"trigger {b['trigger']}" + (f" (key {b['key']})" if b["key"] else "")
+                   + f", sealed by {b['sealed_by']} at {b['sealed_at']}")
     if data["parent"]:
         out.append(f"  parent {data['parent']}")
     if data["rerun_of"]:

@@ -179,6 +179,12 @@ class AsyncClient:
                          payload: Any = None) -> Any:
         return await self._call(self.sync.send_event, source, id, type, payload)
 
+    async def batch(self, run_id: str) -> dict[str, Any] | None:
+        return await self._call(self.sync.batch, run_id)
+
+    async def open_batches(self) -> list[Any]:
+        return await self._call(self.sync.open_batches)
+
     async def signal_with_start(self, workflow: str | WorkflowDef, input: Any = None, *,
                                 id: str, signal: tuple[str, Any], **options: Any) -> Any:
         return await self._call(self.sync.signal_with_start, workflow, input, id=id,

@@ -372,7 +372,23 @@ class Client:
         data["reports"] = [r.to_json() for r in waits.run_reports(run_id)]
         data["published"] = published(self.reader, run_id)
         data["signals"] = signals_json(self.reader, run_id)  # per name: sent, taken, buffered
+        data["batch"] = self.batch(run_id)
         return data
+
+    def batch(self, run_id: str) -> dict[str, Any] | None:
+        """The batch of events a batch run was started with (`@mr.on_event(batch=...)`):
+        {"batch", "trigger", "key", "events", "sealed_by", "opened_at", "sealed_at",
+        "state"}; None for a run that no batch started."""
+        from ..triggers.batches import Batches
+
+        return Batches(self.reader).get(check_id(run_id, "run id"))
+
+    def open_batches(self) -> list[Any]:
+        """The open event batches (`OpenBatch`: trigger, key, size, opened and sealing
+        times), oldest first."""
+        from ..triggers.batches import Batches
+
+        return Batches(self.reader).open()
 
     def runs(self, *, status: str | None = None, workflow: str | None = None,
              queue: str | None = None, since: float | None = None, until: float | None = None,

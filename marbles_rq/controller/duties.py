@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 # Kinds in the order recovery visits them; a duty's `kind` places it.
 # The dashboard's rollups come last: they only read what the others settled.
-RECOVERY_ORDER = ("events", "children", "waiting", "occurrences", "schedules", "monitors",
-                  "rollups")
+RECOVERY_ORDER = ("events", "batches", "children", "waiting", "occurrences", "schedules",
+                  "monitors", "rollups")
 
 
 class Duty(Protocol):
@@ -41,10 +41,12 @@ class Duty(Protocol):
 
 def default_duties() -> list[Duty]:
     """The duties a `marbles-rq controller` keeps, built from what --source declared."""
+    from ..triggers.batches import BatchesDuty
     from ..triggers.events import EventsDuty
     from ..triggers.monitors import MonitorsDuty
     from ..triggers.schedules import duties as schedule_duties
     from .rollups import RollupsDuty
     from .waiting import WaitingDuty
 
-    return [EventsDuty(), WaitingDuty(), *schedule_duties(), MonitorsDuty(), RollupsDuty()]
+    return [EventsDuty(), WaitingDuty(), *schedule_duties(), MonitorsDuty(), RollupsDuty(),
+            BatchesDuty()]

@@ -38,6 +38,7 @@ RESERVED_IDS = {
     "event": (re.compile(r"ev-[0-9a-f]{32}"), "ev-<32 hex digits>"),
     "schedule": (re.compile(r"sched:.*"), "sched:<schedule>:<ms>"),
     "monitor": (re.compile(r"mon\..*"), "mon.<monitor>.<n>"),
+    "batch": (re.compile(r"evb-[0-9a-f]{24}-[0-9]+"), "evb-<24 hex digits>-<n>"),
 }
 TRIGGER_ORIGINS = tuple(RESERVED_IDS)
 

@@ -427,6 +427,35 @@ class Keyspace:
         """Sorted set: pending event keys -> when the controller turns them into runs."""
         return f"{self.tag(bucket)}:evpending"
 
+    # -- event batches: a batch group's keys and its bucket's indexes share the group's tag --
+
+    def batch_group(self, group: str) -> str:
+        """Hash: a batch group (one trigger and key value): `seq` (its open batch), `n`,
+        `bytes`, `opened_ms`, `due_ms` of the open batch, `workflow`, `trigger`, `key`."""
+        return f"{self.tag_of(group)}:bgrp:{group}"
+
+    def batch(self, group: str, batch_id: str) -> str:
+        """Hash: a sealed batch (its id is its run's): `n`, `opened_ms`, `sealed_ms`,
+        `sealed_by` (size | bytes | time), `state` (sealed | started | failed), ..."""
+        return f"{self.tag_of(group)}:batch:{batch_id}"
+
+    def batch_items(self, group: str, batch_id: str) -> str:
+        """List: the Event JSON of each event in a batch, in the order appended."""
+        return f"{self.tag_of(group)}:bitems:{batch_id}"
+
+    def batch_member(self, group: str, event_key: str) -> str:
+        """String: the batch an event was appended to (an append is idempotent on it)."""
+        return f"{self.tag_of(group)}:bmem:{event_key}"
+
+    def batch_due(self, bucket: int) -> str:
+        """Sorted set: groups with an open batch -> when it seals by time (server ms)."""
+        return f"{self.tag(bucket)}:bdue"
+
+    def batch_sealed(self, bucket: int) -> str:
+        """Sorted set: sealed batch ids -> when the controller starts their run if their
+        sealer has not."""
+        return f"{self.tag(bucket)}:bsealed"
+
     # -- monitors: a monitor's state hash and its bucket's due index share its tag ---------
 
     def monitor(self, monitor_key: str) -> str:

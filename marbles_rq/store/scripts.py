@@ -966,18 +966,48 @@ class Scripts:
 
     def claim_event(self, *, event_key: str, event_hash: str, listing_key: str,
                     pending_key: str, offer_key: str, doc: bytes, request_id: str,
-                    workflow: str, run_id: str, grace_ms: int) -> Reply:
+                    workflow: str, run_id: str, grace_ms: int, batch: bytes = b"") -> Reply:
         """{"ok", received_ms} or {"exists", doc, state, workflow, run} (lua/claim_event.lua)."""
         return self._reply("claim_event", [event_hash, listing_key, pending_key, offer_key],
-                           [event_key, doc, request_id, workflow, run_id, grace_ms],
+                           [event_key, doc, request_id, workflow, run_id, grace_ms, batch],
                            ("ok", "exists"))
 
     def mark_event(self, *, event_key: str, event_hash: str, pending_key: str, fence_key: str,
-                   ctl_epoch: int, state: str, note: str = "", retry_ms: int = 0) -> Reply:
-        """state: started | failed | retry; ctl_epoch 0 = the sender (not fenced)."""
+                   ctl_epoch: int, state: str, note: str = "", retry_ms: int = 0,
+                   run: str = "") -> Reply:
+        """state: started | batched | failed | retry; ctl_epoch 0 = the sender (not fenced)."""
         return self._reply("mark_event", [event_hash, pending_key, fence_key],
-                           [event_key, ctl_epoch, state, note, retry_ms],
+                           [event_key, ctl_epoch, state, note, retry_ms, run],
                            ("ok", "not_pending", "missing", "fenced"))
+
+    # -- event batches -------------------------------------------------------------------
+
+    def append_batch(self, *, group_key: str, items_key: str, member_key: str,
+                     batch_key: str, due_key: str, sealed_key: str, group: str, seq: int,
+                     event_key: str, item: bytes, max_size: int, max_wait_ms: int,
+                     max_bytes: int, grace_ms: int, keep_ms: int, workflow: str,
+                     trigger: str, key: str) -> Reply:
+        """{"added"|"sealed", batch_id, n}, {"exists", batch_id}, {"moved", seq}."""
+        return self._reply("append_batch", [group_key, items_key, member_key, batch_key,
+                                            due_key, sealed_key],
+                           [group, seq, event_key, item, max_size, max_wait_ms, max_bytes,
+                            grace_ms, keep_ms, workflow, trigger, key],
+                           ("added", "sealed", "exists", "moved"))
+
+    def seal_batch(self, *, group_key: str, batch_key: str, due_key: str, sealed_key: str,
+                   fence_key: str, group: str, seq: int, ctl_epoch: int,
+                   grace_ms: int) -> Reply:
+        return self._reply("seal_batch", [group_key, batch_key, due_key, sealed_key, fence_key],
+                           [group, seq, ctl_epoch, grace_ms],
+                           ("sealed", "not_due", "gone", "fenced"))
+
+    def close_batch(self, *, batch_key: str, items_key: str, sealed_key: str, fence_key: str,
+                    batch_id: str, ctl_epoch: int, state: str, note: str, keep_ms: int,
+                    retry_ms: int = 0) -> Reply:
+        """state: started | failed | retry; ctl_epoch 0 = the sealer (not fenced)."""
+        return self._reply("close_batch", [batch_key, items_key, sealed_key, fence_key],
+                           [batch_id, ctl_epoch, state, note, keep_ms, retry_ms],
+                           ("ok", "closed", "missing", "fenced"))
 
     def prune_event(self, *, event_key: str, event_hash: str, listing_key: str,
                     fence_key: str, ctl_epoch: int, cutoff_ms: int) -> Reply:

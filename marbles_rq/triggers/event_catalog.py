@@ -32,6 +32,9 @@ class DeclaredTrigger(msgspec.Struct, kw_only=True, frozen=True):
 
     version: int = 1
     workflow: str
+    # How the trigger batches its events (triggers/batches.py Batch.describe); None: it
+    # does not.
+    batch: dict[str, Any] | None = None
 
 
 def entry_field(source: str, type: str | None) -> str:
@@ -40,12 +43,14 @@ def entry_field(source: str, type: str | None) -> str:
 
 
 def declare(client: Any, keys: Keyspace,
-            triggers: Iterable[tuple[str, str | None, str]]) -> None:
+            triggers: Iterable[tuple[str, str | None, str]
+                               | tuple[str, str | None, str, dict[str, Any] | None]]) -> None:
     """Record (source, type or None, workflow) triggers: one HSET, last writer wins. Declare
     the workflows first (engine/catalog.py): a sender that finds a trigger then finds the
     defaults of the run it records."""
-    mapping = {entry_field(source, type): msgspec.json.encode(DeclaredTrigger(workflow=wf))
-               for source, type, wf in triggers}
+    mapping = {entry_field(t[0], t[1]): msgspec.json.encode(DeclaredTrigger(
+        workflow=t[2], batch=t[3] if len(t) > 3 else None))
+        for t in triggers}
     if mapping:
         client.hset(keys.event_triggers, mapping=mapping)
 
@@ -55,6 +60,13 @@ def lookup(client: Any, keys: Keyspace, source: str,
     """(the declared type, or None for any type; the workflow) of the trigger an event of
     `source` and `type` ('' = none) starts: the one declared for its type, else the one for
     its source with no type. None when no worker has declared one. One read."""
+    found = find(client, keys, source, type)
+    return None if found is None else (found[0], found[1].workflow)
+
+
+def find(client: Any, keys: Keyspace, source: str,
+         type: str) -> tuple[str | None, DeclaredTrigger] | None:
+    """`lookup`, with the whole entry (how it batches)."""
     fields = ([entry_field(source, type)] if type else []) + [entry_field(source, None)]
     found = client.hmget(keys.event_triggers, fields)
     for field, raw in zip(fields, found, strict=True):
@@ -65,5 +77,5 @@ def lookup(client: Any, keys: Keyspace, source: str,
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise CorruptRecordError(f"{keys.event_triggers} field {field!r}",
                                      str(exc)) from None
-        return (type if field != entry_field(source, None) else None), entry.workflow
+        return (type if field != entry_field(source, None) else None), entry
     return None

@@ -59,6 +59,7 @@ from ..store.redis_errors import is_outage, one_line
 from ..store.replies import as_text
 from ..transport.lanes import RQLike, as_lanes
 from . import event_catalog
+from .batches import Appended, Batch, BatchSlot, batch_input, slot_for
 
 if TYPE_CHECKING:
     from ..controller.context import DutyContext
@@ -95,6 +96,11 @@ class Trigger:
     source: str
     type: str | None
     workflow: str
+    batch: Batch | None = None  # its events start one run per batch (triggers/batches.py)
+
+    @property
+    def label(self) -> str:
+        return self.source + (f"/{self.type}" if self.type else "")
 
 
 @dataclass
@@ -123,16 +129,23 @@ TRIGGERS = Triggers({})
 def declare_triggers(client: Any, keys: Keyspace, triggers: Triggers = TRIGGERS) -> None:
     """Declare `triggers` in the deployment (a worker on start, `dev` before it says ready),
     for senders that do not import them."""
-    event_catalog.declare(client, keys, ((t.source, t.type, t.workflow)
+    event_catalog.declare(client, keys, ((t.source, t.type, t.workflow,
+                                          t.batch.describe() if t.batch else None)
                                          for t in triggers.by_key.values()))
 
 
-def on_event(source: str, *, type: str | None = None) -> Callable[[WorkflowDef], WorkflowDef]:
+def on_event(source: str, *, type: str | None = None,
+             batch: Batch | None = None) -> Callable[[WorkflowDef], WorkflowDef]:
     """Start the decorated workflow for each inbound event of `source` (and `type`, if
-    given). Put it above ``@mr.workflow``; the workflow's input is an `Event`."""
+    given). Put it above ``@mr.workflow``; the workflow's input is an `Event`. With
+    `batch` (`mr.Batch`), one run per batch of events instead: its input is the list of
+    them (declare ``events: list[mr.Event]``)."""
     _check_source(source, DefinitionError)
     if type is not None:
         _check_type(type, DefinitionError)
+    if batch is not None and not isinstance(batch, Batch):
+        raise DefinitionError(f"batch= takes mr.Batch(max_size=..., max_wait=..., key=...), "
+                              f"not {batch!r}")
 
     def register(definition: WorkflowDef) -> WorkflowDef:
         if not isinstance(definition, WorkflowDef):
@@ -140,10 +153,25 @@ def on_event(source: str, *, type: str | None = None) -> Callable[[WorkflowDef],
         if definition.input_param is None:
             raise DefinitionError(f"workflow {definition.name!r} is triggered by events; it "
                                   f"must take (ctx, event)")
-        TRIGGERS.add(Trigger(source, type, definition.name))
+        if batch is not None:
+            _check_batch_input(definition)
+        TRIGGERS.add(Trigger(source, type, definition.name, batch))
         return definition
 
     return register
+
+
+def _check_batch_input(definition: WorkflowDef) -> None:
+    import typing
+
+    try:
+        wanted = definition.input_type
+    except Exception:  # a hint not resolvable yet: the first event's check says it
+        return
+    if wanted is Any or typing.get_origin(wanted) in (list, tuple) or wanted in (list, tuple):
+        return
+    raise DefinitionError(f"workflow {definition.name!r} is triggered by batches of events; "
+                          f"its input must be a list (declare events: list[mr.Event])")
 
 
 # -- validation and identities ---------------------------------------------------------------
@@ -218,9 +246,21 @@ def prepare_event(source: str, event_id: str, *, type: str = "", payload: bytes 
                          received_at_ms=int(time.time() * 1000), event_id=event_id, type=type)
     trigger = triggers.match(source, type)
     if trigger is not None:  # the run's input must fit its workflow, or nothing is written
-        ops.prepare(ops.RunRequest(trigger.workflow, run_input(record), key, origin="event"),
-                    registry)
+        check_run_input(trigger, record, registry)
     return record, trigger
+
+
+def check_run_input(trigger: Trigger, record: EventRecord, registry: Registry) -> None:
+    """Raise unless the event's run (or a batch of it alone) fits the trigger's workflow."""
+    if trigger.batch is None:
+        ops.prepare(ops.RunRequest(trigger.workflow, run_input(record), record.id,
+                                   origin="event"), registry)
+        return
+    item = run_input(record)
+    slot = slot_for(trigger.batch, trigger.label, trigger.workflow, record, item,
+                    EventInputError)
+    ops.prepare(ops.RunRequest(trigger.workflow, batch_input([item]), f"{slot.group}-1",
+                               origin="batch"), registry)
 
 
 # -- the event store --------------------------------------------------------------------------
@@ -280,12 +320,19 @@ class Events:
         record, trigger = prepare_event(source, event_id, type=type, payload=payload,
                                         registry=self.registry, triggers=self.triggers)
         if trigger is None and self.declared and not self.triggers.knows(source):
-            found = event_catalog.lookup(self.store.client, self.keys, source, type)
+            found = event_catalog.find(self.store.client, self.keys, source, type)
             if found is not None:
-                trigger = Trigger(source, found[0], found[1])
-                ops.prepare(ops.RunRequest(trigger.workflow, run_input(record), record.id,
-                                           origin="event"), self._registry_for(trigger.workflow))
+                trigger = Trigger(source, found[0], found[1].workflow,
+                                  declared_batch(found[1].batch, source, type))
+                check_run_input(trigger, record, self._registry_for(trigger.workflow))
         return record, trigger
+
+    def slot(self, record: EventRecord, trigger: Trigger | None) -> BatchSlot | None:
+        """The batch a batched trigger's event goes to (None: it starts a run of its own)."""
+        if trigger is None or trigger.batch is None:
+            return None
+        return slot_for(trigger.batch, trigger.label, trigger.workflow, record,
+                        run_input(record), EventInputError)
 
     def _registry_for(self, workflow: str) -> Registry:
         """The definitions to record `workflow`'s run with: this process's when it has the
@@ -304,9 +351,11 @@ class Events:
         prepare_event(source, event_id, type=type, payload=payload, registry=registry,
                       triggers=triggers)
 
-    def journal(self, record: EventRecord, trigger: Trigger | None) -> Sent:
+    def journal(self, record: EventRecord, trigger: Trigger | None,
+                slot: BatchSlot | None = None) -> Sent:
         """Step 1 alone: claim the event as pending (or unmatched). The same key again
-        writes nothing and returns what was received first."""
+        writes nothing and returns what was received first. `slot`: the batch it goes to
+        (then the event names no run until it is in a batch)."""
         key = record.id
         bucket = self.keys.bucket_of(key)
         reply = self.store.scripts.claim_event(
@@ -315,7 +364,8 @@ class Events:
             pending_key=self.keys.event_pending(bucket),
             offer_key=self.keys.event_offer(bucket), doc=encode(record),
             request_id=new_request_id(), workflow=trigger.workflow if trigger else "",
-            run_id=key if trigger else "", grace_ms=PENDING_GRACE_MS)
+            run_id=key if trigger and slot is None else "", grace_ms=PENDING_GRACE_MS,
+            batch=b"" if slot is None else msgspec.json.encode(slot))
         if reply.status == "ok":
             return Sent(key, True, "pending" if trigger else "unmatched",
                         trigger.workflow if trigger else "", key if trigger else "")
@@ -332,12 +382,17 @@ class Events:
 
     def _send(self, source: str, event_id: str, *, type: str, payload: bytes) -> Sent:
         record, trigger = self.prepare(source, event_id, type=type, payload=payload)
-        sent = self.journal(record, trigger)
+        slot = self.slot(record, trigger)
+        sent = self.journal(record, trigger, slot)
         # A failure here leaves a pending event's run to the controller, as any other.
         delivered = tuple(sorted(run for run, outcome in self.offer(record).items()
                                  if outcome != "consumed"))
         if not sent.created or trigger is None:
             return dataclasses.replace(sent, delivered=delivered)
+        if slot is not None:
+            appended = self._batch(slot, record, 0)
+            return Sent(sent.key, True, "batched", trigger.workflow, appended.batch_id,
+                        appended.started, delivered)
         enqueued = self._enqueue(trigger.workflow, record)
         if (foreign := self._foreign(enqueued, trigger.workflow, record)) is not None:
             self._mark(sent.key, 0, "failed", foreign)
@@ -411,21 +466,32 @@ class Events:
         return note
 
     def _mark(self, key: str, ctl_epoch: int, state: str, note: str = "",
-              retry_ms: int = 0) -> str:
+              retry_ms: int = 0, run: str = "") -> str:
         bucket = self.keys.bucket_of(key)
         reply = self.store.scripts.mark_event(
             event_key=key, event_hash=self.keys.event(key),
             pending_key=self.keys.event_pending(bucket),
             fence_key=self.keys.controller_fence(bucket), ctl_epoch=ctl_epoch, state=state,
-            note=note, retry_ms=retry_ms)
+            note=note, retry_ms=retry_ms, run=run)
         return reply.status
+
+    def _batch(self, slot: BatchSlot, record: EventRecord, ctl_epoch: int) -> Appended:
+        """Append the journaled event to its batch (once, whoever repeats it), then mark it
+        batched with the batch's id."""
+        from .batches import Batches
+
+        appended = Batches(self.runs, self.rq, registry=self.registry).append(
+            slot, record.id, run_input(record))
+        self._mark(record.id, ctl_epoch, "batched", run=appended.batch_id)
+        return appended
 
     # -- recovery (the controller) ----------------------------------------------------------
 
     def start_pending(self, key: str, ctl_epoch: int) -> str:
         """Record the run of a pending event and mark it started. Returns started | retry |
         failed | not_pending | missing | fenced."""
-        fields = self.store.client.hmget(self.keys.event(key), ["doc", "state", "workflow"])
+        fields = self.store.client.hmget(self.keys.event(key), ["doc", "state", "workflow",
+                                                                "batch"])
         if fields[0] is None:
             return self._mark(key, ctl_epoch, "failed", "missing")  # clears the pending entry
         if as_text(fields[1]) != "pending":
@@ -434,6 +500,10 @@ class Events:
         record = decode(EventRecord, doc.encode() if isinstance(doc, str) else doc,
                         self.keys.event(key))
         workflow = as_text(fields[2])
+        if fields[3]:  # its trigger batches: it goes to the batch journaled with it
+            slot = msgspec.json.decode(fields[3], type=BatchSlot)
+            self._batch(slot, record, ctl_epoch)
+            return "batched"
         try:
             enqueued = self._enqueue(workflow, record)
         except UnknownWorkflowError as exc:
@@ -553,6 +623,9 @@ class EventsDuty:
             if status == "started":
                 log.info("event %s: run %s recorded", key, key)
                 done += 1
+            elif status == "batched":
+                log.info("event %s: appended to its batch", key)
+                done += 1
         return done, True
 
     def recover(self, ctl: DutyContext) -> int:
@@ -605,6 +678,20 @@ class EventsDuty:
         if done:
             log.info("pruned %s events past their retention", done)
         return done
+
+
+def declared_batch(described: dict[str, Any] | None, source: str, type: str) -> Batch | None:
+    """The Batch of a trigger the deployment's workers declared (EventInputError when it
+    batches by a function this process does not have)."""
+    if described is None:
+        return None
+    if described.get("key_function"):
+        raise EventInputError(f"the trigger of {source}" + (f"/{type}" if type else "")
+                              + f" batches by the function {described['key_function']}; send "
+                              f"its events from a process that imports its source")
+    return Batch(max_size=int(described["max_size"]),
+                 max_wait=int(described["max_wait_ms"]) / 1000,
+                 key=described.get("key_field"))
 
 
 def _iso(ms: int) -> str:

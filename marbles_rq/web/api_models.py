@@ -128,6 +128,25 @@ class EventSent(msgspec.Struct, frozen=True):
     run: str | None = None
 
 
+class OpenBatchInfo(msgspec.Struct, frozen=True):
+    """An open batch of events: its id (its run's, once sealed), the trigger and key value
+    it collects for, how many events it holds, when it opened and when it seals by time."""
+
+    batch: str
+    trigger: str
+    workflow: str
+    key: str
+    size: int
+    opened_at: str
+    seals_at: str
+
+
+class OpenBatches(msgspec.Struct, frozen=True):
+    """Open event batches, oldest first."""
+
+    batches: list[OpenBatchInfo]
+
+
 class Feed(msgspec.Struct, frozen=True):
     """Open questions and approvals across runs, oldest first."""
 

@@ -45,6 +45,8 @@ from .api_models import (
     EventSent,
     Feed,
     NoteBody,
+    OpenBatches,
+    OpenBatchInfo,
     RunResult,
     SignalBody,
     SignalSent,
@@ -368,6 +370,10 @@ class Api:
         return reply(EventSent(sent.key, sent.created, sent.state, sent.workflow or None,
                                sent.run_id or None), 202 if sent.created else 200)
 
+    async def batches(self, request: Request) -> Response:
+        found = await self.client.open_batches()
+        return reply(OpenBatches([OpenBatchInfo(**b.to_json()) for b in found]))
+
     # -- the document -----------------------------------------------------------------------
 
     async def openapi(self, request: Request) -> Response:
@@ -577,6 +583,8 @@ ROUTES: list[ApiRoute] = [
              "Record an inbound event (202 new, 200 received before)", body=EventBody,
              reply=EventSent, status=(202, 200),
              refusals=(*BODY_REFUSALS, "invalid_event", "invalid_input")),
+    ApiRoute("GET", "/api/events/batches", Api.batches,
+             "Open event batches (`@mr.on_event(batch=...)`), oldest first", reply=OpenBatches),
     ApiRoute("GET", "/api/openapi.json", Api.openapi,
              "This document (needs no token)", open=True),
 ]

@@ -1,0 +1,65 @@
+"""Workflows triggered by batches of events, used by tests/test_event_batches.py (loaded by
+workers and controllers with --source).
+
+* `b_orders`: source ``bshop``, batches of at most 100 events, sealed 2 s after the first.
+* `b_keyed`: source ``bkey``, batches of 3 per value of the payload's ``customer`` field,
+  sealed 1 s after the first.
+* `b_regions`: source ``bregion``, one batch per upper-cased ``region`` (a key function).
+* `b_timed`: source ``btime``, at most 1,000 events, sealed 1 s after the first.
+
+Each run's one step RPUSHes ``{run, ids}`` to ``b:marker`` (the provider ids of its events,
+in the order of its input).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import redis
+
+import marbles_rq as mr
+
+MARKER_KEY = "b:marker"
+
+
+def _client() -> redis.Redis:
+    return redis.Redis.from_url(os.environ.get("MARBLES_REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+
+@mr.step
+def b_mark(ids: list[str]) -> int:
+    _client().rpush(MARKER_KEY, json.dumps({"run": mr.current().run_id, "ids": ids}))
+    return len(ids)
+
+
+def _mark(events: list[mr.Event]) -> int:
+    return int(b_mark([e.id for e in events]))
+
+
+@mr.on_event("bshop", batch=mr.Batch(max_size=100, max_wait="2s"))
+@mr.workflow
+def b_orders(ctx: mr.RunContext, events: list[mr.Event]) -> int:
+    return _mark(events)
+
+
+@mr.on_event("bkey", batch=mr.Batch(max_size=3, max_wait="1s", key="customer"))
+@mr.workflow
+def b_keyed(ctx: mr.RunContext, events: list[mr.Event]) -> int:
+    return _mark(events)
+
+
+def region_of(event: mr.Event) -> str:
+    return str(event.payload["region"]).upper()
+
+
+@mr.on_event("bregion", batch=mr.Batch(max_size=50, max_wait="1s", key=region_of))
+@mr.workflow
+def b_regions(ctx: mr.RunContext, events: list[mr.Event]) -> int:
+    return _mark(events)
+
+
+@mr.on_event("btime", batch=mr.Batch(max_size=1000, max_wait="1s"))
+@mr.workflow
+def b_timed(ctx: mr.RunContext, events: list[mr.Event]) -> int:
+    return _mark(events)

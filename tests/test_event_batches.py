@@ -1,0 +1,144 @@
+"""Event batching against a real redis-server and real `marbles-rq` processes: every event
+in exactly one batch run's input (also with the controller and workers killed -9 while
+several processes send thousands of events), no batch over its max_size, every batch
+started once, a batch sealed by time started by the controller, batches per key value, and
+bad declarations refused with one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import marbles_rq as mr
+from marbles_rq.engine.authoring import DefinitionError
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store import open_store
+from marbles_rq.transport.dispatch import rq_connection
+from marbles_rq.triggers.batches import Batches, split_batch_id
+from marbles_rq.triggers.events import Events, event_key
+from tests.batch_workflows import MARKER_KEY
+from tests.procs import REPO_ROOT, Procs, wait_for
+
+B_SOURCE = REPO_ROOT / "tests" / "batch_workflows.py"
+PROCS_SOURCES = (B_SOURCE,)
+
+
+def _events(procs: Procs) -> Events:
+    runs = RunStore(open_store(procs.url))
+    return Events(runs, rq_connection(procs.url))
+
+
+def _batch_runs(procs: Procs, workflow: str) -> dict[str, list[str]]:
+    """Every recorded batch run of `workflow` -> the provider ids of its input's events."""
+    runs = RunStore(open_store(procs.url))
+    out: dict[str, list[str]] = {}
+    client = redis.Redis.from_url(procs.url)
+    for key in client.scan_iter(match="*:run:evb-*", count=1000):
+        view = runs.get(key.decode().rsplit(":run:", 1)[1])
+        if view is not None and view.record.name == workflow:
+            out[view.record.id] = [e["id"] for e in json.loads(bytes(view.record.input))]
+    return out
+
+
+def _markers(procs: Procs) -> list[dict[str, Any]]:
+    client = redis.Redis.from_url(procs.url, decode_responses=True)
+    return [json.loads(m) for m in client.lrange(MARKER_KEY, 0, -1)]
+
+
+def test_a_full_batch_starts_at_once_and_a_partial_one_when_its_wait_ends(
+        procs: Procs) -> None:
+    procs.start(workers=1)
+    events = _events(procs)
+    sent = [events.send("bshop", f"o-{i}", payload=json.dumps({"n": i}).encode())
+            for i in range(250)]
+    assert {s.state for s in sent} == {"batched"}
+    first = sent[0].run_id
+    assert split_batch_id(first) is not None
+    # The 100th event sealed its batch and recorded its run, in the sender's call.
+    assert [s.run_created for s in sent].count(True) == 2
+    assert sent[99].run_created and sent[199].run_created
+    assert len({s.run_id for s in sent}) == 3
+    # The last 50 wait for the controller to seal their batch, 2 s after the first of them.
+    last = sent[-1].run_id
+    assert events.runs.get(last) is None
+    [open_batch] = Batches(events.runs).open()
+    assert (open_batch.batch_id, open_batch.size, open_batch.trigger) == (last, 50, "bshop")
+    assert open_batch.seals_ms - open_batch.opened_ms == 2000
+    for s in {s.run_id for s in sent}:
+        procs.observer.wait_status(s, "succeeded", timeout=60)
+    runs = _batch_runs(procs, "b_orders")
+    assert {rid: len(ids) for rid, ids in runs.items()} == {
+        sent[0].run_id: 100, sent[100].run_id: 100, last: 50}
+    # In arrival order, each event once.
+    assert [i for rid in (sent[0].run_id, sent[100].run_id, last) for i in runs[rid]] \
+        == [f"o-{i}" for i in range(250)]
+    status = procs.cli("status", last, "--json")
+    assert status.returncode == 0, status.stderr
+    batch = json.loads(status.stdout)["batch"]
+    assert (batch["batch"], batch["events"], batch["sealed_by"], batch["trigger"]) == \
+        (last, 50, "time", "bshop")
+    assert "batch of 50 events" in procs.cli("status", last).stdout
+    assert Batches(events.runs).open() == []
+    # A resend is recognised: same batch, nothing appended.
+    again = events.send("bshop", "o-3", payload=b"1")
+    assert (again.created, again.run_id) == (False, first)
+
+
+def test_batches_per_key_field_and_key_function(procs: Procs) -> None:
+    procs.start(workers=1)
+    events = _events(procs)
+    for i, customer in enumerate(["a", "b", "a", "a", "b", "c", "a"]):
+        events.send("bkey", f"k-{i}", payload=json.dumps({"customer": customer}).encode())
+    for i, region in enumerate(["eu", "EU", "us", "Eu"]):
+        events.send("bregion", f"r-{i}", payload=json.dumps({"region": region}).encode())
+    wait_for(lambda: len(_markers(procs)) == 6 or None, timeout=60, what="6 batch runs")
+    got = sorted(sorted(m["ids"]) for m in _markers(procs))
+    assert got == sorted([["k-0", "k-2", "k-3"], ["k-6"], ["k-1", "k-4"], ["k-5"],
+                          ["r-0", "r-1", "r-3"], ["r-2"]])
+    keys = {b["key"] for b in (Batches(events.runs).get(m["run"]) for m in _markers(procs))
+            if b is not None}
+    assert keys == {"a", "b", "c", "EU", "US"}
+    # An event without the key's field is refused, and nothing is written.
+    with pytest.raises(mr.MarblesError, match="event payload has no field 'customer'"):
+        events.send("bkey", "k-x", payload=b'{"who": 1}')
+    assert events.get(event_key("bkey", "k-x")) is None
+
+
+def test_bad_batch_declarations_are_one_line_errors(tmp_path: Path) -> None:
+    cases = [(dict(max_size=0), "invalid max_size 0: a whole number from 1 to 10000"),
+             (dict(max_size=2.5), "invalid max_size 2.5"),
+             (dict(max_wait="soon"), "invalid max_wait 'soon': use a duration such as '5s'"),
+             (dict(max_wait=0), "invalid max_wait 0: from 1 ms to 24 hours"),
+             (dict(key="not a field"), "invalid batch key 'not a field'"),
+             (dict(key=3), "invalid batch key 3")]
+    for kwargs, message in cases:
+        with pytest.raises(DefinitionError, match="^" + message) as info:
+            mr.Batch(**kwargs)  # type: ignore[arg-type]
+        assert "\n" not in str(info.value)
+    with pytest.raises(DefinitionError, match="batch= takes mr.Batch"):
+        mr.on_event("x", batch={"max_size": 3})  # type: ignore[arg-type]
+
+    def one(ctx: mr.RunContext, event: mr.Event) -> None: ...
+
+    with pytest.raises(DefinitionError, match="its input must be a list"):
+        mr.on_event("x", batch=mr.Batch())(mr.workflow(one))
+    # From a source file, `marbles-rq list --source` says the same in one line, exit 2.
+    bad = tmp_path / "bad_batch.py"
+    bad.write_text("import marbles_rq as mr\n\n\n"
+                   "@mr.on_event('bad', batch=mr.Batch(max_wait='5 seconds'))\n"
+                   "@mr.workflow\n"
+                   "def bad_batch(ctx: mr.RunContext, events: list[mr.Event]) -> None: ...\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "marbles_rq", "--redis-url", "redis://127.0.0.1:1", "--source",
+         str(bad), "list"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert done.stderr.strip().count("\n") == 0 and "invalid max_wait '5 seconds'" \
+        in done.stderr
