@@ -142,3 +142,149 @@ def test_bad_batch_declarations_are_one_line_errors(tmp_path: Path) -> None:
     assert done.returncode == 2, done
     assert done.stderr.strip().count("\n") == 0 and "invalid max_wait '5 seconds'" \
         in done.stderr
+
+
+SENDER = """
+import json, sys
+sys.path.insert(0, {root!r})
+import tests.batch_workflows  # declares the triggers
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store import open_store
+from marbles_rq.transport.dispatch import rq_connection
+from marbles_rq.triggers.events import Events
+
+url, prefix, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+events = Events(RunStore(open_store(url)), rq_connection(url))
+for i in range(count):
+    sent = events.send("bshop", f"{{prefix}}-{{i}}", payload=json.dumps({{"i": i}}).encode())
+    assert sent.state == "batched", sent
+print("sent", count, flush=True)
+"""
+
+
+def _journaled(procs: Procs, source: str) -> list[str]:
+    """The provider ids of every journaled event of `source` (the events accepted)."""
+    runs = RunStore(open_store(procs.url))
+    client = redis.Redis.from_url(procs.url)
+    pipe = client.pipeline(transaction=False)
+    for bucket in range(runs.keys.buckets):
+        pipe.zrange(runs.keys.event_listing(bucket), 0, -1)
+    keys = [k.decode() for found in pipe.execute() for k in found]
+    ids = []
+    for view in Events(runs)._views(keys):
+        if view.source == source:
+            ids.append(view.id)
+    return ids
+
+
+def test_every_event_in_exactly_one_batch_across_kill_9_of_controller_workers_and_a_sender(
+        procs: Procs) -> None:
+    events = _events(procs)
+    # Deterministic orphans, before any controller leads: 30 events journaled by a sender
+    # that died before their append (pending), and a batch filled by a sender that died
+    # before recording its run (sealed, its last event still pending).
+    for i in range(30):
+        record, trigger = events.prepare("bshop", f"pend-{i}", payload=b"0")
+        assert events.journal(record, trigger, events.slot(record, trigger)).state == "pending"
+    no_rq = Events(events.runs)  # no RQ connection: it cannot record a run
+    with pytest.raises(ValueError, match="needs an RQ connection"):
+        for i in range(100):
+            no_rq.send("bshop", f"seal-{i}", payload=b"0")
+    workers = procs.start(workers=2, interval=0.1)
+
+    script = SENDER.format(root=str(REPO_ROOT))
+    senders = [subprocess.Popen([sys.executable, "-c", script, procs.url, f"s{n}", "700"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for n in range(4)]
+    try:
+        client = redis.Redis.from_url(procs.url)
+
+        def journaled_at_least(n: int) -> bool:
+            return sum(client.zcard(events.keys.event_listing(b))
+                       for b in range(events.keys.buckets)) >= n
+
+        wait_for(lambda: journaled_at_least(600) or None, timeout=120, what="600 events")
+        ctl = next(p for p in procs.procs if p.role == "controller")
+        ctl.kill9()
+        workers[0].kill9()
+        senders[0].kill()  # SIGKILL: mid-stream, between any two of its calls
+        senders[0].wait(timeout=10)
+        wait_for(lambda: journaled_at_least(1400) or None, timeout=120, what="1400 events")
+        procs.controller(interval=0.1)
+        procs.worker()
+        wait_for(lambda: journaled_at_least(2000) or None, timeout=120, what="2000 events")
+        next(p for p in procs.procs if p.role == "controller" and p.alive()).kill9()
+        workers[1].kill9()
+        procs.start(workers=1, interval=0.1)
+        for sender in senders[1:]:
+            out, err = sender.communicate(timeout=300)
+            assert sender.returncode == 0, err
+            assert "sent 700" in out
+    finally:
+        for sender in senders:
+            if sender.poll() is None:
+                sender.kill()
+                sender.wait()
+
+    accepted = _journaled(procs, "bshop")
+    assert len(accepted) >= 30 + 100 + 3 * 700
+
+    def all_done() -> dict[str, list[str]] | None:
+        runs = _batch_runs(procs, "b_orders")
+        if sum(len(ids) for ids in runs.values()) < len(accepted):
+            return None
+        if any(events.runs.get(rid).status != "succeeded" for rid in runs):  # type: ignore[union-attr]
+            return None
+        return runs
+
+    runs = wait_for(all_done, timeout=180, what="every accepted event in a finished batch run",
+                    interval=0.5, context=procs.report)
+    per_event = Counter(i for ids in runs.values() for i in ids)
+    assert set(per_event) == set(accepted)
+    assert max(per_event.values()) == 1, [i for i, n in per_event.items() if n > 1][:5]
+    assert max(len(ids) for ids in runs.values()) <= 100
+    # Every event names the batch (the run) it is in; every batch was started once.
+    views = {v.id: v for v in Events(events.runs)._views(
+        [event_key("bshop", i) for i in accepted])}
+    assert {v.state for v in views.values()} == {"batched"}
+    assert all(views[i].run_id == rid for rid, ids in runs.items() for i in ids)
+    batches = Batches(events.runs)
+    assert {batches.get(rid)["state"] for rid in runs} == {"started"}  # type: ignore[index]
+    assert batches.open() == []
+    markers = Counter(m["run"] for m in _markers(procs))
+    assert set(markers) == set(runs)
+    print(f"{len(accepted)} events in {len(runs)} batch runs; sealed by "
+          f"{Counter(batches.get(r)['sealed_by'] for r in runs)}")  # type: ignore[index]
+
+
+def test_a_timed_batch_is_sealed_by_the_controller_after_max_wait_also_one_left_by_a_dead_one(
+        procs: Procs) -> None:
+    events = _events(procs)
+    sent = [events.send("btime", f"t-{i}", payload=b"0") for i in range(5)]
+    batch_id = sent[0].run_id
+    assert {s.run_id for s in sent} == {batch_id} and not any(s.run_created for s in sent)
+    # No controller leads: the batch stays open past its wait, and nothing starts it.
+    [still] = Batches(events.runs).open()
+    wait_for(lambda: events.runs.store.client.time()[0] * 1000 > still.seals_ms + 500 or None,
+             timeout=10, what="the batch's wait to end")
+    assert events.runs.get(batch_id) is None and Batches(events.runs).open() == [still]
+    workers = procs.start(workers=1)
+    procs.observer.wait_status(batch_id, "succeeded", timeout=60)
+    assert "recovered batches: 1" in next(p for p in procs.procs
+                                           if p.role == "controller").text()
+    info = Batches(events.runs).get(batch_id)
+    assert info is not None and (info["events"], info["sealed_by"]) == (5, "time")
+
+    # With a controller leading, a new batch seals once its wait ends, never before.
+    later = [events.send("btime", f"u-{i}", payload=b"0") for i in range(3)]
+    second = later[0].run_id
+    assert second != batch_id
+    procs.observer.wait_status(second, "succeeded", timeout=60)
+    client = events.runs.store.client
+    group, _ = split_batch_id(second)  # type: ignore[misc]
+    opened, sealed = (int(x) for x in client.hmget(events.keys.batch(group, second),
+                                                    ["opened_ms", "sealed_ms"]))
+    assert sealed - opened >= 1000
+    assert [m["ids"] for m in _markers(procs)] == [[f"t-{i}" for i in range(5)],
+                                                   [f"u-{i}" for i in range(3)]]
+    assert workers
