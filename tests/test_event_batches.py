@@ -288,3 +288,110 @@ def test_a_timed_batch_is_sealed_by_the_controller_after_max_wait_also_one_left_
     assert [m["ids"] for m in _markers(procs)] == [[f"t-{i}" for i in range(5)],
                                                    [f"u-{i}" for i in range(3)]]
     assert workers
+
+
+def test_batches_on_a_cluster(cluster_url: str, redis_url: str) -> None:
+    """Each batch script touches one group's tag (the sealing, by size and by time, and
+    closing), the event's own scripts its bucket's: no CROSSSLOT on a 3-master cluster. RQ
+    on a server of its own, as MARBLES_RQ_URL puts it."""
+    runs = RunStore(open_store(cluster_url))
+    events = Events(runs, rq_connection(redis_url))
+    sent = [events.send("bkey", f"c-{i}", payload=json.dumps({"customer": c}).encode())
+            for i, c in enumerate("abaab")]
+    assert [s.run_created for s in sent] == [False, False, False, True, False]
+    full = runs.get(sent[3].run_id)
+    assert full is not None and full.record.origin == "batch"
+    assert [e["id"] for e in json.loads(bytes(full.record.input))] == ["c-0", "c-2", "c-3"]
+    batches = Batches(runs, rq_connection(redis_url))
+    [open_b] = batches.open()
+    assert (open_b.key, open_b.size, open_b.batch_id) == ("b", 2, sent[1].run_id)
+    wait_for(lambda: batches.seal(open_b.group, 1)[0] == "sealed" or None, timeout=10,
+             what="the batch's wait to end", interval=0.1)
+    assert batches.start(open_b.batch_id, 1) == "started"
+    assert batches.start(open_b.batch_id, 1) == "closed"  # once
+    timed = runs.get(open_b.batch_id)
+    assert timed is not None
+    assert [e["id"] for e in json.loads(bytes(timed.record.input))] == ["c-1", "c-4"]
+    assert batches.open() == [] and batches.get(open_b.batch_id)["sealed_by"] == "time"  # type: ignore[index]
+
+
+API_TOKEN = "api-token-0123456789abcdef-batch"
+
+
+def test_open_batches_in_the_cli_the_clients_and_the_http_api(procs: Procs) -> None:
+    import asyncio
+
+    from tests.test_web_api import curl
+    from tests.web_stack import start_web
+
+    web = start_web(procs, extra_env={"MARBLES_API_TOKEN": API_TOKEN})
+    for i, customer in enumerate(["acme", "acme", "zeta"]):
+        reply = curl(web, "POST", "/api/events", {"source": "bkey", "id": f"h-{i}",
+                                                  "payload": {"customer": customer}},
+                     token=API_TOKEN)
+        assert reply.status == 202, reply.body
+        assert reply.json()["state"] == "batched"
+    acme_batch = curl(web, "POST", "/api/events", {"source": "bkey", "id": "h-0",
+                                                   "payload": {"customer": "acme"}},
+                      token=API_TOKEN)
+    assert acme_batch.status == 200 and acme_batch.json()["created"] is False
+
+    listed = curl(web, "GET", "/api/events/batches", token=API_TOKEN)
+    assert listed.status == 200, listed.body
+    got = {b["key"]: b for b in listed.json()["batches"]}
+    assert {k: b["size"] for k, b in got.items()} == {"acme": 2, "zeta": 1}
+    assert got["acme"]["trigger"] == "bkey" and got["acme"]["workflow"] == "b_keyed"
+    assert got["acme"]["batch"] == acme_batch.json()["run"]
+
+    cli = procs.cli("events", "batches", "--json")
+    assert cli.returncode == 0, cli.stderr
+    assert [(b["key"], b["size"]) for b in json.loads(cli.stdout)] == \
+        [(b["key"], b["size"]) for b in listed.json()["batches"]]
+    plain = procs.cli("events")
+    assert plain.returncode == 0, plain.stderr
+    assert f"open batch {got['acme']['batch']}  bkey -> b_keyed  key=acme  2 events" \
+        in plain.stdout
+    with mr.connect(procs.url) as client:
+        assert [b.key for b in client.open_batches()] == [b["key"] for b in
+                                                          listed.json()["batches"]]
+        assert client.batch("no-such-run") is None
+
+        async def aio() -> list[str]:
+            async with mr.connect_async(procs.url) as ac:
+                return [b.key for b in await ac.open_batches()]
+
+        assert asyncio.run(aio()) == [b.key for b in client.open_batches()]
+
+    # Bad input: one line and exit 2 from the CLI, a 4xx JSON error from the API; nothing
+    # is journaled.
+    done = procs.cli("events", "send", "bkey", "--id", "h-bad", "--payload", '{"who": 1}')
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == ("error: event payload has no field 'customer' (the "
+                                   "trigger batches by it)")
+    reply = curl(web, "POST", "/api/events", {"source": "bkey", "id": "h-bad",
+                                              "payload": {"customer": [1]}}, token=API_TOKEN)
+    assert reply.status == 422 or reply.status == 400, reply.body
+    assert reply.error()["code"] == "invalid_event"
+    assert "field 'customer' is list" in reply.error()["message"]
+    assert _events(procs).get(event_key("bkey", "h-bad")) is None
+    bad_json = curl(web, "POST", "/api/events", raw=b"{nope", token=API_TOKEN)
+    assert 400 <= bad_json.status < 500 and bad_json.error()
+
+    # The workers seal and run them; `status` names the batch.
+    procs.start(workers=1)
+    procs.observer.wait_status(got["zeta"]["batch"], "succeeded", timeout=60)
+    status = json.loads(procs.cli("status", got["zeta"]["batch"], "--json").stdout)
+    assert status["batch"]["events"] == 1 and status["batch"]["key"] == "zeta"
+    listed_after = curl(web, "GET", "/api/events/batches", token=API_TOKEN)
+    assert listed_after.json() == {"batches": []}
+
+
+def test_the_test_kit_refuses_a_batched_trigger_in_one_line() -> None:
+    from marbles_rq.testing import Environment
+
+    env = Environment()
+    with pytest.raises(NotImplementedError) as info:
+        env.send_event("bshop", payload={"n": 1}, id="kit-1")
+    assert str(info.value) == ("the test kit does not batch events (the trigger of bshop "
+                               "declares batch=); start 'b_orders' with a list of mr.Event "
+                               "instead")
