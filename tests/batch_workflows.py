@@ -6,6 +6,7 @@ workers and controllers with --source).
   sealed 1 s after the first.
 * `b_regions`: source ``bregion``, one batch per upper-cased ``region`` (a key function).
 * `b_timed`: source ``btime``, at most 1,000 events, sealed 1 s after the first.
+* `b_slow`: source ``bslow``, batches of 3 sealed an hour after the first.
 
 Each run's one step RPUSHes ``{run, ids}`` to ``b:marker`` (the provider ids of its events,
 in the order of its input).
@@ -62,4 +63,10 @@ def b_regions(ctx: mr.RunContext, events: list[mr.Event]) -> int:
 @mr.on_event("btime", batch=mr.Batch(max_size=1000, max_wait="1s"))
 @mr.workflow
 def b_timed(ctx: mr.RunContext, events: list[mr.Event]) -> int:
+    return _mark(events)
+
+
+@mr.on_event("bslow", batch=mr.Batch(max_size=3, max_wait="1h"))
+@mr.workflow
+def b_slow(ctx: mr.RunContext, events: list[mr.Event]) -> int:
     return _mark(events)

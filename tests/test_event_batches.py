@@ -395,3 +395,30 @@ def test_the_test_kit_refuses_a_batched_trigger_in_one_line() -> None:
     assert str(info.value) == ("the test kit does not batch events (the trigger of bshop "
                                "declares batch=); start 'b_orders' with a list of mr.Event "
                                "instead")
+
+
+def test_the_controller_serves_batch_metrics(procs: Procs) -> None:
+    from tests.redis_procs import free_port
+    from tests.test_metrics import scrape, value
+
+    port = free_port()
+    events = _events(procs)
+    for i in range(2):  # their sender died before the append: the controller appends them
+        record, trigger = events.prepare("bslow", f"m-{i}", payload=b"0")
+        events.journal(record, trigger, events.slot(record, trigger))
+    procs.controller(extra=["--metrics-port", str(port)])
+    procs.worker()
+
+    def counted() -> bool:
+        samples = scrape(port)
+        return (value(samples, "marbles_rq_events_batched_total", workflow="b_slow") == 2
+                and value(samples, "marbles_rq_open_batches", workflow="b_slow") == 1)
+
+    wait_for(counted, timeout=60, what="2 events batched by the controller, 1 open batch",
+             context=procs.report)
+    for i in range(3):
+        events.send("btime", f"mt-{i}", payload=b"0")
+    wait_for(lambda: value(scrape(port), "marbles_rq_batches_sealed_total",
+                           workflow="b_timed", by="time") == 1 or None, timeout=60,
+             what="a batch sealed by time", context=procs.report)
+    assert value(scrape(port), "marbles_rq_open_batches", workflow="b_timed") == 0

@@ -470,3 +470,44 @@ class BatchesDuty:
         if late:
             self._start(ctl, batches, late)
 
+
+
+class OpenBatchesGauge:
+    """marbles_rq_open_batches{workflow}: open event batches, read from Redis when scraped
+    (a controller serves it; aggregate with max). A failed read is counted in
+    marbles_rq_redis_errors_total and the gauge is left out."""
+
+    def __init__(self, runs: RunStore) -> None:
+        self.runs = runs
+        self.client = metrics.scrape_client(runs.store.client)
+
+    def describe(self) -> list[Any]:
+        return []  # collected only when scraped
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        keys = self.runs.keys
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for bucket in range(keys.buckets):
+                pipe.zrange(keys.batch_due(bucket), 0, -1)
+            groups = [as_text(g) for found in pipe.execute() for g in found]
+            pipe = self.client.pipeline(transaction=False)
+            for group in groups:
+                pipe.hget(keys.batch_group(group), "workflow")
+            workflows = pipe.execute()
+        except redis.RedisError as exc:
+            metrics.redis_error(exc)
+            return
+        gauge = GaugeMetricFamily("marbles_rq_open_batches", "Open event batches (collecting "
+                                  "events for a trigger declared with batch=), per workflow.",
+                                  labels=["workflow"])
+        counts: dict[str, int] = {}
+        for workflow in workflows:
+            if workflow is not None:
+                label = metrics.bounded("workflow", as_text(workflow))
+                counts[label] = counts.get(label, 0) + 1
+        for label, count in sorted(counts.items()):
+            gauge.add_metric([label], count)
+        yield gauge
