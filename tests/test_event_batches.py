@@ -122,7 +122,7 @@ def test_bad_batch_declarations_are_one_line_errors(tmp_path: Path) -> None:
         with pytest.raises(DefinitionError, match="^" + message) as info:
             mr.Batch(**kwargs)  # type: ignore[arg-type]
         assert "\n" not in str(info.value)
-    with pytest.raises(DefinitionError, match="batch= takes mr.Batch"):
+    with pytest.raises(DefinitionError, match=r"batch= takes mr\.Batch"):
         mr.on_event("x", batch={"max_size": 3})  # type: ignore[arg-type]
 
     def one(ctx: mr.RunContext, event: mr.Event) -> None: ...
