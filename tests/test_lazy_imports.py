@@ -72,6 +72,7 @@ def test_every_public_name_is_its_modules_object() -> None:
         "marbles_rq.store.keys": ["Keyspace"],
         "marbles_rq.store.memory": ["MemoryStore"],
         "marbles_rq.triggers.events": ["Event", "on_event", "send_event"],
+        "marbles_rq.triggers.batches": ["Batch"],
         "marbles_rq.triggers.monitors": ["FileChange", "HttpChange", "Launch", "monitor"],
         "marbles_rq.triggers.schedules": ["schedule"],
     }

@@ -32,6 +32,7 @@ import hashlib
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -143,8 +144,10 @@ def group_of(trigger: str, workflow: str, key: str) -> str:
     return f"evb-{digest[:24]}"
 
 
-def key_value(batch: Batch, record: EventRecord, item: bytes, error: type[Exception]) -> str:
-    """The batch key's value for an event (EventInputError-like `error` when it has none)."""
+def key_value(batch: Batch, record: EventRecord, item: bytes, error: type[Exception],
+              decode_event: Callable[[bytes], Any]) -> str:
+    """The batch key's value for an event (EventInputError-like `error` when it has none);
+    `decode_event` makes the `Event` a key function is called with."""
     if batch.key is None:
         return ""
     if isinstance(batch.key, str):
@@ -158,10 +161,8 @@ def key_value(batch: Batch, record: EventRecord, item: bytes, error: type[Except
                         f"key is a string or an integer")
         text = str(value)
     else:
-        from .events import Event
-
         try:
-            text = batch.key(msgspec.json.decode(item, type=Event))
+            text = batch.key(decode_event(item))
         except Exception as exc:
             raise error(f"the batch key function failed on the event: "
                         f"{type(exc).__name__}: {exc}") from None
@@ -174,10 +175,14 @@ def key_value(batch: Batch, record: EventRecord, item: bytes, error: type[Except
 
 
 def slot_for(batch: Batch, trigger: str, workflow: str, record: EventRecord, item: bytes,
-             error: type[Exception]) -> BatchSlot:
-    key = key_value(batch, record, item, error)
+             error: type[Exception], decode_event: Callable[[bytes], Any]) -> BatchSlot:
+    key = key_value(batch, record, item, error, decode_event)
     return BatchSlot(group=group_of(trigger, workflow, key), key=key, trigger=trigger,
                      workflow=workflow, max_size=batch.max_size, max_wait_ms=batch.max_wait_ms)
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
 def batch_input(items: Iterable[bytes]) -> bytes:
@@ -208,8 +213,6 @@ class OpenBatch:
     seals_ms: int
 
     def to_json(self) -> dict[str, Any]:
-        from .events import _iso
-
         return {"batch": self.batch_id, "trigger": self.trigger, "workflow": self.workflow,
                 "key": self.key, "size": self.size, "opened_at": _iso(self.opened_ms),
                 "seals_at": _iso(self.seals_ms)}
@@ -367,8 +370,6 @@ class Batches:
     def get(self, batch_id: str) -> dict[str, Any] | None:
         """A batch run's batch: {"batch", "trigger", "key", "events", "sealed_by",
         "opened_at", "sealed_at", "state"}; None when `batch_id` is not a batch's."""
-        from .events import _iso
-
         parts = split_batch_id(batch_id)
         if parts is None:
             return None

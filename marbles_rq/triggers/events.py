@@ -258,7 +258,7 @@ def check_run_input(trigger: Trigger, record: EventRecord, registry: Registry) -
         return
     item = run_input(record)
     slot = slot_for(trigger.batch, trigger.label, trigger.workflow, record, item,
-                    EventInputError)
+                    EventInputError, _decode_event)
     ops.prepare(ops.RunRequest(trigger.workflow, batch_input([item]), f"{slot.group}-1",
                                origin="batch"), registry)
 
@@ -332,7 +332,8 @@ class Events:
         if trigger is None or trigger.batch is None:
             return None
         return slot_for(trigger.batch, trigger.label, trigger.workflow, record,
-                        run_input(record), EventInputError)
+                        run_input(record), EventInputError,
+                        _decode_event)
 
     def _registry_for(self, workflow: str) -> Registry:
         """The definitions to record `workflow`'s run with: this process's when it has the
@@ -678,6 +679,10 @@ class EventsDuty:
         if done:
             log.info("pruned %s events past their retention", done)
         return done
+
+
+def _decode_event(item: bytes) -> Event:
+    return msgspec.json.decode(item, type=Event)
 
 
 def declared_batch(described: dict[str, Any] | None, source: str, type: str) -> Batch | None:
