@@ -27,7 +27,7 @@ if ctl_epoch > seen then redis.call('HSET', fence, 'epoch', ctl_epoch) end
 
 local g = redis.call('HMGET', grp, 'seq', 'n', 'bytes', 'opened_ms', 'due_ms', 'workflow',
   'trigger', 'key')
-local seq, n = tonumber(g[1]) or 1, tonumber(g[2]) or 0
+local seq, n = tonumber(g[1]) or 0, tonumber(g[2]) or 0
 if n == 0 then
   redis.call('ZREM', due, group)
   return {'gone'}

@@ -69,7 +69,7 @@ MAX_WAIT_MS = 86_400_000   # a day
 MAX_KEY_CHARS = 256
 SEALED_GRACE_MS = 5_000    # a sealed batch's run is its sealer's to record for this long
 RETRY_MS = 60_000          # a batch whose workflow this controller lacks waits this long
-KEEP_MS = 7 * 86_400_000   # member keys and closed batches are kept this long
+KEEP_MS = 7 * 86_400_000   # member keys, closed batches and idle groups are kept this long
 PER_BUCKET = 100
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1000}
@@ -241,7 +241,7 @@ class Batches:
         the run of the batch it filled."""
         keys, group = self.keys, slot.group
         bucket = keys.bucket_of(group)
-        seq = _SEQ.get(group, 1)
+        seq = _SEQ.get(group, 0)  # 0: not known here (the script answers which it is)
         for _ in range(100):  # each "moved" means a batch sealed meanwhile
             batch_id = f"{group}-{seq}"
             reply = self.store.scripts.append_batch(
@@ -330,7 +330,7 @@ class Batches:
         """The controller seals `group`'s open batch if its wait has ended: (status, its id);
         status sealed | not_due | gone | fenced."""
         keys = self.keys
-        seq = int(self.store.client.hget(keys.batch_group(group), "seq") or 1)
+        seq = int(self.store.client.hget(keys.batch_group(group), "seq") or 0)
         batch_id = f"{group}-{seq}"
         bucket = keys.bucket_of(group)
         reply = self.store.scripts.seal_batch(
@@ -362,7 +362,7 @@ class Batches:
         for group, f in zip(groups, pipe.execute(), strict=True):
             if f[1] is None or int(f[1]) == 0:
                 continue
-            out.append(OpenBatch(group, f"{group}-{int(f[0] or 1)}", as_text(f[5] or b""),
+            out.append(OpenBatch(group, f"{group}-{int(f[0] or 0)}", as_text(f[5] or b""),
                                  as_text(f[4] or b""), as_text(f[6] or b""), int(f[1]),
                                  int(f[2] or 0), int(f[3] or 0)))
         return sorted(out, key=lambda b: (b.opened_ms, b.batch_id))
