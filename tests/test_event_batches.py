@@ -105,6 +105,9 @@ def test_batches_per_key_field_and_key_function(procs: Procs) -> None:
     with pytest.raises(mr.MarblesError, match="event payload has no field 'customer'"):
         events.send("bkey", "k-x", payload=b'{"who": 1}')
     assert events.get(event_key("bkey", "k-x")) is None
+    done = procs.cli("events", "send", "bkey", "--id", "k-cli", "--payload", '{"customer": "q"}')
+    assert done.returncode == 0, done.stderr
+    assert f"event {event_key('bkey', 'k-cli')} received; in batch evb-" in done.stdout
 
 
 def test_bad_batch_declarations_are_one_line_errors(tmp_path: Path) -> None:
