@@ -344,6 +344,12 @@ def test_open_batches_in_the_cli_the_clients_and_the_http_api(procs: Procs) -> N
     assert got["acme"]["trigger"] == "bkey" and got["acme"]["workflow"] == "b_keyed"
     assert got["acme"]["batch"] == acme_batch.json()["run"]
 
+    http = web.signed_in()  # the dashboard's events page lists them too
+    page = http.get("/events")
+    http.close()
+    assert page.status_code == 200 and "Open batches" in page.text
+    assert got["acme"]["batch"] in page.text and got["zeta"]["batch"] in page.text
+
     cli = procs.cli("events", "batches", "--json")
     assert cli.returncode == 0, cli.stderr
     assert [(b["key"], b["size"]) for b in json.loads(cli.stdout)] == \
@@ -352,6 +358,7 @@ def test_open_batches_in_the_cli_the_clients_and_the_http_api(procs: Procs) -> N
     assert plain.returncode == 0, plain.stderr
     assert f"open batch {got['acme']['batch']}  bkey -> b_keyed  key=acme  2 events" \
         in plain.stdout
+    assert f"id=h-2  batched  batch {got['zeta']['batch']} (b_keyed, open)" in plain.stdout
     with mr.connect(procs.url) as client:
         assert [b.key for b in client.open_batches()] == [b["key"] for b in
                                                           listed.json()["batches"]]

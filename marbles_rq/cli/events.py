@@ -32,6 +32,8 @@ def events(ctx: click.Context, limit: int, as_json: bool) -> None:
         what = v.source + (f"/{v.type}" if v.type else "")
         run = f"run {v.run_id} ({v.workflow}, {v.run_status or 'not recorded'})" \
             if v.run_id else "no trigger"
+        if v.state == "batched" and v.run_status is None:
+            run = f"batch {v.run_id} ({v.workflow}, open)"
         note = f"  [{v.note}]" if v.note else ""
         click.echo(safe(f"{v.to_json()['received_at']}  {v.key}  {what}  id={v.id}  "
                         f"{v.state}  {run}{note}"))

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from ..triggers.batches import Batches
 from ..triggers.events import Events
 from ..triggers.monitors import MONITORS, list_monitors
 from ..triggers.schedules import SCHEDULES, list_schedules
@@ -31,7 +32,8 @@ def monitors_context(web: Web) -> dict[str, Any]:
 def events_context(web: Web) -> dict[str, Any]:
     settings = web.settings
     return dict(events=Events(settings.runs(read_only=True)).recent(100),
-                sources=sorted(web.webhooks.sources()))
+                sources=sorted(web.webhooks.sources()),
+                batches=Batches(settings.runs(read_only=True)).open())
 
 
 def routes(web: Web) -> list[BaseRoute]:
