@@ -24,9 +24,9 @@ Returns:
   {"added", batch_id, n}     appended; the batch stays open
   {"sealed", batch_id, n}    appended, and the batch is full: sealed, the caller starts its run
   {"exists", batch_id}       the event is in that batch already; nothing written
-  {"moved", seq}             the open batch is another (sealed meanwhile, or just now because
-                             this event did not fit, or the group is new): call again with
-                             this seq
+  {"moved", seq[, sealed]}   the open batch is another (sealed meanwhile, or the group is
+                             new): call again with this seq; `sealed`: this call sealed that
+                             batch because this event did not fit (the caller starts it)
 Writes: HSET/PEXPIRE KEYS[1]; RPUSH KEYS[2]; SET KEYS[3] PX; ZADD KEYS[5]; when sealed: HSET KEYS[4],
   HDEL KEYS[1], ZREM KEYS[5], ZADD KEYS[6]
 ]]
@@ -66,7 +66,7 @@ end
 -- The list's brackets and commas count too: n items take n + 1 bytes more.
 if n > 0 and bytes + #item + n + 2 > max_bytes then
   seal('bytes')
-  return {'moved', seq + 1}
+  return {'moved', seq + 1, batch_id}
 end
 if n == 0 then
   opened = now_ms

@@ -430,3 +430,25 @@ def test_the_controller_serves_batch_metrics(procs: Procs) -> None:
                            workflow="b_timed", by="time") == 1 or None, timeout=60,
              what="a batch sealed by time", context=procs.report)
     assert value(scrape(port), "marbles_rq_open_batches", workflow="b_timed") == 0
+
+
+def test_a_batch_seals_before_an_event_would_take_its_input_past_the_limit(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MARBLES_MAX_PAYLOAD", "4000")
+    runs = RunStore(open_store(redis_url))
+    events = Events(runs, rq_connection(redis_url))
+    sent = [events.send("bfull", f"big-{i}", payload=json.dumps({"pad": "x" * 600}).encode())
+            for i in range(12)]
+    batches = Batches(runs)
+    [still] = batches.open()
+    started = sorted({s.run_id for s in sent} - {still.batch_id})
+    assert started, "no batch sealed by bytes"
+    seen: list[str] = []
+    for rid in started:
+        view = runs.get(rid)
+        assert view is not None and len(bytes(view.record.input)) <= 4000
+        seen += [e["id"] for e in json.loads(bytes(view.record.input))]
+        info = batches.get(rid)
+        assert info is not None and (info["sealed_by"], info["state"]) == ("bytes", "started")
+    assert seen + [f"big-{i}" for i in range(12 - still.size, 12)] == \
+        [f"big-{i}" for i in range(12)]

@@ -987,7 +987,7 @@ class Scripts:
                      event_key: str, item: bytes, max_size: int, max_wait_ms: int,
                      max_bytes: int, grace_ms: int, keep_ms: int, workflow: str,
                      trigger: str, key: str) -> Reply:
-        """{"added"|"sealed", batch_id, n}, {"exists", batch_id}, {"moved", seq}."""
+        """{"added"|"sealed", batch_id, n}, {"exists", batch_id}, {"moved", seq[, sealed]}."""
         return self._reply("append_batch", [group_key, items_key, member_key, batch_key,
                                             due_key, sealed_key],
                            [group, seq, event_key, item, max_size, max_wait_ms, max_bytes,

@@ -257,6 +257,9 @@ class Batches:
                 seq = int(reply.values[0])
                 with _SEQ_LOCK:
                     _SEQ[group] = seq
+                if len(reply.values) > 1:  # sealed because this event did not fit
+                    metrics_sealed(slot.workflow, "bytes")
+                    self.start(as_text(reply.values[1]))
                 continue
             batch_id = as_text(reply.values[0])
             if reply.status == "added":
