@@ -59,7 +59,7 @@ from ..store.redis_errors import is_outage, one_line
 from ..store.replies import as_text
 from ..transport.lanes import RQLike, as_lanes
 from . import event_catalog
-from .batches import Appended, Batch, BatchSlot, batch_input, slot_for
+from .batches import Appended, Batch, Batches, BatchSlot, batch_input, slot_for
 
 if TYPE_CHECKING:
     from ..controller.context import DutyContext
@@ -391,7 +391,7 @@ class Events:
         if not sent.created or trigger is None:
             return dataclasses.replace(sent, delivered=delivered)
         if slot is not None:
-            appended = self._batch(slot, record, 0)
+            appended, _ = self._batch(slot, record, 0)
             return Sent(sent.key, True, "batched", trigger.workflow, appended.batch_id,
                         appended.started, delivered)
         enqueued = self._enqueue(trigger.workflow, record)
@@ -476,21 +476,20 @@ class Events:
             note=note, retry_ms=retry_ms, run=run)
         return reply.status
 
-    def _batch(self, slot: BatchSlot, record: EventRecord, ctl_epoch: int) -> Appended:
+    def _batch(self, slot: BatchSlot, record: EventRecord,
+               ctl_epoch: int) -> tuple[Appended, str]:
         """Append the journaled event to its batch (once, whoever repeats it), then mark it
-        batched with the batch's id."""
-        from .batches import Batches
-
+        batched with the batch's id; (what the append did, the mark's status)."""
         appended = Batches(self.runs, self.rq, registry=self.registry).append(
             slot, record.id, run_input(record))
-        self._mark(record.id, ctl_epoch, "batched", run=appended.batch_id)
-        return appended
+        return appended, self._mark(record.id, ctl_epoch, "batched", run=appended.batch_id)
 
     # -- recovery (the controller) ----------------------------------------------------------
 
     def start_pending(self, key: str, ctl_epoch: int) -> str:
-        """Record the run of a pending event and mark it started. Returns started | retry |
-        failed | not_pending | missing | fenced."""
+        """Record the run of a pending event and mark it started (or append it to its batch:
+        batched). Returns started | batched | retry | failed | not_pending | missing |
+        fenced."""
         fields = self.store.client.hmget(self.keys.event(key), ["doc", "state", "workflow",
                                                                 "batch"])
         if fields[0] is None:
@@ -502,9 +501,13 @@ class Events:
                         self.keys.event(key))
         workflow = as_text(fields[2])
         if fields[3]:  # its trigger batches: it goes to the batch journaled with it
-            slot = msgspec.json.decode(fields[3], type=BatchSlot)
-            self._batch(slot, record, ctl_epoch)
-            return "batched"
+            try:
+                slot = msgspec.json.decode(fields[3], type=BatchSlot)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise CorruptRecordError(f"{self.keys.event(key)} field 'batch'",
+                                         str(exc)) from None
+            status = self._batch(slot, record, ctl_epoch)[1]
+            return "batched" if status in ("ok", "not_pending") else status
         try:
             enqueued = self._enqueue(workflow, record)
         except UnknownWorkflowError as exc:
