@@ -22,7 +22,7 @@ from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
 from marbles_rq.transport.dispatch import rq_connection
 from marbles_rq.triggers.batches import Batches, split_batch_id
-from marbles_rq.triggers.events import Events, event_key
+from marbles_rq.triggers.events import EventInputError, Events, event_key
 from tests.batch_workflows import MARKER_KEY
 from tests.procs import REPO_ROOT, Procs, wait_for
 
@@ -363,6 +363,8 @@ def test_open_batches_in_the_cli_the_clients_and_the_http_api(procs: Procs) -> N
         assert [b.key for b in client.open_batches()] == [b["key"] for b in
                                                           listed.json()["batches"]]
         assert client.batch("no-such-run") is None
+        with pytest.raises(EventInputError, match="event payload has no field 'customer'"):
+            client.send_event("bkey", "h-typed", payload={"who": 1})
 
         async def aio() -> list[str]:
             async with mr.connect_async(procs.url) as ac:
