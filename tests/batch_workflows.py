@@ -27,7 +27,10 @@ MARKER_KEY = "b:marker"
 
 
 def _client() -> redis.Redis:
-    return redis.Redis.from_url(os.environ.get("MARBLES_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    # On a cluster deployment the markers go to a plain Redis of the test's.
+    return redis.Redis.from_url(os.environ.get("MARBLES_TEST_EFFECTS_URL")
+                                or os.environ.get("MARBLES_REDIS_URL",
+                                                  "redis://127.0.0.1:6379/0"))
 
 
 @mr.step

@@ -25,6 +25,7 @@ from marbles_rq.triggers.batches import Batches, split_batch_id
 from marbles_rq.triggers.events import EventInputError, Events, event_key
 from tests.batch_workflows import MARKER_KEY
 from tests.procs import REPO_ROOT, Procs, wait_for
+from tests.redis_procs import RedisServer
 
 B_SOURCE = REPO_ROOT / "tests" / "batch_workflows.py"
 PROCS_SOURCES = (B_SOURCE,)
@@ -454,3 +455,39 @@ def test_a_batch_seals_before_an_event_would_take_its_input_past_the_limit(
         assert info is not None and (info["sealed_by"], info["state"]) == ("bytes", "started")
     assert seen + [f"big-{i}" for i in range(12 - still.size, 12)] == \
         [f"big-{i}" for i in range(12)]
+
+
+def test_a_controller_on_a_cluster_seals_timed_batches(
+        cluster_url: str, redis_server: RedisServer, tmp_path: Path) -> None:
+    """The whole path on a 3-master cluster with three lanes (RQ on a standalone Redis, as
+    the README says): `events send` journals and appends, a leading controller (one per
+    lane) seals the batch once its wait ends and records its run, a worker runs it."""
+    procs = Procs(cluster_url, tmp_path / "procs", sources=[B_SOURCE])
+    procs.env.update(MARBLES_LANE_COUNT="3", MARBLES_RQ_URL=redis_server.url,
+                     MARBLES_TEST_EFFECTS_URL=redis_server.url)
+    try:
+        procs.start(workers=1)
+        runs: set[str] = set()
+        for i in range(3):
+            done = procs.cli("events", "send", "btime", "--id", f"cl-{i}", "--json")
+            assert done.returncode == 0, done.stderr
+            out = json.loads(done.stdout)
+            assert out["state"] == "batched"
+            runs.add(out["run"])
+        store = RunStore(open_store(cluster_url))
+        ids: list[str] = []
+        for rid in sorted(runs):
+            def finished(rid: str = rid) -> Any:
+                view = store.get(rid)
+                return view if view is not None and view.status == "succeeded" else None
+
+            view = wait_for(finished, timeout=60, what=f"batch run {rid} to succeed",
+                            context=procs.report)
+            ids += [e["id"] for e in json.loads(bytes(view.record.input))]
+            info = Batches(store).get(rid)
+            assert info is not None and info["sealed_by"] == "time"
+        assert sorted(ids) == ["cl-0", "cl-1", "cl-2"]
+        assert Batches(store).open() == []
+    finally:
+        procs.stop_all()
+        print(procs.report(lines=40))
