@@ -115,7 +115,7 @@ class Retry:
 
     def retryable(self, exc: BaseException) -> bool:
         """False for a failure that is final: NonRetryable, or one of `non_retryable`."""
-        return not isinstance(exc, NonRetryable | self.non_retryable)
+        return not isinstance(exc, (NonRetryable, *self.non_retryable))
 
     def describe(self) -> dict[str, Any]:
         return {"initial_s": self.initial_s, "backoff": self.backoff,
