@@ -286,7 +286,8 @@ def _waiting(waiting: dict[str, Any]) -> str:
 
 def _step_wait(what: dict[str, Any]) -> str:
     """`step charge#0: attempt 3 of 10, next at 12:00:05.250Z, last error ValueError: ...`
-    (a retry's wait: the next try's number and time), or the tries of a step that ran out of them and what to do."""
+    (a retry's wait: the next try's number and time), or the tries of a step that ran out
+    of them and what to do."""
     step = str(what.get("step") or "?").rsplit(".", 1)[-1]
     if "next_at_ms" in what:
         at = int(what["next_at_ms"])

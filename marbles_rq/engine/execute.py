@@ -416,7 +416,8 @@ class RunContext:
                     args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> float:
         """Record a failed attempt: the delay before the next one in the worker, or ParkRun
         (a retry's timer, a pause), or StepFailedError (engine/step_retry.py)."""
-        return step_retry.failed(self, call, failure, tried, args, kwargs or {})
+        return step_retry.failed(self, call, failure, _error(failure, call.key), tried, args,
+                                 kwargs or {})
 
     def _begin(self, definition: StepDef, running: StepRecord) -> None:
         """Start a step attempt. A step with no retries, started while the execution's last
@@ -427,7 +428,8 @@ class RunContext:
         paused or timed out meanwhile."""
         ex = self.ex
         now = time.monotonic()
-        if definition.policy(self.workflow_def).max_attempts == 1 and now - ex.flags_at < FRESH_FLAGS_S and (
+        single = definition.policy(self.workflow_def).max_attempts == 1
+        if single and now - ex.flags_at < FRESH_FLAGS_S and (
                 not ex.deadline_ms or ex.server_now_ms() < ex.deadline_ms):
             self._watchdog.raise_if_stopped()
             check_branch()

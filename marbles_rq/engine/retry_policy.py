@@ -26,7 +26,7 @@ from ..errors import MarblesError
 # A wait between tries below this is slept in the worker holding the run; from it on, the run
 # parks on a durable timer. Parking costs a park, a wake and a new delivery that replays the
 # ledger (bench/bench_retry_park.py measures both ways).
-INLINE_RETRY_S = 0.0
+INLINE_RETRY_S = 0.5
 MAX_ATTEMPTS = 1000
 MAX_INTERVAL_S = 366 * 86400.0
 EXHAUSTED = ("fail", "pause")

@@ -15,20 +15,22 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from .. import metrics
-from ..store.records import StepRecord
+from ..store.records import ErrorInfo, StepRecord
 from .context import StepFailedError
 from .execution import Execution
 from .input_patch import apply_patches, bound_args
 from .retry_policy import INLINE_RETRY_S
 from .waiting import ParkRun, Wait
 
-if TYPE_CHECKING:
-    from .execute import RunContext, StepCall
+# `run` below is the executing RunContext and `call` its StepCall (engine/execute.py, which
+# calls in here: typed Any, as this module sits below it).
+RunContext = Any
+StepCall = Any
 
 
 def _error_text(record: StepRecord) -> str:
@@ -71,21 +73,19 @@ def prepare(run: RunContext, call: StepCall, args: tuple[Any, ...],
     return args, kwargs
 
 
-def failed(run: RunContext, call: StepCall, failure: BaseException, tried: float,
-           args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
-    """A try of `call` failed: the seconds to wait in the worker before the next try, or
-    ParkRun (a retry's timer, a pause), or StepFailedError (the step failed)."""
-    from .execute import _error
-
+def failed(run: RunContext, call: StepCall, failure: BaseException, error: ErrorInfo,
+           tried: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    """A try of `call` failed with `failure` (`error` as recorded): the seconds to wait in
+    the worker before the next try, or ParkRun (a retry's timer, a pause), or
+    StepFailedError (the step failed)."""
     definition, key, attempts = call.definition, call.key, call.attempts
     policy = definition.policy(run.workflow_def)
-    error = _error(failure, key)
     again = attempts < policy.max_attempts and policy.retryable(failure)
     metrics.step_tried(run.ex.record.name, "retried" if again else "failed",
                        time.perf_counter() - tried)
     text = f"{error.type}: {error.message}"
     if again:
-        delay = policy.delay_for(attempts)
+        delay: float = policy.delay_for(attempts)
         # On a virtual clock (the test kit) every wait is a timer: time moves only there.
         if delay < INLINE_RETRY_S and run.ex.clock is None:
             run.commit_entry(call.record("running", error=error),

@@ -912,6 +912,11 @@ class Scripts:
                            [run_id, action, key, expected, entry, epoch, event, grace_ms],
                            ("woken", "conflict", "not_waiting", "settled", "missing"))
 
+    def settle_notice(self, *, notices: str, fence: str, ctl_epoch: int, member: str,
+                      next: str, due_ms: int) -> Reply:
+        return self._reply("settle_notice", [notices, fence], [ctl_epoch, member, next, due_ms],
+                           ("ok", "gone", "fenced"))
+
     def add_report(self, *, keys: RunKeys, epoch: int, run_id: str, key: str, doc: bytes,
                    event: bytes) -> Reply:
         return self._reply("add_report", [keys.run, keys.reports, keys.report_index,
