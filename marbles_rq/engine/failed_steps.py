@@ -111,3 +111,22 @@ def _resolve(waits: Resolves, run_id: str, record: StepRecord, entry: StepRecord
         raise NotFailedStepError(f"run {run_id} has already finished; nothing to {action}")
     raise NotFailedStepError(f"run {run_id} is no longer paused on step {record.key} (another "
                              f"retry or fail came first); nothing to {action}")
+
+
+class Lists(Protocol):
+    def failed_steps(self, limit: int = 100) -> list[str]: ...
+
+
+def feed_entries(waits: Lists, views: Any, limit: int = 100) -> list[dict[str, Any]]:
+    """The runs paused on a failed step, oldest first, as the feed lists them: {run,
+    workflow, step, attempts, max_attempts, error, since_ms}. `views(ids)`: their RunViews."""
+    out = []
+    for view in views(waits.failed_steps(limit)):
+        what = view.wait_for or {}
+        if view.status != "waiting" or not what.get("step") or "attempts" not in what:
+            continue  # resolved, or cancelled, since the feed listed it
+        out.append({"run": view.record.id, "workflow": view.record.name,
+                    "step": what["step"], "attempts": what.get("attempts"),
+                    "max_attempts": what.get("max_attempts"), "error": what.get("error"),
+                    "since_ms": view.wait_since_ms})
+    return out
