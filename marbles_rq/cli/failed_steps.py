@@ -26,6 +26,9 @@ def retry(settings: Settings, run_id: str, input_patch: str | None) -> None:
     check_id(run_id, "run id")
     patch = None
     if input_patch is not None:
+        # With the step's code at hand, the patched values are checked against its
+        # parameters' types now (else the worker refuses them when the step runs again).
+        settings.load_source()
         try:
             patch = json.loads(input_patch)
         except ValueError as exc:

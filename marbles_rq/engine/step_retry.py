@@ -12,6 +12,7 @@ applies the same patches to the arguments the body passes (engine/input_patch.py
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -23,8 +24,8 @@ from .. import metrics
 from ..store.records import ErrorInfo, StepRecord
 from .context import StepFailedError
 from .execution import Execution
-from .input_patch import apply_patches, bound_args
-from .retry_policy import INLINE_RETRY_S
+from .input_patch import PatchRefusedError, apply_patches, bound_args
+from .retry_policy import INLINE_RETRY_S, NonRetryable
 from .waiting import ParkRun, Wait
 
 # `run` below is the executing RunContext and `call` its StepCall (engine/execute.py, which
@@ -69,7 +70,15 @@ def prepare(run: RunContext, call: StepCall, args: tuple[Any, ...],
     elif recorded.status == "exhausted":
         raise ParkRun([_failed_wait(call, recorded, policy.max_attempts, new=False)])
     if call.patches:
-        return apply_patches(call.definition.fn, args, kwargs, call.patches)
+        try:
+            return apply_patches(call.definition.fn, args, kwargs, call.patches)
+        except PatchRefusedError as exc:
+            # A patch checked by a process without the step's code (types unknown there)
+            # that does not fit: this try fails at once, and the step pauses again saying so.
+            def refuse(*_: Any, **__: Any) -> Any:
+                raise NonRetryable(str(exc))
+
+            call.definition = dataclasses.replace(call.definition, fn=refuse)
     return args, kwargs
 
 
