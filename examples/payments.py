@@ -43,7 +43,7 @@ class Card(msgspec.Struct):
 
 # A limit refusal does not get better by waiting: ValueError fails the step at once.
 @mr.step(retry=mr.Retry(initial="200ms", max_attempts=3, non_retryable=(ValueError,)))
-def charge(amount: int, card: Card) -> dict[str, object]:
+def charge_card(amount: int, card: Card) -> dict[str, object]:
     if amount > 100:
         raise ValueError(f"amount {amount} is over the card's limit")
     return {"charged": amount, "card": card.number[-4:]}
@@ -51,4 +51,4 @@ def charge(amount: int, card: Card) -> dict[str, object]:
 
 @mr.workflow(on_exhausted="pause")
 def charge_order(ctx: mr.RunContext, amount: int = 500) -> dict[str, object]:
-    return charge(amount, Card("4000056655665556", "123"))
+    return charge_card(amount, Card("4000056655665556", "123"))
