@@ -21,7 +21,7 @@ def main() -> None:
     seen = [0]
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             want = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
             valid = hmac.compare_digest(want, self.headers.get("X-Marbles-Signature", ""))

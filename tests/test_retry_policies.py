@@ -24,7 +24,7 @@ from marbles_rq.engine.input_patch import PatchRefusedError, check_patch, merge_
 from marbles_rq.engine.retry_policy import RetryPolicyError
 from marbles_rq.store.records import StepRecord
 from tests.procs import REPO_ROOT, Observer, Procs, wait_for
-from tests.retry_workflows import EXEC_PREFIX, GATE_PREFIX
+from tests.retry_workflows import EXEC_PREFIX, GATE_PREFIX, Card
 from tests.test_waiting_questions import kill9_groups, ok, one_line_error, show
 from tests.web_stack import start_web
 
@@ -117,6 +117,41 @@ def test_an_input_patch_is_a_merge_patch_over_the_arguments_by_name() -> None:
             check_patch("charge", args, patch)
     with pytest.raises(PatchRefusedError, match="not JSON"):
         check_patch("charge", None, {"amount": 5})
+
+
+def test_the_test_kit_pauses_retries_with_a_patch_and_fails() -> None:
+    from marbles_rq.engine import failed_steps
+    from marbles_rq.testing import Environment
+    from tests import retry_workflows
+
+    def charge(amount: int, card: Card) -> dict[str, Any]:
+        if amount > 100:  # as rt_charge, without counting its tries in Redis
+            raise ValueError(f"amount {amount} is over the limit")
+        return {"charged": amount, "cvc": card.cvc}
+
+    env = Environment(schedules=False)
+    env.mock_step("rt_charge", charge)
+    run = env.start(retry_workflows.rt_order, 500)
+    env.advance(1)
+    assert run.status().status == "waiting"
+    with pytest.raises(PatchRefusedError, match="does not fit"):
+        env.retry(run, {"amount": "lots"})
+    # A patch checked without the step's code that does not fit: the next try fails at once
+    # and the step pauses again, saying so.
+    store = env.engine.store
+    failed_steps.retry(store.waits(), store.get(run.id), run.id, {"amount": "lots"}, None)
+    env.run_until_idle()
+    again = env.status_json(run)["waiting"]
+    assert again["reason"] == "failed_step" and "does not fit" in again["for"]["error"]
+    env.retry(run, {"amount": 5, "card": {"cvc": None}})
+    assert run.result() == {"charged": 5, "cvc": ""}
+    second = env.start(retry_workflows.rt_order, 900)
+    env.advance(1)
+    env.fail(second, reason="nope")
+    with pytest.raises(mr.RunFailedError, match="given up: nope"):
+        second.result()
+    with pytest.raises(NotFailedStepError):
+        env.fail(second)
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ for the measurement).
 from __future__ import annotations
 
 import math
+import os
 import random
 import re
 from collections.abc import Callable
@@ -25,8 +26,27 @@ from ..errors import MarblesError
 
 # A wait between tries below this is slept in the worker holding the run; from it on, the run
 # parks on a durable timer. Parking costs a park, a wake and a new delivery that replays the
-# ledger (bench/bench_retry_park.py measures both ways).
+# ledger (bench/retry_park.py measures both ways). MARBLES_RETRY_INLINE_MS sets it per
+# worker process.
 INLINE_RETRY_S = 0.5
+INLINE_ENV = "MARBLES_RETRY_INLINE_MS"
+
+
+def inline_limit_s() -> float:
+    """The wait below which a retry sleeps in the worker (INLINE_RETRY_S, or the env's)."""
+    raw = os.environ.get(INLINE_ENV)
+    if not raw:
+        return INLINE_RETRY_S
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{INLINE_ENV} must be a whole number of milliseconds >= 0, not "
+                          f"{raw!r}")
+    return value / 1000
 MAX_ATTEMPTS = 1000
 MAX_INTERVAL_S = 366 * 86400.0
 EXHAUSTED = ("fail", "pause")

@@ -13,6 +13,7 @@ applies the same patches to the arguments the body passes (engine/input_patch.py
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -25,7 +26,7 @@ from ..store.records import ErrorInfo, StepRecord
 from .context import StepFailedError
 from .execution import Execution
 from .input_patch import PatchRefusedError, apply_patches, bound_args
-from .retry_policy import INLINE_RETRY_S, NonRetryable
+from .retry_policy import NonRetryable, inline_limit_s
 from .waiting import ParkRun, Wait
 
 # `run` below is the executing RunContext and `call` its StepCall (engine/execute.py, which
@@ -75,8 +76,12 @@ def prepare(run: RunContext, call: StepCall, args: tuple[Any, ...],
         except PatchRefusedError as exc:
             # A patch checked by a process without the step's code (types unknown there)
             # that does not fit: this try fails at once, and the step pauses again saying so.
+            why = str(exc)
+
+            # Wrapped, so that the pause records the step's own arguments (its signature).
+            @functools.wraps(call.definition.fn)
             def refuse(*_: Any, **__: Any) -> Any:
-                raise NonRetryable(str(exc))
+                raise NonRetryable(why)
 
             call.definition = dataclasses.replace(call.definition, fn=refuse)
     return args, kwargs
@@ -96,7 +101,7 @@ def failed(run: RunContext, call: StepCall, failure: BaseException, error: Error
     if again:
         delay: float = policy.delay_for(attempts)
         # On a virtual clock (the test kit) every wait is a timer: time moves only there.
-        if delay < INLINE_RETRY_S and run.ex.clock is None:
+        if delay < inline_limit_s() and run.ex.clock is None:
             run.commit_entry(call.record("running", error=error),
                              "step_retry", {"step": key, "attempt": attempts, "error": text,
                                             "retry_in_s": round(delay, 3)})
