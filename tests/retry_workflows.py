@@ -19,7 +19,6 @@ import os
 from typing import Any
 
 import msgspec
-import redis
 
 import marbles_rq as mr
 
@@ -27,8 +26,12 @@ EXEC_PREFIX = "rt:exec:"
 GATE_PREFIX = "rt:gate:"
 
 
-def _client() -> redis.Redis:
-    return redis.Redis.from_url(os.environ.get("MARBLES_REDIS_URL", "redis://127.0.0.1:6379/0"))
+def _client() -> Any:
+    # The store's own connect: a cluster URL too (redis+cluster://).
+    from marbles_rq.store.connection import connect
+
+    return connect(os.environ.get("MARBLES_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                   socket_timeout=130)  # the gate's BLPOP waits up to 120 s
 
 
 def _count(name: str) -> int:

@@ -396,3 +396,42 @@ def test_a_notification_that_is_never_taken_is_dropped_after_its_tries(
         server.kill()
         server.wait()
 
+
+
+# --------------------------------------------------------------------------------------------
+# on a cluster
+
+
+def test_retries_pauses_and_notifications_on_a_cluster(cluster_url: str, tmp_path: Path
+                                                       ) -> None:
+    """Each script of the feature touches one bucket's keys (the run's tag): a 3-master
+    cluster refuses any that does not. A retry parks and wakes, a pause takes a patched
+    retry, and its notification leaves the outbox."""
+    server, url, log = receiver(tmp_path, fail_first=1)
+    procs = Procs(cluster_url, tmp_path / "procs", sources=list(PROCS_SOURCES))
+    procs.env.update(MARBLES_LANE_COUNT="3", RQ_KEY_PREFIX="{mrq:rq}", MARBLES_NOTIFY_URL=url,
+                     MARBLES_NOTIFY_SECRET=SECRET)
+    try:
+        procs.start(workers=1)
+        procs.enqueue("rt_flaky", {"fails": 1}, "cl-flaky")
+        procs.enqueue("rt_order", 500, "cl-order")
+
+        def status(run_id: str) -> dict[str, Any]:
+            return status_json(procs, run_id)
+
+        wait_for(lambda: (status("cl-order")["waiting"] or {}).get("reason") == "failed_step",
+                 timeout=60, what="cl-order to pause")
+        ok(procs.cli("retry", "cl-order", "--input-patch", '{"amount": 20}'))
+        wait_for(lambda: status("cl-order")["status"] == "succeeded", timeout=60,
+                 what="cl-order to succeed", context=lambda: procs.report())
+        assert status("cl-order")["result"]["charged"] == 20
+        wait_for(lambda: status("cl-flaky")["status"] == "succeeded", timeout=60,
+                 what="cl-flaky to succeed", context=lambda: procs.report())
+        assert status("cl-flaky")["steps"][0]["attempts"] == 2
+        got = wait_for(lambda: [r for r in received(log) if r["status"] == 204] or None,
+                       timeout=60, what="the notification")
+        assert got[0]["body"]["run"] == "cl-order" and all(r["valid"] for r in received(log))
+    finally:
+        procs.stop_all()
+        server.kill()
+        server.wait()
