@@ -169,6 +169,12 @@ def test_a_retry_parks_the_run_and_frees_the_worker_for_another(procs: Procs) ->
     text = ok(procs.cli("status", "flaky-1"))
     assert "step rt_flaky_step#0: attempt 2 of 5, next at" in text, text
     assert "last error RuntimeError: try 1 fails" in text, text
+    listed = ok(procs.cli("runs", "--status", "waiting"))
+    assert "flaky-1" in listed and "attempt 2 of 5, next at" in listed, listed
+    with mr.connect(procs.url) as client:
+        row = client.runs(status="waiting").runs[0]
+        assert row.waiting is not None and row.waiting["for"]["next_at_ms"] == view.wait_for[
+            "next_at_ms"]
     # The only worker is free: another run goes through while this one waits for its retry.
     procs.enqueue("rt_quick", None, "quick-1")
     quick = final(obs, "quick-1", "succeeded")

@@ -399,7 +399,8 @@ class Client:
         rows = [RunSummary(id=r.id, name=r.name, queue=r.queue, status=r.status,
                            attempt=r.attempt, created_ms=r.created_ms, started_ms=r.started_ms,
                            finished_ms=r.finished_ms, parent=r.parent,
-                           resumptions=r.resumptions, tags=r.tags, version=r.version)
+                           resumptions=r.resumptions, tags=r.tags, version=r.version,
+                           waiting=r.waiting)
                 for r in page.rows]
         return RunsPage(rows, None if page.next is None else page.next.encode(),
                         not page.exhausted_budget)
