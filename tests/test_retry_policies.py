@@ -282,6 +282,16 @@ def test_pause_then_fail_gives_up_with_the_reason(procs: Procs) -> None:
     assert view.error.message == "amount 700 is over the limit (given up: card expired)"
     assert ledger(obs, "order-2")["rt_order.rt_charge#0"].status == "failed"
     assert tries(obs, "order-2", "charge") == 2  # giving up runs nothing
+    # A paused run cancelled leaves the feed with its pause.
+    procs.enqueue("rt_order", 800, "order-3")
+    waiting(obs, "order-3", "failed_step")
+    keys = obs.runs.keys
+    feed = keys.feed(keys.bucket_of("order-3"))
+    assert obs.client.zscore(feed, "order-3|!failed_step") is not None
+    ok(procs.cli("cancel", "order-3"))
+    assert obs.client.zscore(feed, "order-3|!failed_step") is None
+    assert json.loads(ok(procs.cli("feed", "--json")))["failed_steps"] == []
+    one_line_error(procs.cli("retry", "order-3"), 2, "already finished (cancelled)")
 
 
 def test_retry_and_fail_refuse_runs_not_paused_on_a_failed_step(procs: Procs) -> None:
