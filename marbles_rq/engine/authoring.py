@@ -87,6 +87,7 @@ class StepDef:
     # shorthand above. `on_exhausted`: "fail" | "pause"; None: the workflow's, else "fail".
     retry: Any = None
     on_exhausted: str | None = None
+    _shorthand: Any = field(default=None, repr=False, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _route(self, args, kwargs)
@@ -94,13 +95,15 @@ class StepDef:
     def policy(self, workflow: WorkflowDef | None = None) -> Any:
         """Its Retry: its own `retry=`, else its shorthand when given (`retries=` above 0),
         else the workflow's `retry=`, else no retry."""
-        from .retry_policy import NO_RETRY, shorthand
-
         if self.retry is not None:
             return self.retry
         if self.retries or workflow is None or workflow.retry is None:
-            return shorthand(self.retries, self.backoff, self.delay_s, self.max_delay_s,
-                             self.jitter) if self.retries else NO_RETRY
+            if self._shorthand is None:  # built once: it is read at every step's start
+                from .retry_policy import shorthand
+
+                self._shorthand = shorthand(self.retries, self.backoff, self.delay_s,
+                                            self.max_delay_s, self.jitter)
+            return self._shorthand
         return workflow.retry
 
     def exhausted(self, workflow: WorkflowDef | None = None) -> str:
