@@ -1,7 +1,7 @@
 """Retry policies, and a step that waits for a person when its tries run out.
 
     marbles-rq --source examples/payments.py enqueue convert --input '{"amount": 100}'
-    marbles-rq --source examples/payments.py enqueue charge_order --input '{"amount": 500}' --id order-500
+    marbles-rq --source examples/payments.py enqueue charge_order --input 500 --id order-500
     marbles-rq status order-500                       # waiting: failed_step ...
     marbles-rq retry order-500 --input-patch '{"amount": 50}'
     marbles-rq fail order-500 --reason "card expired" # or give up

@@ -6,6 +6,7 @@ reads the new count as its try number: the count is what ran, whatever was kille
 * `rt_flaky`: a step with Retry(initial 4 s, fixed, 5 tries) that fails its first `fails`
   tries; with `gate_try`, that try waits for a token the test pushes to
   ``rt:gate:<run id>`` before it goes on (so the test can kill its worker mid-try).
+* `rt_patient`: a step that fails and waits a minute for its next try.
 * `rt_quick`: one step that succeeds at once.
 * `rt_nonretry`: a step with 5 tries that raises ValueError (non_retryable) or
   mr.NonRetryable: either fails at once.
@@ -57,6 +58,16 @@ def rt_flaky_step(fails: int, gate_try: int) -> int:
 @mr.workflow()
 def rt_flaky(ctx: mr.RunContext, inp: FlakyInput) -> int:
     return rt_flaky_step(inp.fails, inp.gate_try)
+
+
+@mr.step(retry=mr.Retry(initial="1m", max_attempts=2, jitter=False))
+def rt_patient_step() -> None:
+    raise RuntimeError("down for a while")
+
+
+@mr.workflow()
+def rt_patient(ctx: mr.RunContext) -> None:
+    rt_patient_step()
 
 
 @mr.step
