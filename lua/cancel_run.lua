@@ -63,6 +63,7 @@ for j = 1, #fields, 2 do
     redis.call('ZREM', feed, run_id .. '|' .. key)
   end
 end
+redis.call('ZREM', feed, run_id .. '|!failed_step')  -- paused on a failed step: not any more
 redis.call('ZADD', finished, now_ms + (tonumber(r[6] or '') or 604800000), run_id)
 redis.call('XADD', out, '*', 't', 'final', 'a', r[2], 'd', ARGV[2])
 return {'cancelled'}

@@ -14,9 +14,12 @@ KEYS[7] asks hash       <tag>:asks:<run id>
 KEYS[8] feed zset       <tag>:feed                open questions "<run id>|<key>" -> asked ms
 KEYS[9] signals hash    <tag>:sig:<run id>        a signal it parks for that is buffered
                                                   already requeues it (send_signal)
+KEYS[10] notices zset   <tag>:notices             pause notifications to send -> due ms
 ARGV[1] epoch           the execution's fence
 ARGV[2] run_id
-ARGV[3] reason          question | timer | child (paused wins when a pause was asked)
+ARGV[3] reason          question | timer | child | retry | failed_step (paused wins when a
+                        pause was asked); failed_step lists "<run id>|!failed_step" in the
+                        feed
 ARGV[4] wake_at_ms      when the controller wakes it (server ms); 0 = only from outside
 ARGV[5] wait_for        JSON shown by status: what the run waits for ({"children": [...]}
                         makes a child's wake_pending requeue it; {"signals": [names]} one
@@ -26,7 +29,9 @@ ARGV[7] event           JSON data of the "parked" output event
 ARGV[8] n_ledger        how many (key, record) pairs follow, written to the ledger
 ARGV[9] n_asks          how many (key, doc, timeout_ms) triples follow them: questions,
                         recorded open unless recorded already
-ARGV[10..]              the pairs, then the triples
+ARGV[10] notice         JSON of a pause notification to queue in KEYS[10] when it parks
+                        ('' none)
+ARGV[11..]              the pairs, then the triples
 Returns:
   {"ok", wake_at_ms}             parked: status waiting
   {"requeued", attempt, queue}   woken while it executed by what it parks on (wake_pending:
@@ -38,10 +43,10 @@ Returns:
   {"stale", epoch}               a newer execution owns the run; nothing written
   {"settled", status}            the run is finished; nothing written
 Writes: HSET/HINCRBY/HDEL KEYS[1]; ZREM KEYS[2]; ZADD KEYS[3] (requeued); XADD KEYS[4];
-  ZADD KEYS[5]; HSET KEYS[6]; HSET KEYS[7]; ZADD KEYS[8]; KEYS[9] is only read
+  ZADD KEYS[5]; HSET KEYS[6]; HSET KEYS[7]; ZADD KEYS[8]; KEYS[9] is only read; ZADD KEYS[10]
 ]]
-local run, leases, dispatch, out, waits, steps, asks, feed, sigs = KEYS[1], KEYS[2], KEYS[3],
-  KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local run, leases, dispatch, out, waits, steps, asks, feed, sigs, notices = KEYS[1], KEYS[2],
+  KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local run_id = ARGV[2]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'attempt', 'cancel', 'pause',
   'wake_pending', 'queue')
@@ -52,7 +57,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local wake_at = tonumber(ARGV[4])
 local n_ledger, n_asks = tonumber(ARGV[8]), tonumber(ARGV[9])
-local i = 10
+local i = 11
 for _ = 1, n_ledger do
   redis.call('HSET', steps, ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -113,5 +118,9 @@ if pending and not paused then
 end
 redis.call('HSET', run, 'status', 'waiting', 'wait_reason', reason, 'wait_for', ARGV[5],
   'wait_since', now_ms, 'wake_at', wake_at)
+if ARGV[3] == 'failed_step' then
+  redis.call('ZADD', feed, 'NX', now_ms, run_id .. '|!failed_step')
+  if ARGV[10] ~= '' then redis.call('ZADD', notices, now_ms, ARGV[10]) end
+end
 if wake_at > 0 then redis.call('ZADD', waits, wake_at, run_id) end
 return {'ok', wake_at}

@@ -52,6 +52,7 @@ for _, pair in ipairs({{asks, feed}, {reports, report_index}}) do
     end
   end
 end
+redis.call('ZREM', feed, run_id .. '|!failed_step')  -- a failed step's entry (park_run)
 local n = 0
 for _, i in ipairs({1, 2, 3, 6, 7, 8}) do n = n + redis.call('DEL', KEYS[i]) end
 n = n + redis.call('DEL', KEYS[12], KEYS[13], KEYS[14])  -- published, event inbox, signals

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .engine.authoring import step, workflow
     from .engine.execute import RunContext, current
     from .engine.patches import deprecate_patch, patched
+    from .engine.retry_policy import NonRetryable, Retry
     from .engine.signals import SignalTimeoutError
     from .errors import MarblesError, RunSettledError
     from .store import RedisStore, Store, open_store
@@ -58,8 +59,10 @@ __all__ = [
     "Launch",
     "MarblesError",
     "MemoryStore",
+    "NonRetryable",
     "RedisStore",
     "ResultTimeoutError",
+    "Retry",
     "RunCancelledError",
     "RunContext",
     "RunFailedError",
@@ -112,6 +115,7 @@ _HOME = {
     "RunContext": ".engine.execute", "current": ".engine.execute",
     "AsyncRunContext": ".engine.async_run",
     "patched": ".engine.patches", "deprecate_patch": ".engine.patches",
+    "Retry": ".engine.retry_policy", "NonRetryable": ".engine.retry_policy",
     "MarblesError": ".errors",
     "RedisStore": ".store", "Store": ".store", "open_store": ".store",
     "Keyspace": ".store.keys",

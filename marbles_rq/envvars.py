@@ -25,6 +25,12 @@ def env_int(name: str, default: int, *, unit: str) -> int:
 # Turns OpenTelemetry tracing on (marbles_rq/tracing.py; docs/operate/tracing.md).
 TRACING_ENV = "MARBLES_TRACING"
 
+# Where a step that paused its run (on_exhausted="pause") is announced: a URL the controller
+# POSTs each pause to, signed with HMAC-SHA256 of MARBLES_NOTIFY_SECRET (controller/notices.py;
+# docs/how-to/failed-steps.md).
+NOTIFY_URL_ENV = "MARBLES_NOTIFY_URL"
+NOTIFY_SECRET_ENV = "MARBLES_NOTIFY_SECRET"
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 

@@ -154,6 +154,16 @@ class Metrics:
         self.timer_lateness = histogram(
             "marbles_rq_timer_lateness_seconds", "How long after its due time a sleeping run "
             "was woken (server clock).", (), LATENESS_BUCKETS)
+        self.step_retries_parked = counter(
+            "marbles_rq_step_retries_parked_total", "Failed step tries whose next try waits on "
+            "a durable timer (the run parked, reason retry, no worker held).", ["workflow"])
+        self.steps_paused = counter(
+            "marbles_rq_steps_paused_total", "Steps whose tries ran out and that paused their "
+            "run (on_exhausted=\"pause\"; reason failed_step).", ["workflow"])
+        self.notices = counter(
+            "marbles_rq_pause_notices_total", "Pause notifications POSTed to MARBLES_NOTIFY_URL, "
+            "by outcome: delivered, retried (a try failed), dropped (out of tries).",
+            ["outcome"])
         self.redis_errors = counter(
             "marbles_rq_redis_errors_total", "Redis errors met, by kind (timeout, connection, "
             "oom, readonly, other); a resent script call counts each failed send.", ["kind"])
@@ -279,6 +289,24 @@ def run_finished(workflow: str, status: str, seconds: float) -> None:
 def step_tried(workflow: str, outcome: str, seconds: float) -> None:
     if _M is not None:
         _child(_M.step_seconds, bounded("workflow", workflow), outcome).observe(seconds)
+
+
+def step_retry_parked(workflow: str) -> None:
+    """A failed step's next try is a durable timer (the run parked, reason retry)."""
+    if _M is not None:
+        _M.step_retries_parked.labels(bounded("workflow", workflow)).inc()
+
+
+def step_paused(workflow: str) -> None:
+    """A step's tries ran out and it pauses its run (reason failed_step)."""
+    if _M is not None:
+        _M.steps_paused.labels(bounded("workflow", workflow)).inc()
+
+
+def notice_outcome(outcome: str) -> None:
+    """A pause notification (MARBLES_NOTIFY_URL): delivered | retried | dropped."""
+    if _M is not None:
+        _M.notices.labels(outcome).inc()
 
 
 def redelivered(queue: str, cause: str) -> None:

@@ -303,11 +303,16 @@ def test_fail_step_fails_attempts_and_the_step_retries() -> None:
     env = Environment()
     env.fail_step("kit_order.kit_charge#0", times=2)
     run = env.start(kit_order, 4)
+    env.run_until_idle()
+    # Retries wait on the virtual clock (delay_s=30, exponential, jitter: 15-30 s, 30-60 s).
+    assert run.status().status == "waiting"
+    env.advance(90)
     assert run.result() == {"paid": 40, "shipped": "shipped 4"}
     assert CALLS == ["charge 4", "ship 4"]  # the body ran once: the third attempt
     steps = {s.name: s for s in run.status().steps}
     assert steps["kit_charge"].attempts == 3
-    retries = [e.data for e in env.output(run.id) if e.type == "step_retry"]
+    retries = [e.data for e in env.output(run.id)
+               if e.type == "parked" and e.data["reason"] == "retry"]
     assert [r["error"] for r in retries] == [
         "RuntimeError: failure injected into step kit_order.kit_charge#0"] * 2
 
@@ -316,6 +321,7 @@ def test_fail_step_beyond_the_retries_fails_the_run_with_the_given_error() -> No
     env = Environment()
     env.fail_step("kit_order.kit_charge#0", times=3, error=ConnectionError("card declined"))
     run = env.start(kit_order, 4)
+    env.advance(90)
     with pytest.raises(RunFailedError) as failed:
         run.result()
     assert failed.value.error["type"] == "ConnectionError"

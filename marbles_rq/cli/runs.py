@@ -280,11 +280,38 @@ def _waiting(waiting: dict[str, Any]) -> str:
                                (wanted.get("match") or {}).items()))
     if what.get("signals"):
         parts.append("signal " + ", ".join(what["signals"]))
-    if what.get("until_ms"):
+    if waiting.get("reason") in ("retry", "failed_step") or what.get("max_attempts"):
+        parts.append(_step_wait(what))
+    elif what.get("until_ms"):
         at = what["until_ms"]
         parts.append("until " + time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))
                      + f".{at % 1000:03d}Z")
     return "; ".join(parts) + f" (since {waiting.get('since')})"
+
+
+def _run_wait(waiting: dict[str, Any] | None) -> str:
+    """A `runs` row's note of a wait for a step's retry, or for a person to act on a failed
+    step ("" for any other)."""
+    if not waiting or waiting.get("reason") not in ("retry", "failed_step"):
+        return ""
+    what = waiting.get("for") or {}
+    return _step_wait(what) if what.get("step") else ""
+
+
+def _step_wait(what: dict[str, Any]) -> str:
+    """`step charge#0: attempt 3 of 10, next at 12:00:05.250Z, last error ValueError: ...`
+    (a retry's wait: the next try's number and time), or the tries of a step that ran out
+    of them and what to do."""
+    step = str(what.get("step") or "?").rsplit(".", 1)[-1]
+    if "next_at_ms" in what:
+        at = int(what["next_at_ms"])
+        return (f"step {step}: attempt {int(what.get('attempt') or 0) + 1} of "
+                f"{what.get('max_attempts')}, next at "
+                f"{time.strftime('%H:%M:%S', time.gmtime(at / 1000))}"
+                f".{at % 1000:03d}Z, last error {what.get('error')}")
+    patched = "".join(f", patched {json.dumps(p)}" for p in what.get("patches") or [])
+    return (f"step {step}: {what.get('attempts')} of {what.get('max_attempts')} attempts "
+            f"failed, last error {what.get('error')}{patched} (marbles-rq retry / fail)")
 
 
 @click.command("runs")
@@ -334,7 +361,8 @@ def runs_cmd(settings: Settings, status_: str | None, name: str | None, queue: s
         for r in page.runs:
             tag_text = " ".join(f"{k}={v}" for k, v in sorted(r.tags.items()))
             _echo(f"{r.id:34} {r.name:16} {r.status:10} a{r.attempt:<3} r{r.resumptions:<3} "
-                  f"{_iso(r.created_ms)}" + (f"  {tag_text}" if tag_text else ""))
+                  f"{_iso(r.created_ms)}" + (f"  {tag_text}" if tag_text else "")
+                  + (f"  {note}" if (note := _run_wait(r.waiting)) else ""))
     if page.cursor is not None:
         click.echo(f"next page: --cursor {page.cursor}"
                    + ("" if page.complete else " (this page stopped at its scan budget)"),

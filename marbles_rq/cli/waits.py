@@ -88,21 +88,31 @@ reject = _approval_command(False)
 @click.pass_obj
 def feed(settings: Settings, as_json: bool, limit: int, n_reports: int) -> None:
     """Open questions across runs, oldest first, then the newest reports."""
-    waits = _waits(settings, read_only=True)
+    from ..engine.failed_steps import feed_entries
+
+    runs = settings.runs(read_only=True)
+    waits = WaitStore(runs)
     questions = waits.feed(limit)
     reports = waits.reports(n_reports) if n_reports else []
+    failed = feed_entries(waits, runs.views, limit)
     now_ms = int(time.time() * 1000)
     if as_json:
         click.echo(json.dumps({"questions": [q.to_json(now_ms) for q in questions],
-                               "reports": [r.to_json() for r in reports]}, indent=2))
+                               "reports": [r.to_json() for r in reports],
+                               "failed_steps": failed}, indent=2))
         return
     if render.on_terminal():
         _feed_tables(questions, reports)
+        _failed_table(failed)
         return
     if not questions:
         click.echo("no open questions")
     for q in questions:
         click.echo(safe(_question_line(q, now_ms)))
+    for f in failed:
+        click.echo(safe(f"{f['run']}  step {f['step']} failed {f['attempts']} of "
+                        f"{f['max_attempts']} attempts: {f['error']}  (marbles-rq retry / "
+                        f"fail {f['run']})"))
     if reports:
         click.echo("reports (newest first):")
         for r in reports:
@@ -129,6 +139,16 @@ def _feed_tables(questions: list[Question], reports: list[Report]) -> None:
                      [[r.run_id, r.record.key, render.when(r.record.at_ms),
                        _cut(json.dumps(r.to_json()["entry"]), 100)] for r in reports],
                      title="reports (newest first)")
+
+
+def _failed_table(failed: list[dict[str, Any]]) -> None:
+    if not failed:
+        return
+    render.console().print()
+    render.table(["RUN", "STEP", "ATTEMPTS", "LAST ERROR", "ACT WITH"],
+                 [[f["run"], f["step"], f"{f['attempts']} of {f['max_attempts']}",
+                   _cut(str(f["error"]), 80), f"marbles-rq retry {f['run']}  (or fail)"]
+                  for f in failed], title="paused on failed steps")
 
 
 def _question_line(q: Question, now_ms: int) -> str:

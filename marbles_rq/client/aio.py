@@ -166,6 +166,12 @@ class AsyncClient:
     async def resume(self, run_id: str) -> Outcome:
         return await self._call(self.sync.resume, run_id)
 
+    async def retry(self, run_id: str, input_patch: Any = None) -> Outcome:
+        return await self._call(self.sync.retry, run_id, input_patch)
+
+    async def fail(self, run_id: str, reason: str | None = None) -> Outcome:
+        return await self._call(self.sync.fail, run_id, reason)
+
     async def answer(self, run_id: str, key: str, value: Any) -> Outcome:
         return await self._call(self.sync.answer, run_id, key, value)
 
@@ -320,6 +326,12 @@ class AsyncRunHandle:
 
     async def resume(self) -> Outcome:
         return await self.client.resume(self.id)
+
+    async def retry(self, input_patch: Any = None) -> Outcome:
+        return await self.client.retry(self.id, input_patch)
+
+    async def fail(self, reason: str | None = None) -> Outcome:
+        return await self.client.fail(self.id, reason)
 
     async def answer(self, key: str, value: Any) -> Outcome:
         return await self.client.answer(self.id, key, value)

@@ -415,7 +415,8 @@ class Client:
         rows = [RunSummary(id=r.id, name=r.name, queue=r.queue, status=r.status,
                            attempt=r.attempt, created_ms=r.created_ms, started_ms=r.started_ms,
                            finished_ms=r.finished_ms, parent=r.parent,
-                           resumptions=r.resumptions, tags=r.tags, version=r.version)
+                           resumptions=r.resumptions, tags=r.tags, version=r.version,
+                           waiting=r.waiting)
                 for r in page.rows]
         return RunsPage(rows, None if page.next is None else page.next.encode(),
                         not page.exhausted_budget)
@@ -566,6 +567,34 @@ class Client:
         """Reject approval `key`; the run receives {"approved": False, "note": note}."""
         return self._answer(run_id, key, {"approved": False, "note": _note(note)},
                             "approval", "rejected")
+
+    def retry(self, run_id: str, input_patch: Any = None) -> Outcome:
+        """Run the step a run is paused on (its tries ran out, on_exhausted="pause") again
+        now, its tries counted from 1; `input_patch` (a JSON object) first changes the
+        step's arguments, as an RFC 7396 merge patch over them by name, recorded in the
+        ledger. NotFailedStepError (not paused on a failed step), PatchRefusedError,
+        RunSettledError, RunNotFoundError."""
+        from ..engine import failed_steps
+
+        check_id(run_id, "run id")
+        done = failed_steps.retry(self._waits(), self.runs_store.get(run_id), run_id,
+                                  input_patch, REGISTRY)
+        what = "with its input patched" if input_patch is not None else "now"
+        return Outcome(run_id, "retried", f"run {run_id}: step {done.step} retried {what} "
+                       f"(delivery {done.attempt})"
+                       + self._deliver(run_id, done.attempt, done.queue))
+
+    def fail(self, run_id: str, reason: str | None = None) -> Outcome:
+        """Give up the step a run is paused on: it fails with its last error and `reason`,
+        and the run goes on as after any failed step (it ends failed unless its body catches
+        StepFailedError). NotFailedStepError, RunSettledError, RunNotFoundError."""
+        from ..engine import failed_steps
+
+        check_id(run_id, "run id")
+        done = failed_steps.fail(self._waits(), self.runs_store.get(run_id), run_id, reason)
+        return Outcome(run_id, "failed", f"run {run_id}: step {done.step} given up (delivery "
+                       f"{done.attempt}: the run fails unless its body handles it)"
+                       + self._deliver(run_id, done.attempt, done.queue))
 
     def _answer(self, run_id: str, key: str, value: Any, kind: str, what: str) -> Outcome:
         done: Answered = self._waits().answer(check_id(run_id, "run id"), key, value,
@@ -780,6 +809,8 @@ class RunClient(Protocol):
     def cancel(self, run_id: str) -> Outcome: ...
     def pause(self, run_id: str) -> Outcome: ...
     def resume(self, run_id: str) -> Outcome: ...
+    def retry(self, run_id: str, input_patch: Any = None) -> Outcome: ...
+    def fail(self, run_id: str, reason: str | None = None) -> Outcome: ...
     def answer(self, run_id: str, key: str, value: Any) -> Outcome: ...
     def approve(self, run_id: str, key: str, note: str | None = None) -> Outcome: ...
     def reject(self, run_id: str, key: str, note: str | None = None) -> Outcome: ...
@@ -821,6 +852,14 @@ class RunHandle:
 
     def resume(self) -> Outcome:
         return self.client.resume(self.id)
+
+    def retry(self, input_patch: Any = None) -> Outcome:
+        """Retry the step the run is paused on (see Client.retry)."""
+        return self.client.retry(self.id, input_patch)
+
+    def fail(self, reason: str | None = None) -> Outcome:
+        """Give up the step the run is paused on (see Client.fail)."""
+        return self.client.fail(self.id, reason)
 
     def answer(self, key: str, value: Any) -> Outcome:
         return self.client.answer(self.id, key, value)

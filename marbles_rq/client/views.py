@@ -158,6 +158,9 @@ class RunSummary(msgspec.Struct, frozen=True):
     resumptions: int = 0
     tags: dict[str, str] = msgspec.field(default_factory=dict)
     version: str = ""  # the workflow version it started on ("": recorded before versions)
+    # A waiting run's wait, {"reason", "for"} as in `status --json` (a retry's next try and
+    # count, a failed step's tries); None when it is not waiting.
+    waiting: dict[str, Any] | None = None
 
 
 class RunsPage(msgspec.Struct, frozen=True):

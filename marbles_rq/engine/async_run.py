@@ -112,7 +112,8 @@ class RunContext(context.Run, Protocol):
 
     def step_succeeded(self, call: Any, result: bytes, tried: float) -> Any: ...
 
-    def step_failed(self, call: Any, failure: BaseException, tried: float) -> float: ...
+    def step_failed(self, call: Any, failure: BaseException, tried: float,
+                    args: tuple[Any, ...] = ..., kwargs: dict[str, Any] | None = ...) -> float: ...
 
 DEFAULT_SYNC_STEP_THREADS = 16
 _pool: ThreadPoolExecutor | None = None
@@ -359,7 +360,7 @@ async def _step(run: RunContext, call: StepCall, args: tuple[Any, ...],
                 return run.step_succeeded(call, result, tried)
             finally:
                 context.reset_frames(token)
-            delay = run.step_failed(call, failure, tried)
+            delay = run.step_failed(call, failure, tried, args, kwargs)
         finally:
             if flight is not None:
                 flight.ended()

@@ -83,17 +83,33 @@ class StepDef:
     max_delay_s: float = 60.0
     jitter: bool = True
     result_type: Any = Any
+    # A policy given with `retry=` (engine/retry_policy.py); None: the workflow's, else the
+    # shorthand above. `on_exhausted`: "fail" | "pause"; None: the workflow's, else "fail".
+    retry: Any = None
+    on_exhausted: str | None = None
+    _shorthand: Any = field(default=None, repr=False, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _route(self, args, kwargs)
 
-    def delay_for(self, attempt: int) -> float:
-        """Seconds to wait before attempt `attempt + 1`; `attempt` counts from 1."""
-        import random
+    def policy(self, workflow: WorkflowDef | None = None) -> Any:
+        """Its Retry: its own `retry=`, else its shorthand when given (`retries=` above 0),
+        else the workflow's `retry=`, else no retry."""
+        if self.retry is not None:
+            return self.retry
+        if self.retries or workflow is None or workflow.retry is None:
+            if self._shorthand is None:  # built once: it is read at every step's start
+                from .retry_policy import shorthand
 
-        delay = self.delay_s if self.backoff == "fixed" else self.delay_s * 2 ** (attempt - 1)
-        delay = min(delay, self.max_delay_s)
-        return delay * random.uniform(0.5, 1.0) if self.jitter else delay
+                self._shorthand = shorthand(self.retries, self.backoff, self.delay_s,
+                                            self.max_delay_s, self.jitter)
+            return self._shorthand
+        return workflow.retry
+
+    def exhausted(self, workflow: WorkflowDef | None = None) -> str:
+        """What its last failed try does: "fail" (the run's failure) or "pause"."""
+        return self.on_exhausted or (workflow.on_exhausted if workflow is not None else
+                                     None) or "fail"
 
 
 StepRoute = Callable[[StepDef, tuple[Any, ...], dict[str, Any]], Any]
@@ -144,6 +160,9 @@ class WorkflowDef:
     # declared last.
     current: bool = False
     _fingerprint: str | None = field(default=None, repr=False)
+    # The default Retry and on_exhausted of its steps (engine/retry_policy.py).
+    retry: Any = None
+    on_exhausted: str | None = None
 
     @property
     def version(self) -> str:
@@ -319,12 +338,20 @@ metrics.know_workflows(lambda: REGISTRY.workflows)
 
 def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
          backoff: str = "exponential", delay_s: float = 1.0, max_delay_s: float = 60.0,
-         jitter: bool = True) -> Any:
-    """Register a step. Usable as ``@step``, ``@step()`` or ``@step("name", retries=3)``."""
+         jitter: bool = True, retry: Any = None, on_exhausted: str | None = None) -> Any:
+    """Register a step. Usable as ``@step``, ``@step()`` or ``@step("name", retries=3)``.
+    `retry=mr.Retry(...)`: its retry policy (`retries=`, `backoff=`, `delay_s=`,
+    `max_delay_s=`, `jitter=` are a shorthand for one; not both). `on_exhausted`: "fail"
+    (default) or "pause" (the run waits for `marbles-rq retry` or `fail`)."""
     if backoff not in ("exponential", "fixed"):
         raise DefinitionError(f"backoff must be 'exponential' or 'fixed', not {backoff!r}")
-    if retries < 0:
-        raise DefinitionError("retries must be >= 0")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise DefinitionError(f"retries must be a whole number >= 0, not {retries!r}")
+    _check_policy(retry, on_exhausted, "step")
+    if retry is not None and (retries, backoff, delay_s, max_delay_s, jitter) != (
+            0, "exponential", 1.0, 60.0, True):
+        raise DefinitionError("a step takes retry=mr.Retry(...) or the shorthand (retries=, "
+                              "backoff=, delay_s=, max_delay_s=, jitter=), not both")
 
     def register(fn: Callable[..., Any]) -> StepDef:
         step_name = name if isinstance(name, str) else fn.__name__
@@ -332,7 +359,7 @@ def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
             raise DefinitionError(f"invalid step name {step_name!r}: it must be non-empty, "
                                   f"without '|' or '#' (they mark ledger positions)")
         definition = StepDef(step_name, fn, retries, backoff, delay_s, max_delay_s, jitter,
-                             _return_type(fn))
+                             _return_type(fn), retry, on_exhausted)
         REGISTRY._add(REGISTRY.steps, "step", step_name, definition)
         return definition
 
@@ -346,7 +373,7 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
              retention_s: float = 7 * 86400.0, concurrency: int | None = None,
              concurrency_key: str | None = None, priority: int = 0,
              tags: dict[str, Any] | None = None, version: str | None = None,
-             current: bool = False) -> Any:
+             current: bool = False, retry: Any = None, on_exhausted: str | None = None) -> Any:
     """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``.
     A finished run is kept `retention_s` seconds (default 7 days), then pruned.
     `concurrency=N`: at most N runs execute at once across the fleet; with
@@ -356,7 +383,8 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     record (1 to 64 of A-Z a-z 0-9 . _ -); default: a fingerprint of the body's and its
     steps' source, which any edit of them changes. Several versions of one name may be
     declared (each with its `version=`): a worker serves each, new runs start on the one
-    declared last, or on the one marked `current=True`."""
+    declared last, or on the one marked `current=True`. `retry=mr.Retry(...)` and
+    `on_exhausted=` ("fail" | "pause"): the defaults of its steps (a step's own win)."""
     from .fingerprint import version_problem
     from .limit_specs import definition_problem
     from .tags import TagError, check_tags
@@ -368,6 +396,7 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
         problem = f"current= must be True or False, not {current!r}"
     if problem is not None:
         raise DefinitionError(problem)
+    _check_policy(retry, on_exhausted, "workflow")
     if not 0 <= retention_s <= 10 * 365 * 86400:
         raise DefinitionError(f"retention_s must be between 0 and 10 years, not {retention_s}")
     try:
@@ -393,7 +422,8 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
                                  retention_s, concurrency=concurrency or 0,
                                  concurrency_key=concurrency_key, priority=priority,
                                  input_default=default, tags=declared_tags,
-                                 _version=version, current=current)
+                                 _version=version, current=current, retry=retry,
+                                 on_exhausted=on_exhausted)
         if concurrency_key is not None and input_param is None:
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): concurrency_key "
                                   f"{concurrency_key!r} names an input field, but it takes "
@@ -404,6 +434,16 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     if callable(name):
         return register(name)
     return register
+
+
+def _check_policy(retry: Any, on_exhausted: Any, where: str) -> None:
+    from .retry_policy import RetryPolicyError, check_exhausted, check_retry
+
+    try:
+        check_retry(retry, where)
+        check_exhausted(on_exhausted, where)
+    except RetryPolicyError as exc:
+        raise DefinitionError(str(exc)) from None
 
 
 def load_source(source: str) -> list[str]:

@@ -25,7 +25,7 @@ from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import ErrorInfo, RunRecord, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
-from . import context, event_waits, fanout, published, signal_waits, waiting
+from . import context, event_waits, fanout, published, signal_waits, step_retry, waiting
 from .authoring import REGISTRY, Registry, StepDef
 from .context import (
     BranchCancelled,
@@ -124,9 +124,11 @@ class StepCall:
     digest: str
     recorded: StepRecord | None
     attempts: int = 0
+    patches: list[Any] = field(default_factory=list)  # engine/input_patch.py
 
     def __post_init__(self) -> None:
         self.attempts = self.recorded.attempts if self.recorded is not None else 0
+        self.patches = list(self.recorded.patches) if self.recorded is not None else []
 
     @property
     def replayed(self) -> bool:
@@ -144,7 +146,7 @@ class StepCall:
     def record(self, status: str, **extra: Any) -> StepRecord:
         return StepRecord(version=1, key=self.key, name=self.definition.name, status=status,
                           attempts=extra.pop("attempts", self.attempts), at_ms=now_ms(),
-                          seq=self.seq, args=self.digest, **extra)
+                          seq=self.seq, args=self.digest, patches=self.patches, **extra)
 
     def parked(self) -> StepRecord:
         """A parked step is not finished: it replays from the top when the run is woken,
@@ -190,6 +192,11 @@ class RunContext:
         # once must each see the other's before either records its child (engine/fanout.py).
         self.child_ids: dict[str, str] = {}
         self.child_ids_lock = threading.Lock()
+
+    @functools.cached_property
+    def workflow_def(self) -> Any:
+        """The definition executing the run (its retry defaults apply to its steps)."""
+        return self.registry.serving(self.ex.record.name, self.ex.record.wf_version)
 
     @property
     def _frames(self) -> list[Frame]:
@@ -327,6 +334,7 @@ class RunContext:
         check_not_in_foreign_thread(f"step {definition.name!r}")
         check_branch()
         call = self.open_step(definition, args, kwargs)
+        args, kwargs = step_retry.prepare(self, call, args, kwargs)
         if context.async_body.get():
             from .async_run import step_async
 
@@ -356,7 +364,7 @@ class RunContext:
                 return self.step_succeeded(call, result, tried)
             finally:
                 self._frames.pop()
-            self._watchdog.sleep(self.step_failed(call, failure, tried))
+            self._watchdog.sleep(self.step_failed(call, failure, tried, args, kwargs))
 
     def open_step(self, definition: StepDef, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> StepCall:
@@ -404,23 +412,12 @@ class RunContext:
             self.check_reply(status)
         self._watchdog.held(held)
 
-    def step_failed(self, call: StepCall, failure: BaseException, tried: float) -> float:
-        """Record a failed attempt: the delay before the next one, or StepFailedError."""
-        definition, key, attempts = call.definition, call.key, call.attempts
-        error = _error(failure, key)
-        metrics.step_tried(self.ex.record.name, "retried" if attempts <= definition.retries
-                           else "failed", time.perf_counter() - tried)
-        if attempts <= definition.retries:
-            delay = definition.delay_for(attempts)
-            self.commit_entry(call.record("running", error=error),
-                              "step_retry", {"step": key, "attempt": attempts,
-                                             "error": f"{error.type}: {error.message}",
-                                             "retry_in_s": round(delay, 3)})
-            return delay
-        self.commit_entry(call.record("failed", error=error),
-                          "step_failed", {"step": key, "attempt": attempts,
-                                          "error": f"{error.type}: {error.message}"})
-        raise StepFailedError(error)
+    def step_failed(self, call: StepCall, failure: BaseException, tried: float,
+                    args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> float:
+        """Record a failed attempt: the delay before the next one in the worker, or ParkRun
+        (a retry's timer, a pause), or StepFailedError (engine/step_retry.py)."""
+        return step_retry.failed(self, call, failure, _error(failure, call.key), tried, args,
+                                 kwargs or {})
 
     def _begin(self, definition: StepDef, running: StepRecord) -> None:
         """Start a step attempt. A step with no retries, started while the execution's last
@@ -431,7 +428,8 @@ class RunContext:
         paused or timed out meanwhile."""
         ex = self.ex
         now = time.monotonic()
-        if definition.retries == 0 and now - ex.flags_at < FRESH_FLAGS_S and (
+        single = definition.policy(self.workflow_def).max_attempts == 1
+        if single and now - ex.flags_at < FRESH_FLAGS_S and (
                 not ex.deadline_ms or ex.server_now_ms() < ex.deadline_ms):
             self._watchdog.raise_if_stopped()
             check_branch()
@@ -782,8 +780,8 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
     """Park the run for what `parked` waits for; returns the delivery's outcome."""
     waits = parked.waits
     reasons = {w.reason for w in waits}
-    reason = next(r for r in ("paused", "question", "signal", "child", "event", "timer")
-                  if r in reasons)
+    reason = next(r for r in ("paused", "failed_step", "question", "signal", "child", "event",
+                              "timer", "retry") if r in reasons)
     wake_at = min((w.wake_at_ms for w in waits if w.wake_at_ms), default=0)
     wait_for: dict[str, Any] = {}
     questions = [q for w in waits for q in w.questions]
@@ -800,10 +798,12 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
         wait_for["until_ms"] = until
     if events := [e for w in waits for e in w.events]:
         wait_for["events"] = events
+    for w in waits:
+        wait_for.update(w.detail)
     runs.write_held(ex)  # a step's success before the park (its reply: the park's too)
     status, attempt, queue = runs.waits().park(
         ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
-        asks=[a for w in waits for a in w.asks])
+        asks=[a for w in waits for a in w.asks], notice=step_retry.notice_of(ex, waits))
     if status == "cancelled":
         if settle_stopped(runs, ex, "cancelled") == "ok":
             count_finished(ex, "cancelled")

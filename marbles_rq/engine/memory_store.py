@@ -564,7 +564,10 @@ class MemoryWaits:
         self.runs = runs
 
     def park(self, ex: Execution, *, reason: str, wake_at_ms: int, wait_for: dict[str, Any],
-             ledger: list[StepRecord], asks: list[AskRecord]) -> tuple[str, int, str]:
+             ledger: list[StepRecord], asks: list[AskRecord], notice: bytes = b""
+             ) -> tuple[str, int, str]:
+        # `notice`: pause notifications are a controller's (controller/notices.py); runs in
+        # memory send none.
         mem = self.runs
         with ex.lock:
             mem.write_starts_locked(ex)
@@ -686,6 +689,35 @@ class MemoryWaits:
             run.paused = False
         mem._emit(run, "resumed", {"reason": "resumed by request"})
         return self.wake(run_id, "resume")[0]
+
+    def resolve_step(self, run_id: str, key: str, expected: StepRecord, entry: StepRecord,
+                     action: str, event: dict[str, Any]) -> tuple[str, int, str]:
+        """As WaitStore.resolve_step (lua/resolve_step.lua)."""
+        mem = self.runs
+        with mem._lock:
+            run = mem.runs.get(run_id)
+            if run is None:
+                return "missing", 0, ""
+            if run.status in TERMINAL:
+                return "settled", 0, ""
+            if run.status != "waiting":
+                return "not_waiting", 0, ""
+            if run.ledger.get(key) != expected:
+                return "conflict", 0, ""
+            run.ledger[key] = msgspec.structs.replace(entry, epoch=run.epoch, wseq=0)
+            run.paused = False
+            run.wait_reason, run.wait_for, run.wake_at_ms = None, None, 0
+            run.status, run.attempt = "queued", run.attempt + 1
+            run.resumptions += 1
+            run.kind, run.queued_ms = "resumption", mem.now_ms()
+        mem._emit(run, "step_retried" if action == "retry" else "step_given_up", event)
+        mem._emit(run, "woken", {"cause": action})
+        return "woken", run.attempt, run.record.queue
+
+    def failed_steps(self, limit: int = 100) -> list[str]:
+        return [rid for rid, run in self.runs.runs.items() if run.status == "waiting"
+                and (run.wait_for or {}).get("step") and any(
+                    r.status == "exhausted" for r in run.ledger.values())][:limit]
 
     def cancel_children(self, run_id: str) -> list[str]:
         out = []

@@ -50,6 +50,9 @@ def format_event(ev: OutputEvent) -> str:
         "signal": lambda: f"signal {d.get('name')} #{d.get('seq')} received",
         "signal_taken": lambda: _taken(d),
         "pause_requested": lambda: "pause requested",
+        "step_retried": lambda: f"step {d.get('step')} retried by request"
+        + (f" with input patch {json.dumps(d.get('patch'))}" if "patch" in d else ""),
+        "step_given_up": lambda: f"step {d.get('step')} given up: {d.get('error')}",
         "resumed": lambda: "resumed",
         "truncated": lambda: f"output truncated: the run's cap of {d.get('max_lines')} lines / "
                              f"{d.get('max_bytes')} bytes is reached; later lines are dropped",
@@ -84,6 +87,15 @@ def _parked(d: dict[str, Any]) -> str:
         at = int(d["until_ms"])
         return "a timer due " + time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + (
             f".{at % 1000:03d}")
+    if reason == "retry" and d.get("next_at_ms"):
+        at = int(d["next_at_ms"])
+        return (f"the retry of step {d.get('step')} (attempt {int(d.get('attempt') or 0) + 1} "
+                f"of {d.get('max_attempts')}) at "
+                + time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + f".{at % 1000:03d}"
+                + f"; it failed: {d.get('error')}")
+    if reason == "failed_step":
+        return (f"retry or fail of step {d.get('step')}: {d.get('attempts')} of "
+                f"{d.get('max_attempts')} attempts failed, last {d.get('error')}")
     if reason == "event" and d.get("events"):
         return "an event " + ", ".join(
             _event_kind(e) + "".join(f" {k}={json.dumps(v)}" for k, v in

@@ -67,6 +67,9 @@ class RunRow:
     resumptions: int = 0  # wakes after a park (attempt counts only redeliveries)
     tags: dict[str, str] = field(default_factory=dict)
     version: str = ""  # the workflow version it started on
+    # A waiting run's wait: {"reason", "for"} as `status --json` has it (a retry's next
+    # try, a failed step's tries); None for a run that is not waiting.
+    waiting: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,17 @@ class Filters:
 
 
 _FIELDS = ("doc", "status", "attempt", "queue", "created_ms", "started_ms", "finished_ms",
-           "deferred", "resumptions", "tags")
+           "deferred", "resumptions", "tags", "wait_reason", "wait_for")
+
+
+def _waiting(status: Any, reason: Any, wait_for: Any) -> dict[str, Any] | None:
+    if status != b"waiting" or not reason:
+        return None
+    try:
+        what = msgspec.json.decode(wait_for) if wait_for else {}
+    except msgspec.DecodeError:
+        what = {}
+    return {"reason": as_text(reason), "for": what if isinstance(what, dict) else {}}
 
 
 def _num(value: Any) -> int | None:
@@ -191,7 +204,8 @@ class RunPager:
                          as_text(reply[1] or b"?"),
                          attempt_of(_num(reply[2]) or 0, _num(reply[7]) or 0),
                          _num(reply[4]) or ms, _num(reply[5]), _num(reply[6]), record.parent,
-                         _num(reply[8]) or 0, tags_of(reply[9]), record.wf_version)
+                         _num(reply[8]) or 0, tags_of(reply[9]), record.wf_version,
+                         _waiting(reply[1], reply[10], reply[11]))
             rows[rid] = row if _matches(row, filters) else None
         return [rows.get(rid) for _, rid in ids]
 

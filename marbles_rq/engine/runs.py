@@ -179,8 +179,11 @@ class RunView:
             # A step still "running" (or parked) in a finished run was interrupted.
             "steps": [{"path": _step_path(s.key), "position": _step_position(s.key),
                        "name": s.name, "attempts": s.attempts,
-                       "status": "interrupted" if s.status in ("running", "parked")
-                       and self.status in TERMINAL else s.status}
+                       "status": "interrupted" if s.status in ("running", "parked",
+                                                               "retrying", "exhausted")
+                       and self.status in TERMINAL else s.status,
+                       # Input patches given with `retry --input-patch` (engine/input_patch).
+                       **({"patches": list(s.patches)} if s.patches else {})}
                       for s in self.steps if not s.name.startswith("|")],
         }
 

@@ -49,7 +49,7 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 class Wait:
     """One thing a run waits for."""
 
-    reason: str  # question | timer | child | event | paused | signal
+    reason: str  # question | timer | child | event | paused | signal | retry | failed_step
     wake_at_ms: int = 0  # when the controller wakes it (0: only from outside)
     questions: list[str] = field(default_factory=list)
     children: list[str] = field(default_factory=list)
@@ -58,6 +58,8 @@ class Wait:
     asks: list[AskRecord] = field(default_factory=list)
     ledger: list[StepRecord] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # {source, type, match}
+    # Shown in status with what it waits for: a retry's or a paused step's facts.
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 class ParkRun(BaseException):

@@ -130,10 +130,12 @@ class WaitStore:
     # -- from inside an execution ------------------------------------------------------
 
     def park(self, ex: Execution, *, reason: str, wake_at_ms: int, wait_for: dict[str, Any],
-             ledger: list[StepRecord], asks: list[AskRecord]) -> tuple[str, int, str]:
+             ledger: list[StepRecord], asks: list[AskRecord], notice: bytes = b""
+             ) -> tuple[str, int, str]:
         """Park the execution's run: (status, attempt, queue). status: ok (waiting) |
         requeued (woken while it executed: the caller enqueues <attempt>) | cancelled |
-        stale | settled."""
+        stale | settled. `notice`: a pause notification to queue with it (reason
+        failed_step)."""
         with ex.lock:
             self.runs.write_starts_locked(ex)  # the parked steps' starts come before the park
             reply = self.scripts.park_run(
@@ -143,7 +145,7 @@ class WaitStore:
                 event=msgspec.json.encode({"reason": reason, **wait_for}),
                 # After every write of the execution (park_run ends its epoch).
                 ledger=[(r.key, encode(stamp(r, ex, i + 1))) for i, r in enumerate(ledger)],
-                asks=[(a.key, encode(a), int(a.timeout_s * 1000)) for a in asks])
+                asks=[(a.key, encode(a), int(a.timeout_s * 1000)) for a in asks], notice=notice)
         if reply.status == "requeued":
             return "requeued", int(reply.values[0]), as_text(reply.values[1])
         return reply.status, 0, ""
@@ -273,6 +275,32 @@ class WaitStore:
         if reply.status == "woken":
             return "woken", int(reply.values[0]), as_text(reply.values[1])
         return reply.status, 0, ""
+
+    def resolve_step(self, run_id: str, key: str, expected: StepRecord, entry: StepRecord,
+                     action: str, event: dict[str, Any]) -> tuple[str, int, str]:
+        """Write a paused step's entry back (`action`: retry | fail) and wake the run, if
+        its entry is still `expected` (engine/failed_steps.py): (woken | conflict |
+        not_waiting | settled | missing, attempt, queue)."""
+        keys = self.keys.run_keys(check_id(run_id, "run id"))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(keys.steps, key)
+        pipe.hget(keys.run, "epoch")
+        raw, epoch = pipe.execute()
+        if not isinstance(raw, bytes) or decode(StepRecord, raw, keys.steps) != expected:
+            return "conflict", 0, ""
+        epoch_n = int(epoch or 0)
+        reply = self.scripts.resolve_step(
+            keys=keys, run_id=run_id, action=action, key=key, expected=raw,
+            entry=encode(msgspec.structs.replace(entry, epoch=epoch_n, wseq=0)), epoch=epoch_n,
+            event=msgspec.json.encode(event), grace_ms=DISPATCH_GRACE_MS)
+        if reply.status == "woken":
+            return "woken", int(reply.values[0]), as_text(reply.values[1])
+        return reply.status, 0, ""
+
+    def failed_steps(self, limit: int = 100) -> list[str]:
+        """The runs paused on a step whose tries ran out (their feed entries), oldest first."""
+        rows = self._members(self.keys.feed, newest=False, limit=10 * limit)
+        return [run_id for _, run_id, key in rows if key == "!failed_step"][:limit]
 
     def cancel_children(self, run_id: str) -> list[str]:
         """Cancel the descendants of a cancelled run, at any depth; returns their ids. A

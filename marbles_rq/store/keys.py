@@ -127,6 +127,7 @@ class RunKeys:
     published: str = ""
     event_inbox: str = ""
     signals: str = ""
+    notices: str = ""
 
 
 @dataclass(frozen=True)
@@ -362,6 +363,11 @@ class Keyspace:
         """Sorted set: open questions ``<run id>|<key>`` in the bucket -> when asked (ms)."""
         return f"{self.tag(bucket)}:feed"
 
+    def notices(self, bucket: int) -> str:
+        """Sorted set: pause notifications to POST to MARBLES_NOTIFY_URL (JSON) -> when the
+        next try is due (server ms); the controller drains it (controller/notices.py)."""
+        return f"{self.tag(bucket)}:notices"
+
     def reports(self, run_id: str) -> str:
         """Hash: the run's reports, key (``milestone:<n>``, ``result:<n>`` or given) ->
         ReportRecord JSON."""
@@ -405,7 +411,8 @@ class Keyspace:
                        report_index=self.report_index(bucket),
                        redeliveries=self.redeliveries(bucket),
                        published=self.published(run_id),
-                       event_inbox=self.event_inbox(run_id), signals=self.signals(run_id))
+                       event_inbox=self.event_inbox(run_id), signals=self.signals(run_id),
+                       notices=self.notices(bucket))
 
     # -- events: an inbound event's hash and its bucket's indexes share the event's tag --------
 

@@ -154,7 +154,9 @@ class StepRecord(Record, tag="step", kw_only=True, frozen=True):
 
     key: str
     name: str
-    status: str  # running | succeeded | failed; a timer: waiting | fired
+    # running | succeeded | failed; retrying (its next try is due at result.due_ms) |
+    # exhausted (paused for a person: engine/step_retry.py); a timer: waiting | fired
+    status: str
     attempts: int
     result: msgspec.Raw = msgspec.Raw(b"null")  # msgspec cannot decode `Raw | None`
     error: ErrorInfo | None = None
@@ -170,6 +172,9 @@ class StepRecord(Record, tag="step", kw_only=True, frozen=True):
     # ledgers written before it; epoch 0 for entries copied into a rerun.
     epoch: int = -1
     wseq: int = -1
+    # Input patches given with `retry --input-patch`, applied in order to its arguments by
+    # every later try and replay (engine/input_patch.py).
+    patches: list[Any] = msgspec.field(default_factory=list)
 
 
 class AskRecord(Record, tag="ask", kw_only=True, frozen=True):

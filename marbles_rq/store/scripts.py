@@ -807,7 +807,8 @@ class Scripts:
 
     def park_run(self, *, keys: RunKeys, epoch: int, run_id: str, reason: str, wake_at_ms: int,
                  wait_for: bytes, grace_ms: int, event: bytes,
-                 ledger: list[tuple[str, bytes]], asks: list[tuple[str, bytes, int]]) -> Reply:
+                 ledger: list[tuple[str, bytes]], asks: list[tuple[str, bytes, int]],
+                 notice: bytes = b"") -> Reply:
         flat: list[str | bytes | int] = []
         for key, record in ledger:
             flat += [key, record]
@@ -815,9 +816,9 @@ class Scripts:
             flat += [key, doc, timeout_ms]
         return self._reply("park_run", [keys.run, keys.leases, keys.dispatch, keys.output,
                                         keys.waits, keys.steps, keys.asks, keys.feed,
-                                        keys.signals],
+                                        keys.signals, keys.notices],
                            [epoch, run_id, reason, wake_at_ms, wait_for, grace_ms, event,
-                            len(ledger), len(asks), *flat],
+                            len(ledger), len(asks), notice, *flat],
                            ("ok", "requeued", "cancelled", "stale", "settled"))
 
     def wake_run(self, *, keys: RunKeys, run_id: str, ctl_epoch: int | None, cause: str,
@@ -902,6 +903,19 @@ class Scripts:
         return self._reply("resume_run", [keys.run, keys.output, keys.waits, keys.dispatch],
                            [run_id, event, grace_ms],
                            ("woken", "resumed", "not_paused", "settled", "missing"))
+
+    def resolve_step(self, *, keys: RunKeys, run_id: str, action: str, key: str,
+                     expected: bytes, entry: bytes, epoch: int, event: bytes,
+                     grace_ms: int) -> Reply:
+        return self._reply("resolve_step", [keys.run, keys.steps, keys.output, keys.waits,
+                                            keys.dispatch, keys.feed],
+                           [run_id, action, key, expected, entry, epoch, event, grace_ms],
+                           ("woken", "conflict", "not_waiting", "settled", "missing"))
+
+    def settle_notice(self, *, notices: str, fence: str, ctl_epoch: int, member: str,
+                      next: str, due_ms: int) -> Reply:
+        return self._reply("settle_notice", [notices, fence], [ctl_epoch, member, next, due_ms],
+                           ("ok", "gone", "fenced"))
 
     def add_report(self, *, keys: RunKeys, epoch: int, run_id: str, key: str, doc: bytes,
                    event: bytes) -> Reply:

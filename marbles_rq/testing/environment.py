@@ -304,6 +304,27 @@ class Environment:
             raise RunSettledError(f"run {run_id} has already finished; nothing to resume")
         return Outcome(run_id, "woken", f"run {run_id} resumed")
 
+    def retry(self, run: str | RunHandle, input_patch: Any = None) -> Outcome:
+        """As the client's retry: run the step the run is paused on (on_exhausted="pause")
+        again, `input_patch` merged over its arguments first (engine/input_patch.py)."""
+        from ..engine import failed_steps
+
+        run_id = run.id if isinstance(run, RunHandle) else run
+        self._run(run_id)
+        done = failed_steps.retry(self.engine.store.waits(), self.engine.store.get(run_id),
+                                  run_id, input_patch, self.registry)
+        return Outcome(run_id, "retried", f"run {run_id}: step {done.step} retried")
+
+    def fail(self, run: str | RunHandle, reason: str | None = None) -> Outcome:
+        """As the client's fail: give up the step the run is paused on."""
+        from ..engine import failed_steps
+
+        run_id = run.id if isinstance(run, RunHandle) else run
+        self._run(run_id)
+        done = failed_steps.fail(self.engine.store.waits(), self.engine.store.get(run_id),
+                                 run_id, reason)
+        return Outcome(run_id, "failed", f"run {run_id}: step {done.step} given up")
+
     def answer(self, run_id: str, key: str, value: Any) -> Outcome:
         return self._answer(run_id, key, value, "question")
 

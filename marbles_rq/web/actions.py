@@ -1,7 +1,8 @@
 """What the dashboard's buttons do: the same engine calls as the CLI commands, each returning
 the one line the CLI would print (or raising the error it would print).
 
-cancel -> `marbles-rq cancel`, pause/resume -> `pause`/`resume`, answer/approve/reject ->
+cancel -> `marbles-rq cancel`, pause/resume -> `pause`/`resume`, retry/fail -> `retry`/`fail`
+(a run paused on a failed step), answer/approve/reject ->
 `answer`/`approve`/`reject` (WaitStore.answer: compare-and-set on the question's revision,
 then the woken delivery is enqueued), schedule pause/resume -> `schedules pause/resume`.
 rerun -> `rerun` (engine/rerun.py, with the page's new id: see Actions.rerun).
@@ -33,6 +34,24 @@ class Actions:
 
     def resume(self, run_id: str) -> str:
         return self.client.resume(check_id(run_id, "run id")).message
+
+    def retry(self, run_id: str, input_patch: str | None = None) -> str:
+        """`marbles-rq retry RUN [--input-patch JSON]`."""
+        import json
+
+        from ..engine.input_patch import PatchRefusedError
+
+        patch = None
+        if input_patch is not None:
+            try:
+                patch = json.loads(input_patch)
+            except ValueError as exc:
+                raise PatchRefusedError(f"the input patch is not valid JSON: {exc}") from None
+        return self.client.retry(check_id(run_id, "run id"), patch).message
+
+    def fail(self, run_id: str, reason: str | None = None) -> str:
+        """`marbles-rq fail RUN [--reason TEXT]`."""
+        return self.client.fail(check_id(run_id, "run id"), reason).message
 
     def answer(self, run_id: str, key: str, value: Any, *, kind: str, what: str) -> str:
         """`answer` (kind question) or `approve`/`reject` (kind approval: `value` is

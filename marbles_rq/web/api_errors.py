@@ -55,6 +55,8 @@ STATUS: dict[str, int] = {
     "already_answered": 409,
     "run_settled": 409,
     "not_paused": 409,
+    "not_failed_step": 409,  # retry / fail of a run not paused on a failed step
+    "patch_refused": 422,  # an input patch that does not fit the step's arguments
     "signal_buffer_full": 409,  # the run holds 10,000 untaken signals of that name
     "redis_unavailable": 503,
     "internal": 500,

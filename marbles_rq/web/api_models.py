@@ -107,6 +107,19 @@ class NoteBody(msgspec.Struct, forbid_unknown_fields=True):
     note: str | None = None
 
 
+class RetryBody(msgspec.Struct, forbid_unknown_fields=True):
+    """A retry of the failed step a run is paused on; `input_patch` (an RFC 7396 merge
+    patch over the step's arguments by name) changes its input first."""
+
+    input_patch: dict[str, Any] | None = None
+
+
+class FailBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Giving up the failed step a run is paused on, with an optional reason."""
+
+    reason: str | None = None
+
+
 class EventBody(msgspec.Struct, forbid_unknown_fields=True):
     """An inbound event, as `marbles-rq events send`: the same (source, id) again is
     recorded once."""

@@ -139,6 +139,16 @@ def timeline(events: list[OutputEvent], finished: bool) -> list[StepTry]:
             t.outcome = {"step_succeeded": "succeeded", "step_failed": "failed",
                          "step_retry": "retrying"}[ev.type]
             t.error = str(d.get("error") or "")
+        elif ev.type == "parked" and d.get("reason") in ("retry", "failed_step") and (
+                step in open_):
+            # A failed try that parks the run for its retry, or for a person: its failure.
+            t = open_.pop(step)
+            t.ended_ms = ev.at_ms
+            t.outcome = "retrying" if d.get("reason") == "retry" else "failed"
+            t.error = str(d.get("error") or "")
+            for t in open_.values():
+                t.outcome, t.ended_ms = "parked", ev.at_ms
+            open_.clear()
         elif ev.type in ("redelivered", "parked", "final"):
             # What was running when the execution vanished, parked or settled ended there.
             for t in open_.values():

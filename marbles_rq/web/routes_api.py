@@ -43,10 +43,12 @@ from .api_models import (
     BulkFailureItem,
     EventBody,
     EventSent,
+    FailBody,
     Feed,
     NoteBody,
     OpenBatches,
     OpenBatchInfo,
+    RetryBody,
     RunResult,
     SignalBody,
     SignalSent,
@@ -302,6 +304,16 @@ class Api:
     async def resume(self, request: Request) -> Response:
         return reply(await self.client.resume(_run_id(request)))
 
+    async def retry(self, request: Request) -> Response:
+        run_id = _run_id(request)
+        body = await self.json(request, RetryBody, empty=RetryBody())
+        return reply(await self.client.retry(run_id, body.input_patch))
+
+    async def fail(self, request: Request) -> Response:
+        run_id = _run_id(request)
+        body = await self.json(request, FailBody, empty=FailBody())
+        return reply(await self.client.fail(run_id, body.reason))
+
     async def answer(self, request: Request) -> Response:
         run_id = _run_id(request)
         body = await self.json(request, AnswerBody)
@@ -553,6 +565,14 @@ ROUTES: list[ApiRoute] = [
              refusals=(*RUN_REFUSALS, "run_settled")),
     ApiRoute("POST", "/api/runs/{id}/resume", Api.resume, "Resume a paused run",
              reply=Outcome, refusals=(*RUN_REFUSALS, "run_settled", "not_paused")),
+    ApiRoute("POST", "/api/runs/{id}/retry", Api.retry,
+             "Run the failed step a run is paused on again (the body may be empty; "
+             "`input_patch` changes its input first)", body=RetryBody, reply=Outcome,
+             refusals=(*RUN_REFUSALS, *BODY_REFUSALS, "not_failed_step", "patch_refused")),
+    ApiRoute("POST", "/api/runs/{id}/fail", Api.fail,
+             "Give up the failed step a run is paused on (the body may be empty)",
+             body=FailBody, reply=Outcome,
+             refusals=(*RUN_REFUSALS, *BODY_REFUSALS, "not_failed_step", "invalid_input")),
     ApiRoute("POST", "/api/runs/{id}/questions/{key}/answer", Api.answer,
              "Answer a question (the first answer wins)", body=AnswerBody, reply=Outcome,
              refusals=ANSWER_REFUSALS),

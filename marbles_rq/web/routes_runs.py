@@ -184,6 +184,10 @@ def routes(web: Web) -> list[BaseRoute]:
                     value = form.get("value", "")
                     return web.actions.answer(run_id, key, value, kind="question",
                                               what=f"answered {value!r}")
+                if name == "retry":
+                    return web.actions.retry(run_id, form.get("input_patch") or None)
+                if name == "fail":
+                    return web.actions.fail(run_id, form.get("reason") or None)
                 action: Callable[[str], str] = getattr(web.actions, name)
                 return action(run_id)
 
@@ -230,7 +234,7 @@ def routes(web: Web) -> list[BaseRoute]:
         Route("/runs/batch", batch, methods=["POST"]),
         Route("/runs/{run_id}", run_page),
         *[Route(f"/runs/{{run_id}}/{name}", run_action(name), methods=["POST"])
-          for name in ("cancel", "pause", "resume", "rerun", "answer")],
+          for name in ("cancel", "pause", "resume", "rerun", "answer", "retry", "fail")],
     ]
 
 

@@ -16,8 +16,12 @@ from .security import CSRF_FIELD
 
 def feed_context(web: Web) -> dict[str, Any]:
     settings = web.settings
-    waits = WaitStore(settings.runs(read_only=True))
-    return dict(questions=waits.feed(200), reports=waits.reports(30))
+    runs = settings.runs(read_only=True)
+    waits = WaitStore(runs)
+    from ..engine.failed_steps import feed_entries
+
+    return dict(questions=waits.feed(200), reports=waits.reports(30),
+                failed_steps=feed_entries(waits, runs.views, 200))
 
 
 def routes(web: Web) -> list[BaseRoute]:
