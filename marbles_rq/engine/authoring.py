@@ -83,6 +83,9 @@ class StepDef:
     max_delay_s: float = 60.0
     jitter: bool = True
     result_type: Any = Any
+    # The undo each success registers (`compensate=`): a step or a module-level function
+    # (engine/compensation.py); None for none.
+    compensate: Any = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _route(self, args, kwargs)
@@ -319,8 +322,17 @@ metrics.know_workflows(lambda: REGISTRY.workflows)
 
 def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
          backoff: str = "exponential", delay_s: float = 1.0, max_delay_s: float = 60.0,
-         jitter: bool = True) -> Any:
-    """Register a step. Usable as ``@step``, ``@step()`` or ``@step("name", retries=3)``."""
+         jitter: bool = True, compensate: Any = None) -> Any:
+    """Register a step. Usable as ``@step``, ``@step()`` or ``@step("name", retries=3)``.
+    `compensate`: a step or module-level function registered as the undo of each success
+    (it receives the step's arguments, and its result as `result=` if it takes one)."""
+    if compensate is not None:
+        from .undo_refs import CompensationError, undo_ref
+
+        try:
+            undo_ref(compensate, REGISTRY.steps)
+        except CompensationError as exc:
+            raise DefinitionError(f"compensate=: {exc}") from None
     if backoff not in ("exponential", "fixed"):
         raise DefinitionError(f"backoff must be 'exponential' or 'fixed', not {backoff!r}")
     if retries < 0:
@@ -332,7 +344,7 @@ def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
             raise DefinitionError(f"invalid step name {step_name!r}: it must be non-empty, "
                                   f"without '|' or '#' (they mark ledger positions)")
         definition = StepDef(step_name, fn, retries, backoff, delay_s, max_delay_s, jitter,
-                             _return_type(fn))
+                             _return_type(fn), compensate=compensate)
         REGISTRY._add(REGISTRY.steps, "step", step_name, definition)
         return definition
 

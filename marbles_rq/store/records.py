@@ -170,6 +170,9 @@ class StepRecord(Record, tag="step", kw_only=True, frozen=True):
     # ledgers written before it; epoch 0 for entries copied into a rerun.
     epoch: int = -1
     wseq: int = -1
+    # The undo a step declared with `compensate=` registers as it succeeds, written with its
+    # success: {fn, name, args, kwargs, passes_result} (engine/compensation.py); null: none.
+    undo: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class AskRecord(Record, tag="ask", kw_only=True, frozen=True):

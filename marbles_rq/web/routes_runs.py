@@ -184,6 +184,8 @@ def routes(web: Web) -> list[BaseRoute]:
                     value = form.get("value", "")
                     return web.actions.answer(run_id, key, value, kind="question",
                                               what=f"answered {value!r}")
+                if name == "cancel":
+                    return web.actions.cancel(run_id, compensate=form.get("compensate") == "1")
                 action: Callable[[str], str] = getattr(web.actions, name)
                 return action(run_id)
 
