@@ -11,6 +11,7 @@ import pytest
 
 import marbles_rq as mr
 from marbles_rq.client.errors import RunCancelledError, RunFailedError
+from marbles_rq.engine.authoring import DefinitionError, StepDef
 from marbles_rq.testing import Environment
 
 UNDONE: list[str] = []
@@ -153,7 +154,7 @@ def test_what_cannot_be_an_undo_is_refused_with_one_line(what: str, message: str
 
 
 def test_an_unregistered_step_cannot_be_declared_as_an_undo() -> None:
-    stray = mr.engine.authoring.StepDef("kit_comp_stray", kit_release)  # never registered
-    with pytest.raises(mr.engine.authoring.DefinitionError,
+    stray = StepDef("kit_comp_stray", kit_release)  # never registered
+    with pytest.raises(DefinitionError,
                        match="'kit_comp_stray' is not a registered step"):
         mr.step(name="kit_comp_uses_stray", compensate=stray)(kit_release)
