@@ -162,7 +162,7 @@ def run_body(run: context.Run, body: Callable[[], Any],
             error = _failure(exc, error_of)
         marker = StepRecord(version=1, key=MARKER_KEY, name=MARKER_KEY, status="failed",
                             attempts=0, error=error, at_ms=now_ms())
-        run.commit_entry(marker, "compensating",
+        run.commit_entry(marker, "compensation_started",
                          {"reason": "failed", "undos": len(registrations(run.ex))})
     run_undos(run)
     if marker.status == "cancelled":
