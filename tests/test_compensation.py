@@ -179,3 +179,53 @@ def test_bad_cancel_input_is_refused(procs: Procs) -> None:
     assert len(done.stderr.strip().splitlines()) == 1
     done = procs.cli("cancel", "nosuchrun", "--compensate")
     assert done.returncode == 2 and "no run with id 'nosuchrun'" in done.stderr, done
+
+
+@pytest.mark.parametrize("where", ["redis_server", "cluster_url"])
+def test_every_compensation_script_on_one_slot(where: str, request: pytest.FixtureRequest
+                                               ) -> None:
+    """The scripts that ask for, hand over and take up a compensation each touch the keys of
+    one slot (a 3-master cluster refuses a script whose keys span slots); a run whose
+    execution vanished after a cancel that asked for compensation is redelivered (not
+    settled cancelled), and its next start finds the phase marker in its ledger."""
+    from marbles_rq.engine.runs import RunStore
+    from marbles_rq.engine.undo_refs import MARKER_KEY
+    from marbles_rq.store import open_store
+    from tests import comp_workflows  # noqa: F401  (registers the workflows)
+
+    fixture = request.getfixturevalue(where)
+    url = fixture if isinstance(fixture, str) else fixture.url
+    runs = RunStore(open_store(url))
+    # Never started: nothing to undo, cancelled at once.
+    runs.record(ops.prepare(ops.RunRequest("comp_waiter", b"null", "cs-0")))
+    assert runs.cancel_compensate("cs-0")[0] == "cancelled"
+    # Running: flagged; its settle as cancelled is refused; it is handed over.
+    runs.record(ops.prepare(ops.RunRequest("comp_waiter", b"null", "cs-1")))
+    started = runs.start("cs-1", 1, ttl_ms=30_000, worker="w")
+    assert started.status == "ok" and started.execution is not None
+    assert runs.cancel_compensate("cs-1")[0] == "requested"
+    assert runs.settle(started.execution, "cancelled") == "compensate"
+    status, attempt, _queue = runs.hand_over_compensation(started.execution)
+    assert (status, attempt) == ("ok", 2)
+    again = runs.start("cs-1", 2, ttl_ms=30_000, worker="w")
+    assert again.execution is not None and MARKER_KEY in again.execution.ledger
+    assert runs.settle(again.execution, "cancelled") == "ok"
+    # Vanished after the cancel: the reaper redelivers it, its next start takes the marker.
+    runs.record(ops.prepare(ops.RunRequest("comp_waiter", b"null", "cs-2")))
+    gone = runs.start("cs-2", 1, ttl_ms=100, worker="w")
+    assert gone.status == "ok"
+    assert runs.cancel_compensate("cs-2")[0] == "requested"
+    keys = runs.keys.run_keys("cs-2")
+
+    def reaped() -> Any:
+        reply = runs.scripts.reap_run(keys=keys, run_id="cs-2", ctl_epoch=1, grace_ms=0,
+                                      final_cancel=b"{}", final_gave_up=b"{}")
+        return reply if reply.status != "not_expired" else None
+
+    reply = wait_for(reaped, timeout=30, what="the lease of cs-2 to expire")
+    assert reply.status == "redelivered", reply
+    taken = runs.start("cs-2", int(reply.values[0]), ttl_ms=30_000, worker="w")
+    assert taken.status == "ok" and taken.execution is not None
+    assert MARKER_KEY in taken.execution.ledger
+    view = runs.get("cs-2")
+    assert view is not None and not view.cancel_requested
