@@ -158,3 +158,33 @@ def test_an_unregistered_step_cannot_be_declared_as_an_undo() -> None:
     with pytest.raises(DefinitionError,
                        match="'kit_comp_stray' is not a registered step"):
         mr.step(name="kit_comp_uses_stray", compensate=stray)(kit_release)
+
+
+def test_a_replayed_body_registers_nothing_twice() -> None:
+    env = Environment()
+    env.crash_after("kit_comp_order.kit_comp_reserve#2")  # after every registration but one
+    run = env.start(kit_comp_order, "o3")
+    with pytest.raises(RunFailedError):
+        run.result()
+    status = env.status(run)
+    assert status.attempt == 2  # the body ran again and replayed its registrations
+    assert [c.name for c in status.compensations] == [
+        "kit_release", "kit_comp_broken_undo", "kit_comp_refund", "kit_release"]
+    assert UNDONE == ["release c", "broken b", "broken b", "refund o3 30 ch-o3", "release a"]
+
+
+@mr.workflow()
+async def kit_comp_async(ctx: mr.AsyncRunContext, order: str) -> str:
+    await kit_charge(order, 5)
+    ctx.compensate(kit_release, "async")
+    await kit_ship(order)
+    return "shipped"
+
+
+def test_an_async_body_compensates_the_same_way() -> None:
+    env = Environment()
+    run = env.start(kit_comp_async, "o4")
+    with pytest.raises(RunFailedError, match="no courier"):
+        run.result()
+    assert UNDONE == ["release async", "refund o4 5 ch-o4"]
+    assert [c.status for c in env.status(run).compensations] == ["done", "done"]
