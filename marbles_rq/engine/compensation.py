@@ -20,6 +20,7 @@ see lua/cancel_compensate.lua).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -56,37 +57,33 @@ class Compensated(BaseException):
         self.status, self.error = status, error
 
 
-def _encode(what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any],
-                                                                              dict[str, Any]]:
-    """The arguments as they are recorded (JSON), or CompensationError."""
-    from .json_values import changed_by_json
-
+@functools.lru_cache(maxsize=1024)
+def _takes_result(fn: Callable[..., Any]) -> bool:
     try:
-        raw = msgspec.json.encode([list(args), kwargs])
-    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-        raise CompensationError(f"{what}: its arguments are not JSON ({exc}); an undo's "
-                                f"arguments are recorded so that any worker can run it"
-                                ) from None
-    if changed_by_json([list(args), kwargs], raw):
-        raise CompensationError(f"{what}: its arguments are not JSON (NaN or an infinity)")
-    decoded: list[Any] = msgspec.json.decode(raw)
-    return decoded[0], decoded[1]
-
-
-def _passes_result(fn: Any) -> bool:
-    try:
-        return "result" in inspect.signature(fn.fn if isinstance(fn, StepDef) else fn).parameters
+        return "result" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 
 
 def undo_document(fn: Any, steps: dict[str, StepDef], args: tuple[Any, ...],
                   kwargs: dict[str, Any], *, with_result: bool) -> bytes:
-    """A registration's document; CompensationError for an undo or arguments it refuses."""
+    """A registration's document; CompensationError for an undo or arguments it refuses
+    (not JSON: an undo's arguments are recorded, so that any worker can run it)."""
+    from .json_values import changed_by_json
+
     ref, name = undo_ref(fn, steps)
-    listed, named = _encode(f"undo {name!r}", args, kwargs)
-    return msgspec.json.encode({"fn": ref, "name": name, "args": listed, "kwargs": named,
-                                "passes_result": with_result and _passes_result(fn)})
+    passes = with_result and _takes_result(fn.fn if isinstance(fn, StepDef) else fn)
+    doc = {"fn": ref, "name": name, "args": args, "kwargs": kwargs, "passes_result": passes}
+    try:
+        raw = msgspec.json.encode(doc)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        raise CompensationError(f"undo {name!r}: its arguments are not JSON ({exc}); an "
+                                f"undo's arguments are recorded so that any worker can run "
+                                f"it") from None
+    if changed_by_json([args, kwargs], raw):
+        raise CompensationError(f"undo {name!r}: its arguments are not JSON (NaN or an "
+                                f"infinity)")
+    return raw
 
 
 def compensate(run: context.Run, fn: Any, args: tuple[Any, ...],
