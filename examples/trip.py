@@ -1,7 +1,8 @@
 """A trip booked as a saga: each booking registers its undo as it succeeds; if a later step
 fails (or the run is cancelled with --compensate), the undos run, the last one first.
 
-    marbles-rq --source examples/trip.py enqueue trip --input '{"traveller": "ada", "card": "declined"}' --id trip-1
+    marbles-rq --source examples/trip.py enqueue trip \
+        --input '{"traveller": "ada", "card": "declined"}' --id trip-1
     marbles-rq status trip-1      # failed; compensation cancel_hotel done, cancel_flight done
 """
 
