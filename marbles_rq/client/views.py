@@ -60,7 +60,8 @@ class PatchInfo(msgspec.Struct, frozen=True):
 class CompensationInfo(msgspec.Struct, frozen=True):
     """A registered undo, in the order undos run (the last registered first): its name,
     reference, the ledger entry that registered it, status (pending | running | done |
-    failed), attempts, when it finished, and its error when it failed."""
+    failed | not_run: the run finished without running it), attempts, when it finished,
+    and its error when it failed."""
 
     name: str
     undo: str

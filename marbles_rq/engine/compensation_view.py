@@ -64,6 +64,8 @@ def compensations_json(steps: list[StepRecord], run_status: str
             status = "failed"
         elif ran is not None and ran.status == "running" and not finished:
             status = "running"
+        elif finished:
+            status = "not_run"  # it succeeded, or a plain cancel stopped it first
         doc = undo_doc(record)
         out.append({
             "name": doc["name"], "undo": doc["fn"], "registered_by": record.key,
