@@ -20,7 +20,9 @@ Returns: (limit: the run's `limit` field, "" if none: the caller frees the vanis
 execution's concurrency slot, see release_slot)
   {"redelivered", attempt, queue, limit}  the caller now enqueues delivery <attempt> on <queue>
   {"cancelled", attempt, limit}     cancel had been requested: settled cancelled (the caller
-                                    cancels its children too, as every cancelled settle does)
+                                    cancels its children too, as every cancelled settle does);
+                                    a cancel that asked for compensation is redelivered
+                                    instead (its next start writes the phase marker)
   {"gave_up", attempt, limit}       max deliveries reached: settled failed
   {"not_expired"}                   renewed meanwhile, or (worker given) executed by another
                                     worker now; nothing written
@@ -44,7 +46,7 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lost_worker = ARGV[6]
 if lost_worker == '' and tonumber(score) > now_ms then return {'not_expired'} end
 local r = redis.pcall('HMGET', run, 'status', 'attempt', 'cancel', 'max_deliveries', 'queue',
-  'deferred', 'retention_ms', 'epoch', 'worker', 'limit')
+  'deferred', 'retention_ms', 'epoch', 'worker', 'limit', 'compensate')
 if r.err then return {'corrupt', 'the run key is not a hash'} end
 if r[1] ~= 'running' then
   -- Only a settled or missing run can be here; its lease entry is debris.
@@ -73,7 +75,7 @@ local function settle(status, error_json, final_event)
   redis.call('ZADD', finished, now_ms + tonumber(r[7] or '604800000'), run_id)
   redis.call('XADD', out, '*', 't', 'final', 'a', attempt, 'd', final_event)
 end
-if r[3] == '1' then
+if r[3] == '1' and not r[11] then
   settle('cancelled', nil, ARGV[4])
   return {'cancelled', attempt, r[10] or ''}
 end

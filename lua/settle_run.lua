@@ -22,6 +22,9 @@ Returns:
   {"timed_out"}                        "succeeded" asked after the run's deadline; nothing
                                        written (the caller settles it failed: RunTimeout)
   {"behind"}                           write `after_seq` was not applied; nothing written
+  {"compensate"}                       "cancelled" asked of a run whose cancel asked for
+                                       compensation; nothing written (the caller hands it
+                                       over: hand_over_compensation)
 Writes (only for "ok"): XADD KEYS[4] (its id's milliseconds are finished_ms: the server
   clock; TIME is read first, for the lease and the deadline of a run that has one); one
   HSET KEYS[1] (the epoch + 1 with the terminal record); ZREM KEYS[2]; ZADD KEYS[5]. Not KEYS[3]:
@@ -30,7 +33,7 @@ Writes (only for "ok"): XADD KEYS[4] (its id's milliseconds are finished_ms: the
 ]]
 local run, leases, dispatch, out, finished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local r = redis.call('HMGET', run, 'epoch', 'status', 'result', 'error', 'attempt',
-  'deadline_ms', 'retention_ms', 'wseq')
+  'deadline_ms', 'retention_ms', 'wseq', 'compensate')
 if r[2] == 'succeeded' or r[2] == 'failed' or r[2] == 'cancelled' then
   return {'settled', r[2], r[3] or '', r[4] or ''}
 end
@@ -48,6 +51,7 @@ local clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if tonumber(redis.call('ZSCORE', leases, ARGV[6]) or '0') <= clock_ms then
   return {'stale', tonumber(r[1])}
 end
+if ARGV[2] == 'cancelled' and r[9] then return {'compensate'} end
 local now_ms
 local deadline = tonumber(r[6] or '0')
 if ARGV[2] == 'succeeded' and deadline > 0 then

@@ -32,6 +32,8 @@ Returns:
   {"stale_attempt", attempt}  a newer delivery exists; this one is a no-op
   {"busy", epoch}             another execution of this delivery holds a live lease
   {"cancelled"}               cancel was requested before it started: settled cancelled now
+                              (unless that cancel asked for compensation: its phase marker
+                              goes into the ledger, the flag is lifted, and it starts)
   {"timed_out"}               its deadline passed: settled failed now
   {"waiting"}                 the run is parked; this delivery is a no-op (a wake makes a
                               new one)
@@ -40,7 +42,8 @@ Returns:
   {"needs_slot", limit}       the run has a concurrency limit (its `limit` field, recorded by
                               claim_run: "<limit>|<limit id>|<label>") and ARGV[8] is not
                               "1": take a slot, then start again; nothing written
-Writes: only for a fresh ok, cancelled, timed_out or paused (HSET/HINCRBY KEYS[1], ZADD/ZREM
+Writes: only for a fresh ok, cancelled, timed_out or paused (HSET/HINCRBY KEYS[1], HSETNX
+  KEYS[2] and HDEL KEYS[1] for a cancel that asked for compensation, ZADD/ZREM
   KEYS[3], ZREM KEYS[4], XADD KEYS[5], ZADD KEYS[6] when settled). A fresh ok: XADD KEYS[5],
   one HSET KEYS[1], ZADD KEYS[3], and ZREM KEYS[4] unless
   the run never started and its first delivery was enqueued with its record (field "enq":
@@ -53,7 +56,7 @@ local run_id, attempt, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local r = redis.pcall('HMGET', run, 'doc', 'status', 'attempt', 'epoch', 'cancel',
   'deadline_ms', 'timeout_ms', 'start_token', 'retention_ms', 'pause', 'started_ms', 'note',
-  'enq', 'limit', 'holds', 'deferred', 'resumptions', 'start_seen', 'start_kind')
+  'enq', 'limit', 'holds', 'deferred', 'resumptions', 'start_seen', 'start_kind', 'compensate')
 if r.err then return {'corrupt', 'the run key is not a hash'} end
 if not r[1] then return {'missing'} end
 local status = r[2]
@@ -113,7 +116,11 @@ local function clock()
   end
   return now_ms
 end
-if r[5] == '1' then
+if r[5] == '1' and r[20] then
+  -- Its execution vanished after a cancel that asked for compensation: this one compensates.
+  redis.call('HSETNX', steps, '|compensate', r[20])
+  redis.call('HDEL', run, 'cancel', 'compensate')
+elseif r[5] == '1' then
   clock()
   settle('cancelled', nil, ARGV[5])
   return {'cancelled'}

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     )
     from .engine.api import (
         ask,
+        compensate,
         gather,
         now,
         parallel,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from .engine.patches import deprecate_patch, patched
     from .engine.retry_policy import NonRetryable, Retry
     from .engine.signals import SignalTimeoutError
+    from .engine.undo_refs import CompensationError
     from .errors import MarblesError, RunSettledError
     from .store import RedisStore, Store, open_store
     from .store.keys import Keyspace
@@ -52,6 +54,7 @@ __all__ = [
     "AsyncRunContext",
     "Batch",
     "Client",
+    "CompensationError",
     "Event",
     "FileChange",
     "HttpChange",
@@ -73,6 +76,7 @@ __all__ = [
     "StartRequest",
     "Store",
     "ask",
+    "compensate",
     "connect",
     "connect_async",
     "current",
@@ -110,6 +114,7 @@ _HOME = {
     "report": ".engine.api", "sleep": ".engine.api", "sleep_until": ".engine.api",
     "start_child": ".engine.api", "publish": ".engine.api", "wait_for_event": ".engine.api",
     "signals": ".engine.api", "wait_for_signal": ".engine.api",
+    "compensate": ".engine.api", "CompensationError": ".engine.undo_refs",
     "RunSettledError": ".errors", "SignalTimeoutError": ".engine.signals",
     "step": ".engine.authoring", "workflow": ".engine.authoring",
     "RunContext": ".engine.execute", "current": ".engine.execute",

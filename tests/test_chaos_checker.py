@@ -35,7 +35,7 @@ from tests.chaos.history import (
     Submitted,
 )
 from tests.chaos.names import PRIORITIES, SCHEDULES, TICK_KEY
-from tests.chaos.plan import DECOYS, PUBLISH_WAITS, RUN_WEIGHTS, make_plan, order_event
+from tests.chaos.plan import DECOYS, PUBLISH_WAITS, RUN_WEIGHTS, SAGAS, make_plan, order_event
 
 T0 = 1_800_000_000_000
 _ids = itertools.count()
@@ -233,6 +233,7 @@ def valid_history() -> History:
                   SignalTry("r-sig", 1, "cli", "ok", 2)]
 
     _publish_wait(h)
+    _saga(h)
     return h
 
 
@@ -275,6 +276,33 @@ def _publish_wait(h: History) -> None:
                  OrderSent("r-pw-e1", "r-pw", decoy_type, decoy, True, "cli", True),
                  OrderSent("r-pw-e0", "r-pw", type, payload, False, "api", None),
                  OrderSent("r-pw-e0", "r-pw", type, payload, False, "api", False)]
+
+
+def _saga(h: History) -> None:
+    """A cx_saga run: two steps that register undos as they succeed and one registration
+    by ctx.compensate between them, a doomed step, then the three undos in reverse."""
+    sg = Builder(h, "r-saga", "cx_saga", {"n": 2, "sleep_ms": 10})
+    sg.start()
+    sg.step("cx_saga.cx_saga_do#0", "cx_saga_do")
+    sg.record("cx_saga.|undo#0", "|undo", {"fn": "py:tests.chaos.workloads:cx_saga_release",
+                                          "name": "cx_saga_release", "args": [0, 10]},
+              status="registered")
+    sg.step("cx_saga.cx_saga_do#1", "cx_saga_do")
+    sg.record("cx_saga.cx_doomed#0", "cx_doomed", None, status="failed")
+    for key, label in (("|compensate.cx_saga_undo#0", "do1"),
+                       ("|compensate.cx_saga_release#0", "rel0"),
+                       ("|compensate.cx_saga_undo#1", "do0")):
+        sg.step(key, key.split(".")[1].split("#")[0])
+        sg.run.steps[key] = dataclasses.replace(sg.run.steps[key], result=label)
+    sg.run.status = "failed"
+    sg.ev("final", status="failed")
+    h.submitted.append(Submitted("r-saga", "cx_saga", "api", True))
+
+
+def _undone_out_of_order(h: History) -> None:
+    first, second = (f"r-saga:|compensate.cx_saga_undo#{i}" for i in (0, 1))
+    i, j = h.applied.index(first), h.applied.index(second)
+    h.applied[i], h.applied[j] = second, first
 
 
 def _combinations(h: History) -> None:
@@ -743,6 +771,7 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "wait_event_lost": ("wait_event_lost", _wait_timed_out_with_its_event_sent),
     "published_twice": ("published_twice", _published_twice),
     "published_stale": ("published_stale", _published_stale),
+    "compensation": ("compensation", _undone_out_of_order),
     "signal_lost": ("signal_lost", _signal_never_taken),
     "signal_order": ("signal_order", _signal_out_of_order),
     "start_early": ("start_early", _started_early),
@@ -765,6 +794,7 @@ def test_a_correct_history_passes() -> None:
     assert report.checked["runs started later"] == 1
     assert report.checked["event waits"] == 1 and report.checked["published values"] == 3
     assert report.checked["event waits parked"] == 1 and report.checked["decoy events"] == 1
+    assert report.checked["compensated runs"] == 1 and report.checked["undos"] == 3
     text = summary(history, report)
     assert "violations: 0" in text
 
@@ -810,7 +840,8 @@ def test_the_plan_is_a_function_of_the_seed() -> None:
     assert counts["leader"] >= 5 and counts["redis"] >= 2
     assert counts["stop_worker"] >= 1 and counts["stop_leader"] >= 1
     runs = {r.run_id for a in make_plan(11).actions if a.op != "rerun" for r in a.runs}
-    assert len(runs) == 500 + 500 * PUBLISH_WAITS // 100  # the event waits come on top
+    # the event waits and the sagas come on top
+    assert len(runs) == 500 + 500 * PUBLISH_WAITS // 100 + 500 * SAGAS // 100
 
 
 @pytest.mark.parametrize(("seed", "runs", "kills"), [(4242, 500, 30), (4243, 300, 18)])
@@ -820,7 +851,8 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     plan = make_plan(seed, runs, kills)
     kinds = Counter(spec.kind for a in plan.actions
                     if a.op in ("submit", "batch", "send", "signal_start") for spec in a.runs)
-    assert set(kinds) == {*RUN_WEIGHTS, "publish_wait"}, set(RUN_WEIGHTS) - set(kinds)
+    assert set(kinds) == {*RUN_WEIGHTS, "publish_wait", "saga"}, set(RUN_WEIGHTS) - set(kinds)
+    assert sum(a.op == "cancel_compensate" for a in plan.actions) >= 3
     assert all(n >= 5 for n in kinds.values()), kinds
     calls = Counter(c for a in plan.actions if a.op == "pause" for c in a.ops)
     assert calls["pause"] >= 10 and calls["resume"] >= 10

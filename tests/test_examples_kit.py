@@ -21,7 +21,7 @@ EXAMPLES = REPO_ROOT / "examples"
 @pytest.fixture(scope="module", autouse=True)
 def _examples() -> None:
     for name in ("welcome.py", "review.py", "async_pages.py", "chain.py", "etl.py",
-                 "app/shop.py"):
+                 "app/shop.py", "trip.py"):
         load_source(str(EXAMPLES / name))
 
 
@@ -120,3 +120,16 @@ def test_shop_restock_and_a_tracked_delivery() -> None:
     track.signal("scan", {"at": "delivered"})
     assert track.result() == {"order": "o-1", "scans": ["hub", "delivered"]}
     assert track.get("stage") == "delivered"
+
+
+def test_trip_undoes_its_bookings_when_the_payment_fails() -> None:
+    env = Environment()
+    paid = env.start("trip", {"traveller": "ada"})
+    declined = env.start("trip", {"traveller": "bob", "card": "declined"})
+    env.run_until_idle()
+    assert paid.result() == {"flight": "flight-ada", "hotel": "hotel-ada",
+                             "payment": "paid-ada"}
+    assert paid.status().compensations[0].status == "not_run"  # registered, never needed
+    assert declined.status().status == "failed"
+    assert [(c.name, c.status) for c in declined.status().compensations] == [
+        ("cancel_hotel", "done"), ("cancel_flight", "done")]

@@ -193,6 +193,12 @@ def _status_lines(data: dict[str, Any], *, head: bool = True,
     for patch in data.get("patches", []):
         out.append(f"  patch {patch['id']}  {'new' if patch['new'] else 'old'} branch  "
                    f"(at {patch['path']})")
+    if data.get("phase") == "compensating":
+        out.append("  compensating: its undos run, then it ends")
+    for c in data.get("compensations", []):
+        out.append(f"  compensation {c['name']}  {c['status']}"
+                   + (f"  {c['at']}" if c.get("at") else "")
+                   + (f"  {c['error']}" if c.get("error") else ""))
     if steps:
         for s in data["steps"]:
             out.append(f"  step {s['path']}#{s['position']}  {s['status']}  attempts "
@@ -396,20 +402,28 @@ def _json_line(ev: OutputEvent) -> None:
 @filter_options
 @click.option("--json", "as_json", is_flag=True, help="With a filter: print the summary as "
               "JSON.")
+@click.option("--compensate", is_flag=True, help="First run the undos its steps registered "
+              "(in a delivery of their own, the last registered first), then end it "
+              "cancelled. One RUN_ID only.")
 @click.pass_obj
-def cancel(settings: Settings, /, run_id: str | None, as_json: bool, **kwargs: Any) -> None:
+def cancel(settings: Settings, /, run_id: str | None, as_json: bool, compensate: bool,
+           **kwargs: Any) -> None:
     """Cancel a run: a queued or waiting run never starts again; a running one stops at its
     next step boundary (its horse is stopped) and never resumes. Its child runs are
-    cancelled with it. With a filter instead of RUN_ID (`cancel --status queued --workflow
-    report`), every run it selects, in batches (see --dry-run, --yes)."""
+    cancelled with it. With --compensate, the run's registered undos run before it ends
+    cancelled (docs/how-to/compensation.md). With a filter instead of RUN_ID (`cancel
+    --status queued --workflow report`), every run it selects, in batches (see --dry-run,
+    --yes)."""
     from ..client import Client
 
     criteria = pop_criteria(kwargs)
     if one_or_many(run_id, criteria):
+        if compensate:
+            raise click.UsageError("--compensate takes one RUN_ID, not a filter")
         run_bulk_command(settings, "cancel", criteria, as_json=as_json)
         return
     assert run_id is not None
-    done = Client(settings).cancel(run_id)
+    done = Client(settings).cancel(run_id, compensate=compensate)
     _echo(done.message)
     if done.children:
         _echo(f"cancelled {len(done.children)} child runs: {', '.join(done.children[:10])}"

@@ -157,8 +157,8 @@ class AsyncClient:
                           note: str | None = None, **options: Any) -> BulkSummary:
         return await self.bulk("reject", target, key=key, note=note, **options)
 
-    async def cancel(self, run_id: str) -> Outcome:
-        return await self._call(self.sync.cancel, run_id)
+    async def cancel(self, run_id: str, *, compensate: bool = False) -> Outcome:
+        return await self._call(self.sync.cancel, run_id, compensate=compensate)
 
     async def pause(self, run_id: str) -> Outcome:
         return await self._call(self.sync.pause, run_id)
@@ -318,8 +318,8 @@ class AsyncRunHandle:
     async def result(self, timeout: float | None = None, *, type: Any = Any) -> Any:
         return await self.client.result(self.id, timeout, type=type)
 
-    async def cancel(self) -> Outcome:
-        return await self.client.cancel(self.id)
+    async def cancel(self, *, compensate: bool = False) -> Outcome:
+        return await self.client.cancel(self.id, compensate=compensate)
 
     async def pause(self) -> Outcome:
         return await self.client.pause(self.id)

@@ -511,11 +511,15 @@ class Client:
             return f"; the controller will dispatch it ({one_line(exc)})"
         return ""
 
-    def cancel(self, run_id: str) -> Outcome:
+    def cancel(self, run_id: str, *, compensate: bool = False) -> Outcome:
         """Cancel a run and its children: a queued or waiting run never starts again; a
         running one stops at its next step boundary. outcome: cancelled | requested |
-        settled (it had finished: nothing done)."""
+        settled (it had finished: nothing done). `compensate`: first run the undos its
+        steps registered (docs/how-to/compensation.md); outcome then also compensating (a
+        delivery runs them, then the run ends cancelled)."""
         runs = self.runs_store
+        if compensate:
+            return self._cancel_compensate(check_id(run_id, "run id"))
         outcome = runs.cancel(check_id(run_id, "run id"))
         if outcome == "missing":
             raise RunNotFoundError(f"no run with id {run_id!r}")
@@ -525,6 +529,26 @@ class Client:
                    "settled": f"run {run_id} has already finished; nothing to cancel"}[outcome]
         children = [] if outcome == "settled" else WaitStore(runs).cancel_children(run_id)
         return Outcome(run_id, outcome, message, children)
+
+    def _cancel_compensate(self, run_id: str) -> Outcome:
+        runs = self.runs_store
+        outcome, attempt, queue = runs.cancel_compensate(run_id)
+        if outcome == "missing":
+            raise RunNotFoundError(f"no run with id {run_id!r}")
+        tail = ""
+        if outcome == "woken":
+            tail = self._deliver(run_id, attempt, queue)
+        message = {
+            "cancelled": f"run {run_id} cancelled (it had not started: nothing to undo)",
+            "requested": f"run {run_id} is running; cancel requested: it stops at its next "
+                         f"step boundary, then its compensations run",
+            "woken": f"run {run_id} is compensating (delivery {attempt}){tail}; it ends "
+                     f"cancelled",
+            "queued": f"run {run_id} is compensating; it ends cancelled",
+            "settled": f"run {run_id} has already finished; nothing to cancel"}[outcome]
+        children = [] if outcome == "settled" else WaitStore(runs).cancel_children(run_id)
+        return Outcome(run_id, "compensating" if outcome in ("woken", "queued") else outcome,
+                       message, children)
 
     def pause(self, run_id: str) -> Outcome:
         """Pause a run: a running one parks at its next step boundary, a queued one when it
@@ -806,7 +830,7 @@ class RunClient(Protocol):
 
     def status(self, run_id: str) -> RunStatus: ...
     def result(self, run_id: str, timeout: float | None = None, *, type: Any = Any) -> Any: ...
-    def cancel(self, run_id: str) -> Outcome: ...
+    def cancel(self, run_id: str, *, compensate: bool = False) -> Outcome: ...
     def pause(self, run_id: str) -> Outcome: ...
     def resume(self, run_id: str) -> Outcome: ...
     def retry(self, run_id: str, input_patch: Any = None) -> Outcome: ...
@@ -844,8 +868,8 @@ class RunHandle:
     def result(self, timeout: float | None = None, *, type: Any = Any) -> Any:
         return self.client.result(self.id, timeout, type=type)
 
-    def cancel(self) -> Outcome:
-        return self.client.cancel(self.id)
+    def cancel(self, *, compensate: bool = False) -> Outcome:
+        return self.client.cancel(self.id, compensate=compensate)
 
     def pause(self) -> Outcome:
         return self.client.pause(self.id)

@@ -57,6 +57,21 @@ class PatchInfo(msgspec.Struct, frozen=True):
     new: bool
 
 
+class CompensationInfo(msgspec.Struct, frozen=True):
+    """A registered undo, in the order undos run (the last registered first): its name,
+    reference, the ledger entry that registered it, status (pending | running | done |
+    failed | not_run: the run finished without running it), attempts, when it finished,
+    and its error when it failed."""
+
+    name: str
+    undo: str
+    registered_by: str
+    status: str
+    attempts: int = 0
+    at: str | None = None
+    error: str | None = None
+
+
 class QuestionInfo(msgspec.Struct, frozen=True):
     """A question or approval a run asked (also an entry of the feed)."""
 
@@ -137,6 +152,10 @@ class RunStatus(msgspec.Struct, frozen=True):
     # enqueuer's, or one derived from the run id. 32 hex digits.
     trace_id: str | None = None
     tags: dict[str, str] = msgspec.field(default_factory=dict)  # search tags (ctx.tag)
+    # "compensating" while its compensations run (status stays running or queued); None
+    # otherwise. The registered undos, in the order they run (docs/how-to/compensation.md).
+    phase: str | None = None
+    compensations: list[CompensationInfo] = msgspec.field(default_factory=list)
 
     @property
     def finished(self) -> bool:

@@ -70,6 +70,14 @@ def now() -> dt.datetime:
     return read_clock(current("mr.now"))
 
 
+def compensate(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Register `fn(*args, **kwargs)` as an undo of the run executing (see
+    engine/compensation.py): it runs, the last registered first, if the run fails."""
+    from .compensation import compensate as register
+
+    register(current("mr.compensate"), fn, args, kwargs)
+
+
 def publish(key: str, value: Any) -> None:
     """Publish `value` under `key` for the run executing (see engine/published.py)."""
     published.publish(current("mr.publish"), key, value)

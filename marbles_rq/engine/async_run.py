@@ -106,6 +106,8 @@ class RunContext(context.Run, Protocol):
 
     def tag(self, **tags: Any) -> None: ...
 
+    def compensate(self, fn: Any, *args: Any, **kwargs: Any) -> None: ...
+
     def begin_attempt(self, call: Any) -> None: ...
 
     def encode_result(self, call: Any, value: Any) -> bytes: ...
@@ -474,6 +476,10 @@ class AsyncRunContext:
 
     def publish(self, key: str, value: Any) -> None:
         published.publish(self.sync, key, value)
+
+    def compensate(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        """Register an undo (see RunContext.compensate); not awaited."""
+        self.sync.compensate(fn, *args, **kwargs)
 
     def tag(self, **tags: Any) -> None:
         self.sync.tag(**tags)

@@ -88,6 +88,9 @@ class StepDef:
     retry: Any = None
     on_exhausted: str | None = None
     _shorthand: Any = field(default=None, repr=False, compare=False)
+    # The undo each success registers (`compensate=`): a step or a module-level function
+    # (engine/compensation.py); None for none.
+    compensate: Any = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _route(self, args, kwargs)
@@ -338,11 +341,21 @@ metrics.know_workflows(lambda: REGISTRY.workflows)
 
 def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
          backoff: str = "exponential", delay_s: float = 1.0, max_delay_s: float = 60.0,
-         jitter: bool = True, retry: Any = None, on_exhausted: str | None = None) -> Any:
+         jitter: bool = True, retry: Any = None, on_exhausted: str | None = None,
+         compensate: Any = None) -> Any:
     """Register a step. Usable as ``@step``, ``@step()`` or ``@step("name", retries=3)``.
     `retry=mr.Retry(...)`: its retry policy (`retries=`, `backoff=`, `delay_s=`,
     `max_delay_s=`, `jitter=` are a shorthand for one; not both). `on_exhausted`: "fail"
-    (default) or "pause" (the run waits for `marbles-rq retry` or `fail`)."""
+    (default) or "pause" (the run waits for `marbles-rq retry` or `fail`). `compensate`: a
+    step or module-level function registered as the undo of each success (it receives the
+    step's arguments, and its result as `result=` if it takes one)."""
+    if compensate is not None:
+        from .undo_refs import CompensationError, undo_ref
+
+        try:
+            undo_ref(compensate, REGISTRY.steps)
+        except CompensationError as exc:
+            raise DefinitionError(f"compensate=: {exc}") from None
     if backoff not in ("exponential", "fixed"):
         raise DefinitionError(f"backoff must be 'exponential' or 'fixed', not {backoff!r}")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -359,7 +372,7 @@ def step(name: str | Callable[..., Any] | None = None, *, retries: int = 0,
             raise DefinitionError(f"invalid step name {step_name!r}: it must be non-empty, "
                                   f"without '|' or '#' (they mark ledger positions)")
         definition = StepDef(step_name, fn, retries, backoff, delay_s, max_delay_s, jitter,
-                             _return_type(fn), retry, on_exhausted)
+                             _return_type(fn), retry, on_exhausted, compensate=compensate)
         REGISTRY._add(REGISTRY.steps, "step", step_name, definition)
         return definition
 

@@ -25,7 +25,16 @@ from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import ErrorInfo, RunRecord, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
-from . import context, event_waits, fanout, published, signal_waits, step_retry, waiting
+from . import (
+    compensation,
+    context,
+    event_waits,
+    fanout,
+    published,
+    signal_waits,
+    step_retry,
+    waiting,
+)
 from .authoring import REGISTRY, Registry, StepDef
 from .context import (
     BranchCancelled,
@@ -125,6 +134,7 @@ class StepCall:
     recorded: StepRecord | None
     attempts: int = 0
     patches: list[Any] = field(default_factory=list)  # engine/input_patch.py
+    undo: bytes = b""  # the registration its success carries (compensate=), JSON
 
     def __post_init__(self) -> None:
         self.attempts = self.recorded.attempts if self.recorded is not None else 0
@@ -254,6 +264,13 @@ class RunContext:
         """Run zero-argument callables (steps, usually) together; their results in order."""
         return fanout.parallel(self, list(calls))
 
+    def compensate(self, fn: StepDef | Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Register `fn(*args, **kwargs)` as an undo: if the run fails (or is cancelled with
+        compensation) the undos run, the last registered first, as recorded steps. `fn`: a
+        registered step or a module-level function; the arguments must be JSON. Recorded
+        at this call's position: a replay registers nothing again (engine/compensation.py)."""
+        compensation.compensate(self, fn, args, kwargs)
+
     def publish(self, key: str, value: Any) -> None:
         """Publish `value` (JSON) under `key`, readable from outside at any time (last write
         wins); recorded, so a replay does not publish it again (engine/published.py)."""
@@ -376,9 +393,10 @@ class RunContext:
                 and digest and recorded.args != digest):
             self.log.warning("step %s is replayed with other arguments than it was "
                                  "recorded with; returning its recorded result", key)
+        undo = compensation.step_undo(definition, self.registry.steps, args, kwargs)
         if self.ex.override_step is not None:  # a test kit's mock or injected failure
             definition = self.ex.override_step(key, definition)
-        return StepCall(definition, key, seq, digest, recorded)
+        return StepCall(definition, key, seq, digest, recorded, undo=undo)
 
     def begin_attempt(self, call: StepCall) -> None:
         if self.ex.replay_only:
@@ -397,7 +415,8 @@ class RunContext:
         HeldCommit): the next recorded call, output line or settle writes it first (the
         settle in the same round trip), the watchdog within HOLD_COMMIT_S."""
         metrics.step_tried(self.ex.record.name, "succeeded", time.perf_counter() - tried)
-        done = call.record("succeeded", result=msgspec.Raw(result))
+        done = compensation.with_undo(self.ex, call.key, call.undo,
+                                      call.record("succeeded", result=msgspec.Raw(result)))
         self.hold_entry(done, "step_succeeded", {"step": call.key, "attempt": call.attempts})
         return decode_result(done.result, call.definition.result_type)
 
@@ -693,11 +712,18 @@ def _settled(reply_status: str, status: str) -> str:
     return status if reply_status == "ok" else reply_status
 
 
-def settle_stopped(runs: RunStore, ex: Execution, reason: str) -> str:
+def settle_stopped(runs: RunStore, ex: Execution, reason: str,
+                   deliver: Callable[[str, str, int], bool] | None = None) -> str:
     """Settle a run whose execution stopped on a cancel or its deadline: the settle's reply
-    (ok, or why not)."""
+    (ok, or why not; handed_over: the cancel asked for compensation, which a new delivery
+    runs)."""
     if reason == "cancelled":
         status = runs.settle(ex, "cancelled")
+        if status == "compensate":
+            status, attempt, queue = runs.hand_over_compensation(ex)
+            if status == "ok":
+                deliver_now(deliver, queue, ex.run_id, attempt)
+                return "handed_over"
         if status == "ok":
             runs.waits().cancel_children(ex.run_id)
         return status
@@ -805,7 +831,7 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
         ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
         asks=[a for w in waits for a in w.asks], notice=step_retry.notice_of(ex, waits))
     if status == "cancelled":
-        if settle_stopped(runs, ex, "cancelled") == "ok":
+        if settle_stopped(runs, ex, "cancelled", deliver) == "ok":
             count_finished(ex, "cancelled")
         return "cancelled"
     if status == "requeued":
@@ -815,6 +841,15 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
         log.info("run %s attempt %s parked: %s", ex.run_id, ex.attempt, reason)
         return "parked"
     return status
+
+
+def _run_body(ctx: RunContext, definition: Any, value: Any, watchdog: Watchdog) -> Any:
+    """The workflow body's output (an async body on this thread's loop)."""
+    if definition.is_async:
+        from .async_run import run_body
+
+        return run_body(ctx, definition, value, watchdog)
+    return definition.fn(ctx) if definition.input_type is None else definition.fn(ctx, value)
 
 
 @dataclass(frozen=True)
@@ -895,15 +930,12 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         watchdog.start()
         status, result, error = "succeeded", b"", None
         try:
-            if definition.is_async:
-                from .async_run import run_body
-
-                output = run_body(ctx, definition, value, watchdog)
-            else:
-                output = definition.fn(ctx) if definition.input_type is None else (
-                    definition.fn(ctx, value))
+            output = compensation.run_body(
+                ctx, functools.partial(_run_body, ctx, definition, value, watchdog), _error)
             result = msgspec.json.encode(output)
             limits.check("the run's result", len(result), limits.result_bytes, "result_bytes")
+        except compensation.Compensated as done:
+            status, error = done.status, done.error
         except StepFailedError as exc:
             status, error = "failed", exc.error
         except ParkRun as park:
@@ -923,7 +955,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         except StopExecution as stop:
             watchdog.finish()
             if stop.reason in ("cancelled", "timed_out"):
-                settled = settle_stopped(runs, ex, stop.reason) == "ok"
+                settled = settle_stopped(runs, ex, stop.reason, deliver) == "ok"
                 return _Outcome(stop.reason, parent, ex if settled else None)
             return _Outcome(stop.reason)
         except redis.RedisError:
@@ -936,6 +968,9 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         if status == "succeeded":
             return _Outcome(_settled(runs.settle(ex, "succeeded", result=result), "succeeded"),
                             parent, ex)
+        if status == "cancelled":  # compensated after a cancel that asked for it
+            return _Outcome(_settled(settle_stopped(runs, ex, "cancelled", deliver),
+                                     "cancelled"), parent, ex)
         return _Outcome(_settled(runs.settle(ex, "failed", error=error), "failed"), parent, ex)
     finally:
         watchdog.finish()

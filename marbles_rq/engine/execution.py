@@ -118,6 +118,9 @@ class Execution:
     # The test kit's overrides of step bodies (marbles_rq/testing: mocks, injected
     # failures): given the step's ledger key and definition, the definition to run.
     override_step: Callable[[str, Any], Any] | None = None
+    # The ledger keys of the undos this execution registered, in order (unlike the entries
+    # read at the start, its own are not stamped with their place yet: compensation.py).
+    undos: list[str] = field(default_factory=list)
 
     def server_now_ms(self) -> int:
         """The server clock now, as far as this process can tell without asking: never

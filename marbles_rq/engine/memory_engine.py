@@ -153,8 +153,16 @@ class MemoryEngine:
         self.fire_due()
         self.run_until_idle()
 
-    def cancel(self, run_id: str, reason: str = "cancelled by request") -> tuple[str, list[str]]:
-        """Cancel a run (not running: nothing runs beside the caller) and its children."""
+    def cancel(self, run_id: str, reason: str = "cancelled by request", *,
+               compensate: bool = False) -> tuple[str, list[str]]:
+        """Cancel a run (not running: nothing runs beside the caller) and its children.
+        `compensate`: its registered undos run first (a delivery), then it ends cancelled."""
+        if compensate:
+            done = self.store.cancel_compensate(run_id)[0]
+            children = [] if done in ("settled", "missing") else (
+                self.store.waits().cancel_children(run_id))
+            self.run_until_idle()
+            return ("compensating" if done in ("woken", "queued") else done), children
         outcome = self.store.cancel(run_id, reason)
         children = [] if outcome != "cancelled" else self.store.waits().cancel_children(run_id)
         return outcome, children

@@ -34,7 +34,7 @@ from ..store.records import (
     ledger_order,
 )
 from .execution import Execution, HeldCommit, RunNotFoundError, stamp, take_due_starts
-from .runs import TERMINAL, TIMEOUT_ERROR, OutputEvent, Recorded, RunView, Started
+from .runs import TERMINAL, TIMEOUT_ERROR, OutputEvent, Recorded, RunView, Started, cancel_marker
 from .waits import Question
 
 MEMORY_WORKER = "memory"
@@ -525,6 +525,38 @@ class MemoryRuns:
                 return "requested"  # not reached: nothing runs beside the caller
         self._settle(run_id, "cancelled", reason=reason)
         return "cancelled"
+
+    def cancel_compensate(self, run_id: str, reason: str = "cancelled by request, with "
+                          "compensation") -> tuple[str, int, str]:
+        """As RunStore.cancel_compensate (lua/cancel_compensate.lua); nothing runs beside
+        the caller, so a run is never running here."""
+        with self._lock:
+            run = self.runs.get(run_id)
+            if run is None:
+                return "missing", 0, ""
+            if run.status in TERMINAL:
+                return "settled", 0, ""
+            started = run.epoch > 0
+            if started:
+                run.ledger.setdefault(cancel_marker().key, cancel_marker())
+                run.paused = False
+                for ask in run.asks.values():
+                    if ask.state == "open":
+                        ask.state = "cancelled"
+                woken = run.status == "waiting"
+                if woken:
+                    run.status, run.attempt = "queued", run.attempt + 1
+                    run.kind, run.queued_ms, run.wake_at_ms = "resumption", self.now_ms(), 0
+                    run.event_waits.clear()
+        if not started:
+            self._settle(run_id, "cancelled", reason=reason)
+            return "cancelled", 0, ""
+        self._emit(run, "compensating", {"status": "cancelled", "reason": reason,
+                                         "compensate": True})
+        return ("woken", run.attempt, run.record.queue) if woken else ("queued", 0, "")
+
+    def hand_over_compensation(self, ex: Execution) -> tuple[str, int, str]:
+        return "plain", 0, ""  # not reached: a run here is never cancelled while running
 
     # -- reading --------------------------------------------------------------------------
 

@@ -106,7 +106,9 @@ def ledger_before(view: RunView, key: str) -> list[StepRecord]:
     position = next(i for i, s in enumerate(ordered) if s.key == key)
     inside = key + "."
     kept = [s for s in ordered[:position]
-            if s.status in ("succeeded", "waiting", "fired") and not s.key.startswith(inside)]
+            # "registered": an undo registered with ctx.compensate (engine/compensation.py)
+            if s.status in ("succeeded", "waiting", "fired", "registered")
+            and not s.key.startswith(inside)]
     # In the new run they precede everything its executions write (epochs from 1), in the
     # order they had.
     return [msgspec.structs.replace(s, epoch=0, wseq=i) for i, s in enumerate(kept, 1)]

@@ -33,6 +33,7 @@ from ..store.records import (
 )
 from ..store.replies import as_text
 from ..store.scripts import JobPush
+from .compensation_view import compensations_json
 from .execution import (
     DISPATCH_GRACE_MS,
     Execution,
@@ -43,6 +44,7 @@ from .execution import (
     take_due_starts,
 )
 from .limit_specs import delivery_queue, limit_field
+from .undo_refs import MARKER_KEY
 from .waits import WaitStore
 
 log = logging.getLogger("marbles_rq.engine.runs")
@@ -149,6 +151,8 @@ class RunView:
                 "key": self.record.concurrency_label or None},
             "status": self.status, "attempt": self.attempt, "resumptions": self.resumptions,
             "tags": dict(self.tags),
+            **dict(zip(("phase", "compensations"),
+                       compensations_json(self.steps, self.status), strict=True)),
             "start_at": iso(self.record.not_before_ms or None),
             "delivery": self.delivery,
             "created_at": iso(self.created_ms), "started_at": iso(self.started_ms),
@@ -581,6 +585,32 @@ class RunStore:
             raise CorruptRecordError(keys.run, as_text(reply.values[0]))
         return reply.status
 
+    def cancel_compensate(self, run_id: str, reason: str = "cancelled by request, with "
+                          "compensation") -> tuple[str, int, str]:
+        """Cancel a run and run its compensations first (engine/compensation.py):
+        (requested | woken | queued | cancelled | settled | missing, the delivery to enqueue
+        when woken, its queue)."""
+        keys = self.keys.run_keys(check_id(run_id, "run id"))
+        reply = self.scripts.cancel_compensate(
+            keys=keys, run_id=run_id, marker=encode(cancel_marker()),
+            event=event(status="cancelled", reason=reason, compensate=True),
+            request_id=new_request_id(), grace_ms=DISPATCH_GRACE_MS)
+        if reply.status == "corrupt":
+            raise CorruptRecordError(keys.run, as_text(reply.values[0]))
+        if reply.status == "woken":
+            return reply.status, int(reply.values[0]), as_text(reply.values[1])
+        return reply.status, 0, ""
+
+    def hand_over_compensation(self, ex: Execution) -> tuple[str, int, str]:
+        """The execution stopped on a cancel that asked for compensation: queue the run
+        again to compensate. (ok | plain | stale | settled, the new delivery, its queue)"""
+        reply = self.scripts.hand_over_compensation(
+            keys=ex.keys, epoch=ex.epoch, run_id=ex.run_id, grace_ms=DISPATCH_GRACE_MS,
+            event=event(reason="cancelled", previous=ex.attempt))
+        if reply.status == "ok":
+            return reply.status, int(reply.values[0]), as_text(reply.values[1])
+        return reply.status, 0, ""
+
     def abandon(self, run_id: str, attempt: int, worker: str) -> str:
         return self.scripts.abandon_attempt(keys=self.keys.run_keys(run_id), run_id=run_id,
                                             attempt=attempt, worker=worker).status
@@ -751,6 +781,12 @@ def attempt_of(delivery: int, deferred: int) -> int:
 
 
 TIMEOUT_ERROR = ErrorInfo(type="RunTimeout", message="the run passed its timeout")
+
+
+def cancel_marker() -> StepRecord:
+    """The ledger's phase marker of a cancel that asked for compensation."""
+    return StepRecord(version=1, key=MARKER_KEY, name=MARKER_KEY, status="cancelled",
+                      attempts=0, at_ms=int(time.time() * 1000))
 
 
 T = TypeVar("T")

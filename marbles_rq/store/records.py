@@ -175,6 +175,9 @@ class StepRecord(Record, tag="step", kw_only=True, frozen=True):
     # Input patches given with `retry --input-patch`, applied in order to its arguments by
     # every later try and replay (engine/input_patch.py).
     patches: list[Any] = msgspec.field(default_factory=list)
+    # The undo a step declared with `compensate=` registers as it succeeds, written with its
+    # success: {fn, name, args, kwargs, passes_result} (engine/compensation.py); null: none.
+    undo: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class AskRecord(Record, tag="ask", kw_only=True, frozen=True):

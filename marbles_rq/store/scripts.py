@@ -603,7 +603,7 @@ class Scripts:
                    error: bytes, event: bytes, run_id: str) -> Reply:
         return self._reply("settle_run", *self._settle_call(keys, epoch, status, result,
                                                             error, event, run_id),
-                           ("ok", "settled", "stale", "timed_out"))
+                           ("ok", "settled", "stale", "timed_out", "compensate"))
 
     @staticmethod
     def _settle_call(keys: RunKeys, epoch: int, status: str, result: bytes, error: bytes,
@@ -663,7 +663,8 @@ class Scripts:
                 raise reply
         self._parse("commit_step", replies[0],
                     ("ok", "cancelled", "timed_out", "stale", "settled", "paused"))
-        return self._parse("settle_run", replies[1], ("ok", "settled", "stale", "timed_out"))
+        return self._parse("settle_run", replies[1],
+                           ("ok", "settled", "stale", "timed_out", "compensate"))
 
 
     def cancel_run(self, *, keys: RunKeys, run_id: str, event: bytes, request_id: str) -> Reply:
@@ -672,6 +673,25 @@ class Scripts:
                             keys.waits, keys.asks, keys.feed],
                            [run_id, event, request_id],
                            ("cancelled", "requested", "settled", "missing", "corrupt"))
+
+    def cancel_compensate(self, *, keys: RunKeys, run_id: str, marker: bytes, event: bytes,
+                          request_id: str, grace_ms: int) -> Reply:
+        """Cancel a run and run its compensations (engine/compensation.py)."""
+        return self._reply("cancel_compensate",
+                           [keys.run, keys.steps, keys.leases, keys.dispatch, keys.output,
+                            keys.finished, keys.waits, keys.asks, keys.feed],
+                           [run_id, marker, event, request_id, grace_ms],
+                           ("requested", "woken", "queued", "cancelled", "settled", "missing",
+                            "corrupt"))
+
+    def hand_over_compensation(self, *, keys: RunKeys, epoch: int, run_id: str,
+                               grace_ms: int, event: bytes) -> Reply:
+        """An execution stopped by a cancel that asked for compensation: queue the run
+        again to compensate."""
+        return self._reply("hand_over_compensation",
+                           [keys.run, keys.steps, keys.leases, keys.dispatch, keys.output],
+                           [epoch, run_id, grace_ms, event],
+                           ("ok", "plain", "stale", "settled"))
 
     def reap_run(self, *, keys: RunKeys, run_id: str, ctl_epoch: int, grace_ms: int,
                  final_cancel: bytes, final_gave_up: bytes, worker: str = "") -> Reply:

@@ -279,11 +279,12 @@ class Environment:
 
     # -- acting, as the client's calls -----------------------------------------------------------
 
-    def cancel(self, run_id: str) -> Outcome:
+    def cancel(self, run_id: str, *, compensate: bool = False) -> Outcome:
         self._run(run_id)
-        outcome, children = self.engine.cancel(run_id)
+        outcome, children = self.engine.cancel(run_id, compensate=compensate)
         return Outcome(run_id, outcome, {
             "cancelled": f"run {run_id} cancelled",
+            "compensating": f"run {run_id} compensated; it ended cancelled",
             "settled": f"run {run_id} has already finished; nothing to cancel"}.get(
                 outcome, outcome), children)
 

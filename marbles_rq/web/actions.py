@@ -24,8 +24,8 @@ class Actions:
         self.settings = settings
         self.client = Client(settings)
 
-    def cancel(self, run_id: str) -> str:
-        done = self.client.cancel(check_id(run_id, "run id"))
+    def cancel(self, run_id: str, *, compensate: bool = False) -> str:
+        done = self.client.cancel(check_id(run_id, "run id"), compensate=compensate)
         return done.message + (f"; cancelled {len(done.children)} child runs"
                                if done.children else "")
 

@@ -296,7 +296,12 @@ class Api:
     # -- acting on runs ---------------------------------------------------------------------
 
     async def cancel(self, request: Request) -> Response:
-        return reply(await self.client.cancel(_run_id(request)))
+        run_id = _run_id(request)
+        raw = request.query_params.get("compensate")
+        if raw not in (None, "true", "false", "1", "0"):
+            raise ApiError("invalid_request", f"compensate must be true or false, not "
+                                              f"{raw[:40]!r}")
+        return reply(await self.client.cancel(run_id, compensate=raw in ("true", "1")))
 
     async def pause(self, request: Request) -> Response:
         return reply(await self.client.pause(_run_id(request)))
@@ -560,7 +565,10 @@ ROUTES: list[ApiRoute] = [
                                              "Last-Event-ID)"),),
              refusals=(*RUN_REFUSALS, "busy")),
     ApiRoute("POST", "/api/runs/{id}/cancel", Api.cancel,
-             "Cancel a run and its children", reply=Outcome, refusals=RUN_REFUSALS),
+             "Cancel a run and its children", reply=Outcome,
+             query=(Param("compensate", "string", "true: run the undos its steps registered "
+                                                  "first, then end it cancelled"),),
+             refusals=(*RUN_REFUSALS, "invalid_request")),
     ApiRoute("POST", "/api/runs/{id}/pause", Api.pause, "Pause a run", reply=Outcome,
              refusals=(*RUN_REFUSALS, "run_settled")),
     ApiRoute("POST", "/api/runs/{id}/resume", Api.resume, "Resume a paused run",

@@ -188,6 +188,8 @@ def routes(web: Web) -> list[BaseRoute]:
                     return web.actions.retry(run_id, form.get("input_patch") or None)
                 if name == "fail":
                     return web.actions.fail(run_id, form.get("reason") or None)
+                if name == "cancel":
+                    return web.actions.cancel(run_id, compensate=form.get("compensate") == "1")
                 action: Callable[[str], str] = getattr(web.actions, name)
                 return action(run_id)
 

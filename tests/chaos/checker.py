@@ -118,12 +118,14 @@ KINDS: dict[str, str] = {
     "published_twice": "a publish appears other than once for its ledger position in the "
                        "journal",
     "published_stale": "a finished run's published state is not the value it returned",
+    "compensation": "a failed or compensation-cancelled run did not undo each registration "
+                    "exactly once, in reverse order of registration",
 }
 # Journal entries only the execution that owns the run may write.
 EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry", "output",
                     "log", "report", "child_started", "timer_fired", "published")
 # Entries after which no execution owns the run until the next attempt_started.
-OWNERSHIP_ENDS = ("redelivered", "parked", "final", "deferred", "woken")
+OWNERSHIP_ENDS = ("redelivered", "parked", "final", "deferred", "woken", "compensating")
 # Steps with an effect (claim + apply), by step name.
 EFFECT_STEPS = ("cx_link",)
 # Children kept one second after they finish (workloads.py): their outcome, which their
@@ -197,6 +199,7 @@ def check(history: History) -> Report:
     _check_effects(history, report)
     _check_signals(history, report)
     _check_publish_waits(history, report)
+    _check_sagas(history, report)
     _check_pauses(history, report)
     _check_cancelled_children(history, executions, report)
     _check_limits(history, report)
@@ -316,6 +319,8 @@ def _check_terminal(run: Run, history: History, cancelled: set[str], report: Rep
 
 
 def _expected_outcome(run: Run, cancelled: set[str]) -> tuple[str, ...]:
+    if run.name == "cx_saga":  # its last step is doomed
+        return ("failed", "cancelled") if run.id in cancelled else ("failed",)
     if run.id in cancelled:
         return ("cancelled", "succeeded")
     if run.name in ("cx_chain", "cx_async_chain") and isinstance(run.input, dict) and (
@@ -795,6 +800,38 @@ def _check_publish_waits(history: History, report: Report) -> None:
         elif (state.get("event"), state.get("payload")) != (got.get("id"), got.get("payload")):
             report.add("wait_event_wrong", run.id, f"returned event {state.get('event')}, "
                        f"its ledger took {got.get('id')}")
+
+
+def _check_sagas(history: History, report: Report) -> None:
+    """Every cx_saga run that failed or was cancelled undid each of its registrations (in
+    its ledger's commit order: a step's success with compensate=, or a ctx.compensate
+    entry) exactly once, the last registered first: the order its undos' effects reached
+    the target, each undo naming what it undid."""
+    applied = history.applied
+    first = {key: i for i, key in reversed(list(enumerate(applied)))}
+    for run in history.runs.values():
+        if run.name != "cx_saga" or run.status not in ("failed", "cancelled"):
+            continue
+        report.checked["compensated runs"] += 1
+        registered = []
+        for key, step in run.steps.items():  # the ledger's commit order
+            if step.name == "|undo" and step.status == "registered":
+                registered.append(f"rel{step.result['args'][0]}")
+            elif step.name == "cx_saga_do" and step.status == "succeeded":
+                registered.append(f"do{key.rsplit('#', 1)[1]}")
+        expected = list(reversed(registered))
+        undos = {key: step for key, step in run.steps.items()
+                 if key.startswith("|compensate.")}
+        done = sorted((first[f"{run.id}:{key}"], step.result) for key, step in undos.items()
+                      if f"{run.id}:{key}" in first)
+        actual = [label for _, label in done]
+        times = Counter(applied.count(f"{run.id}:{key}") for key in undos)
+        report.checked["undos"] += len(expected)
+        if actual != expected or any(s.status != "succeeded" for s in undos.values()) \
+                or set(times) - {1}:
+            report.add("compensation", run.id,
+                       f"registered {registered}; undone in order {actual}; undo steps "
+                       f"{ {k: s.status for k, s in undos.items()} }")
 
 
 def _check_published(run: Run, report: Report) -> None:

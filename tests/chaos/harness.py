@@ -562,6 +562,8 @@ class Harness:
             self._send(action)
         elif op == "cancel":
             self._cancel(action.runs[0].run_id, action.via)
+        elif op == "cancel_compensate":
+            self._cancel(action.runs[0].run_id, action.via, compensate=True)
         elif op == "cancel_spawning":
             run_id = action.runs[0].run_id
             if self._wait_for(run_id, "child_started"):
@@ -765,14 +767,18 @@ class Harness:
             log.add(log.submitted, h.Submitted(spec.run_id, spec.workflow, "signal_start",
                                                outcome == "created", wall_ms()))
 
-    def _cancel(self, run_id: str, via: str) -> None:
+    def _cancel(self, run_id: str, via: str, *, compensate: bool = False) -> None:
         def failed(exc: BaseException) -> None:
             self.log.add(self.log.cancels, h.Cancel(run_id, via, f"error: {exc}", wall_ms()))
 
         def api() -> str:
+            if compensate:  # a woken delivery: the controller dispatches it after its grace
+                return self.runs.cancel_compensate(run_id)[0]
             return self.runs.cancel(run_id)
 
         def cli() -> str:
+            if compensate:
+                return self.cli("cancel", run_id, "--compensate").stdout.strip()
             return self.cli("cancel", run_id).stdout.strip()
 
         outcome = self._retry(f"cancel {run_id}", cli if via == "cli" else api, failed)

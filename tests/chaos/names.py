@@ -36,3 +36,8 @@ ORDER_SOURCE = "chaos-orders"
 ORDER_TYPE = "paid"
 STATE_KEY = "state"
 ORDER_TIMEOUT_S = 180.0
+
+# Compensation (cx_saga): a run that waits this long for a signal nobody sends (the harness
+# cancels it with compensation meanwhile), then fails.
+SAGA_WAIT_S = 60.0
+SAGA_SIGNAL = "never"

@@ -41,6 +41,8 @@ PUBLISH_WAITS = 4
 # The events sent to a cx_publish_wait run (by the `pick` of its "order" action): its
 # matching event, then decoys on the same source that must never reach it.
 DECOYS = ("other_order", "other_field", "other_type")
+# Compensating runs (cx_saga) per hundred, drawn apart as the publish waits are.
+SAGAS = 3
 BATCH_SIZE = 25
 BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
 
@@ -71,7 +73,8 @@ class Action:
     at_s: float
     op: str  # submit | resend | batch | send | cancel | cancel_spawning | pause | rerun |
     #          signal (pick: the signal's index) | signal_start (signal-with-start, index 0) |
-    #          order (an event for a cx_publish_wait run; pick: 0 its match, else a decoy)
+    #          order (an event for a cx_publish_wait run; pick: 0 its match, else a decoy) |
+    #          cancel_compensate (cancel --compensate of a cx_saga run)
     runs: tuple[RunSpec, ...]
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
@@ -330,6 +333,7 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
     # Their own draws too: the runs that publish and wait for events leave every other draw
     # (and so the other workloads' coverage) as it was.
     actions += _publish_waits(random.Random(seed * 1_000_003 + 29), seed, runs, duration)
+    actions += _sagas(random.Random(seed * 1_000_003 + 31), seed, runs, duration)
     return sorted(actions, key=lambda a: a.at_s)
 
 
@@ -381,6 +385,23 @@ def _publish_waits(rng: random.Random, seed: int, runs: int, duration: float
             out.append(Action(round(moment, 3), "order", (spec,),
                               "cli" if rng.random() < 0.15 else "api",
                               f"{spec.run_id}-e{pick}", pick=pick))
+    return out
+
+
+def _sagas(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    """cx_saga runs: half fail at their doomed step, half wait and are cancelled with
+    compensation at a seeded moment (running, waiting, or before they start)."""
+    out = []
+    for k in range(max(4, runs * SAGAS // 100)):
+        at = round(rng.uniform(0.5, duration * 0.85), 3)
+        wait = k % 2 == 1
+        spec = RunSpec(f"cx-{seed}-sg{k:03d}-saga", "saga", "cx_saga",
+                       {"n": rng.randint(2, 4), "sleep_ms": rng.choice([10, 50, 150]),
+                        "wait": wait})
+        out.append(Action(at, "submit", (spec,), "cli" if rng.random() < 0.1 else "api"))
+        if wait:
+            out.append(Action(round(at + rng.uniform(0.0, 4.0), 3), "cancel_compensate",
+                              (spec,), rng.choice(["api", "cli"])))
     return out
 
 

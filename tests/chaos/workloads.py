@@ -38,6 +38,10 @@ Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
   source ``chaos-orders`` whose payload's ``order`` is its own run id (the harness sends it
   before or after the run reaches the wait, among decoys), publishes what it received and
   returns that same value.
+* ``cx_saga`` -- steps that register undos as they succeed (``@mr.step(compensate=...)``
+  and ``ctx.compensate`` of a module-level function), then a doomed step, or a wait the
+  harness ends with ``cancel --compensate``: the undos (effects of their own, each
+  returning which registration it undoes) run in reverse, once each.
 
 The combinations (issue 16), each under the same faults:
 
@@ -89,6 +93,8 @@ from tests.chaos.names import (
     ORDER_TIMEOUT_S,
     ORDER_TYPE,
     QUESTION_KEY,
+    SAGA_SIGNAL,
+    SAGA_WAIT_S,
     SIGNAL_NAME,
     SIGNAL_TIMEOUT_S,
     SOURCE,
@@ -334,6 +340,53 @@ def cx_publish_wait(ctx: mr.RunContext, inp: PublishWaitIn) -> dict[str, Any]:
         state = {"stage": "timed_out"}
     ctx.publish(STATE_KEY, state)
     return {"state": state, "steps": [before]}
+
+
+@mr.step(retries=3, delay_s=0.05)
+def cx_saga_undo(index: int, sleep_ms: int, result: Any = None) -> str:
+    """The undo of cx_saga_do #index (it receives that step's result): an effect under its
+    own idempotency key; returns which registration it undid."""
+    run = _executing()
+    _nap(sleep_ms // 2)
+    _effect(run)
+    _nap(sleep_ms - sleep_ms // 2)
+    return f"do{index}"
+
+
+def cx_saga_release(index: int, sleep_ms: int) -> str:
+    """A plain function registered with ctx.compensate: the same, for the registration
+    made after step #index."""
+    run = _executing()
+    _nap(sleep_ms // 2)
+    _effect(run)
+    return f"rel{index}"
+
+
+@mr.step(compensate=cx_saga_undo)
+def cx_saga_do(index: int, sleep_ms: int) -> str:
+    run = _executing()
+    _nap(sleep_ms // 2)
+    _effect(run)
+    _nap(sleep_ms - sleep_ms // 2)
+    return run.idempotency_key
+
+
+class SagaIn(msgspec.Struct):
+    n: int = 3
+    sleep_ms: int = 20
+    wait: bool = False  # wait for a signal nobody sends (the harness cancels it)
+
+
+@mr.workflow
+def cx_saga(ctx: mr.RunContext, inp: SagaIn) -> dict[str, Any]:
+    steps = [cx_saga_do(0, inp.sleep_ms)]
+    ctx.compensate(cx_saga_release, 0, inp.sleep_ms)
+    steps += [cx_saga_do(i, inp.sleep_ms) for i in range(1, inp.n)]
+    if inp.wait:
+        with contextlib.suppress(mr.SignalTimeoutError):
+            ctx.wait_for_signal(SAGA_SIGNAL, timeout_s=SAGA_WAIT_S)
+    cx_doomed()
+    return {"steps": steps}
 
 
 class ChildIn(msgspec.Struct):
