@@ -5,6 +5,7 @@ and the refusals of what cannot be an undo."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -75,6 +76,7 @@ def _clear() -> None:
 def test_a_failed_run_runs_its_undos_in_reverse_and_lists_them() -> None:
     env = Environment()
     run = env.start(kit_comp_order, "o1")
+    env.advance(timedelta(seconds=1))  # the broken undo's retry waits on the kit's clock
     with pytest.raises(RunFailedError, match="no courier"):
         run.result()
     assert UNDONE == ["release c", "broken b", "broken b", "refund o1 30 ch-o1", "release a"]
@@ -92,6 +94,7 @@ def test_a_crash_during_the_undos_runs_each_once() -> None:
     env = Environment()
     env.crash_after("|compensate.kit_release#0")
     run = env.start(kit_comp_order, "o2")
+    env.advance(timedelta(seconds=1))  # the broken undo's retry waits on the kit's clock
     with pytest.raises(RunFailedError):
         run.result()
     assert UNDONE == ["release c", "broken b", "broken b", "refund o2 30 ch-o2", "release a"]
@@ -164,6 +167,7 @@ def test_a_replayed_body_registers_nothing_twice() -> None:
     env = Environment()
     env.crash_after("kit_comp_order.kit_comp_reserve#2")  # after every registration but one
     run = env.start(kit_comp_order, "o3")
+    env.advance(timedelta(seconds=1))  # the broken undo's retry waits on the kit's clock
     with pytest.raises(RunFailedError):
         run.result()
     status = env.status(run)
