@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 # Kinds in the order recovery visits them; a duty's `kind` places it.
 # The dashboard's rollups come last: they only read what the others settled.
-RECOVERY_ORDER = ("events", "children", "waiting", "occurrences", "schedules", "monitors",
-                  "rollups")
+RECOVERY_ORDER = ("events", "children", "waiting", "occurrences", "debounce", "schedules",
+                  "monitors", "rollups")
 
 
 class Duty(Protocol):
@@ -44,7 +44,9 @@ def default_duties() -> list[Duty]:
     from ..triggers.events import EventsDuty
     from ..triggers.monitors import MonitorsDuty
     from ..triggers.schedules import duties as schedule_duties
+    from .debouncing import DebounceDuty
     from .rollups import RollupsDuty
     from .waiting import WaitingDuty
 
-    return [EventsDuty(), WaitingDuty(), *schedule_duties(), MonitorsDuty(), RollupsDuty()]
+    return [EventsDuty(), WaitingDuty(), *schedule_duties(), MonitorsDuty(), RollupsDuty(),
+            DebounceDuty()]
