@@ -134,6 +134,11 @@ def _singleton(runs: RunStore, rq: RQLike, record: RunRecord, gate: Gate, ident:
         if reply.status == "skipped":
             return None, Decision("skipped", other, key=value)
         done = enqueue_record(runs, rq, record)
+        if _pointed(runs.client.get(pointer)) != record.id:
+            # A newer enqueue cancelled this run between the decision and the record (it
+            # found no run to cancel yet): it cancels itself, so one run survives.
+            with contextlib.suppress(Exception):
+                runs.cancel(record.id, "cancelled by a newer run of its singleton")
         if reply.status == "cancelled_running":
             with contextlib.suppress(Exception):  # flagged already: it stops regardless
                 runs.cancel(other, f"cancelled by run {record.id} of its singleton")
