@@ -87,3 +87,8 @@ def gate_cancel(ctx: mr.RunContext, inp: Order) -> int:
     _ran("gate_cancel", inp)
     _hold(inp)
     return inp.n
+
+
+@mr.workflow(throttle="100/min", throttle_key="customer")
+def gate_untyped(ctx: mr.RunContext, inp: dict) -> None:  # type: ignore[type-arg]
+    return None

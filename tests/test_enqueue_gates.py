@@ -293,7 +293,8 @@ def test_bad_input_is_refused_with_one_line(procs: Procs) -> None:
     procs.start(controller=False)
     before = procs.observer.client.dbsize()
     for args, needle in [
-        (("gate_throttle", "--input", '{"n": 1}'), "the input has no field 'customer'"),
+        (("gate_untyped", "--input", '{"n": 1}'), "the input has no field 'customer'"),
+        (("gate_untyped", "--input", '{"customer": [1]}'), "must be a string or a whole"),
         (("gate_skip", "--input", '{"customer": "a"}', "--id", "mine"), "enqueue it without "
                                                                         "an id"),
         (("gate_last", "--input", '{"customer": "a"'), "not valid JSON"),

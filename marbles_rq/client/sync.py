@@ -404,9 +404,10 @@ class Client:
         """`status --json`'s document (RunStatus's fields, as plain JSON values)."""
         view = self.reader.get(check_id(run_id, "run id"))
         if view is None:
-            from ..engine.debounce import window_view
-
-            view = window_view(self.reader, run_id)  # a debounce window's run, not started
+            window = self._window(run_id)  # a debounce window's run, not recorded yet
+            if window is not None:
+                return {**window.to_json(), "questions": [], "reports": [], "published": {},
+                        "signals": {}}
         if view is None:
             raise RunNotFoundError(f"no run with id {run_id!r} (finished runs are pruned once "
                                    f"their retention ends, 7 days unless the workflow sets "
