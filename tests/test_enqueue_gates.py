@@ -10,7 +10,6 @@ together on a go key.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -46,25 +45,36 @@ class Enqueuers:
         self.url, self.base = procs.url, f"gates:{uuid.uuid4().hex[:8]}"
         self.conn = redis.Redis.from_url(procs.url, decode_responses=True)
         self.n = len(counts)
+        # Files, not pipes: a pipe nobody reads until the end would fill and stop them.
+        self.outs = [procs.dir / f"{self.base}-{i}.out" for i in range(self.n)]
         self.started = [subprocess.Popen(
             [sys.executable, "-m", "tests.gate_enqueuer", procs.url, workflow, str(bursts),
              str(count), str(i), customer, self.base], cwd=REPO, env=procs.env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i, count in enumerate(counts)]
+            stdout=out.open("w"), stderr=out.with_suffix(".err").open("w"))
+            for i, (count, out) in enumerate(zip(counts, self.outs, strict=True))]
         wait_for(lambda: self.conn.llen(f"{self.base}:ready") == self.n or None, timeout=60,
                  what="every enqueuer ready")
 
     def burst(self, b: int) -> None:
         self.conn.rpush(f"{self.base}:go:{b}", "go")
-        wait_for(lambda: self.conn.llen(f"{self.base}:done:{b}") == self.n or None,
-                 timeout=120, what=f"burst {b} enqueued")
+
+        def done() -> bool | None:
+            for proc in self.started:
+                if proc.poll() not in (None, 0):
+                    raise AssertionError(f"an enqueuer failed: {self._errors()}")
+            return self.conn.llen(f"{self.base}:done:{b}") == self.n or None
+
+        wait_for(done, timeout=120, what=f"burst {b} enqueued")
 
     def results(self) -> list[dict[str, Any]]:
         out = []
-        for proc in self.started:
-            stdout, stderr = proc.communicate(timeout=60)
-            assert proc.returncode == 0, stderr
-            out += [json.loads(line) for line in stdout.splitlines()]
+        for proc, path in zip(self.started, self.outs, strict=True):
+            assert proc.wait(timeout=60) == 0, self._errors()
+            out += [json.loads(line) for line in path.read_text().splitlines()]
         return out
+
+    def _errors(self) -> str:
+        return "\n".join(p.with_suffix(".err").read_text() for p in self.outs)
 
 
 def _ran(procs: Procs, workflow: str) -> list[dict[str, Any]]:
