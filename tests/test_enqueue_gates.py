@@ -100,8 +100,8 @@ def _debounce_bursts(procs: Procs, workflow: str, *, kill_at: tuple[int, ...] = 
                           in c.text())
             leader.kill9()
             controllers.append(procs.controller(lease_ms=2000, ready=False))
-        wait_for(lambda: len(_ran(procs, workflow)) >= b + 1 or None, timeout=60,
-                 what=f"burst {b}'s run")
+        wait_for(lambda b=b: len(_ran(procs, workflow)) >= b + 1 or None,  # type: ignore[misc]
+                 timeout=60, what=f"burst {b}'s run")
     results = feeders.results()
     assert len(results) == 1000
     by_run: dict[str, list[dict[str, Any]]] = {}

@@ -562,7 +562,7 @@ class Client:
         frees it when it settles)."""
         view = self.reader.get(run_id)
         if view is not None and view.record.singleton:
-            from ..engine.enqueue_gates import cleared
+            from ..engine.singleton import cleared
 
             cleared(self.runs_store, view.record)
 

@@ -112,8 +112,8 @@ def window_view(runs: RunStore, run_id: str) -> RunView | None:
     if raw is None:
         return None
     fields = ("run", "doc", "in", "n", "first", "until", "max")
-    w: dict[str, Any] = dict(zip(fields, runs.client.hmget(keys.debounce_window(as_text(raw)), fields),
-                 strict=True))
+    values = runs.client.hmget(keys.debounce_window(as_text(raw)), fields)
+    w: dict[str, Any] = dict(zip(fields, values, strict=True))
     if w["run"] is not None and as_text(w["run"]) == run_id:
         doc, data, first = w["doc"], w["in"], int(w["first"] or 0)
         most = int(w["max"] or 0)

@@ -18,7 +18,7 @@ decision is one script on the bucket tag of the key's digest (`Keyspace.debounce
 * **Singleton**: a pointer to the key's unfinished run, changed by compare-and-set. The
   runs get ids of the pointer's bucket, so the script reads the pointed run's status
   itself: a pointer to a finished or pruned run is taken over by whoever finds it, and a
-  run's settle or cancel clears its own pointer (`cleared`). A pointer to a run not yet
+  run's settle or cancel clears its own pointer (engine/singleton.py). A pointer to a run not yet
   recorded counts as unfinished for SINGLETON_GRACE_MS (its enqueuer records it right
   after the decision; killed in between, the key is free again after that).
 """
@@ -26,7 +26,7 @@ decision is one script on the bucket tag of the key's digest (`Keyspace.debounce
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -34,6 +34,7 @@ from ..store.records import RunRecord
 from ..store.replies import as_text
 from .authoring import InputError
 from .gate_specs import Decision, Gate, GateInputError, digest, key_value
+from .singleton import pointed as _pointed
 
 if TYPE_CHECKING:
     from ..transport.lanes import RQLike
@@ -145,17 +146,3 @@ def _singleton(runs: RunStore, rq: RQLike, record: RunRecord, gate: Gate, ident:
             return done, Decision("cancelled_running", done.run_id, cancelled=other, key=value)
         return done, Decision("started", done.run_id, key=value)
     raise RuntimeError(f"singleton: the pointer changed {MAX_RETRIES} times in a row")
-
-
-def _pointed(raw: Any) -> str:
-    return "" if raw is None else as_text(raw).split("|", 1)[0]
-
-
-def cleared(runs: RunStore, record: RunRecord) -> None:
-    """A singleton's run finished (settled or cancelled): free its key, if still its own.
-    A failure here costs nothing lasting: the next enqueue finds the run finished."""
-    if not record.singleton or not hasattr(runs.keys, "singleton_pointer"):
-        return
-    with contextlib.suppress(Exception):
-        runs.scripts.clear_singleton(pointer=runs.keys.singleton_pointer(record.singleton),
-                                     run_id=record.id)

@@ -539,7 +539,7 @@ class RunStore:
             again = self.settle(ex, "failed", error=TIMEOUT_ERROR)
             return "timed_out" if again == "ok" else again
         if reply.status == "ok" and ex.record.singleton:  # free its singleton's key
-            from .enqueue_gates import cleared
+            from .singleton import cleared
 
             cleared(self, ex.record)
         return reply.status
