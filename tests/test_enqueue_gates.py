@@ -323,3 +323,46 @@ def test_the_kit_refuses_a_gate_with_one_line() -> None:
     env = Environment(schedules=False)
     with pytest.raises(enqueue_gates.GateRefusedError, match="the test kit does not apply"):
         env.start("gate_throttle", {"customer": "a"})
+
+
+def test_the_http_api_and_the_async_client_say_what_happened(procs: Procs) -> None:
+    import asyncio
+
+    import marbles_rq as mr
+    from tests.test_web_api import API_TOKEN, curl
+    from tests.web_stack import start_web
+
+    procs.start()
+    web = start_web(procs, extra_env={"MARBLES_API_TOKEN": API_TOKEN})
+    body = {"workflow": "gate_skip", "input": {"customer": "web"}}
+    first = curl(web, "POST", "/api/runs", body)
+    assert first.status == 201 and first.json()["decision"]["outcome"] == "started", first.body
+    run_id = first.json()["id"]
+    second = curl(web, "POST", "/api/runs", body)
+    assert second.status == 200, second.body
+    assert second.json()["decision"] == {"outcome": "skipped", "run_id": run_id, "key": "web"}
+    assert second.json()["id"] == run_id
+    for _ in range(10):
+        curl(web, "POST", "/api/runs", {"workflow": "gate_throttle",
+                                        "input": {"customer": "web"}})
+    dropped = curl(web, "POST", "/api/runs", {"workflow": "gate_throttle",
+                                              "input": {"customer": "web"}})
+    assert dropped.status == 200 and dropped.json()["decision"]["outcome"] == "dropped"
+    assert "retry-after:" in dropped.headers.lower()
+    bad = curl(web, "POST", "/api/runs", {"workflow": "gate_untyped", "input": {"n": 1}})
+    assert bad.status == 422 and "no field 'customer'" in bad.error()["message"]
+    batch = curl(web, "POST", "/api/runs:batch", {"runs": [body]})
+    assert batch.status == 422 and "one by one" in batch.error()["message"]
+    procs.observer.client.rpush("gates:release:web", "go")  # the worker is free again
+
+    async def merged() -> tuple[str, str, str]:
+        async with mr.connect_async(procs.url) as client:
+            a = await client.start("gate_last", {"customer": "aio", "n": 1})
+            b = await client.start("gate_last", {"customer": "aio", "n": 2})
+            assert a.decision is not None and b.decision is not None
+            return a.id, b.id, b.decision.outcome
+
+    a, b, outcome = asyncio.run(merged())
+    assert (b, outcome) == (a, "merged")
+    procs.observer.wait_status(a, "succeeded", timeout=60)
+    assert json.loads(procs.cli("status", a, "--json").stdout)["input"]["n"] == 2

@@ -462,14 +462,15 @@ def _input(body: StartBody) -> bytes | None:
 
 
 def _gated_reply(handle: Any, decision: Any) -> Response:
-    """A gated start's answer: 201 when it made a run (started, cancelled_running), 200
-    when it merged or was skipped, 429 with Retry-After when the throttle dropped it."""
+    """A gated start's answer: 201 when it made a run or a window (started,
+    cancelled_running), else 200 (merged, skipped, dropped: not an error, the decision says
+    what happened; a drop carries Retry-After)."""
     started = Started(handle.id or "", bool(handle.created), handle.workflow,
                       getattr(handle, "queue", None), getattr(handle, "initial_status", None),
                       decision=decision.to_json())
     if decision.outcome == "dropped":
         wait = max(1, int(decision.to_json()["retry_after_s"] + 0.999))
-        return Response(msgspec.json.encode(started), 429, media_type="application/json",
+        return Response(msgspec.json.encode(started), 200, media_type="application/json",
                         headers={"Retry-After": str(wait)})
     made = decision.outcome in ("started", "cancelled_running") and handle.created
     return reply(started, 201 if made else 200)
