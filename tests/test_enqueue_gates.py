@@ -261,6 +261,19 @@ def test_gate_scripts(where: str, request: pytest.FixtureRequest) -> None:
                                              max_ms=0, digest=ident, request_id="r3")
     assert conflict.status == "conflict" and conflict.values[2] == b"2"
     assert runs.scripts.close_debounce(**win, run_id=rid).status == "open"
+    # debounce_max: a window closes at its max however often it is merged.
+    ident2 = uuid.uuid4().hex[:20]
+    b2 = keys.bucket_of(ident2)
+    win2 = dict(window=keys.debounce_window(ident2), due=keys.debounce_due(b2),
+                runs=keys.debounce_runs(b2), closed=keys.debounce_closed(b2))
+    rid2 = debounce.id_in_bucket(keys, b2)
+    first = runs.scripts.debounce_enqueue(**win2, run_id=rid2, doc=b"{}", input=b"1",
+                                          merged=b"", expect="", window_ms=60_000,
+                                          max_ms=60_000, digest=ident2, request_id="m1")
+    again = runs.scripts.debounce_enqueue(**win2, run_id="x", doc=b"{}", input=b"2",
+                                          merged=b"", expect="", window_ms=60_000,
+                                          max_ms=60_000, digest=ident2, request_id="m2")
+    assert again.values[2] == first.values[3] == again.values[3]  # until capped at max
     log = keys.throttle_log(ident)
     got = [runs.scripts.throttle_enqueue(log=log, run_id=f"t{i}", limit=3,
                                          period_ms=60_000).status for i in range(5)]
