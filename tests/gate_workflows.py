@@ -92,3 +92,8 @@ def gate_cancel(ctx: mr.RunContext, inp: Order) -> int:
 @mr.workflow(throttle="100/min", throttle_key="customer")
 def gate_untyped(ctx: mr.RunContext, inp: dict) -> None:  # type: ignore[type-arg]
     return None
+
+
+@mr.workflow(debounce="1h", debounce_key="customer")
+def gate_long(ctx: mr.RunContext, inp: Order) -> int:
+    return inp.n

@@ -367,6 +367,17 @@ def test_the_http_api_and_the_async_client_say_what_happened(procs: Procs) -> No
     batch = curl(web, "POST", "/api/runs:batch", {"runs": [body]})
     assert batch.status == 422 and "one by one" in batch.error()["message"]
     procs.observer.client.rpush("gates:release:web", "go")  # the worker is free again
+    window = curl(web, "POST", "/api/runs", {"workflow": "gate_long",
+                                             "input": {"customer": "page", "n": 7}})
+    assert window.status == 201, window.body
+    shown = curl(web, "GET", f"/api/runs/{window.json()['id']}")
+    assert shown.status == 200 and shown.json()["waiting"]["reason"] == "debouncing"
+    browser = web.signed_in()  # the dashboard's run page shows the window's run
+    try:
+        page = browser.get(f"/runs/{window.json()['id']}")
+        assert page.status_code == 200 and "debouncing" in page.text, page.text[:500]
+    finally:
+        browser.close()
 
     async def merged() -> tuple[str, str, str]:
         async with mr.connect_async(procs.url) as client:
