@@ -124,7 +124,7 @@ def _last(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_debounce_bursts_one_run_per_window_with_the_last_input(procs: Procs) -> None:
-    results = _debounce_bursts(procs, "gate_last")
+    results = _debounce_bursts(procs, "gate_last", kill_at=(4,))
     ran = {r["run"]: r["input"] for r in _ran(procs, "gate_last")}
     for run_id in ran:
         rows = [r for r in results if r["id"] == run_id]
@@ -390,3 +390,24 @@ def test_the_http_api_and_the_async_client_say_what_happened(procs: Procs) -> No
     assert (b, outcome) == (a, "merged")
     procs.observer.wait_status(a, "succeeded", timeout=60)
     assert json.loads(procs.cli("status", a, "--json").stdout)["input"]["n"] == 2
+
+
+def test_decisions_through_the_client_on_a_cluster(cluster_url: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each decision is one script on the key's bucket tag, and the client's reads (the
+    pointer, a window's status) name keys of that tag only: on a 3-master cluster too."""
+    import marbles_rq as mr
+
+    monkeypatch.setenv("RQ_KEY_PREFIX", "{rq}")  # RQ's keyspace in one slot, as documented
+    client = mr.connect(cluster_url)
+    decided = [client.start("gate_throttle", {"customer": "c"}).decision for _ in range(11)]
+    assert [d.outcome for d in decided if d] == ["started"] * 10 + ["dropped"]
+    one = client.start("gate_skip", {"customer": "c"})
+    two = client.start("gate_skip", {"customer": "c"})
+    assert two.decision is not None and (two.decision.outcome, two.id) == ("skipped", one.id)
+    first = client.start("gate_long", {"customer": "c", "n": 1})
+    second = client.start("gate_long", {"customer": "c", "n": 2})
+    assert second.decision is not None and second.decision.outcome == "merged"
+    status = client.status(first.id)
+    assert status.waiting is not None and status.waiting.reason == "debouncing"
+    assert status.input == {"customer": "c", "n": 2, "items": []}

@@ -83,6 +83,9 @@ def enqueue(runs: RunStore, rq: RQLike, record: RunRecord, definition: WorkflowD
                           lambda: definition.decode_input(bytes(record.input)))
     except GateInputError as exc:
         raise InputError(str(exc)) from None
+    except Exception as exc:  # the key function's own error, in one line
+        raise InputError(f"the {gate.kind} key function of workflow {definition.name!r} "
+                         f"raised {type(exc).__name__}: {exc}") from None
     ident = digest(gate, definition.name, value)
     if gate.kind == "throttle":
         reply = runs.scripts.throttle_enqueue(log=runs.keys.throttle_log(ident),
@@ -109,6 +112,9 @@ def enqueue(runs: RunStore, rq: RQLike, record: RunRecord, definition: WorkflowD
             except (TypeError, msgspec.EncodeError) as exc:
                 raise InputError(f"debounce_reduce of workflow {definition.name!r} returned "
                                  f"no JSON value: {exc}") from None
+            except Exception as exc:  # the reducer's own error, in one line
+                raise InputError(f"debounce_reduce of workflow {definition.name!r} raised "
+                                 f"{type(exc).__name__}: {exc}") from None
             return definition.parse_input(merged)[1]
 
     return None, debounce.enqueue(runs, record, gate, ident, value, reduce)
