@@ -325,6 +325,10 @@ def test_bad_input_is_refused_with_one_line(procs: Procs) -> None:
         done = procs.cli("enqueue", *args)
         assert done.returncode == 2, done
         assert needle in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    batch = procs.dir / "batch.jsonl"
+    batch.write_text('{"customer": "a"}\n')
+    done = procs.cli("enqueue", "gate_throttle", "--batch", str(batch))
+    assert done.returncode == 2 and "one by one" in done.stderr, done
     assert procs.observer.client.dbsize() == before  # nothing written
     missing = procs.cli("status", "no-such-window")
     assert missing.returncode == 2
@@ -405,6 +409,9 @@ def test_decisions_through_the_client_on_a_cluster(cluster_url: str,
     one = client.start("gate_skip", {"customer": "c"})
     two = client.start("gate_skip", {"customer": "c"})
     assert two.decision is not None and (two.decision.outcome, two.id) == ("skipped", one.id)
+    assert client.cancel(one.id).outcome == "cancelled"  # queued: settled now, key freed
+    three = client.start("gate_skip", {"customer": "c"})
+    assert three.decision is not None and three.decision.outcome == "started"
     first = client.start("gate_long", {"customer": "c", "n": 1})
     second = client.start("gate_long", {"customer": "c", "n": 2})
     assert second.decision is not None and second.decision.outcome == "merged"

@@ -317,13 +317,16 @@ class Client:
             return RunHandle(self, started.run_id, created=started.created,
                              workflow=started.record.name, queue=started.record.queue,
                              dispatched=started.dispatched, initial_status=started.status)
-        gated = self._gated(workflow)
-        if gated is not None:
-            return self._start_gated(gated, self.prepare(
-                workflow, input, id=id, queue=queue, priority=priority, input_json=input_json,
-                start_at=start_at), given_id=id is not None, start_at=start_at is not None)
-        record = self.prepare(workflow, input, id=id, queue=queue, priority=priority,
-                              input_json=input_json, start_at=start_at)
+        from ..engine.ops import prepare
+
+        request, registry = self._request(workflow, input, id=id, queue=queue,
+                                          priority=priority, input_json=input_json,
+                                          start_at=start_at, how="give an input")
+        record = prepare(request, registry)
+        definition = registry.workflow(request.name)
+        if definition.gate is not None:  # debounce, throttle, singleton: decided first
+            return self._start_gated(definition, record, given_id=id is not None,
+                                     start_at=start_at is not None)
         return self.start_record(record)
 
     def _gated(self, workflow: str | WorkflowDef) -> WorkflowDef | None:
