@@ -49,7 +49,9 @@ def _echo(line: str) -> None:
 def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | None,
             run_id: str | None, queue: str | None, priority: int | None,
             start_at: str | None, wait: bool, as_json: bool) -> None:
-    """Record a run of workflow NAME, then enqueue it (or one run per line of --batch)."""
+    """Record a run of workflow NAME, then enqueue it (or one run per line of --batch).
+    A workflow with a debounce, throttle or singleton prints what the enqueue did; dropped
+    exits 4, skipped exits 5."""
     if batch is not None:
         if (input_json is not None or run_id is not None or wait or priority is not None
                 or start_at is not None):
