@@ -9,7 +9,7 @@ Returns:
 Writes: ZREM KEYS[1]; HDEL KEYS[2], KEYS[3]
 ]]
 local run_id = ARGV[1]
-redis.call('HDEL', KEYS[3], run_id, run_id .. '|in', run_id .. '|n')
+redis.call('HDEL', KEYS[3], run_id, run_id .. '|in', run_id .. '|n', run_id .. '|x')
 redis.call('ZREM', KEYS[1], run_id)
 redis.call('HDEL', KEYS[2], run_id)
 return {'ok'}

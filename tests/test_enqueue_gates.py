@@ -418,3 +418,21 @@ def test_decisions_through_the_client_on_a_cluster(cluster_url: str,
     status = client.status(first.id)
     assert status.waiting is not None and status.waiting.reason == "debouncing"
     assert status.input == {"customer": "c", "n": 2, "items": []}
+    # Cancelling the window's run: recorded cancelled, never delivered; the key opens anew.
+    assert client.cancel(first.id).outcome == "cancelled"
+    assert client.status(first.id).status == "cancelled"
+    third = client.start("gate_long", {"customer": "c", "n": 3})
+    assert third.decision is not None and third.decision.outcome == "started"
+    assert third.id != first.id
+
+
+def test_cancel_of_a_window_from_the_cli(procs: Procs) -> None:
+    procs.start()
+    done = procs.cli("enqueue", "gate_long", "--input", '{"customer": "q", "n": 1}', "--json")
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["id"]
+    cancelled = procs.cli("cancel", run_id)
+    assert cancelled.returncode == 0, cancelled
+    view = procs.observer.wait_status(run_id, "cancelled", timeout=10)
+    assert view.attempt == 1 and [e.type for e in procs.observer.events(run_id)
+                                  ].count("attempt_started") == 0  # never delivered

@@ -549,6 +549,11 @@ class Client:
         settled (it had finished: nothing done)."""
         runs = self.runs_store
         outcome = runs.cancel(check_id(run_id, "run id"))
+        if outcome == "missing":
+            from ..engine.debounce import cancel_window
+
+            if cancel_window(runs, self.lanes, run_id):  # a debounce window's run
+                outcome = "cancelled"
         if outcome == "cancelled":
             self._free_singleton(run_id)
         if outcome == "missing":

@@ -13,6 +13,7 @@ killed anywhere in between leaves the window to the next leader, and the run sta
 
 from __future__ import annotations
 
+import time
 import uuid
 import zlib
 from collections.abc import Callable
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 # A reducer's compare-and-set gives up after this many lost races in a row (never seen: a
 # race is lost only to an enqueue that merged in between).
 MAX_CAS_TRIES = 1000
+# A cancelled window's run is recorded to start this far away, then cancelled at once: no
+# delivery is made in between.
+CANCELLED_START_MS = 3_600_000
 
 
 def id_in_bucket(keys: Keyspace, bucket: int) -> str:
@@ -92,12 +96,36 @@ def close(runs: RunStore, rq: RQLike, bucket: int, run_id: str) -> str:
                                         run_id=run_id)
     if reply.status != "closed":
         return reply.status
-    doc, data, _ = reply.values
+    doc, data, _, cancelled = reply.values
     record = msgspec.structs.replace(decode(RunRecord, doc, f"{closed} {run_id}"),
                                      input=msgspec.Raw(bytes(data)))
+    if cancelled:
+        # Recorded to start later (no delivery yet), then cancelled: it never runs.
+        record = msgspec.structs.replace(
+            record, not_before_ms=int(time.time() * 1000) + CANCELLED_START_MS)
     enqueue_record(runs, rq, record)
+    if cancelled:
+        runs.cancel(run_id, "its debounce window was cancelled")
     runs.scripts.forget_debounce(due=due, runs=index, closed=closed, run_id=run_id)
-    return "started"
+    return "cancelled" if cancelled else "started"
+
+
+def cancel_window(runs: RunStore, rq: RQLike, run_id: str) -> bool:
+    """Cancel the run of an open (or closed, unrecorded) debounce window: recorded
+    cancelled now, never delivered. False when `run_id` is no window's."""
+    keys = runs.keys
+    bucket = keys.bucket_of(run_id)
+    raw = runs.client.hget(keys.debounce_runs(bucket), run_id)
+    if raw is None:
+        return False
+    outcome = runs.scripts.cancel_debounce(window=keys.debounce_window(as_text(raw)),
+                                           due=keys.debounce_due(bucket),
+                                           closed=keys.debounce_closed(bucket), run_id=run_id)
+    if outcome != "cancelled":
+        return False
+    # Recorded and cancelled here; killed before, the controller does it (the mark stays).
+    close(runs, rq, bucket, run_id)
+    return True
 
 
 def window_view(runs: RunStore, run_id: str) -> RunView | None:

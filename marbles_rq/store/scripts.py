@@ -1167,9 +1167,15 @@ class Scripts:
 
     def close_debounce(self, *, window: str, due: str, runs: str, closed: str,
                        run_id: str) -> Reply:
-        """{"closed", doc, input, n} | {"open", until} | {"gone"}; safe to resend."""
+        """{"closed", doc, input, n, cancelled} | {"open", until} | {"gone"}; safe to
+        resend."""
         return self._reply("close_debounce", [window, due, runs, closed], [run_id],
                            ("closed", "open", "gone"))
+
+    def cancel_debounce(self, *, window: str, due: str, closed: str, run_id: str) -> str:
+        """cancelled | missing; safe to resend."""
+        return self._reply("cancel_debounce", [window, due, closed], [run_id],
+                           ("cancelled", "missing")).status
 
     def forget_debounce(self, *, due: str, runs: str, closed: str, run_id: str) -> None:
         self._reply("forget_debounce", [due, runs, closed], [run_id], ("ok",))
