@@ -396,14 +396,13 @@ def test_the_http_api_and_the_async_client_say_what_happened(procs: Procs) -> No
     assert json.loads(procs.cli("status", a, "--json").stdout)["input"]["n"] == 2
 
 
-def test_decisions_through_the_client_on_a_cluster(cluster_url: str,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decisions_through_the_client_on_a_cluster(cluster_url: str, redis_url: str) -> None:
     """Each decision is one script on the key's bucket tag, and the client's reads (the
-    pointer, a window's status) name keys of that tag only: on a 3-master cluster too."""
+    pointer, a window's status) name keys of that tag only: on a 3-master cluster too (RQ,
+    the transport, on a server of its own)."""
     import marbles_rq as mr
 
-    monkeypatch.setenv("RQ_KEY_PREFIX", "{rq}")  # RQ's keyspace in one slot, as documented
-    client = mr.connect(cluster_url)
+    client = mr.connect(cluster_url, rq_url=redis_url)
     decided = [client.start("gate_throttle", {"customer": "c"}).decision for _ in range(11)]
     assert [d.outcome for d in decided if d] == ["started"] * 10 + ["dropped"]
     one = client.start("gate_skip", {"customer": "c"})

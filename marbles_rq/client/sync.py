@@ -411,6 +411,7 @@ class Client:
             if window is not None:
                 return {**window.to_json(), "questions": [], "reports": [], "published": {},
                         "signals": {}}
+            view = self.reader.get(run_id)  # its window closed between the two reads
         if view is None:
             raise RunNotFoundError(f"no run with id {run_id!r} (finished runs are pruned once "
                                    f"their retention ends, 7 days unless the workflow sets "
@@ -722,7 +723,7 @@ class Client:
                 if ev.type == "final":
                     return dict(ev.data)
             if not events and last is None and self.reader.get(run_id) is None and (
-                    self._window(run_id) is None):
+                    self._window(run_id) is None) and self.reader.get(run_id) is None:
                 raise RunNotFoundError(f"no run with id {run_id!r}")
 
     def _window(self, run_id: str) -> RunView | None:

@@ -190,7 +190,7 @@ def run_page(settings: Settings, run_id: str) -> RunPage | None:
     if view is None:
         from ..engine.debounce import window_view
 
-        view = window_view(runs, run_id)  # a debounce window's run, not recorded yet
+        view = window_view(runs, run_id) or runs.get(run_id)  # a window's run, or recorded
     if view is None:
         return None
     waits = WaitStore(runs)
