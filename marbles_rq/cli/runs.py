@@ -49,7 +49,9 @@ def _echo(line: str) -> None:
 def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | None,
             run_id: str | None, queue: str | None, priority: int | None,
             start_at: str | None, wait: bool, as_json: bool) -> None:
-    """Record a run of workflow NAME, then enqueue it (or one run per line of --batch)."""
+    """Record a run of workflow NAME, then enqueue it (or one run per line of --batch).
+    A workflow with a debounce, throttle or singleton prints what the enqueue did; dropped
+    exits 4, skipped exits 5."""
     if batch is not None:
         if (input_json is not None or run_id is not None or wait or priority is not None
                 or start_at is not None):
@@ -73,6 +75,12 @@ def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | 
     # declarations is looked up there).
     record = client.prepare(name, input_json=raw, id=run_id, queue=queue, priority=priority,
                             start_at=when, how="give --input")
+    gated = client._gated(name)
+    if gated is not None:
+        _enqueue_gated(settings, client, client._start_gated(
+            gated, record, given_id=run_id is not None, start_at=when is not None), wait,
+            as_json)
+        return
     run = client.start_record(record)
     if as_json:
         click.echo(json.dumps({"created": run.created, **client.status_json(run.id)},
@@ -84,6 +92,29 @@ def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | 
     else:
         _echo(f"run {run.id} exists already ({run.workflow}, {run.initial_status}); not "
               f"enqueued again")
+    if wait:
+        sys.exit(_follow(settings.runs(), run.id))
+
+
+def _enqueue_gated(settings: Settings, client: Any, run: Any, wait: bool,
+                   as_json: bool) -> None:
+    """What a debounce, throttle or singleton decided (engine/gate_specs.py): printed, in
+    --json under "decision"; dropped and skipped exit 4 and 5 (cli/exits.py)."""
+    from .exits import EXIT_DROPPED, EXIT_SKIPPED
+
+    decision = run.decision
+    if as_json:
+        data: dict[str, Any] = {"created": bool(run.created), "decision": decision.to_json()}
+        if decision.outcome != "dropped":
+            data.update(client.status_json(run.id))
+            data["created"] = bool(run.created)
+        click.echo(json.dumps(data, indent=2))
+    else:
+        _echo(decision.message())
+    if decision.outcome == "dropped":
+        sys.exit(EXIT_DROPPED)
+    if decision.outcome == "skipped":
+        sys.exit(EXIT_SKIPPED)
     if wait:
         sys.exit(_follow(settings.runs(), run.id))
 

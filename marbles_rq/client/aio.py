@@ -39,6 +39,7 @@ from .sync import (
 from .views import BulkSummary, Outcome, OutputEntry, QuestionInfo, RunsPage, RunStatus
 
 if TYPE_CHECKING:
+    from ..engine.gate_specs import Decision
     from ..engine.history import History
 
 T = TypeVar("T")
@@ -103,9 +104,11 @@ class AsyncClient:
         return [self._wrap(h) for h in handles]
 
     def _wrap(self, handle: RunHandle) -> AsyncRunHandle:
-        return AsyncRunHandle(self, handle.id, created=handle.created,
-                              workflow=handle.workflow, queue=handle.queue,
-                              initial_status=handle.initial_status)
+        wrapped = AsyncRunHandle(self, handle.id, created=handle.created,
+                                 workflow=handle.workflow, queue=handle.queue,
+                                 initial_status=handle.initial_status)
+        wrapped.decision = handle.decision  # as RunHandle's
+        return wrapped
 
     def handle(self, run_id: str) -> AsyncRunHandle:
         return AsyncRunHandle(self, check_id(run_id, "run id"))
@@ -308,6 +311,7 @@ class AsyncRunHandle:
                  initial_status: str | None = None) -> None:
         self.client, self.id, self.created, self.workflow = client, run_id, created, workflow
         self.queue, self.initial_status = queue, initial_status  # as RunHandle's
+        self.decision: Decision | None = None
 
     def __repr__(self) -> str:
         return f"AsyncRunHandle({self.id!r}, created={self.created})"

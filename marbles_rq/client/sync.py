@@ -37,7 +37,7 @@ from ..engine.execution import RunNotFoundError
 from ..engine.json_values import changed_by_json
 from ..engine.paging import Cursor, Filters, RunPager
 from ..engine.published import published
-from ..engine.runs import STATUSES, OutputEvent, RunStore
+from ..engine.runs import STATUSES, OutputEvent, RunStore, RunView
 from ..engine.selection import RunFilter, Selection
 from ..engine.signals import signals_json
 from ..engine.waits import Answered, WaitStore
@@ -61,6 +61,7 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.gate_specs import Decision
     from ..engine.history import History
     from ..engine.ops import Enqueued, RunRequest
     from ..engine.rerun import Rerun
@@ -307,15 +308,54 @@ class Client:
             if id is None:
                 raise InputError("signal-with-start needs an id (it makes the start "
                                  "idempotent)")
+            if self._gated(workflow) is not None:
+                raise InputError("signal-with-start does not apply a debounce, throttle or "
+                                 "singleton: start the run without signal=")
             started = self.signal_with_start(workflow, input, id=id, signal=signal,
                                              queue=queue, priority=priority,
                                              input_json=input_json)
             return RunHandle(self, started.run_id, created=started.created,
                              workflow=started.record.name, queue=started.record.queue,
                              dispatched=started.dispatched, initial_status=started.status)
-        record = self.prepare(workflow, input, id=id, queue=queue, priority=priority,
-                              input_json=input_json, start_at=start_at)
+        from ..engine.ops import prepare
+
+        request, registry = self._request(workflow, input, id=id, queue=queue,
+                                          priority=priority, input_json=input_json,
+                                          start_at=start_at, how="give an input")
+        record = prepare(request, registry)
+        definition = registry.workflow(request.name)
+        if definition.gate is not None:  # debounce, throttle, singleton: decided first
+            return self._start_gated(definition, record, given_id=id is not None,
+                                     start_at=start_at is not None)
         return self.start_record(record)
+
+    def _gated(self, workflow: str | WorkflowDef) -> WorkflowDef | None:
+        """The definition of `workflow` when it has a debounce, throttle or singleton
+        (engine/enqueue_gates.py), else None."""
+        self.settings.load_source()
+        if isinstance(workflow, WorkflowDef):
+            definition = workflow
+        elif workflow in REGISTRY.workflows:
+            definition = REGISTRY.workflows[workflow]
+        else:
+            definition = self._registry_for(workflow).workflow(workflow)
+        return definition if definition.gate is not None else None
+
+    def _start_gated(self, definition: WorkflowDef, record: RunRecord, *, given_id: bool,
+                     start_at: bool) -> RunHandle:
+        from ..engine.enqueue_gates import check_request, enqueue
+
+        check_request(definition.gate, given_id=given_id, start_at=start_at)
+        done, decision = enqueue(self.runs_store, self.lanes, record, definition)
+        if done is not None:
+            return RunHandle(self, done.run_id, created=done.created, workflow=done.record.name,
+                             queue=done.record.queue, dispatched=done.dispatched,
+                             initial_status=done.status, decision=decision)
+        return RunHandle(self, decision.run_id, created=decision.outcome == "started",
+                         workflow=definition.name,
+                         queue=record.queue, dispatched=False,
+                         initial_status="waiting" if decision.until_ms else None,
+                         decision=decision)
 
     def start_record(self, record: RunRecord) -> RunHandle:
         """Record and enqueue a prepared run (see `prepare`)."""
@@ -332,6 +372,10 @@ class Client:
         records = []
         for index, r in enumerate(requests):
             try:
+                if self._gated(r.workflow) is not None:
+                    raise InputError(f"workflow {workflow_name(r.workflow)!r} has a debounce, "
+                                     f"throttle or singleton, which start_many does not "
+                                     f"apply: start its runs one by one")
                 records.append(self.prepare(r.workflow, r.input, id=r.id, queue=r.queue,
                                             priority=r.priority, input_json=r.input_json,
                                             start_at=r.start_at))
@@ -362,6 +406,12 @@ class Client:
     def status_json(self, run_id: str) -> dict[str, Any]:
         """`status --json`'s document (RunStatus's fields, as plain JSON values)."""
         view = self.reader.get(check_id(run_id, "run id"))
+        if view is None:
+            window = self._window(run_id)  # a debounce window's run, not recorded yet
+            if window is not None:
+                return {**window.to_json(), "questions": [], "reports": [], "published": {},
+                        "signals": {}}
+            view = self.reader.get(run_id)  # its window closed between the two reads
         if view is None:
             raise RunNotFoundError(f"no run with id {run_id!r} (finished runs are pruned once "
                                    f"their retention ends, 7 days unless the workflow sets "
@@ -522,6 +572,13 @@ class Client:
             return self._cancel_compensate(check_id(run_id, "run id"))
         outcome = runs.cancel(check_id(run_id, "run id"))
         if outcome == "missing":
+            from ..engine.debounce import cancel_window
+
+            if cancel_window(runs, self.lanes, run_id):  # a debounce window's run
+                outcome = "cancelled"
+        if outcome == "cancelled":
+            self._free_singleton(run_id)
+        if outcome == "missing":
             raise RunNotFoundError(f"no run with id {run_id!r}")
         message = {"cancelled": f"run {run_id} cancelled",
                    "requested": f"run {run_id} is running; cancel requested, it stops at its "
@@ -533,6 +590,13 @@ class Client:
     def _cancel_compensate(self, run_id: str) -> Outcome:
         runs = self.runs_store
         outcome, attempt, queue = runs.cancel_compensate(run_id)
+        if outcome == "missing":
+            from ..engine.debounce import cancel_window
+
+            if cancel_window(runs, self.lanes, run_id):  # a debounce window's run
+                outcome = "cancelled"
+        if outcome == "cancelled":
+            self._free_singleton(run_id)
         if outcome == "missing":
             raise RunNotFoundError(f"no run with id {run_id!r}")
         tail = ""
@@ -549,6 +613,14 @@ class Client:
         children = [] if outcome == "settled" else WaitStore(runs).cancel_children(run_id)
         return Outcome(run_id, "compensating" if outcome in ("woken", "queued") else outcome,
                        message, children)
+    def _free_singleton(self, run_id: str) -> None:
+        """A run cancelled before it executed: free its singleton's key (a running one
+        frees it when it settles)."""
+        view = self.reader.get(run_id)
+        if view is not None and view.record.singleton:
+            from ..engine.singleton import cleared
+
+            cleared(self.runs_store, view.record)
 
     def pause(self, run_id: str) -> Outcome:
         """Pause a run: a running one parks at its next step boundary, a queued one when it
@@ -725,8 +797,14 @@ class Client:
                 last = (ev.id, ev.type, ev.data)
                 if ev.type == "final":
                     return dict(ev.data)
-            if not events and last is None and self.reader.get(run_id) is None:
+            if not events and last is None and self.reader.get(run_id) is None and (
+                    self._window(run_id) is None) and self.reader.get(run_id) is None:
                 raise RunNotFoundError(f"no run with id {run_id!r}")
+
+    def _window(self, run_id: str) -> RunView | None:
+        from ..engine.debounce import window_view
+
+        return window_view(self.reader, run_id)
 
     def _last_entry(self, run_id: str) -> tuple[str, str, Any] | None:
         """The run's newest output entry (id, type, data), or None for an empty stream."""
@@ -854,10 +932,15 @@ class RunHandle:
 
     def __init__(self, client: RunClient, run_id: str, *, created: bool | None = None,
                  workflow: str | None = None, queue: str | None = None,
-                 dispatched: bool | None = None, initial_status: str | None = None) -> None:
+                 dispatched: bool | None = None, initial_status: str | None = None,
+                 decision: Decision | None = None) -> None:
         self.client, self.id = client, run_id
         self.created, self.workflow, self.queue = created, workflow, queue
         self.dispatched, self.initial_status = dispatched, initial_status
+        # What the start did, for a workflow with a debounce, throttle or singleton (started,
+        # merged, dropped, skipped, cancelled_running; engine/gate_specs.py); None without
+        # one. Dropped: `id` is "" (no run was made).
+        self.decision = decision
 
     def __repr__(self) -> str:
         return f"RunHandle({self.id!r}, created={self.created})"

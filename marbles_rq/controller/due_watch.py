@@ -52,7 +52,7 @@ log = logging.getLogger("marbles_rq.controller")
 # The per-bucket due indexes a controller reads (store/keys.py spells them).
 WATCHED = frozenset({"leases", "dispatch", "finished", "waits", "mondue", "evidx", "evpending",
                      "evoffer", "sched_due", "occ_open",
-                     "bdue", "bsealed", "notices"})
+                     "bdue", "bsealed", "notices", "deb_due"})
 # Writes that can only raise an index's lowest score: a known score stays at or below it.
 REMOVALS = frozenset({"zrem", "zremrangebyscore", "zremrangebyrank", "zremrangebylex",
                       "zpopmin", "zpopmax"})

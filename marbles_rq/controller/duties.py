@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 # Kinds in the order recovery visits them; a duty's `kind` places it.
 # The dashboard's rollups come last: they only read what the others settled.
-RECOVERY_ORDER = ("events", "batches", "children", "waiting", "occurrences", "schedules",
-                  "monitors", "rollups", "notices")
+RECOVERY_ORDER = ("events", "batches", "children", "waiting", "occurrences", "debounce",
+                  "schedules", "monitors", "rollups", "notices")
 
 
 class Duty(Protocol):
@@ -45,9 +45,10 @@ def default_duties() -> list[Duty]:
     from ..triggers.events import EventsDuty
     from ..triggers.monitors import MonitorsDuty
     from ..triggers.schedules import duties as schedule_duties
+    from .debouncing import DebounceDuty
     from .notices import NoticesDuty
     from .rollups import RollupsDuty
     from .waiting import WaitingDuty
 
     return [EventsDuty(), WaitingDuty(), *schedule_duties(), MonitorsDuty(), RollupsDuty(),
-            BatchesDuty(), NoticesDuty()]
+            BatchesDuty(), NoticesDuty(), DebounceDuty()]

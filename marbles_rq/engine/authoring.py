@@ -166,6 +166,8 @@ class WorkflowDef:
     # The default Retry and on_exhausted of its steps (engine/retry_policy.py).
     retry: Any = None
     on_exhausted: str | None = None
+    # Debounce, throttle or singleton (engine/gate_specs.py): what an enqueue does first.
+    gate: Any = field(default=None, repr=False)
 
     @property
     def version(self) -> str:
@@ -386,7 +388,12 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
              retention_s: float = 7 * 86400.0, concurrency: int | None = None,
              concurrency_key: str | None = None, priority: int = 0,
              tags: dict[str, Any] | None = None, version: str | None = None,
-             current: bool = False, retry: Any = None, on_exhausted: str | None = None) -> Any:
+             current: bool = False, retry: Any = None, on_exhausted: str | None = None,
+             debounce: str | float | None = None,
+             debounce_key: Any = None, debounce_max: str | float | None = None,
+             debounce_reduce: Callable[[Any, Any], Any] | None = None,
+             throttle: str | None = None, throttle_key: Any = None,
+             singleton: str | None = None, singleton_key: Any = None) -> Any:
     """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``.
     A finished run is kept `retention_s` seconds (default 7 days), then pruned.
     `concurrency=N`: at most N runs execute at once across the fleet; with
@@ -397,7 +404,9 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     steps' source, which any edit of them changes. Several versions of one name may be
     declared (each with its `version=`): a worker serves each, new runs start on the one
     declared last, or on the one marked `current=True`. `retry=mr.Retry(...)` and
-    `on_exhausted=` ("fail" | "pause"): the defaults of its steps (a step's own win)."""
+    `on_exhausted=` ("fail" | "pause"): the defaults of its steps (a step's own win).
+    `debounce`, `throttle`, `singleton` (with their `*_key`): what an enqueue does first
+    (engine/enqueue_gates.py)."""
     from .fingerprint import version_problem
     from .limit_specs import definition_problem
     from .tags import TagError, check_tags
@@ -437,6 +446,16 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
                                  input_default=default, tags=declared_tags,
                                  _version=version, current=current, retry=retry,
                                  on_exhausted=on_exhausted)
+        from .gate_specs import GateSpecError, gate_of
+
+        try:
+            definition.gate = gate_of(
+                debounce=debounce, debounce_key=debounce_key, debounce_max=debounce_max,
+                debounce_reduce=debounce_reduce, throttle=throttle, throttle_key=throttle_key,
+                singleton=singleton, singleton_key=singleton_key,
+                takes_input=input_param is not None)
+        except GateSpecError as exc:
+            raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): {exc}") from None
         if concurrency_key is not None and input_param is None:
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): concurrency_key "
                                   f"{concurrency_key!r} names an input field, but it takes "

@@ -139,6 +139,11 @@ def bulk_enqueue(runs: RunStore, rq: RQLike, workflow: str, fh: IO[bytes], *,
     on a Redis error: the chunks sent before it are in, the rest not; the same call again
     enqueues what is missing (see the module's note on ids)."""
     definition = registry.workflow(workflow)  # an unknown name is refused before reading
+    if definition.gate is not None:
+        from .enqueue_gates import GateRefusedError
+
+        raise GateRefusedError(f"workflow {definition.name!r} has a {definition.gate.kind}: "
+                               f"bulk enqueue does not apply it; enqueue its runs one by one")
     if queue is not None and (problem := queue_problem(queue)) is not None:
         raise InvalidIdError(problem)  # the same for every line: refused before reading
     name = definition.name

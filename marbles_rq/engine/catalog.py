@@ -42,6 +42,8 @@ class Declared(msgspec.Struct, kw_only=True, frozen=True):
     # [] in entries written before workflows had versions).
     workflow_version: str = ""
     versions: list[str] = msgspec.field(default_factory=list)
+    # Its debounce, throttle or singleton (engine/gate_specs.py Gate.to_json); None: none.
+    gate: dict[str, Any] | None = None
 
 
 def declared(definition: WorkflowDef, versions: list[str] | None = None) -> Declared:
@@ -54,7 +56,8 @@ def declared(definition: WorkflowDef, versions: list[str] | None = None) -> Decl
                     takes_input=definition.input_param is not None,
                     input_default=None if definition.input_default is None
                     else msgspec.json.decode(definition.input_default),
-                    has_default=definition.input_default is not None)
+                    has_default=definition.input_default is not None,
+                    gate=None if definition.gate is None else definition.gate.to_json())
 
 
 def declare(client: Any, keys: Keyspace, registry: Registry) -> None:
@@ -81,7 +84,9 @@ def lookup(client: Any, keys: Keyspace, name: str) -> WorkflowDef:
             f"unknown workflow {name!r}: no worker of this deployment has declared it "
             f"(start a worker with its source, or import the source in this process)")
     entry = msgspec.json.decode(raw, type=Declared)
-    return WorkflowDef(name=name, fn=_unavailable,
+    from .gate_specs import from_json
+
+    found = WorkflowDef(name=name, fn=_unavailable,
                        input_param="input" if entry.takes_input else None,
                        queue=entry.queue, timeout_s=entry.timeout_s,
                        max_deliveries=entry.max_deliveries, retention_s=entry.retention_s,
@@ -90,3 +95,5 @@ def lookup(client: Any, keys: Keyspace, name: str) -> WorkflowDef:
                        input_default=msgspec.json.encode(entry.input_default)
                        if entry.has_default or entry.input_default is not None else None,
                        _version=entry.workflow_version)
+    found.gate = from_json(entry.gate)
+    return found

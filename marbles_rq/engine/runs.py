@@ -545,6 +545,10 @@ class RunStore:
         if reply.status == "timed_out":  # it finished, but after its deadline
             again = self.settle(ex, "failed", error=TIMEOUT_ERROR)
             return "timed_out" if again == "ok" else again
+        if reply.status == "ok" and ex.record.singleton:  # free its singleton's key
+            from .singleton import cleared
+
+            cleared(self, ex.record)
         return reply.status
 
     def claim_effect(self, ex: Execution, key: str, meta: bytes = b"null") -> str:

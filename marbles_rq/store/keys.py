@@ -564,3 +564,38 @@ class Keyspace:
     def limit_holders(self, limit_id: str) -> str:
         """Hash: run id -> the attempt (delivery) holding the run's slot of `limit_id`."""
         return f"{{{self.prefix}:lim:{limit_id}}}:holders"
+
+    # -- debounce, throttle, singleton: under the bucket tag of their key's digest ------------
+    # A gate's keys live in the bucket `bucket_of(digest)`, and the runs a debounce window or
+    # a singleton makes get ids of that bucket too (engine/enqueue_gates.py), so one script
+    # sees the gate and the run it points to, on a server or a cluster.
+
+    def debounce_window(self, digest: str) -> str:
+        """Hash: the open debounce window of one workflow and key value: run (its run id),
+        doc (the RunRecord of the window's first enqueue), in (the input so far), n (the
+        enqueues merged), first/until/max (server ms: opened, closes, closes at the latest),
+        rev (bumped by every merge: a reducer's compare-and-set), req (the last merge's
+        request id)."""
+        return f"{self.tag_of(digest)}:deb:{digest}"
+
+    def debounce_due(self, bucket: int) -> str:
+        """Sorted set: run id of a debounce window -> when the controller closes it (server
+        ms); a window closed but not yet recorded as a run stays, scored when it closed."""
+        return f"{self.tag(bucket)}:deb_due"
+
+    def debounce_runs(self, bucket: int) -> str:
+        """Hash: run id of an unrecorded debounce window -> its key's digest."""
+        return f"{self.tag(bucket)}:deb_runs"
+
+    def debounce_closed(self, bucket: int) -> str:
+        """Hash: windows closed and not yet recorded: <run id> -> doc, <run id>|in -> input,
+        <run id>|n -> enqueues merged."""
+        return f"{self.tag(bucket)}:deb_closed"
+
+    def throttle_log(self, digest: str) -> str:
+        """Sorted set: run ids a throttle let through -> when (server ms), the last period's."""
+        return f"{self.tag_of(digest)}:thr:{digest}"
+
+    def singleton_pointer(self, digest: str) -> str:
+        """String: "<run id>|<set at ms>" of the unfinished run of a singleton key."""
+        return f"{self.tag_of(digest)}:one:{digest}"

@@ -147,6 +147,9 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     # fingerprint of the code): only a worker that serves this version executes it. ""
     # for a run recorded before runs carried one: any worker that knows the workflow does.
     wf_version: str = ""
+    # A singleton's run (engine/enqueue_gates.py): the digest of its key, whose pointer is
+    # cleared when the run finishes; "" for none.
+    singleton: str = ""
 
 
 class StepRecord(Record, tag="step", kw_only=True, frozen=True):

@@ -1217,3 +1217,47 @@ class Scripts:
         reply = [as_text(v) for v in self.call("finish_grow", [meta_key], [buckets, layout, moved])]
         if reply[0] not in ("ok", "done"):
             raise self._unexpected("finish_grow", reply)
+
+    # -- debounce, throttle, singleton (engine/enqueue_gates.py) -------------------------------
+
+    def debounce_enqueue(self, *, window: str, due: str, runs: str, closed: str, run_id: str,
+                         doc: bytes, input: bytes, merged: bytes, expect: str,
+                         window_ms: int, max_ms: int, digest: str, request_id: str) -> Reply:
+        """{"started"|"merged", run_id, n, until, max} | {"conflict", run_id, rev, input};
+        a resend of the last call answers as the first send did."""
+        return self._reply("debounce_enqueue", [window, due, runs, closed],
+                           [run_id, doc, input, merged, expect, window_ms, max_ms, digest,
+                            request_id], ("started", "merged", "conflict"))
+
+    def close_debounce(self, *, window: str, due: str, runs: str, closed: str,
+                       run_id: str) -> Reply:
+        """{"closed", doc, input, n, cancelled} | {"open", until} | {"gone"}; safe to
+        resend."""
+        return self._reply("close_debounce", [window, due, runs, closed], [run_id],
+                           ("closed", "open", "gone"))
+
+    def cancel_debounce(self, *, window: str, due: str, closed: str, run_id: str) -> str:
+        """cancelled | missing; safe to resend."""
+        return self._reply("cancel_debounce", [window, due, closed], [run_id],
+                           ("cancelled", "missing")).status
+
+    def forget_debounce(self, *, due: str, runs: str, closed: str, run_id: str) -> None:
+        self._reply("forget_debounce", [due, runs, closed], [run_id], ("ok",))
+
+    def throttle_enqueue(self, *, log: str, run_id: str, limit: int, period_ms: int) -> Reply:
+        """{"started", count} | {"dropped", retry_at, count}; a resend (same run id)
+        answers started again."""
+        return self._reply("throttle_enqueue", [log], [run_id, limit, period_ms],
+                           ("started", "dropped"))
+
+    def singleton_enqueue(self, *, pointer: str, run: str, expect: str, run_id: str,
+                          mode: str, grace_ms: int) -> Reply:
+        """{"started", ""} | {"cancelled_running", old} | {"skipped", old} |
+        {"retry", current}; a resend answers as the first send did."""
+        return self._reply("singleton_enqueue", [pointer, run],
+                           [expect, run_id, mode, grace_ms],
+                           ("started", "cancelled_running", "skipped", "retry"))
+
+    def clear_singleton(self, *, pointer: str, run_id: str) -> str:
+        """cleared | kept (the pointer is another run's, or none)."""
+        return self._reply("clear_singleton", [pointer], [run_id], ("cleared", "kept")).status

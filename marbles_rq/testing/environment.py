@@ -148,6 +148,12 @@ class Environment:
         """Record a run of `workflow` (as the client's `start`: input validated, the same id
         again is the same run). Delivered by `run_until_idle`, `advance` or `result`."""
         name = workflow_name(workflow)
+        gate = self.registry.workflow(name).gate
+        if gate is not None:
+            from ..engine.enqueue_gates import GateRefusedError
+
+            raise GateRefusedError(f"workflow {name!r} has a {gate.kind}, which the test kit "
+                                   f"does not apply: test it against Redis (a real stack)")
         raw = _input_bytes(self.registry.workflow(name), input, None, "give an input")
         record = prepare(RunRequest(name, raw, run_id or f"run-{next(self._ids)}",
                                     strict=True), self.registry)

@@ -70,6 +70,9 @@ class Started(msgspec.Struct, frozen=True):
     workflow: str | None = None
     queue: str | None = None
     status: str | None = None
+    # A workflow with a debounce, throttle or singleton: what this start did (outcome:
+    # started | merged | dropped | skipped | cancelled_running; engine/gate_specs.py).
+    decision: dict[str, Any] | None = None
 
 
 class StartedBatch(msgspec.Struct, frozen=True):

@@ -157,6 +157,9 @@ class Api:
                          201 if started.created else 200)
         handle = await self.client.start(body.workflow, id=body.id, queue=body.queue,
                                          priority=body.priority, input_json=_input(body))
+        decision = getattr(handle, "decision", None)
+        if decision is not None:
+            return _gated_reply(handle, decision)
         return reply(_started(handle), 201 if handle.created else 200)
 
     async def signal(self, request: Request) -> Response:
@@ -479,6 +482,21 @@ def _input(body: StartBody) -> bytes | None:
     if isinstance(body.input, msgspec.Raw) and bytes(body.input).strip() != b"null":
         return bytes(body.input)
     return None  # absent or null: the workflow's default input
+
+
+def _gated_reply(handle: Any, decision: Any) -> Response:
+    """A gated start's answer: 201 when it made a run or a window (started,
+    cancelled_running), else 200 (merged, skipped, dropped: not an error, the decision says
+    what happened; a drop carries Retry-After)."""
+    started = Started(handle.id or "", bool(handle.created), handle.workflow,
+                      getattr(handle, "queue", None), getattr(handle, "initial_status", None),
+                      decision=decision.to_json())
+    if decision.outcome == "dropped":
+        wait = max(1, int(decision.to_json()["retry_after_s"] + 0.999))
+        return Response(msgspec.json.encode(started), 200, media_type="application/json",
+                        headers={"Retry-After": str(wait)})
+    made = decision.outcome in ("started", "cancelled_running") and handle.created
+    return reply(started, 201 if made else 200)
 
 
 def _started(handle: Any) -> Started:
