@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from .engine.authoring import step, workflow
     from .engine.execute import RunContext, current
     from .engine.patches import deprecate_patch, patched
+    from .engine.rate_limits import rate_limit
+    from .engine.rate_specs import Rate
     from .engine.signals import SignalTimeoutError
     from .errors import MarblesError, RunSettledError
     from .store import RedisStore, Store, open_store
@@ -56,6 +58,7 @@ __all__ = [
     "Launch",
     "MarblesError",
     "MemoryStore",
+    "Rate",
     "RedisStore",
     "ResultTimeoutError",
     "RunCancelledError",
@@ -80,6 +83,7 @@ __all__ = [
     "parallel",
     "patched",
     "publish",
+    "rate_limit",
     "report",
     "schedule",
     "send_event",
@@ -110,6 +114,7 @@ _HOME = {
     "RunContext": ".engine.execute", "current": ".engine.execute",
     "AsyncRunContext": ".engine.async_run",
     "patched": ".engine.patches", "deprecate_patch": ".engine.patches",
+    "rate_limit": ".engine.rate_limits", "Rate": ".engine.rate_specs",
     "MarblesError": ".errors",
     "RedisStore": ".store", "Store": ".store", "open_store": ".store",
     "Keyspace": ".store.keys",

@@ -42,6 +42,10 @@ class Declared(msgspec.Struct, kw_only=True, frozen=True):
     # [] in entries written before workflows had versions).
     workflow_version: str = ""
     versions: list[str] = msgspec.field(default_factory=list)
+    # Its rate limit ("" none) and burst, and the key: an input field, "<function>", or "".
+    rate_limit: str = ""
+    rate_burst: int = 1
+    rate_key: str = ""
 
 
 def declared(definition: WorkflowDef, versions: list[str] | None = None) -> Declared:
@@ -54,7 +58,11 @@ def declared(definition: WorkflowDef, versions: list[str] | None = None) -> Decl
                     takes_input=definition.input_param is not None,
                     input_default=None if definition.input_default is None
                     else msgspec.json.decode(definition.input_default),
-                    has_default=definition.input_default is not None)
+                    has_default=definition.input_default is not None,
+                    rate_limit=definition.rate_limit.text if definition.rate_limit else "",
+                    rate_burst=definition.rate_limit.burst if definition.rate_limit else 1,
+                    rate_key=definition.rate_key if isinstance(definition.rate_key, str)
+                    else "<function>" if definition.rate_key is not None else "")
 
 
 def declare(client: Any, keys: Keyspace, registry: Registry) -> None:

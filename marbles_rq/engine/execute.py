@@ -376,7 +376,16 @@ class RunContext:
         if self.ex.replay_only:
             raise StopExecution(REPLAY_REACHED_NEW_WORK)
         call.attempts += 1
-        self._begin(call.definition, call.record("running"))
+        running = call.record("running")
+        # The first step after a rate limit's admission starts at the admission instant
+        # (engine/rate_limits.py): the starts a limit lets through keep its spacing.
+        admitted = self.ex.admitted_ms
+        if admitted:
+            running = msgspec.structs.replace(running, at_ms=admitted)
+        try:
+            self._begin(call.definition, running, admitted)
+        finally:
+            self.ex.admitted_ms = 0
 
     def encode_result(self, call: StepCall, value: Any) -> bytes:
         result = msgspec.json.encode(value)
@@ -422,7 +431,7 @@ class RunContext:
                                           "error": f"{error.type}: {error.message}"})
         raise StepFailedError(error)
 
-    def _begin(self, definition: StepDef, running: StepRecord) -> None:
+    def _begin(self, definition: StepDef, running: StepRecord, admitted_ms: int = 0) -> None:
         """Start a step attempt. A step with no retries, started while the execution's last
         look at cancel, pause and the deadline (the reply of its start or of the previous
         commit) is fresh, runs at once: its start is written with its commit, one round trip
@@ -435,7 +444,7 @@ class RunContext:
                 not ex.deadline_ms or ex.server_now_ms() < ex.deadline_ms):
             self._watchdog.raise_if_stopped()
             check_branch()
-            started_ms = ex.server_now_ms()
+            started_ms = admitted_ms or ex.server_now_ms()
             self._watchdog.defer_start(StepStart(
                 running.key, running,
                 event(step=running.key, attempt=running.attempts, started_ms=started_ms),
@@ -782,8 +791,8 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
     """Park the run for what `parked` waits for; returns the delivery's outcome."""
     waits = parked.waits
     reasons = {w.reason for w in waits}
-    reason = next(r for r in ("paused", "question", "signal", "child", "event", "timer")
-                  if r in reasons)
+    reason = next(r for r in ("paused", "question", "signal", "child", "event", "timer",
+                              "rate_limit") if r in reasons)
     wake_at = min((w.wake_at_ms for w in waits if w.wake_at_ms), default=0)
     wait_for: dict[str, Any] = {}
     questions = [q for w in waits for q in w.questions]
@@ -800,6 +809,8 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
         wait_for["until_ms"] = until
     if events := [e for w in waits for e in w.events]:
         wait_for["events"] = events
+    for w in waits:
+        wait_for.update(w.details)
     runs.write_held(ex)  # a step's success before the park (its reply: the park's too)
     status, attempt, queue = runs.waits().park(
         ex, reason=reason, wake_at_ms=wake_at, wait_for=wait_for, ledger=parked.ledger,
@@ -895,6 +906,10 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         watchdog.start()
         status, result, error = "succeeded", b"", None
         try:
+            if definition.rate_limit is not None:
+                from .rate_limits import admit_run
+
+                admit_run(ctx, definition, value)
             if definition.is_async:
                 from .async_run import run_body
 

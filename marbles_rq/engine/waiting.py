@@ -58,6 +58,7 @@ class Wait:
     asks: list[AskRecord] = field(default_factory=list)
     ledger: list[StepRecord] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # {source, type, match}
+    details: dict[str, Any] = field(default_factory=dict)  # more for wait_for (status shows)
 
 
 class ParkRun(BaseException):
