@@ -57,8 +57,8 @@ log = logging.getLogger("marbles_rq.engine.rate_limits")
 
 RATE_PREFIX = "|rate:"
 WORKFLOW_LIMIT = "|rate@workflow"
-EARLY_MS = 40  # a held run's timer fires this much before its estimated turn ...
-IN_PLACE_MS = 80  # ... and a head this close to its turn waits for it in place
+EARLY_MS = 100  # a held run's timer fires this much before its estimated turn ...
+IN_PLACE_MS = 150  # ... and a head this close to its turn waits for it in place
 _IN_PLACE_TRIES = 4
 
 

@@ -1,0 +1,342 @@
+"""Rate limits per key (engine/rate_limits.py): the limiter script on a server and on a
+3-master cluster; 20/s over 2,000 runs on 4 forking workers and on --pool 4, with kill -9 of
+the controller and of a worker mid-test, measured from step starts recorded server-side;
+held runs released in order of arrival per key; `limits` from the CLI; bad input; the test
+kit on its virtual clock."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import marbles_rq as mr
+from marbles_rq.engine.authoring import DefinitionError, load_source
+from marbles_rq.engine.ops import RunRequest
+from marbles_rq.engine.rate_specs import Rate, RateError, interval_us, rate_id
+from marbles_rq.engine.runs import RunStore
+from marbles_rq.store import open_store
+from tests.procs import Procs, wait_for
+
+RATE_SOURCE = Path(__file__).with_name("rate_workflows.py")
+PROCS_SOURCES = (RATE_SOURCE,)
+
+
+@pytest.fixture(autouse=True)
+def _registry() -> None:
+    load_source(str(RATE_SOURCE))  # the test process enqueues these workflows itself
+
+
+def _enqueue(url: str, requests: list[RunRequest]) -> None:
+    with mr.connect(url) as client:
+        handles = client.start_many([mr.StartRequest(r.name, input_json=r.input, id=r.run_id)
+                                     for r in requests])
+    assert all(h.created for h in handles)
+
+
+def _starts(procs: Procs, ids: list[str], step: str) -> dict[str, int]:
+    """Each run's start of `step` (its first try), in server ms, from its step_started event:
+    the admission instant for a step a rate limit let through."""
+    out: dict[str, int] = {}
+    for rid in ids:
+        for ev in procs.observer.events(rid):
+            if ev.type == "step_started" and ev.data.get("step") == step:
+                out[rid] = int(ev.data.get("started_ms") or ev.at_ms)
+                break
+    return out
+
+
+def _most_in_window(starts: list[int], window_ms: int) -> int:
+    """The most starts in any half-open window [t, t + window_ms)."""
+    starts = sorted(starts)
+    most, lo = 0, 0
+    for hi, t in enumerate(starts):
+        while starts[lo] <= t - window_ms:
+            lo += 1
+        most = max(most, hi - lo + 1)
+    return most
+
+
+# --------------------------------------------------------------------------------------------
+# rate strings
+
+
+def test_rate_strings() -> None:
+    assert interval_us("20/s") == 50_000
+    assert interval_us("100/min") == 600_000
+    assert interval_us("5/10s") == 2_000_000
+    assert interval_us(" 3 / h ") == 1_200_000_000
+    for bad in ("fast", "0/s", "-1/s", "10/d", "10", "/s", "1.5/s", "10/0s", "", None, 5):
+        with pytest.raises(RateError, match="invalid rate"):
+            interval_us(bad)
+    assert Rate("25/s", burst=5).spec() == "25/s burst 5"
+    with pytest.raises(RateError, match="invalid burst"):
+        Rate("25/s", burst=0)
+
+
+def test_bad_definitions_are_refused_at_load() -> None:
+    with pytest.raises(DefinitionError, match="invalid rate 'fast'"):
+        mr.workflow("bad_rate", rate_limit="fast")(lambda ctx: None)
+    with pytest.raises(DefinitionError, match="rate_key needs rate_limit"):
+        mr.workflow("bad_key", rate_key="customer")(lambda ctx, inp: None)
+    with pytest.raises(DefinitionError, match="takes no input"):
+        mr.workflow("bad_key2", rate_limit="1/s", rate_key="customer")(lambda ctx: None)
+    with pytest.raises(DefinitionError, match="invalid rate 5"):
+        mr.workflow("bad_type", rate_limit=5)(lambda ctx: None)
+
+
+# --------------------------------------------------------------------------------------------
+# the script
+
+
+def _script_calls(url: str, prefix: str) -> None:
+    store = open_store(url, prefix=prefix)
+    keys, scripts = store.keys, store.scripts
+    ident = rate_id("t")
+    lim = dict(state_key=keys.rate_state(ident), queue_key=keys.rate_queue(ident),
+               admitted_key=keys.rate_admitted(ident))
+
+    def take(token: str, interval: int = 10_000_000, burst: int = 1, stale: int = 60_000) -> Any:
+        return scripts.take_rate(**lim, token=token, interval_us=interval, burst=burst,
+                                 stale_ms=stale, keep_ms=60_000)
+
+    first = take("a")
+    assert first.status == "admitted" and int(first.values[1]) == 1
+    assert take("a").status == "admitted" and int(take("a").values[1]) == 0  # a resend
+    held = [take(t) for t in ("b", "c", "d")]
+    assert [(h.status, int(h.values[1])) for h in held] == [("held", 0), ("held", 1),
+                                                          ("held", 2)]
+    # a queued run asking again keeps its place; the estimates grow with it
+    assert int(take("c").values[1]) == 1
+    assert int(held[0].values[0]) < int(held[1].values[0]) < int(held[2].values[0])
+    assert store.client.zcard(lim["queue_key"]) == 3
+    # a head that does not come back for its turn is dropped after stale_ms, so the run
+    # behind it passes (a limit of one per 20 ms: its turn comes soon)
+    ident1 = rate_id("s")
+    lim.update(state_key=keys.rate_state(ident1), queue_key=keys.rate_queue(ident1),
+               admitted_key=keys.rate_admitted(ident1))
+    assert [take(t, interval=20_000).status for t in ("x", "y", "z")] == [
+        "admitted", "held", "held"]
+    time.sleep(0.05)  # y's turn passes on the server's clock; y does not come back
+    assert take("z", interval=20_000, stale=60_000).status == "held"  # not stale yet
+    assert take("z", interval=20_000, stale=0).status == "admitted"
+    assert store.client.zcard(lim["queue_key"]) == 0
+    # burst 3 (a new limit): three at once, then one per interval, the queue's head first
+    ident2 = rate_id("u")
+    lim.update(state_key=keys.rate_state(ident2), queue_key=keys.rate_queue(ident2),
+               admitted_key=keys.rate_admitted(ident2))
+    got = [take(t, burst=3).status for t in ("p", "q", "r", "s")]
+    assert got == ["admitted", "admitted", "admitted", "held"]
+
+
+def test_take_rate_script(redis_url: str) -> None:
+    _script_calls(redis_url, "rate1")
+
+
+def test_take_rate_script_on_a_cluster(cluster_url: str) -> None:
+    """Each limit is one hash tag: the script runs on a cluster with no cross-slot call."""
+    _script_calls(cluster_url, "rate2")
+
+
+# --------------------------------------------------------------------------------------------
+# 20/s across workers, with kills
+
+
+def _rate_run(procs: Procs, ids: list[str], *, kill: bool, pool: int | None,
+              workers: list[Any]) -> None:
+    obs = procs.observer
+    _enqueue(procs.url, [RunRequest("paced", str(i).encode(), rid)
+                         for i, rid in enumerate(ids)])
+    if kill:
+        # mid-test: the controller, then a worker (its horse or executors go with it)
+        wait_for(lambda: obs.status(ids[len(ids) // 4]) == "succeeded" or None,
+                 timeout=600, what="a quarter of the runs done")
+        ctl = next(p for p in procs.procs if p.role == "controller")
+        ctl.kill9()
+        procs.controller()
+        wait_for(lambda: obs.status(ids[len(ids) // 2]) == "succeeded" or None,
+                 timeout=600, what="half of the runs done")
+        victim = workers[0]
+        for pid in [*victim.children(), victim.pid]:
+            with_suppress_kill(pid)
+        victim.popen.wait(timeout=10)
+        procs.worker(pool=pool)
+    for rid in ids:
+        obs.wait_status(rid, "succeeded", timeout=900)
+
+
+def with_suppress_kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _check_bound(procs: Procs, ids: list[str], step: str, rate: int) -> dict[str, Any]:
+    starts = _starts(procs, ids, step)
+    assert set(starts) == set(ids), "a run has no recorded start of its step"
+    most = _most_in_window(list(starts.values()), 1000)
+    span_s = (max(starts.values()) - min(starts.values())) / 1000
+    client = procs.observer.client
+    pipe = client.pipeline(transaction=False)
+    store = RunStore(open_store(procs.url))
+    for rid in ids:
+        pipe.hget(store.keys.run(rid), "attempt")
+    deliveries = sum(int(a) for a in pipe.execute())
+    figures = {"runs": len(ids), "most_per_1s_window": most, "span_s": round(span_s, 1),
+               "admitted_per_s": round((len(ids) - 1) / span_s, 2) if span_s else None,
+               "deliveries_per_run": round(deliveries / len(ids), 2)}
+    print(json.dumps(figures))
+    assert most <= rate, figures
+    assert most >= rate - 2, figures  # the limit is used, not just never exceeded
+    return figures
+
+
+@pytest.mark.parametrize("pool", [None, 4], ids=["4-forking-workers", "pool-4"])
+def test_twenty_a_second_across_workers_with_kills(procs: Procs, pool: int | None) -> None:
+    workers = procs.start(workers=1 if pool else 4, pool=pool)
+    if pool:  # two supervisors of 4 executors: one is killed mid-test
+        workers.append(procs.worker(pool=pool))
+    ids = [f"r{i}" for i in range(2000)]
+    _rate_run(procs, ids, kill=True, pool=pool, workers=workers)
+    _check_bound(procs, ids, "paced.call_api#0", 20)
+    # every admission recorded once, and the limit holds nobody now
+    store = RunStore(open_store(procs.url))
+    assert store.client.zcard(store.keys.rate_queue(rate_id("paced"))) == 0
+    assert int(store.client.hget(store.keys.rate_state(rate_id("paced")), "admissions")) \
+        >= len(ids)
+
+
+def test_twenty_a_second_on_a_cluster(cluster_url: str, tmp_path: Path) -> None:
+    procs = Procs(cluster_url, tmp_path / "procs", sources=PROCS_SOURCES)
+    try:
+        workers = procs.start(workers=1, pool=4)
+        ids = [f"c{i}" for i in range(400)]
+        _rate_run(procs, ids, kill=False, pool=4, workers=workers)
+        _check_bound(procs, ids, "paced.call_api#0", 20)
+    finally:
+        procs.stop_all()
+        print(procs.report())
+
+
+def test_limit_inside_a_body_sync_and_async(procs: Procs) -> None:
+    procs.start(workers=1, pool=4)
+    ids = [f"s{i}" for i in range(60)] + [f"a{i}" for i in range(60)]
+    _enqueue(procs.url, [RunRequest("inner_limited" if rid[0] == "s" else "inner_async",
+                                    b"1", rid) for rid in ids])
+    for rid in ids:
+        procs.observer.wait_status(rid, "succeeded", timeout=300)
+    sync = _starts(procs, ids[:60], "inner_limited.call_api#1")
+    asyn = _starts(procs, ids[60:], "inner_async.call_api#0")
+    # one limit ("api") shared by both workflows
+    assert _most_in_window([*sync.values(), *asyn.values()], 1000) <= 20
+    assert procs.observer.view("s0") is not None
+    assert procs.cli("status", "s0").returncode == 0
+
+
+# --------------------------------------------------------------------------------------------
+# order of arrival per key
+
+
+def test_held_runs_released_in_arrival_order_per_key(procs: Procs) -> None:
+    procs.start(workers=1)  # one forking worker: arrival order is the enqueue order
+    ids = [f"o{i}" for i in range(24)]
+    customers = {rid: ("acme" if i % 2 else "zeta") for i, rid in enumerate(ids)}
+    _enqueue(procs.url, [RunRequest("per_customer", json.dumps(
+        {"customer": customers[rid], "n": i}).encode(), rid) for i, rid in enumerate(ids)])
+    obs = procs.observer
+    waiting = wait_for(lambda: obs.view(ids[-1]) if obs.status(ids[-1]) in (
+        "waiting", "succeeded") else None, timeout=60, what="the last run reached its limit")
+    assert waiting is not None
+    done = procs.cli("status", ids[-1])
+    assert "rate_limit" in done.stdout or "succeeded" in done.stdout, done.stdout
+    for rid in ids:
+        obs.wait_status(rid, "succeeded", timeout=120)
+    admitted: dict[str, int] = {}
+    for rid in ids:
+        ev = next(e for e in obs.events(rid) if e.type == "rate_admitted")
+        admitted[rid] = int(ev.data["at_ms"])
+        assert ev.data["limit"] == f"per_customer[customer={customers[rid]}]"
+    for customer in ("acme", "zeta"):
+        mine = [rid for rid in ids if customers[rid] == customer]
+        assert sorted(mine, key=lambda r: admitted[r]) == mine  # arrival order
+        gaps = [admitted[b] - admitted[a] for a, b in itertools.pairwise(mine)]
+        assert min(gaps) >= 250  # 4/s
+    # the two keys do not wait for each other: they interleave
+    both = sorted(ids, key=lambda r: admitted[r])
+    assert {customers[r] for r in both[:4]} == {"acme", "zeta"}
+
+
+# --------------------------------------------------------------------------------------------
+# the CLI
+
+
+def test_limits_cli_list_set_reset_and_bad_input(procs: Procs) -> None:
+    procs.start(workers=1)
+    _enqueue(procs.url, [RunRequest("per_customer", b'{"customer": "acme"}', "l1")])
+    procs.observer.wait_status("l1", "succeeded", timeout=60)
+    listed = procs.cli("limits", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert rows["paced"]["rate"] == "20/s" and rows["paced"]["held"] == 0
+    acme = rows["per_customer[customer=acme]"]
+    assert (acme["rate"], acme["family"], acme["admissions"]) == ("4/s", "per_customer", 1)
+    assert acme["last_admission_ms"]
+    changed = procs.cli("limits", "set", "per_customer", "2/min", "--burst", "3", "--json")
+    assert changed.returncode == 0, changed.stderr
+    rows = {r["name"]: r for r in json.loads(procs.cli("limits", "--json").stdout)}
+    acme = rows["per_customer[customer=acme]"]
+    assert (acme["rate"], acme["burst"], acme["overridden"], acme["source"]) == (
+        "2/min", 3, True, "4/s")
+    text = procs.cli("limits")
+    assert "per_customer[customer=acme]  2/min burst 3 (set at run time; source: 4/s)" \
+        in text.stdout
+    back = procs.cli("limits", "reset", "per_customer", "--json")
+    assert back.returncode == 0 and json.loads(back.stdout)["rate"] == "4/s"
+    for args, needle in [(("limits", "set", "paced", "fast"), "invalid rate 'fast'"),
+                         (("limits", "set", "paced", "0/s"), "invalid rate '0/s'"),
+                         (("limits", "set", "paced", "5/s", "--burst", "0"), "invalid burst"),
+                         (("limits", "set", "nosuch", "5/s"), "unknown rate limit 'nosuch'"),
+                         (("limits", "reset", "nosuch"), "unknown rate limit 'nosuch'")]:
+        done = procs.cli(*args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr
+    # nothing was changed by the refused commands
+    rows = {r["name"]: r for r in json.loads(procs.cli("limits", "--json").stdout)}
+    assert not any(r["overridden"] for r in rows.values())
+
+
+def test_a_rate_set_at_run_time_applies(procs: Procs) -> None:
+    procs.start(workers=1, pool=2)
+    assert procs.cli("limits", "set", "paced", "5/s").returncode == 0
+    ids = [f"v{i}" for i in range(15)]
+    _enqueue(procs.url, [RunRequest("paced", b"1", rid) for rid in ids])
+    for rid in ids:
+        procs.observer.wait_status(rid, "succeeded", timeout=120)
+    starts = _starts(procs, ids, "paced.call_api#0")
+    assert _most_in_window(list(starts.values()), 1000) <= 5
+
+
+# --------------------------------------------------------------------------------------------
+# the test kit: virtual time
+
+
+def test_the_kit_applies_limits_by_virtual_time() -> None:
+    from marbles_rq.testing import Environment
+
+    env = Environment()
+    handles = [env.start("per_customer", {"customer": "k", "n": i}) for i in range(6)]
+    env.run_until_idle()
+    assert [env.status(h).status for h in handles] == ["succeeded"] + ["waiting"] * 5
+    env.advance(0.25)
+    assert [env.status(h).status for h in handles].count("succeeded") == 2
+    env.advance(2)
+    assert [env.result(h) for h in handles] == list(range(6))
+    at = [next(e for e in env.output(h) if e.type == "rate_admitted").data["at_ms"]
+          for h in handles]
+    assert [b - a for a, b in itertools.pairwise(at)] == [250] * 5
