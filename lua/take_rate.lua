@@ -13,9 +13,7 @@ An admission is remembered for keep_ms under the caller's token (run id and call
 the same token asking again (a resend, or a redelivery whose ledger lost the admission)
 gets the same admission, and takes nothing more.
 KEYS[1] state hash      {P:rate:<id>}:state     tat (us), head and since when (us), last
-                                                admission (ms), admissions, seq, lag (us:
-                                                how late held runs come back for their
-                                                turn, averaged; it spaces the estimates)
+                                                admission (ms), admissions, seq
 KEYS[2] queue zset      {P:rate:<id>}:queue     token -> arrival number (the FIFO)
 KEYS[3] admitted zset   {P:rate:<id>}:admitted  token -> admission (server ms)
 ARGV[1] token           "<run id>|<ledger key>": one per call place of a run
@@ -28,9 +26,8 @@ Returns:
                                  (a token admitted before: nothing taken)
   {"held", turn_ms, position, queued}
                                  not yet: queued (or kept) at <position> (0: the head);
-                                 its turn comes at about turn_ms (server ms), assuming
-                                 the runs ahead of it are as late for theirs as recent
-                                 ones were
+                                 its turn comes at about turn_ms (server ms), at the
+                                 earliest: if the runs ahead of it take theirs on time
 Writes: HSET KEYS[1]; ZADD/ZREM KEYS[2]; ZADD/ZREMRANGEBYSCORE KEYS[3]
 ]]
 local state, queue, admitted = KEYS[1], KEYS[2], KEYS[3]
@@ -46,12 +43,11 @@ local seen = redis.call('ZSCORE', admitted, token)
 if seen then return {'admitted', tonumber(seen), 0} end
 redis.call('ZREMRANGEBYSCORE', admitted, '-inf', '(' .. (now_ms - keep_ms))
 
-local s = redis.call('HMGET', state, 'tat', 'head', 'since', 'seq', 'lag')
+local s = redis.call('HMGET', state, 'tat', 'head', 'since', 'seq')
 local tat = tonumber(s[1] or '0') or 0
 local tol = (burst - 1) * interval
 local ready = tat - tol  -- the earliest instant the next admission may take place
 local head, since = s[2] or '', tonumber(s[3] or '0') or 0
-local lag = tonumber(s[5] or '0') or 0
 
 -- The head as the queue has it now; a new head's turn is counted from when it became one.
 local function front()
@@ -71,10 +67,7 @@ for _ = 1, 10 do
 end
 
 if (not first or first == token) and now_us >= ready then
-  if redis.call('ZREM', queue, token) == 1 then
-    lag = math.min(lag * 0.7 + (now_us - math.max(ready, since)) * 0.3, 10 * interval)
-    redis.call('HSET', state, 'lag', us(lag))
-  end
+  redis.call('ZREM', queue, token)
   redis.call('ZADD', admitted, now_ms, token)
   redis.call('HSET', state, 'tat', us(math.max(tat, now_us) + interval), 'last', now_ms)
   redis.call('HINCRBY', state, 'admissions', 1)
@@ -88,5 +81,8 @@ if not redis.call('ZSCORE', queue, token) then
   first = front()
 end
 local position = redis.call('ZRANK', queue, token)
-local turn = math.max(ready, now_us) + position * (interval + lag)
+-- Never later than the run's real turn (those ahead cannot pass faster than the rate), so a
+-- held run is never woken late by its estimate; one woken early asks again and parks until
+-- its new, nearer estimate.
+local turn = math.max(ready, now_us) + position * interval
 return {'held', math.ceil(turn / 1000), position, redis.call('ZCARD', queue)}

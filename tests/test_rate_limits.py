@@ -24,6 +24,7 @@ from marbles_rq.engine.rate_specs import Rate, RateError, interval_us, rate_id
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
 from tests.procs import Procs, wait_for
+from tests.redis_procs import RedisServer
 
 RATE_SOURCE = Path(__file__).with_name("rate_workflows.py")
 PROCS_SOURCES = (RATE_SOURCE,)
@@ -34,8 +35,8 @@ def _registry() -> None:
     load_source(str(RATE_SOURCE))  # the test process enqueues these workflows itself
 
 
-def _enqueue(url: str, requests: list[RunRequest]) -> None:
-    with mr.connect(url) as client:
+def _enqueue(url: str, requests: list[RunRequest], rq_url: str | None = None) -> None:
+    with mr.connect(url, rq_url=rq_url) as client:
         handles = client.start_many([mr.StartRequest(r.name, input_json=r.input, id=r.run_id)
                                      for r in requests])
     assert all(h.created for h in handles)
@@ -153,7 +154,7 @@ def _rate_run(procs: Procs, ids: list[str], *, kill: bool, pool: int | None,
               workers: list[Any]) -> None:
     obs = procs.observer
     _enqueue(procs.url, [RunRequest("paced", str(i).encode(), rid)
-                         for i, rid in enumerate(ids)])
+                         for i, rid in enumerate(ids)], procs.env.get("MARBLES_RQ_URL"))
     if kill:
         # mid-test: the controller, then a worker (its horse or executors go with it)
         wait_for(lambda: obs.status(ids[len(ids) // 4]) == "succeeded" or None,
@@ -182,9 +183,8 @@ def _check_bound(procs: Procs, ids: list[str], step: str, rate: int) -> dict[str
     assert set(starts) == set(ids), "a run has no recorded start of its step"
     most = _most_in_window(list(starts.values()), 1000)
     span_s = (max(starts.values()) - min(starts.values())) / 1000
-    client = procs.observer.client
-    pipe = client.pipeline(transaction=False)
     store = RunStore(open_store(procs.url))
+    pipe = store.client.pipeline(transaction=False)
     for rid in ids:
         pipe.hget(store.keys.run(rid), "attempt")
     deliveries = sum(int(a) for a in pipe.execute())
@@ -212,8 +212,11 @@ def test_twenty_a_second_across_workers_with_kills(procs: Procs, pool: int | Non
         >= len(ids)
 
 
-def test_twenty_a_second_on_a_cluster(cluster_url: str, tmp_path: Path) -> None:
+def test_twenty_a_second_on_a_cluster(cluster_url: str, redis_server: RedisServer,
+                                      tmp_path: Path) -> None:
     procs = Procs(cluster_url, tmp_path / "procs", sources=PROCS_SOURCES)
+    procs.env["MARBLES_RQ_URL"] = redis_server.url  # RQ on a standalone Redis (README)
+    procs.env["MARBLES_TEST_EFFECTS_URL"] = redis_server.url  # the observer's plain client
     try:
         workers = procs.start(workers=1, pool=4)
         ids = [f"c{i}" for i in range(400)]

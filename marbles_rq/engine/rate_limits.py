@@ -16,7 +16,8 @@ newcomer never passes a waiting queue, so runs are let through in order of arriv
 wakes about once (a run woken before its turn, because those ahead took theirs late, parks
 again until its new estimate). A head that comes back within IN_PLACE_MS of its turn waits
 in place (a sleep of at most that long) rather than park again: the trip back through the
-controller would eat that much of the rate. A head that has not come back STALE_MS after
+controller would eat that much of the rate (so does the run next after it: it becomes the
+head one interval later). A head that has not come back STALE_MS after
 its turn (cancelled, lost) is dropped so it cannot block the rest.
 
 **Recorded once.** The admission is a ledger entry of its own (``<frame>.|rate:<name>#<n>``,
@@ -58,8 +59,8 @@ log = logging.getLogger("marbles_rq.engine.rate_limits")
 RATE_PREFIX = "|rate:"
 WORKFLOW_LIMIT = "|rate@workflow"
 EARLY_MS = 100  # a held run's timer fires this much before its estimated turn ...
-IN_PLACE_MS = 150  # ... and a head this close to its turn waits for it in place
-_IN_PLACE_TRIES = 4
+IN_PLACE_MS = 150  # ... and a run this close to it, the head or next, waits in place
+IN_PLACE_MAX_S = 0.3  # for at most this long in all, then it parks again
 
 
 def rate_limit(name: str, rate: str | Rate) -> Any:
@@ -131,16 +132,18 @@ def _take(run: Run, name: str, family: str, declared: Rate, marker: str) -> None
     rate: Rate = run.call_store(rates.effective, name, family, declared)
     token = f"{run.run_id}|{key}"
     virtual = run.ex.clock is not None
-    for _ in range(_IN_PLACE_TRIES):
+    give_up = time.monotonic() + IN_PLACE_MAX_S
+    while True:
         taken = run.call_store(rates.take, name, token, rate)
         if taken.status == "admitted":
             break
         wait_ms = taken.at_ms - run.ex.server_now_ms()
-        if virtual or taken.position > 0 or wait_ms > IN_PLACE_MS:
+        # Only the head and the next wait in place: a worker's executors all taken by runs
+        # waiting behind a head would keep the head itself from being executed.
+        if virtual or taken.position > 1 or wait_ms > IN_PLACE_MS or \
+                time.monotonic() + wait_ms / 1000 > give_up:
             _park(run, name, family, taken.at_ms, taken.position, taken.queued, virtual)
-        time.sleep(max(wait_ms, 1) / 1000)
-    else:
-        _park(run, name, family, taken.at_ms, taken.position, taken.queued, virtual)
+        time.sleep(max(wait_ms, 2) / 1000)
     at = taken.at_ms
     record = StepRecord(version=1, key=key, name=marker, status="succeeded", attempts=0,
                         result=msgspec.Raw(msgspec.json.encode({"limit": name,
