@@ -343,3 +343,65 @@ def test_the_kit_applies_limits_by_virtual_time() -> None:
     at = [next(e for e in env.output(h) if e.type == "rate_admitted").data["at_ms"]
           for h in handles]
     assert [b - a for a, b in itertools.pairwise(at)] == [250] * 5
+
+
+# --------------------------------------------------------------------------------------------
+# the HTTP API and the clients
+
+
+def test_limits_over_http_and_from_both_clients(procs: Procs) -> None:
+    import asyncio
+
+    from marbles_rq.engine.rate_store import UnknownRateLimitError
+    from tests.test_web_api import API_TOKEN, curl
+    from tests.web_stack import start_web
+
+    web = start_web(procs, extra_env={"MARBLES_API_TOKEN": API_TOKEN})
+    procs.worker()
+    _enqueue(procs.url, [RunRequest("per_customer", b'{"customer": "acme"}', "h1")])
+    procs.observer.wait_status("h1", "succeeded", timeout=60)
+    got = curl(web, "GET", "/api/limits")
+    assert got.status == 200, got.body
+    names = {r["name"]: r for r in got.json()["limits"]}
+    assert names["per_customer[customer=acme]"]["admissions"] == 1
+    put = curl(web, "PUT", "/api/limits/paced", {"rate": "5/s", "burst": 2})
+    assert put.status == 200, put.body
+    assert (put.json()["rate"], put.json()["burst"], put.json()["overridden"]) == ("5/s", 2,
+                                                                                 True)
+    for body, status, code in [({"rate": "fast"}, 400, "invalid_rate"),
+                               ({"rate": "5/s", "burst": 0}, 400, "invalid_rate"),
+                               ({"rat": "5/s"}, 400, "invalid_request")]:
+        refused = curl(web, "PUT", "/api/limits/paced", body)
+        assert (refused.status, refused.error()["code"]) == (status, code), refused.body
+    assert curl(web, "PUT", "/api/limits/paced", raw=b"{nope").error()["code"] == \
+        "malformed_json"
+    unknown = curl(web, "PUT", "/api/limits/nosuch", {"rate": "5/s"})
+    assert (unknown.status, unknown.error()["code"]) == (404, "unknown_rate_limit")
+    assert curl(web, "DELETE", "/api/limits/nosuch").status == 404
+    # the refusals changed nothing
+    after = {r["name"]: r for r in curl(web, "GET", "/api/limits").json()["limits"]}
+    assert (after["paced"]["rate"], after["paced"]["burst"]) == ("5/s", 2)
+    reset = curl(web, "DELETE", "/api/limits/paced")
+    assert reset.status == 200 and reset.json()["overridden"] is False
+    assert reset.json()["rate"] == "20/s"
+
+    with mr.connect(procs.url) as client:
+        assert client.set_rate_limit("paced", "10/min").rate == "10/min"
+        with pytest.raises(RateError, match="invalid rate"):
+            client.set_rate_limit("paced", "often")
+        with pytest.raises(UnknownRateLimitError, match="unknown rate limit 'nosuch'"):
+            client.reset_rate_limit("nosuch")
+
+    async def from_asyncio() -> None:
+        async with mr.connect_async(procs.url) as client:
+            listed = {i.name: i for i in await client.rate_limits()}
+            assert listed["paced"].rate == "10/min" and listed["paced"].overridden
+            assert (await client.reset_rate_limit("paced")).rate == "20/s"
+            with pytest.raises(UnknownRateLimitError):
+                await client.set_rate_limit("nosuch", "1/s")
+
+    asyncio.run(from_asyncio())
+    info = procs.cli("info", "--json")
+    assert info.returncode == 0, info.stderr
+    assert {"name": "paced", "rate": "20/s", "burst": 1, "held": 0,
+            "last_admission": None} in json.loads(info.stdout)["rate_limits"]
