@@ -104,9 +104,10 @@ def _script_calls(url: str, prefix: str) -> None:
     lim = dict(state_key=keys.rate_state(ident), queue_key=keys.rate_queue(ident),
                admitted_key=keys.rate_admitted(ident))
 
-    def take(token: str, interval: int = 10_000_000, burst: int = 1, stale: int = 60_000) -> Any:
+    def take(token: str, interval: int = 10_000_000, burst: int = 1, stale: int = 60_000,
+             lookahead: int = 0) -> Any:
         return scripts.take_rate(**lim, token=token, interval_us=interval, burst=burst,
-                                 stale_ms=stale, keep_ms=60_000)
+                                 stale_ms=stale, keep_ms=60_000, lookahead_us=lookahead)
 
     first = take("a")
     assert first.status == "admitted" and int(first.values[1]) == 1
@@ -135,6 +136,20 @@ def _script_calls(url: str, prefix: str) -> None:
                admitted_key=keys.rate_admitted(ident2))
     got = [take(t, burst=3).status for t in ("p", "q", "r", "s")]
     assert got == ["admitted", "admitted", "admitted", "held"]
+    # the head chain: a lookahead of two intervals releases the first two queued runs (the
+    # caller wakes them); the rest wait for the chain (their near flag is 0); an admission
+    # releases the runs newly within the lookahead, each once
+    ident3 = rate_id("c")
+    lim.update(state_key=keys.rate_state(ident3), queue_key=keys.rate_queue(ident3),
+               admitted_key=keys.rate_admitted(ident3))
+    chain = dict(interval=20_000, lookahead=40_000)
+    assert take("h0", **chain).status == "admitted"
+    held = [take(t, **chain) for t in ("h1", "h2", "h3", "h4")]
+    assert [int(h.values[3]) for h in held] == [1, 1, 0, 0]
+    time.sleep(0.03)
+    first = take("h1", **chain)
+    assert first.status == "admitted" and [v.decode() for v in first.values[2:]] == ["h3"]
+    assert take("h1", **chain).values[2:] == []  # a resend releases nobody again
 
 
 def test_take_rate_script(redis_url: str) -> None:

@@ -8,17 +8,25 @@ admissions at least one interval (period / N) apart, so no window of one period 
 than N; ``mr.Rate("25/s", burst=5)`` lets 5 through at once after a quiet spell.
 
 **Held runs hold no worker.** A run the limit refuses joins the limit's queue (in the same
-script: one FIFO per limit, in order of arrival) and parks, reason ``rate_limit``, with a
-durable timer at its estimated turn less EARLY_MS; the controller wakes it like any timer
-(after a restart too: the timer is the run's own, nothing else has to remember it). Woken,
-the run replays to the same call and asks again. Only the queue's head may pass, and a
-newcomer never passes a waiting queue, so runs are let through in order of arrival and each
-wakes about once (a run woken before its turn, because those ahead took theirs late, parks
-again until its new estimate). A head that comes back within IN_PLACE_MS of its turn waits
-in place (a sleep of at most that long) rather than park again: the trip back through the
-controller would eat that much of the rate (so does the run next after it: it becomes the
-head one interval later). A head that has not come back STALE_MS after
-its turn (cancelled, lost) is dropped so it cannot block the rest.
+script: one FIFO per limit, in order of arrival) and parks, reason ``rate_limit``. Only the
+queue's head may pass, and a newcomer never passes a waiting queue, so runs are let through
+in order of arrival. Who wakes a held run:
+
+* *the head chain*: each admission releases the held runs whose turn now comes within
+  LOOKAHEAD_MS (engine/rate_store.py), each once, and the admitted run's worker wakes them
+  at once (wake_run, cause ``rate``), so a held run is woken about once, near its turn, and
+  nothing polls;
+* *its own timer*: a released run (or one queued within the lookahead) parks with a durable
+  timer at its estimated turn less EARLY_MS; one not released yet with a timer at twice its
+  estimated wait plus FALLBACK_MS, the safety net for a worker killed between an admission
+  and its wakes. The controller fires timers like any other (after a restart too): nothing
+  else has to remember a held run, so a kill -9 of anything strands none.
+
+Estimates assume the runs ahead take their turns on time, so they are never late; a run woken
+before its turn asks again and parks again. One among the first three within IN_PLACE_MS of
+its turn waits in place (at most IN_PLACE_MAX_S in all) rather than park: the trip back
+through the controller would eat that much of the rate. A head that has not come back
+STALE_MS after its turn (cancelled, lost) is dropped so it cannot block the rest.
 
 **Recorded once.** The admission is a ledger entry of its own (``<frame>.|rate:<name>#<n>``,
 outside the frame's positions, like a patch decision: a limit added under running runs moves
@@ -44,8 +52,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import redis
 
+from ..errors import MarblesError
 from ..store.records import StepRecord
+from ..store.redis_errors import one_line
 from .authoring import InputError
 from .context import Run, awaitable_here, check_branch, check_not_in_foreign_thread, current
 from .rate_specs import MAX_NAME, Rate, as_rate, check_name
@@ -53,14 +64,18 @@ from .waiting import ParkRun, Wait
 
 if TYPE_CHECKING:
     from .authoring import WorkflowDef
+    from .rate_store import Taken
 
 log = logging.getLogger("marbles_rq.engine.rate_limits")
 
 RATE_PREFIX = "|rate:"
 WORKFLOW_LIMIT = "|rate@workflow"
-EARLY_MS = 100  # a held run's timer fires this much before its estimated turn ...
-IN_PLACE_MS = 150  # ... and a run this close to it, the head or next, waits in place
+EARLY_MS = 100  # a released run's timer fires this much before its estimated turn ...
+IN_PLACE_MS = 150  # ... and a run this close to it, among the first three, waits in place
 IN_PLACE_MAX_S = 0.3  # for at most this long in all, then it parks again
+# A run not released yet waits for the chain's wake; its own timer, a safety net (the worker
+# that should wake it was killed in between), fires at twice its estimated wait plus this.
+FALLBACK_MS = 10_000
 
 
 def rate_limit(name: str, rate: str | Rate) -> Any:
@@ -138,12 +153,14 @@ def _take(run: Run, name: str, family: str, declared: Rate, marker: str) -> None
         if taken.status == "admitted":
             break
         wait_ms = taken.at_ms - run.ex.server_now_ms()
-        # Only the head and the next wait in place: a worker's executors all taken by runs
-        # waiting behind a head would keep the head itself from being executed.
-        if virtual or taken.position > 1 or wait_ms > IN_PLACE_MS or \
+        # Only the first three wait in place: a worker's executors all taken by runs waiting
+        # behind a head would keep the head itself from being executed.
+        if virtual or taken.position > 2 or wait_ms > IN_PLACE_MS or \
                 time.monotonic() + wait_ms / 1000 > give_up:
-            _park(run, name, family, taken.at_ms, taken.position, taken.queued, virtual)
+            _park(run, name, family, taken, virtual)
         time.sleep(max(wait_ms, 2) / 1000)
+    if taken.release and not virtual:
+        _release(run, taken.release)
     at = taken.at_ms
     record = StepRecord(version=1, key=key, name=marker, status="succeeded", attempts=0,
                         result=msgspec.Raw(msgspec.json.encode({"limit": name,
@@ -157,14 +174,39 @@ def _take(run: Run, name: str, family: str, declared: Rate, marker: str) -> None
     metrics.rate_admitted(family)
 
 
-def _park(run: Run, name: str, family: str, turn_ms: int, position: int, queued: int,
-          virtual: bool) -> None:
+def _release(run: Run, tokens: tuple[str, ...]) -> None:
+    """Wake the held runs the admission released (their turn is near): each is delivered
+    now. A failure leaves them to their own timers."""
+    from .waiting import deliver_now
+
+    waits = run.runs.waits()
+    for token in tokens:
+        run_id = token.split("|", 1)[0]
+        try:
+            status, attempt, queue = waits.wake(run_id, "rate")
+        except (redis.RedisError, MarblesError, OSError) as exc:
+            log.warning("run %s: cannot wake run %s for its rate limit turn (%s); its timer "
+                        "will", run.run_id, run_id, one_line(exc))
+            continue
+        if status == "woken":
+            deliver_now(run.deliver, queue, run_id, attempt)
+
+
+def _park(run: Run, name: str, family: str, taken: Taken, virtual: bool) -> None:
     from .. import metrics
 
     metrics.rate_held(family)
-    wake = max(turn_ms - (0 if virtual else EARLY_MS), run.ex.server_now_ms() + 1)
-    raise ParkRun([Wait("rate_limit", wake_at_ms=wake, details={"rate_limit": {
-        "limit": name, "position": position, "queued": queued, "turn_ms": turn_ms}})])
+    now = run.ex.server_now_ms()
+    turn = taken.at_ms
+    if virtual:
+        wake = turn
+    elif taken.near:
+        wake = turn - EARLY_MS
+    else:  # the chain wakes it; this is the safety net
+        wake = now + 2 * max(turn - now, 0) + FALLBACK_MS
+    raise ParkRun([Wait("rate_limit", wake_at_ms=max(wake, now + 1), details={"rate_limit": {
+        "limit": name, "position": taken.position, "queued": taken.queued,
+        "turn_ms": turn}})])
 
 
 RateKey = str | Callable[[Any], str]

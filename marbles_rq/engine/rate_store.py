@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 STALE_MS = 10_000
 # An admission is remembered this long: a redelivery within it gets the same admission.
 KEEP_MS = 3_600_000
+# Held runs whose turn comes within this are released when a run is admitted: its worker
+# wakes them (the queue's head chain), so a held run is woken about once, near its turn.
+LOOKAHEAD_MS = 120
 # How long a process trusts the rates it read for `limits set` (their changes take effect
 # within this).
 OVERRIDES_TTL_S = 1.0
@@ -45,6 +48,8 @@ class Taken:
     position: int = 0  # held: its place in the queue (0: the head)
     queued: int = 0  # held: runs the limit holds, this one included
     fresh: bool = True  # admitted: just now (False: an earlier admission of the same token)
+    release: tuple[str, ...] = ()  # admitted: the held runs' tokens released now (to wake)
+    near: bool = True  # held: released (its timer at its turn), else the chain wakes it
 
 
 @dataclass(frozen=True)
@@ -108,11 +113,13 @@ class RedisRates:
         reply = self.scripts.take_rate(
             state_key=self.keys.rate_state(ident), queue_key=self.keys.rate_queue(ident),
             admitted_key=self.keys.rate_admitted(ident), token=token,
-            interval_us=rate.interval_us, burst=rate.burst, stale_ms=STALE_MS, keep_ms=KEEP_MS)
-        values = [int(v) for v in reply.values]
+            interval_us=rate.interval_us, burst=rate.burst, stale_ms=STALE_MS, keep_ms=KEEP_MS,
+            lookahead_us=LOOKAHEAD_MS * 1000)
         if reply.status == "admitted":
-            return Taken("admitted", values[0], fresh=values[1] == 1)
-        return Taken("held", values[0], values[1], values[2])
+            return Taken("admitted", int(reply.values[0]), fresh=int(reply.values[1]) == 1,
+                         release=tuple(as_text(t) for t in reply.values[2:]))
+        values = [int(v) for v in reply.values]
+        return Taken("held", values[0], values[1], values[2], near=values[3] == 1)
 
     def note(self, name: str, family: str, declared: Rate) -> None:
         """Record the limit for `limits` (once per process and rate)."""
