@@ -183,6 +183,9 @@ def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_
         from ..metrics import add_collector, start_at_zero
 
         add_collector(store_gauges(settings.runs(), settings.rq(), leading=ctl.leading))
+        from ..controller.rate_gauges import RateGauges
+
+        add_collector(RateGauges(settings.runs(read_only=True)))
         start_at_zero((w.name, w.queue) for w in REGISTRY.workflows.values())
 
     def stop(_signum: int, _frame: Any) -> None:
