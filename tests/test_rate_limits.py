@@ -372,6 +372,7 @@ def test_limits_over_http_and_from_both_clients(procs: Procs) -> None:
     from tests.web_stack import start_web
 
     web = start_web(procs, extra_env={"MARBLES_API_TOKEN": API_TOKEN})
+    procs.controller()
     procs.worker()
     _enqueue(procs.url, [RunRequest("per_customer", b'{"customer": "acme"}', "h1")])
     procs.observer.wait_status("h1", "succeeded", timeout=60)
@@ -416,6 +417,13 @@ def test_limits_over_http_and_from_both_clients(procs: Procs) -> None:
                 await client.set_rate_limit("nosuch", "1/s")
 
     asyncio.run(from_asyncio())
+    # the dashboard's system page lists them, the rate set at run time said so
+    with mr.connect(procs.url) as client:
+        client.set_rate_limit("per_customer", "3/min")
+    page = web.signed_in().get("/system")
+    assert page.status_code == 200
+    assert "Rate limits" in page.text and "per_customer[customer=acme]" in page.text
+    assert "3/min" in page.text and "set at run time (source: 4/s)" in page.text
     info = procs.cli("info", "--json")
     assert info.returncode == 0, info.stderr
     assert {"name": "paced", "rate": "20/s", "burst": 1, "held": 0,
