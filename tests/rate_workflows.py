@@ -53,3 +53,9 @@ def loose(ctx: mr.RunContext, n: int = 0) -> int:
 @mr.workflow
 def unlimited(ctx: mr.RunContext, n: int = 0) -> int:
     return call_api(n)
+
+
+@mr.workflow(rate_limit="10/s", rate_key="region")
+def per_region(ctx: mr.RunContext, inp: dict) -> int:  # type: ignore[type-arg]
+    """Any JSON object: the key's field is checked at enqueue by the limit itself."""
+    return call_api(0)

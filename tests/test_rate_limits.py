@@ -324,6 +324,12 @@ def test_limits_cli_list_set_reset_and_bad_input(procs: Procs) -> None:
         done = procs.cli(*args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr
+    # an input without its rate key is refused at enqueue, nothing recorded
+    done = procs.cli("enqueue", "per_region", "--input", '{"n": 1}', "--id", "nokey")
+    assert done.returncode == 2 and "rate per input field 'region'" in done.stderr, \
+        done.stderr
+    assert done.stderr.count("\n") == 1
+    assert procs.observer.view("nokey") is None
     # nothing was changed by the refused commands
     rows = {r["name"]: r for r in json.loads(procs.cli("limits", "--json").stdout)}
     assert not any(r["overridden"] for r in rows.values())

@@ -97,4 +97,19 @@ def lookup(client: Any, keys: Keyspace, name: str) -> WorkflowDef:
                        concurrency_key=entry.concurrency_key, priority=entry.priority,
                        input_default=msgspec.json.encode(entry.input_default)
                        if entry.has_default or entry.input_default is not None else None,
-                       _version=entry.workflow_version)
+                       _version=entry.workflow_version,
+                       rate_limit=_rate(entry),
+                       rate_key=(entry.rate_key or None) if entry.rate_key != "<function>"
+                       else None)
+
+
+def _rate(entry: Declared) -> Any:
+    """The declared rate limit (its key's value is checked at enqueue as the worker's)."""
+    if not entry.rate_limit or entry.rate_key == "<function>":
+        return None
+    from .rate_specs import Rate, RateError
+
+    try:
+        return Rate(entry.rate_limit, entry.rate_burst)
+    except RateError:
+        return None
