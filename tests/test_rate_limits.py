@@ -273,6 +273,13 @@ def test_held_runs_released_in_arrival_order_per_key(procs: Procs) -> None:
     assert waiting is not None
     done = procs.cli("status", ids[-1])
     assert "rate_limit" in done.stdout or "succeeded" in done.stdout, done.stdout
+    if " waiting " in done.stdout:  # status says which limit, the place and the turn
+        assert "limit per_customer[customer=acme], place " in done.stdout, done.stdout
+    parked = next(e for e in obs.events(ids[-1]) if e.type == "parked")
+    assert parked.data["rate_limit"]["limit"] == "per_customer[customer=acme]"
+    watched = procs.cli("watch", ids[-1], "--no-follow")
+    assert "parked: waiting for rate limit per_customer[customer=acme] (place " in \
+        watched.stdout, watched.stdout
     for rid in ids:
         obs.wait_status(rid, "succeeded", timeout=120)
     admitted: dict[str, int] = {}
