@@ -59,3 +59,9 @@ def unlimited(ctx: mr.RunContext, n: int = 0) -> int:
 def per_region(ctx: mr.RunContext, inp: dict) -> int:  # type: ignore[type-arg]
     """Any JSON object: the key's field is checked at enqueue by the limit itself."""
     return call_api(0)
+
+
+@mr.workflow(rate_limit="1/s", rate_key="customer")
+def slow_customer(ctx: mr.RunContext, order: Order) -> int:
+    """1 a second per customer: runs arrive faster than that, so most are held."""
+    return call_api(order.n)

@@ -263,35 +263,36 @@ def test_limit_inside_a_body_sync_and_async(procs: Procs) -> None:
 
 def test_held_runs_released_in_arrival_order_per_key(procs: Procs) -> None:
     procs.start(workers=1)  # one forking worker: arrival order is the enqueue order
-    ids = [f"o{i}" for i in range(24)]
+    ids = [f"o{i}" for i in range(16)]
     customers = {rid: ("acme" if i % 2 else "zeta") for i, rid in enumerate(ids)}
-    _enqueue(procs.url, [RunRequest("per_customer", json.dumps(
+    _enqueue(procs.url, [RunRequest("slow_customer", json.dumps(
         {"customer": customers[rid], "n": i}).encode(), rid) for i, rid in enumerate(ids)])
     obs = procs.observer
-    waiting = wait_for(lambda: obs.view(ids[-1]) if obs.status(ids[-1]) in (
-        "waiting", "succeeded") else None, timeout=60, what="the last run reached its limit")
-    assert waiting is not None
-    done = procs.cli("status", ids[-1])
-    assert "rate_limit" in done.stdout or "succeeded" in done.stdout, done.stdout
-    if " waiting " in done.stdout:  # status says which limit, the place and the turn
-        assert "limit per_customer[customer=acme], place " in done.stdout, done.stdout
-    parked = next(e for e in obs.events(ids[-1]) if e.type == "parked")
-    assert parked.data["rate_limit"]["limit"] == "per_customer[customer=acme]"
-    watched = procs.cli("watch", ids[-1], "--no-follow")
-    assert "parked: waiting for rate limit per_customer[customer=acme] (place " in \
+    last = ids[-1]
+    wait_for(lambda: obs.status(last) in ("waiting", "succeeded") or None, timeout=60,
+             what="the last run reached its limit")
+    done = procs.cli("status", last)
+    assert " waiting " in done.stdout, done.stdout  # 8 runs of acme at 1/s: it waits
+    assert "rate_limit; limit slow_customer[customer=acme], place " in done.stdout, done.stdout
+    watched = procs.cli("watch", last, "--no-follow")
+    assert "parked: waiting for rate limit slow_customer[customer=acme] (place " in \
         watched.stdout, watched.stdout
     for rid in ids:
         obs.wait_status(rid, "succeeded", timeout=120)
     admitted: dict[str, int] = {}
+    held = 0
     for rid in ids:
-        ev = next(e for e in obs.events(rid) if e.type == "rate_admitted")
+        events = obs.events(rid)
+        held += any(e.type == "parked" for e in events)
+        ev = next(e for e in events if e.type == "rate_admitted")
         admitted[rid] = int(ev.data["at_ms"])
-        assert ev.data["limit"] == f"per_customer[customer={customers[rid]}]"
+        assert ev.data["limit"] == f"slow_customer[customer={customers[rid]}]"
+    assert held >= len(ids) // 2, held  # the limit held most of them: the order is tested
     for customer in ("acme", "zeta"):
         mine = [rid for rid in ids if customers[rid] == customer]
         assert sorted(mine, key=lambda r: admitted[r]) == mine  # arrival order
         gaps = [admitted[b] - admitted[a] for a, b in itertools.pairwise(mine)]
-        assert min(gaps) >= 250  # 4/s
+        assert min(gaps) >= 1000  # 1/s
     # the two keys do not wait for each other: they interleave
     both = sorted(ids, key=lambda r: admitted[r])
     assert {customers[r] for r in both[:4]} == {"acme", "zeta"}
