@@ -25,6 +25,7 @@ from marbles_rq.engine.runs import RunStore
 from marbles_rq.store import open_store
 from tests.procs import Procs, wait_for
 from tests.redis_procs import RedisServer
+from tests.test_web_browser import browser, shots  # noqa: F401 (fixtures)
 
 RATE_SOURCE = Path(__file__).with_name("rate_workflows.py")
 PROCS_SOURCES = (RATE_SOURCE,)
@@ -442,3 +443,35 @@ def test_limits_over_http_and_from_both_clients(procs: Procs) -> None:
     assert info.returncode == 0, info.stderr
     assert {"name": "paced", "rate": "20/s", "burst": 1, "held": 0,
             "last_admission": None} in json.loads(info.stdout)["rate_limits"]
+
+
+# --------------------------------------------------------------------------------------------
+# the dashboard, in a browser
+
+
+def test_the_dashboard_shows_rate_limits(procs: Procs, browser: Any,  # noqa: F811
+                                         shots: Path) -> None:  # noqa: F811
+    from tests.test_web_browser import Page, expect
+    from tests.web_stack import start_web
+
+    web = start_web(procs)
+    procs.start(workers=1)
+    ids = [f"b{i}" for i in range(4)]
+    _enqueue(procs.url, [RunRequest("slow_customer", b'{"customer": "acme"}', rid)
+                         for rid in ids])
+    wait_for(lambda: procs.observer.status(ids[-1]) == "waiting" or None, timeout=60,
+             what="a run held by the limit")
+    with mr.connect(procs.url) as client:
+        client.set_rate_limit("slow_customer", "1/s", burst=1)
+    for width, name in ((1280, "wide"), (390, "narrow")):
+        tab = Page(browser, web, width=width)
+        tab.sign_in()
+        page = tab.goto("/system")
+        row = page.locator("tr", has_text="slow_customer[customer=acme]")
+        expect(row).to_be_visible()
+        expect(row.locator("td[data-label='Rate']")).to_contain_text(
+            "set at run time (source: 1/s)")
+        tab.shot(shots, f"rate-limits-system-{name}")
+        tab.close()
+    for rid in ids:
+        procs.observer.wait_status(rid, "succeeded", timeout=60)
