@@ -13,7 +13,8 @@ ARGV[1] run_id
 ARGV[2] ctl_epoch       the calling controller's lease epoch; '' = not the controller
 ARGV[3] cause           timer (wakes only once its wake time has come) | child (from a
                         settled child, not the controller: wakes only a run that waits for
-                        children)
+                        children) | rate (a rate limit's turn comes: wakes only a run that
+                        waits for a rate limit, whatever its timer)
 ARGV[4] grace_ms        the dispatch check comes due after this long
 ARGV[5] event           JSON data of the "woken" output event
 Returns:
@@ -38,10 +39,13 @@ if ARGV[2] ~= '' then
   if seen < tonumber(ARGV[2]) then redis.call('HSET', fence, 'epoch', ARGV[2]) end
 end
 local r = redis.pcall('HMGET', run, 'status', 'attempt', 'pause', 'queue', 'wake_at',
-  'wake_pending', 'wait_for')
+  'wake_pending', 'wait_for', 'wait_reason')
 if r.err then
   redis.call('ZREM', waits, run_id)
   return {'idle', 'corrupt'}
+end
+if ARGV[3] == 'rate' and (r[1] ~= 'waiting' or r[8] ~= 'rate_limit') then
+  return {'idle', r[1] or 'missing'}  -- it moved on: nothing to wake, its index kept
 end
 if r[1] == 'running' then
   -- Marked as a child's: it requeues the run only if it parks waiting for children. An

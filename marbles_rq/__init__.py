@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from .engine.authoring import step, workflow
     from .engine.execute import RunContext, current
     from .engine.patches import deprecate_patch, patched
+    from .engine.rate_limits import rate_limit
+    from .engine.rate_specs import Rate
     from .engine.retry_policy import NonRetryable, Retry
     from .engine.signals import SignalTimeoutError
     from .engine.undo_refs import CompensationError
@@ -63,6 +65,7 @@ __all__ = [
     "MarblesError",
     "MemoryStore",
     "NonRetryable",
+    "Rate",
     "RedisStore",
     "ResultTimeoutError",
     "Retry",
@@ -89,6 +92,7 @@ __all__ = [
     "parallel",
     "patched",
     "publish",
+    "rate_limit",
     "report",
     "schedule",
     "send_event",
@@ -121,6 +125,7 @@ _HOME = {
     "AsyncRunContext": ".engine.async_run",
     "patched": ".engine.patches", "deprecate_patch": ".engine.patches",
     "Retry": ".engine.retry_policy", "NonRetryable": ".engine.retry_policy",
+    "rate_limit": ".engine.rate_limits", "Rate": ".engine.rate_specs",
     "MarblesError": ".errors",
     "RedisStore": ".store", "Store": ".store", "open_store": ".store",
     "Keyspace": ".store.keys",

@@ -164,6 +164,12 @@ class Metrics:
             "marbles_rq_pause_notices_total", "Pause notifications POSTed to MARBLES_NOTIFY_URL, "
             "by outcome: delivered, retried (a try failed), dropped (out of tries).",
             ["outcome"])
+        self.rate_admissions = counter(
+            "marbles_rq_rate_admissions_total", "Runs a rate limit let through, by limit (a "
+            "workflow's limit per key counts under the workflow's name).", ["limit"])
+        self.rate_waits = counter(
+            "marbles_rq_rate_waits_total", "Times a rate limit held a run (it parked until its "
+            "turn; a run woken early and parked again counts again), by limit.", ["limit"])
         self.redis_errors = counter(
             "marbles_rq_redis_errors_total", "Redis errors met, by kind (timeout, connection, "
             "oom, readonly, other); a resent script call counts each failed send.", ["kind"])
@@ -200,7 +206,7 @@ def enabled() -> bool:
     return _M is not None
 
 
-_LABELS: dict[str, set[str]] = {"workflow": set(), "queue": set()}
+_LABELS: dict[str, set[str]] = {"workflow": set(), "queue": set(), "limit": set()}
 # The workflows this process defines, as the engine's registry lists them (it installs
 # itself with `know_workflows`; this module sits below the engine and never imports it).
 # While none are known, any name is a label.
@@ -223,7 +229,7 @@ def bounded(kind: str, value: str) -> str:
             known = _known_workflows()
             if known and value not in known:
                 return OTHER
-        elif not _QUEUE_NAME.fullmatch(value):
+        elif kind == "queue" and not _QUEUE_NAME.fullmatch(value):
             return OTHER
         if len(seen) >= MAX_LABEL_VALUES:
             return OTHER
@@ -342,6 +348,16 @@ def schedule_late(workflow: str, seconds: float) -> None:
 def timer_late(seconds: float) -> None:
     if _M is not None:
         _M.timer_lateness.observe(max(0.0, seconds))
+
+
+def rate_admitted(family: str) -> None:
+    if _M is not None:
+        _child(_M.rate_admissions, bounded("limit", family)).inc()
+
+
+def rate_held(family: str) -> None:
+    if _M is not None:
+        _child(_M.rate_waits, bounded("limit", family)).inc()
 
 
 def redis_error_kind(exc: BaseException) -> str:

@@ -69,6 +69,8 @@ def test_every_public_name_is_its_modules_object() -> None:
         "marbles_rq.engine.async_run": ["AsyncRunContext"],
         "marbles_rq.engine.patches": ["deprecate_patch", "patched"],
         "marbles_rq.engine.retry_policy": ["NonRetryable", "Retry"],
+        "marbles_rq.engine.rate_limits": ["rate_limit"],
+        "marbles_rq.engine.rate_specs": ["Rate"],
         "marbles_rq.errors": ["MarblesError", "RunSettledError"],
         "marbles_rq.store": ["RedisStore", "Store", "open_store"],
         "marbles_rq.store.keys": ["Keyspace"],

@@ -74,6 +74,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "get": ("published", "get"),
     "signal": ("signals", "signal"),
     "info": ("info", "info"), "completion": ("completion", "completion"),
+    "limits": ("limits", "limits"),
 }
 
 # How --help groups them: section -> (command, summary, example). Static, so the listing and
@@ -137,6 +138,8 @@ SECTIONS: dict[str, list[tuple[str, str, str]]] = {
         ("doctor", "Check Redis: durability, script permission, layout.", "marbles-rq doctor"),
         ("health", "Is this host's controller or worker alive?", "marbles-rq health worker"),
         ("leader", "Which controller leads (each lane's).", "marbles-rq leader"),
+        ("limits", "Rate limits: rates, held runs; set one at run time.",
+         "marbles-rq limits set stripe 25/s --burst 5"),
         ("buckets", "The bucket layout; grow the bucket count.", "marbles-rq buckets show"),
         ("completion", "Print the shell completion script.",
          "eval \"$(marbles-rq completion bash)\""),
@@ -371,10 +374,12 @@ def _known_failure(exc: Exception, argv: list[str] | None) -> tuple[str, int] | 
     if errors is not None and isinstance(exc, errors.MarblesError):
         from ..engine.authoring import DefinitionError, InputError, UnknownWorkflowError
         from ..engine.execution import RunNotFoundError
+        from ..engine.rate_specs import RateError
+        from ..engine.rate_store import UnknownRateLimitError
         from ..triggers.schedule_spec import UnknownScheduleError
 
         bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError,
-                     UnknownScheduleError)
+                     UnknownScheduleError, RateError, UnknownRateLimitError)
         return str(exc), EXIT_INPUT if isinstance(exc, bad_input) else EXIT_PROBLEM
     return None
 

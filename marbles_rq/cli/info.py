@@ -66,7 +66,18 @@ def read_info(settings: Settings) -> dict[str, Any]:
                  "waiting_due": sum(int(n) for n in counts[1::3]),
                  "open_questions": sum(int(n) for n in counts[2::3]),
                  "failed_last_hour": failed_since(settings, now_ms - HOUR_MS, now_ms)},
+        "rate_limits": _rate_limits(settings),
     }
+
+
+def _rate_limits(settings: Settings) -> list[dict[str, Any]]:
+    """Each rate limit with its rate in force and the runs it holds (engine/rate_limits.py)."""
+    from ..engine.rate_store import catalog_rates
+
+    reader = settings.runs(read_only=True)
+    found = reader.rates().list(catalog_rates(reader.client, reader.keys))
+    return [{"name": i.name, "rate": i.rate, "burst": i.burst, "held": i.held,
+             "last_admission": _iso(i.last_ms or None)} for i in found]
 
 
 def _lanes(settings: Settings) -> list[dict[str, Any]]:
@@ -157,6 +168,10 @@ def plain_lines(data: dict[str, Any]) -> list[str]:
     out.append(f"runs: {r['running']} running, {r['waiting_due']} waiting for a due time, "
                f"{r['open_questions']} open questions, {r['failed_last_hour']} failed in "
                f"the last hour")
+    for limit in data.get("rate_limits", []):
+        out.append(f"rate limit {limit['name']}: {limit['rate']}"
+                   + (f" burst {limit['burst']}" if limit["burst"] != 1 else "")
+                   + f", {limit['held']} held")
     return out
 
 
@@ -189,3 +204,9 @@ def _tables(data: dict[str, Any]) -> None:
     render.table(["RUNNING", "WAITING (DUE TIME)", "OPEN QUESTIONS", "FAILED (LAST HOUR)"],
                  [[str(r["running"]), str(r["waiting_due"]), str(r["open_questions"]),
                    render.cell(failed, "bold red" if failed else None)]])
+    if data.get("rate_limits"):
+        out.print()
+        render.table(["RATE LIMIT", "RATE", "BURST", "HELD", "LAST ADMISSION"],
+                     [[x["name"], x["rate"], str(x["burst"]), str(x["held"]),
+                       render.when(x["last_admission"])] for x in data["rate_limits"]],
+                     title="rate limits")

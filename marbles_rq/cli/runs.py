@@ -317,6 +317,12 @@ def _waiting(waiting: dict[str, Any]) -> str:
                                (wanted.get("match") or {}).items()))
     if what.get("signals"):
         parts.append("signal " + ", ".join(what["signals"]))
+    held = what.get("rate_limit")
+    if isinstance(held, dict):
+        turn = int(held.get("turn_ms") or 0)
+        parts.append(f"limit {held.get('limit')}, place {int(held.get('position') or 0) + 1} "
+                     f"of {held.get('queued')}, turn about "
+                     + time.strftime("%H:%M:%S", time.gmtime(turn / 1000)) + f".{turn % 1000:03d}Z")
     if waiting.get("reason") in ("retry", "failed_step") or what.get("max_attempts"):
         parts.append(_step_wait(what))
     elif what.get("until_ms"):

@@ -41,6 +41,7 @@ from .views import BulkSummary, Outcome, OutputEntry, QuestionInfo, RunsPage, Ru
 if TYPE_CHECKING:
     from ..engine.gate_specs import Decision
     from ..engine.history import History
+    from ..engine.rate_store import RateLimitInfo
 
 T = TypeVar("T")
 
@@ -121,6 +122,16 @@ class AsyncClient:
 
     async def runs(self, **filters: Any) -> RunsPage:
         return await self._call(self.sync.runs, **filters)
+
+    async def rate_limits(self) -> list[RateLimitInfo]:
+        return await self._call(self.sync.rate_limits)
+
+    async def set_rate_limit(self, name: str, rate: str,
+                             burst: int | None = None) -> RateLimitInfo:
+        return await self._call(self.sync.set_rate_limit, name, rate, burst)
+
+    async def reset_rate_limit(self, name: str) -> RateLimitInfo:
+        return await self._call(self.sync.reset_rate_limit, name)
 
     async def feed(self, limit: int = 100) -> list[QuestionInfo]:
         return await self._call(self.sync.feed, limit)

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from ..engine.gate_specs import Decision
     from ..engine.history import History
     from ..engine.ops import Enqueued, RunRequest
+    from ..engine.rate_store import RateLimitInfo
     from ..engine.rerun import Rerun
     from ..engine.signals import SignalSent, SignalStarted
     from ..transport.lanes import Lanes
@@ -527,6 +528,35 @@ class Client:
         return run_bulk(self, action, target, key=key, note=note, from_step=from_step,
                         rerun_key_=rerun_key, batch=batch, on_batch=on_batch,
                         should_stop=should_stop)
+
+    # -- rate limits (engine/rate_limits.py) ------------------------------------------------
+
+    def rate_limits(self) -> list[RateLimitInfo]:
+        """Every rate limit declared or taken: rate in force, burst, held runs, last
+        admission."""
+        from ..engine.rate_store import catalog_rates
+
+        store = self.reader
+        return store.rates().list(catalog_rates(store.client, store.keys))
+
+    def set_rate_limit(self, name: str, rate: str, burst: int | None = None) -> RateLimitInfo:
+        """Change limit `name`'s rate (or every limit of workflow `name`) until
+        `reset_rate_limit`; workers apply it within a second. RateError for a bad rate,
+        UnknownRateLimitError for a name never declared nor taken."""
+        from ..engine.rate_specs import Rate, check_burst
+        from ..engine.rate_store import catalog_rates
+
+        store = self.runs_store
+        limit = Rate(rate.strip() if isinstance(rate, str) else rate,
+                     1 if burst is None else check_burst(burst))
+        return store.rates().set(name, limit, catalog_rates(store.client, store.keys))
+
+    def reset_rate_limit(self, name: str) -> RateLimitInfo:
+        """Back to the rate the source declares."""
+        from ..engine.rate_store import catalog_rates
+
+        store = self.runs_store
+        return store.rates().reset(name, catalog_rates(store.client, store.keys))
 
     def feed(self, limit: int = 100) -> list[QuestionInfo]:
         """Open questions and approvals across runs, oldest first (`limit`: 1 to 1000)."""

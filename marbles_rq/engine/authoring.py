@@ -151,6 +151,10 @@ class WorkflowDef:
     concurrency: int = 0
     concurrency_key: str | None = None
     priority: int = 0
+    # Rate limit (engine/rate_limits.py): a rate string or mr.Rate, taken before the body
+    # runs; per value of `rate_key` (an input field, or a function of the input) when given.
+    rate_limit: Any = None
+    rate_key: Any = None
     # The input parameter's Python default (`def body(ctx, n: int = 5)`) as JSON: what an
     # omitted input means; None when the parameter has none.
     input_default: bytes | None = field(default=None, repr=False)
@@ -393,7 +397,8 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
              debounce_key: Any = None, debounce_max: str | float | None = None,
              debounce_reduce: Callable[[Any, Any], Any] | None = None,
              throttle: str | None = None, throttle_key: Any = None,
-             singleton: str | None = None, singleton_key: Any = None) -> Any:
+             singleton: str | None = None, singleton_key: Any = None,
+             rate_limit: Any = None, rate_key: Any = None) -> Any:
     """Register a workflow: ``def body(ctx)`` or ``def body(ctx, inp: InputType)``.
     A finished run is kept `retention_s` seconds (default 7 days), then pruned.
     `concurrency=N`: at most N runs execute at once across the fleet; with
@@ -406,7 +411,10 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     declared last, or on the one marked `current=True`. `retry=mr.Retry(...)` and
     `on_exhausted=` ("fail" | "pause"): the defaults of its steps (a step's own win).
     `debounce`, `throttle`, `singleton` (with their `*_key`): what an enqueue does first
-    (engine/enqueue_gates.py)."""
+    (engine/enqueue_gates.py). `rate_limit="100/min"` (or ``mr.Rate("100/min",
+    burst=10)``): runs start their body at most at that rate, held (parked) in order of
+    arrival; per value of `rate_key` (an input field, or a function of the input returning
+    a string) when given (engine/rate_limits.py)."""
     from .fingerprint import version_problem
     from .limit_specs import definition_problem
     from .tags import TagError, check_tags
@@ -414,6 +422,10 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     problem = queue_problem(queue) or definition_problem(concurrency, concurrency_key,
                                                          priority) or (
         None if version is None else version_problem(version))
+    if problem is None:
+        from .rate_specs import definition_problem as rate_problem
+
+        problem = rate_problem(rate_limit, rate_key)
     if problem is None and not isinstance(current, bool):
         problem = f"current= must be True or False, not {current!r}"
     if problem is not None:
@@ -456,6 +468,13 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
                 takes_input=input_param is not None)
         except GateSpecError as exc:
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): {exc}") from None
+        if rate_limit is not None:
+            from .rate_specs import as_rate
+
+            definition.rate_limit, definition.rate_key = as_rate(rate_limit), rate_key
+        if isinstance(rate_key, str) and input_param is None:
+            raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): rate_key "
+                                  f"{rate_key!r} names an input field, but it takes no input")
         if concurrency_key is not None and input_param is None:
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): concurrency_key "
                                   f"{concurrency_key!r} names an input field, but it takes "

@@ -44,6 +44,10 @@ class Declared(msgspec.Struct, kw_only=True, frozen=True):
     versions: list[str] = msgspec.field(default_factory=list)
     # Its debounce, throttle or singleton (engine/gate_specs.py Gate.to_json); None: none.
     gate: dict[str, Any] | None = None
+    # Its rate limit ("" none) and burst, and the key: an input field, "<function>", or "".
+    rate_limit: str = ""
+    rate_burst: int = 1
+    rate_key: str = ""
 
 
 def declared(definition: WorkflowDef, versions: list[str] | None = None) -> Declared:
@@ -57,7 +61,11 @@ def declared(definition: WorkflowDef, versions: list[str] | None = None) -> Decl
                     input_default=None if definition.input_default is None
                     else msgspec.json.decode(definition.input_default),
                     has_default=definition.input_default is not None,
-                    gate=None if definition.gate is None else definition.gate.to_json())
+                    gate=None if definition.gate is None else definition.gate.to_json(),
+                    rate_limit=definition.rate_limit.text if definition.rate_limit else "",
+                    rate_burst=definition.rate_limit.burst if definition.rate_limit else 1,
+                    rate_key=definition.rate_key if isinstance(definition.rate_key, str)
+                    else "<function>" if definition.rate_key is not None else "")
 
 
 def declare(client: Any, keys: Keyspace, registry: Registry) -> None:
@@ -94,6 +102,21 @@ def lookup(client: Any, keys: Keyspace, name: str) -> WorkflowDef:
                        concurrency_key=entry.concurrency_key, priority=entry.priority,
                        input_default=msgspec.json.encode(entry.input_default)
                        if entry.has_default or entry.input_default is not None else None,
-                       _version=entry.workflow_version)
+                       _version=entry.workflow_version,
+                       rate_limit=_rate(entry),
+                       rate_key=(entry.rate_key or None) if entry.rate_key != "<function>"
+                       else None)
     found.gate = from_json(entry.gate)
     return found
+
+
+def _rate(entry: Declared) -> Any:
+    """The declared rate limit (its key's value is checked at enqueue as the worker's)."""
+    if not entry.rate_limit or entry.rate_key == "<function>":
+        return None
+    from .rate_specs import Rate, RateError
+
+    try:
+        return Rate(entry.rate_limit, entry.rate_burst)
+    except RateError:
+        return None

@@ -402,7 +402,16 @@ class RunContext:
         if self.ex.replay_only:
             raise StopExecution(REPLAY_REACHED_NEW_WORK)
         call.attempts += 1
-        self._begin(call.definition, call.record("running"))
+        running = call.record("running")
+        # The first step after a rate limit's admission starts at the admission instant
+        # (engine/rate_limits.py): the starts a limit lets through keep its spacing.
+        admitted = self.ex.admitted_ms
+        if admitted:
+            running = msgspec.structs.replace(running, at_ms=admitted)
+        try:
+            self._begin(call.definition, running, admitted)
+        finally:
+            self.ex.admitted_ms = 0
 
     def encode_result(self, call: StepCall, value: Any) -> bytes:
         result = msgspec.json.encode(value)
@@ -438,7 +447,7 @@ class RunContext:
         return step_retry.failed(self, call, failure, _error(failure, call.key), tried, args,
                                  kwargs or {})
 
-    def _begin(self, definition: StepDef, running: StepRecord) -> None:
+    def _begin(self, definition: StepDef, running: StepRecord, admitted_ms: int = 0) -> None:
         """Start a step attempt. A step with no retries, started while the execution's last
         look at cancel, pause and the deadline (the reply of its start or of the previous
         commit) is fresh, runs at once: its start is written with its commit, one round trip
@@ -452,7 +461,7 @@ class RunContext:
                 not ex.deadline_ms or ex.server_now_ms() < ex.deadline_ms):
             self._watchdog.raise_if_stopped()
             check_branch()
-            started_ms = ex.server_now_ms()
+            started_ms = admitted_ms or ex.server_now_ms()
             self._watchdog.defer_start(StepStart(
                 running.key, running,
                 event(step=running.key, attempt=running.attempts, started_ms=started_ms),
@@ -807,7 +816,7 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
     waits = parked.waits
     reasons = {w.reason for w in waits}
     reason = next(r for r in ("paused", "failed_step", "question", "signal", "child", "event",
-                              "timer", "retry") if r in reasons)
+                              "timer", "retry", "rate_limit") if r in reasons)
     wake_at = min((w.wake_at_ms for w in waits if w.wake_at_ms), default=0)
     wait_for: dict[str, Any] = {}
     questions = [q for w in waits for q in w.questions]
@@ -844,7 +853,12 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
 
 
 def _run_body(ctx: RunContext, definition: Any, value: Any, watchdog: Watchdog) -> Any:
-    """The workflow body's output (an async body on this thread's loop)."""
+    """The workflow body's output (an async body on this thread's loop), after its rate
+    limit admitted the run (a held run parks here)."""
+    if definition.rate_limit is not None:
+        from .rate_limits import admit_run
+
+        admit_run(ctx, definition, value)
     if definition.is_async:
         from .async_run import run_body
 

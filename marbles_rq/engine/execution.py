@@ -115,6 +115,9 @@ class Execution:
     # A virtual clock (epoch ms) that replaces the server's for this execution: runs in
     # memory (engine/memory_store.py: the dry run, the test kit) read their time from it.
     clock: Callable[[], int] | None = None
+    # A rate limit's admission (server ms) the next step started records as its start
+    # (engine/rate_limits.py); 0 when none is pending.
+    admitted_ms: int = 0
     # The test kit's overrides of step bodies (marbles_rq/testing: mocks, injected
     # failures): given the step's ledger key and definition, the definition to run.
     override_step: Callable[[str, Any], Any] | None = None

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -36,6 +36,9 @@ from ..store.records import (
 from .execution import Execution, HeldCommit, RunNotFoundError, stamp, take_due_starts
 from .runs import TERMINAL, TIMEOUT_ERROR, OutputEvent, Recorded, RunView, Started, cancel_marker
 from .waits import Question
+
+if TYPE_CHECKING:
+    from .rate_store import MemoryRates
 
 MEMORY_WORKER = "memory"
 
@@ -247,7 +250,9 @@ class MemoryRuns:
             run = self._run(ex)
             ex.seq += 1
             run.ledger[record.key] = stamp(record, ex)
-            self._emit(run, "step_started", {"step": record.key, "attempt": record.attempts})
+            self._emit(run, "step_started", {"step": record.key, "attempt": record.attempts,
+                                             **({"started_ms": ex.admitted_ms}
+                                                if ex.admitted_ms else {})})
             ex.flags_at = time.monotonic()
             return "ok"
 
@@ -559,6 +564,14 @@ class MemoryRuns:
         return "plain", 0, ""  # not reached: a run here is never cancelled while running
 
     # -- reading --------------------------------------------------------------------------
+
+    def rates(self) -> MemoryRates:
+        rates = self.__dict__.get("_rates")
+        if rates is None:
+            from .rate_store import MemoryRates
+
+            rates = self.__dict__["_rates"] = MemoryRates(self.clock.now_ms)
+        return rates
 
     def waits(self) -> MemoryWaits:
         return MemoryWaits(self)

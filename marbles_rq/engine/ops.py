@@ -160,8 +160,12 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
             problem := limit_specs.priority_problem(request.priority)) is not None:
         raise InputError(problem)
     definition = registry.workflow(request.name)
-    _, recorded_input = definition.parse_input(request.input, strict=request.strict)
+    value, recorded_input = definition.parse_input(request.input, strict=request.strict)
     concurrency, label = limits.limit_of(definition, recorded_input)
+    if definition.rate_limit is not None and isinstance(definition.rate_key, str):
+        from .rate_limits import limit_name
+
+        limit_name(definition, value)  # an input without its rate key is refused here
     return RunRecord(version=1, id=run_id, name=definition.name,
                      queue=request.queue or definition.queue,
                      input=msgspec.Raw(recorded_input), requested_at_ms=int(time.time() * 1000),

@@ -101,6 +101,12 @@ def _parked(d: dict[str, Any]) -> str:
             _event_kind(e) + "".join(f" {k}={json.dumps(v)}" for k, v in
                                      (e.get("match") or {}).items())
             for e in d["events"] if isinstance(e, dict))
+    if reason == "rate_limit" and isinstance(d.get("rate_limit"), dict):
+        held = d["rate_limit"]
+        at = int(held.get("turn_ms") or 0)
+        return (f"rate limit {held.get('limit')} (place {int(held.get('position') or 0) + 1} "
+                f"of {held.get('queued')}, turn about "
+                + time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + f".{at % 1000:03d})")
     return "resume" if reason == "paused" else str(reason)
 
 

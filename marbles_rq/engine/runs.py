@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import redis
@@ -46,6 +46,9 @@ from .execution import (
 from .limit_specs import delivery_queue, limit_field
 from .undo_refs import MARKER_KEY
 from .waits import WaitStore
+
+if TYPE_CHECKING:
+    from .rate_store import RedisRates
 
 log = logging.getLogger("marbles_rq.engine.runs")
 
@@ -358,7 +361,9 @@ class RunStore:
             status = self.scripts.start_step(
                 keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=False,
                 starts=[(record.key, encode(stamp(record, ex)),
-                         event(step=record.key, attempt=record.attempts))]).status
+                         event(step=record.key, attempt=record.attempts,
+                               **({"started_ms": ex.admitted_ms} if ex.admitted_ms else {})))]
+            ).status
             if status == "ok":
                 ex.flags_at = sent
             return status
@@ -620,6 +625,15 @@ class RunStore:
                                             attempt=attempt, worker=worker).status
 
     # -- reading --------------------------------------------------------------------------
+
+    def rates(self) -> RedisRates:
+        """Rate limits (engine/rate_store.py); one per store, so it keeps its cache."""
+        rates = self.__dict__.get("_rates")
+        if rates is None:
+            from .rate_store import RedisRates
+
+            rates = self.__dict__["_rates"] = RedisRates(self.client, self.keys, self.scripts)
+        return rates
 
     def waits(self) -> WaitStore:
         """Questions, reports, parking and waking of this store's runs. (A method, so the

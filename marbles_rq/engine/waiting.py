@@ -58,7 +58,8 @@ class Wait:
     asks: list[AskRecord] = field(default_factory=list)
     ledger: list[StepRecord] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # {source, type, match}
-    # Shown in status with what it waits for: a retry's or a paused step's facts.
+    # Shown in status with what it waits for: a retry's, a paused step's or a rate limit's
+    # facts.
     detail: dict[str, Any] = field(default_factory=dict)
 
 

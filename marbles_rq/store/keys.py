@@ -599,3 +599,26 @@ class Keyspace:
     def singleton_pointer(self, digest: str) -> str:
         """String: "<run id>|<set at ms>" of the unfinished run of a singleton key."""
         return f"{self.tag_of(digest)}:one:{digest}"
+    # -- rate limits, each under a tag of its own (engine/rate_limits.py) -------------------
+
+    def rate_state(self, rate_id: str) -> str:
+        """A rate limit's GCRA state (engine/rate_limits.py), under the limit's own tag."""
+        return f"{{{self.prefix}:rate:{rate_id}}}:state"
+
+    def rate_queue(self, rate_id: str) -> str:
+        """The runs a rate limit holds, in order of arrival."""
+        return f"{{{self.prefix}:rate:{rate_id}}}:queue"
+
+    def rate_admitted(self, rate_id: str) -> str:
+        """A rate limit's recent admissions, by token (a resend takes nothing more)."""
+        return f"{{{self.prefix}:rate:{rate_id}}}:admitted"
+
+    @property
+    def rate_names(self) -> str:
+        """Every rate limit seen: name -> JSON (its family, the rate its source declares)."""
+        return f"{{{self.prefix}}}:rate_names"
+
+    @property
+    def rate_overrides(self) -> str:
+        """Rates set at run time (`limits set`): name -> "<rate>|<burst>"."""
+        return f"{{{self.prefix}}}:rate_overrides"

@@ -787,6 +787,16 @@ class Scripts:
         return self._reply("release_slot", [slots_key, holders_key], [run_id, holder],
                            ("ok", "not_held")).status
 
+    def take_rate(self, *, state_key: str, queue_key: str, admitted_key: str, token: str,
+                  interval_us: int, burst: int, stale_ms: int, keep_ms: int,
+                  lookahead_us: int) -> Reply:
+        """{"admitted", at_ms, fresh, token...} | {"held", turn_ms, position, queued, near};
+        safe to resend (an admitted token answers admitted again, releasing nobody twice;
+        a queued one keeps its place)."""
+        return self._reply("take_rate", [state_key, queue_key, admitted_key],
+                           [token, interval_us, burst, stale_ms, keep_ms, lookahead_us],
+                           ("admitted", "held"))
+
     def hold_run(self, *, keys: RunKeys, run_id: str, attempt: int, base_ms: int, cap_ms: int,
                  jitter: float, note: str, event: bytes) -> Reply:
         """{"ok", attempt, delay_ms} | {"moved", status}. A resend finds the run under the

@@ -48,6 +48,8 @@ STATUS: dict[str, int] = {
     "invalid_filter": 400,  # a bulk operation's filter that cannot select
     "invalid_tag": 400,  # a tag key or value outside its pattern, too many tags
     "run_not_found": 404,
+    "unknown_rate_limit": 404,  # a rate limit no workflow declares and no run took
+    "invalid_rate": 400,  # a rate string or burst outside its pattern
     "unknown_question": 404,
     "not_published": 404,  # the run has not published that key (or finished without it)
     "published_wait_timeout": 408,

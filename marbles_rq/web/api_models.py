@@ -161,6 +161,32 @@ class OpenBatches(msgspec.Struct, frozen=True):
     """Open event batches, oldest first."""
 
     batches: list[OpenBatchInfo]
+class RateLimit(msgspec.Struct, frozen=True):
+    """A rate limit: the rate in force (set at run time, else the source's), its burst, the
+    runs it holds and its last admission (epoch ms, null: none yet)."""
+
+    name: str
+    family: str
+    rate: str
+    burst: int
+    source: str
+    overridden: bool
+    held: int
+    admissions: int
+    last_admission_ms: int | None = None
+
+
+class RateLimits(msgspec.Struct, frozen=True):
+    """Every rate limit declared or taken."""
+
+    limits: list[RateLimit]
+
+
+class RateLimitBody(msgspec.Struct, forbid_unknown_fields=True):
+    """A rate to set at run time: N/s, N/min, N/h or N/<count><unit> (5/10s); burst >= 1."""
+
+    rate: str
+    burst: int | None = None
 
 
 class Feed(msgspec.Struct, frozen=True):

@@ -17,7 +17,11 @@ from .security import CSRF_FIELD, SESSION_COOKIE, SESSION_TTL_S
 
 
 def system_context(web: Web) -> dict[str, Any]:
-    return dict(system=reads.system(web.settings))
+    from ..engine.rate_store import catalog_rates
+
+    runs = web.settings.runs(read_only=True)
+    return dict(system=reads.system(web.settings),
+                rate_limits=runs.rates().list(catalog_rates(runs.client, runs.keys)))
 
 
 def routes(web: Web) -> list[BaseRoute]:

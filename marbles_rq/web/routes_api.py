@@ -48,6 +48,9 @@ from .api_models import (
     NoteBody,
     OpenBatches,
     OpenBatchInfo,
+    RateLimit,
+    RateLimitBody,
+    RateLimits,
     RetryBody,
     RunResult,
     SignalBody,
@@ -235,6 +238,20 @@ class Api:
             limit=int(_number(request, "limit", 50, 1, 10_000, integer=True) or 50),
             cursor=q.get("cursor") or None, tag=q.getlist("tag"))
         return reply(page)
+
+    async def rate_limits(self, request: Request) -> Response:
+        found = await self.client.rate_limits()
+        return reply(RateLimits([msgspec.convert(i.to_dict(), RateLimit) for i in found]))
+
+    async def set_rate_limit(self, request: Request) -> Response:
+        body = await self.json(request, RateLimitBody)
+        info = await self.client.set_rate_limit(request.path_params["name"], body.rate,
+                                                body.burst)
+        return reply(msgspec.convert(info.to_dict(), RateLimit))
+
+    async def reset_rate_limit(self, request: Request) -> Response:
+        info = await self.client.reset_rate_limit(request.path_params["name"])
+        return reply(msgspec.convert(info.to_dict(), RateLimit))
 
     async def feed(self, request: Request) -> Response:
         limit = int(_number(request, "limit", 100, 1, 1000, integer=True) or 100)
@@ -631,6 +648,16 @@ ROUTES: list[ApiRoute] = [
              refusals=(*BODY_REFUSALS, "invalid_event", "invalid_input")),
     ApiRoute("GET", "/api/events/batches", Api.batches,
              "Open event batches (`@mr.on_event(batch=...)`), oldest first", reply=OpenBatches),
+    # -- rate limits (engine/rate_limits.py) -----------------------------------------------
+    ApiRoute("GET", "/api/limits", Api.rate_limits, "Rate limits: rate, burst, held runs",
+             reply=RateLimits),
+    ApiRoute("PUT", "/api/limits/{name}", Api.set_rate_limit,
+             "Set a rate limit's rate (or every limit of a workflow) until it is reset",
+             body=RateLimitBody, reply=RateLimit,
+             refusals=(*BODY_REFUSALS, "invalid_rate", "unknown_rate_limit")),
+    ApiRoute("DELETE", "/api/limits/{name}", Api.reset_rate_limit,
+             "Back to the rate the source declares", reply=RateLimit,
+             refusals=("invalid_rate", "unknown_rate_limit")),
     ApiRoute("GET", "/api/openapi.json", Api.openapi,
              "This document (needs no token)", open=True),
 ]
