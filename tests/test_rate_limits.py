@@ -228,15 +228,18 @@ def test_twenty_a_second_across_workers_with_kills(procs: Procs, pool: int | Non
         >= len(ids)
 
 
+@pytest.mark.parametrize("pool", [None, 4], ids=["4-forking-workers", "pool-4"])
 def test_twenty_a_second_on_a_cluster(cluster_url: str, redis_server: RedisServer,
-                                      tmp_path: Path) -> None:
+                                      tmp_path: Path, pool: int | None) -> None:
     procs = Procs(cluster_url, tmp_path / "procs", sources=PROCS_SOURCES)
     procs.env["MARBLES_RQ_URL"] = redis_server.url  # RQ on a standalone Redis (README)
     procs.env["MARBLES_TEST_EFFECTS_URL"] = redis_server.url  # the observer's plain client
     try:
-        workers = procs.start(workers=1, pool=4)
-        ids = [f"c{i}" for i in range(400)]
-        _rate_run(procs, ids, kill=False, pool=4, workers=workers)
+        workers = procs.start(workers=1 if pool else 4, pool=pool)
+        if pool:
+            workers.append(procs.worker(pool=pool))
+        ids = [f"c{i}" for i in range(2000)]
+        _rate_run(procs, ids, kill=True, pool=pool, workers=workers)
         _check_bound(procs, ids, "paced.call_api#0", 20)
     finally:
         procs.stop_all()
