@@ -1,5 +1,5 @@
 #!lua
---[[ take_rate: a run asks a rate limit to let it through (engine/rate_limits.py). GCRA (a
+--[[ take_rate: a run asks a rate limit to let it through (flow/rate_limits.py). GCRA (a
 generic cell rate algorithm) on the server's clock: the limit keeps a theoretical arrival
 time (tat); a caller passes when now >= tat - tolerance, and then tat = max(tat, now) +
 interval. Burst 1 (tolerance 0) spaces admissions at least one interval apart, so no window

@@ -37,12 +37,12 @@ if TYPE_CHECKING:
     from .engine.authoring import step, workflow
     from .engine.execute import RunContext, current
     from .engine.patches import deprecate_patch, patched
-    from .engine.rate_limits import rate_limit
-    from .engine.rate_specs import Rate
     from .engine.retry_policy import NonRetryable, Retry
     from .engine.signals import SignalTimeoutError
     from .engine.undo_refs import CompensationError
     from .errors import MarblesError, RunSettledError
+    from .flow.rate_limits import rate_limit
+    from .flow.rate_specs import Rate
     from .store import RedisStore, Store, open_store
     from .store.keys import Keyspace
     from .store.memory import MemoryStore
@@ -125,7 +125,7 @@ _HOME = {
     "AsyncRunContext": ".engine.async_run",
     "patched": ".engine.patches", "deprecate_patch": ".engine.patches",
     "Retry": ".engine.retry_policy", "NonRetryable": ".engine.retry_policy",
-    "rate_limit": ".engine.rate_limits", "Rate": ".engine.rate_specs",
+    "rate_limit": ".flow.rate_limits", "Rate": ".flow.rate_specs",
     "MarblesError": ".errors",
     "RedisStore": ".store", "Store": ".store", "open_store": ".store",
     "Keyspace": ".store.keys",

@@ -1,4 +1,4 @@
-"""Debounce, throttle and singleton with real processes (engine/enqueue_gates.py): many
+"""Debounce, throttle and singleton with real processes (flow/enqueue_gates.py): many
 concurrent enqueuer processes against one Redis, a worker and a controller (two, when one is
 killed with SIGKILL mid-window); every outcome counted. The scripts' own decisions are also
 checked on a 3-master cluster. Bad definitions and bad input: one line, exit 2.
@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import redis
 
-from marbles_rq.engine import debounce, enqueue_gates
 from marbles_rq.engine.authoring import DefinitionError, load_source, workflow
-from marbles_rq.engine.gate_specs import digest, gate_of
 from marbles_rq.engine.runs import RunStore
+from marbles_rq.flow import debounce, enqueue_gates
+from marbles_rq.flow.gate_specs import digest, gate_of
 from marbles_rq.store import open_store
 from tests.procs import Procs, wait_for
 

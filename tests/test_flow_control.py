@@ -1,4 +1,4 @@
-"""Flow control with real processes (engine/limits.py): concurrency limits held in the store
+"""Flow control with real processes (flow/limits.py): concurrency limits held in the store
 across a fleet of workers, per key, through a kill -9 of a slot's holder; priorities; bad
 input refused before anything is written. The slot scripts' own semantics are checked first,
 on a server and on a 3-master cluster.
@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import redis
 
-from marbles_rq.engine import limit_specs, limits
 from marbles_rq.engine.authoring import load_source
 from marbles_rq.engine.ops import RunRequest, enqueue_many
 from marbles_rq.engine.runs import RunStore
+from marbles_rq.flow import limit_specs, limits
 from marbles_rq.store import open_store
 from marbles_rq.store.keys import Keyspace
 from marbles_rq.transport.lean import BAND_REFRESH_S

@@ -1,4 +1,4 @@
-"""Rate limits per key (engine/rate_limits.py): the limiter script on a server and on a
+"""Rate limits per key (flow/rate_limits.py): the limiter script on a server and on a
 3-master cluster; 20/s over 2,000 runs on 4 forking workers and on --pool 4, with kill -9 of
 the controller and of a worker mid-test, measured from step starts recorded server-side;
 held runs released in order of arrival per key; `limits` from the CLI; bad input; the test
@@ -20,8 +20,8 @@ import pytest
 import marbles_rq as mr
 from marbles_rq.engine.authoring import DefinitionError, load_source
 from marbles_rq.engine.ops import RunRequest
-from marbles_rq.engine.rate_specs import Rate, RateError, interval_us, rate_id
 from marbles_rq.engine.runs import RunStore
+from marbles_rq.flow.rate_specs import Rate, RateError, interval_us, rate_id
 from marbles_rq.store import open_store
 from tests.procs import Procs, wait_for
 from tests.redis_procs import RedisServer
@@ -385,7 +385,7 @@ def test_the_kit_applies_limits_by_virtual_time() -> None:
 def test_limits_over_http_and_from_both_clients(procs: Procs) -> None:
     import asyncio
 
-    from marbles_rq.engine.rate_store import UnknownRateLimitError
+    from marbles_rq.flow.rate_store import UnknownRateLimitError
     from tests.test_web_api import API_TOKEN, curl
     from tests.web_stack import start_web
 

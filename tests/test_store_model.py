@@ -58,7 +58,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from marbles_rq.engine import fanout, limit_specs, limits
+from marbles_rq.engine import fanout
 from marbles_rq.engine.execution import Execution, event
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.engine.waits import (
@@ -68,6 +68,7 @@ from marbles_rq.engine.waits import (
     WaitStore,
 )
 from marbles_rq.errors import MarblesError
+from marbles_rq.flow import limit_specs, limits
 from marbles_rq.store import open_store
 from marbles_rq.store.records import AskRecord, RunRecord, StepRecord
 

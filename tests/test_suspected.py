@@ -27,12 +27,12 @@ import pytest
 import marbles_rq as mr
 from marbles_rq.controller import Controller
 from marbles_rq.controller.waiting import WaitingDuty
-from marbles_rq.engine import limit_specs, limits
 from marbles_rq.engine.authoring import REGISTRY
 from marbles_rq.engine.execute import execute
 from marbles_rq.engine.ops import RunRequest, prepare
 from marbles_rq.engine.runs import RunStore, RunView
 from marbles_rq.engine.waits import WaitStore
+from marbles_rq.flow import limit_specs, limits
 from marbles_rq.store import open_store
 from marbles_rq.transport.dispatch import rq_connection
 from tests import flow_workflows as fw

@@ -374,8 +374,8 @@ def _known_failure(exc: Exception, argv: list[str] | None) -> tuple[str, int] | 
     if errors is not None and isinstance(exc, errors.MarblesError):
         from ..engine.authoring import DefinitionError, InputError, UnknownWorkflowError
         from ..engine.execution import RunNotFoundError
-        from ..engine.rate_specs import RateError
-        from ..engine.rate_store import UnknownRateLimitError
+        from ..flow.rate_specs import RateError
+        from ..flow.rate_store import UnknownRateLimitError
         from ..triggers.schedule_spec import UnknownScheduleError
 
         bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError,

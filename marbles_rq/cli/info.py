@@ -71,8 +71,8 @@ def read_info(settings: Settings) -> dict[str, Any]:
 
 
 def _rate_limits(settings: Settings) -> list[dict[str, Any]]:
-    """Each rate limit with its rate in force and the runs it holds (engine/rate_limits.py)."""
-    from ..engine.rate_store import catalog_rates
+    """Each rate limit with its rate in force and the runs it holds (flow/rate_limits.py)."""
+    from ..flow.rate_store import catalog_rates
 
     reader = settings.runs(read_only=True)
     found = reader.rates().list(catalog_rates(reader.client, reader.keys))

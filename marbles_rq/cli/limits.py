@@ -1,5 +1,5 @@
 """Rate limit commands: `limits [--json]`, `limits set NAME RATE [--burst N]`, `limits reset
-NAME` (engine/rate_limits.py)."""
+NAME` (flow/rate_limits.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..terminal import safe
 from . import render
 
 if TYPE_CHECKING:
-    from ..engine.rate_store import RateLimitInfo
+    from ..flow.rate_store import RateLimitInfo
 
 
 def _iso(ms: int) -> str:

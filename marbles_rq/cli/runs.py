@@ -98,7 +98,7 @@ def enqueue(settings: Settings, name: str, input_json: str | None, batch: str | 
 
 def _enqueue_gated(settings: Settings, client: Any, run: Any, wait: bool,
                    as_json: bool) -> None:
-    """What a debounce, throttle or singleton decided (engine/gate_specs.py): printed, in
+    """What a debounce, throttle or singleton decided (flow/gate_specs.py): printed, in
     --json under "decision"; dropped and skipped exit 4 and 5 (cli/exits.py)."""
     from .exits import EXIT_DROPPED, EXIT_SKIPPED
 

@@ -39,9 +39,9 @@ from .sync import (
 from .views import BulkSummary, Outcome, OutputEntry, QuestionInfo, RunsPage, RunStatus
 
 if TYPE_CHECKING:
-    from ..engine.gate_specs import Decision
     from ..engine.history import History
-    from ..engine.rate_store import RateLimitInfo
+    from ..flow.gate_specs import Decision
+    from ..flow.rate_store import RateLimitInfo
 
 T = TypeVar("T")
 

@@ -61,12 +61,12 @@ from .views import (
 )
 
 if TYPE_CHECKING:
-    from ..engine.gate_specs import Decision
     from ..engine.history import History
     from ..engine.ops import Enqueued, RunRequest
-    from ..engine.rate_store import RateLimitInfo
     from ..engine.rerun import Rerun
     from ..engine.signals import SignalSent, SignalStarted
+    from ..flow.gate_specs import Decision
+    from ..flow.rate_store import RateLimitInfo
     from ..transport.lanes import Lanes
     from ..triggers.events import Sent
 
@@ -332,7 +332,7 @@ class Client:
 
     def _gated(self, workflow: str | WorkflowDef) -> WorkflowDef | None:
         """The definition of `workflow` when it has a debounce, throttle or singleton
-        (engine/enqueue_gates.py), else None."""
+        (flow/enqueue_gates.py), else None."""
         self.settings.load_source()
         if isinstance(workflow, WorkflowDef):
             definition = workflow
@@ -344,7 +344,7 @@ class Client:
 
     def _start_gated(self, definition: WorkflowDef, record: RunRecord, *, given_id: bool,
                      start_at: bool) -> RunHandle:
-        from ..engine.enqueue_gates import check_request, enqueue
+        from ..flow.enqueue_gates import check_request, enqueue
 
         check_request(definition.gate, given_id=given_id, start_at=start_at)
         done, decision = enqueue(self.runs_store, self.lanes, record, definition)
@@ -529,12 +529,12 @@ class Client:
                         rerun_key_=rerun_key, batch=batch, on_batch=on_batch,
                         should_stop=should_stop)
 
-    # -- rate limits (engine/rate_limits.py) ------------------------------------------------
+    # -- rate limits (flow/rate_limits.py) ------------------------------------------------
 
     def rate_limits(self) -> list[RateLimitInfo]:
         """Every rate limit declared or taken: rate in force, burst, held runs, last
         admission."""
-        from ..engine.rate_store import catalog_rates
+        from ..flow.rate_store import catalog_rates
 
         store = self.reader
         return store.rates().list(catalog_rates(store.client, store.keys))
@@ -543,8 +543,8 @@ class Client:
         """Change limit `name`'s rate (or every limit of workflow `name`) until
         `reset_rate_limit`; workers apply it within a second. RateError for a bad rate,
         UnknownRateLimitError for a name never declared nor taken."""
-        from ..engine.rate_specs import Rate, check_burst
-        from ..engine.rate_store import catalog_rates
+        from ..flow.rate_specs import Rate, check_burst
+        from ..flow.rate_store import catalog_rates
 
         store = self.runs_store
         limit = Rate(rate.strip() if isinstance(rate, str) else rate,
@@ -553,7 +553,7 @@ class Client:
 
     def reset_rate_limit(self, name: str) -> RateLimitInfo:
         """Back to the rate the source declares."""
-        from ..engine.rate_store import catalog_rates
+        from ..flow.rate_store import catalog_rates
 
         store = self.runs_store
         return store.rates().reset(name, catalog_rates(store.client, store.keys))
@@ -602,7 +602,7 @@ class Client:
             return self._cancel_compensate(check_id(run_id, "run id"))
         outcome = runs.cancel(check_id(run_id, "run id"))
         if outcome == "missing":
-            from ..engine.debounce import cancel_window
+            from ..flow.debounce import cancel_window
 
             if cancel_window(runs, self.lanes, run_id):  # a debounce window's run
                 outcome = "cancelled"
@@ -621,7 +621,7 @@ class Client:
         runs = self.runs_store
         outcome, attempt, queue = runs.cancel_compensate(run_id)
         if outcome == "missing":
-            from ..engine.debounce import cancel_window
+            from ..flow.debounce import cancel_window
 
             if cancel_window(runs, self.lanes, run_id):  # a debounce window's run
                 outcome = "cancelled"
@@ -648,7 +648,7 @@ class Client:
         frees it when it settles)."""
         view = self.reader.get(run_id)
         if view is not None and view.record.singleton:
-            from ..engine.singleton import cleared
+            from ..flow.singleton import cleared
 
             cleared(self.runs_store, view.record)
 
@@ -832,7 +832,7 @@ class Client:
                 raise RunNotFoundError(f"no run with id {run_id!r}")
 
     def _window(self, run_id: str) -> RunView | None:
-        from ..engine.debounce import window_view
+        from ..flow.debounce import window_view
 
         return window_view(self.reader, run_id)
 
@@ -968,7 +968,7 @@ class RunHandle:
         self.created, self.workflow, self.queue = created, workflow, queue
         self.dispatched, self.initial_status = dispatched, initial_status
         # What the start did, for a workflow with a debounce, throttle or singleton (started,
-        # merged, dropped, skipped, cancelled_running; engine/gate_specs.py); None without
+        # merged, dropped, skipped, cancelled_running; flow/gate_specs.py); None without
         # one. Dropped: `id` is "" (no run was made).
         self.decision = decision
 

@@ -1,4 +1,4 @@
-"""The controller's part of debounce (engine/debounce.py): close the windows that came due
+"""The controller's part of debounce (flow/debounce.py): close the windows that came due
 and start their runs, each under the id its window was opened with.
 
 A window due is in its bucket's `deb_due` index (scored when it closes); one closed by an
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..engine import debounce
+from ..flow import debounce
 from ..store.redis_errors import one_line
 
 if TYPE_CHECKING:

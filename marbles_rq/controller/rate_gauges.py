@@ -27,7 +27,7 @@ class RateGauges:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from ..engine.rate_store import catalog_rates
+        from ..flow.rate_store import catalog_rates
 
         try:
             found = self.runs.rates().list(catalog_rates(self.runs.client, self.runs.keys))

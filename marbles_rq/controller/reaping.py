@@ -15,8 +15,8 @@ import redis
 
 from .. import metrics
 from ..engine.execution import DISPATCH_GRACE_MS, event
-from ..engine.limits import release_vanished
 from ..errors import MarblesError
+from ..flow.limits import release_vanished
 from ..store.redis_errors import is_outage, one_line
 from ..store.replies import as_text
 

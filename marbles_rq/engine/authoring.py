@@ -145,13 +145,13 @@ class WorkflowDef:
     max_deliveries: int = 20
     retention_s: float = 7 * 86400.0
     _input_type: Any = field(default=None, repr=False)
-    # Flow control (engine/limits.py): at most `concurrency` runs at once (0: no limit),
+    # Flow control (flow/limits.py): at most `concurrency` runs at once (0: no limit),
     # per value of the input field `concurrency_key` when given; `priority` is the runs'
     # default priority (higher before lower within a queue).
     concurrency: int = 0
     concurrency_key: str | None = None
     priority: int = 0
-    # Rate limit (engine/rate_limits.py): a rate string or mr.Rate, taken before the body
+    # Rate limit (flow/rate_limits.py): a rate string or mr.Rate, taken before the body
     # runs; per value of `rate_key` (an input field, or a function of the input) when given.
     rate_limit: Any = None
     rate_key: Any = None
@@ -170,7 +170,7 @@ class WorkflowDef:
     # The default Retry and on_exhausted of its steps (engine/retry_policy.py).
     retry: Any = None
     on_exhausted: str | None = None
-    # Debounce, throttle or singleton (engine/gate_specs.py): what an enqueue does first.
+    # Debounce, throttle or singleton (flow/gate_specs.py): what an enqueue does first.
     gate: Any = field(default=None, repr=False)
 
     @property
@@ -403,7 +403,7 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     A finished run is kept `retention_s` seconds (default 7 days), then pruned.
     `concurrency=N`: at most N runs execute at once across the fleet; with
     `concurrency_key="field"`, at most N per value of that input field. `priority`: the
-    runs' default priority (see engine/limits.py). `tags`: search tags every run carries
+    runs' default priority (see flow/limits.py). `tags`: search tags every run carries
     (engine/tags.py), filterable in `runs --tag key=value`. `version`: the version its runs
     record (1 to 64 of A-Z a-z 0-9 . _ -); default: a fingerprint of the body's and its
     steps' source, which any edit of them changes. Several versions of one name may be
@@ -411,19 +411,19 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
     declared last, or on the one marked `current=True`. `retry=mr.Retry(...)` and
     `on_exhausted=` ("fail" | "pause"): the defaults of its steps (a step's own win).
     `debounce`, `throttle`, `singleton` (with their `*_key`): what an enqueue does first
-    (engine/enqueue_gates.py). `rate_limit="100/min"` (or ``mr.Rate("100/min",
+    (flow/enqueue_gates.py). `rate_limit="100/min"` (or ``mr.Rate("100/min",
     burst=10)``): runs start their body at most at that rate, held (parked) in order of
     arrival; per value of `rate_key` (an input field, or a function of the input returning
-    a string) when given (engine/rate_limits.py)."""
+    a string) when given (flow/rate_limits.py)."""
+    from ..flow.limit_specs import definition_problem
     from .fingerprint import version_problem
-    from .limit_specs import definition_problem
     from .tags import TagError, check_tags
 
     problem = queue_problem(queue) or definition_problem(concurrency, concurrency_key,
                                                          priority) or (
         None if version is None else version_problem(version))
     if problem is None:
-        from .rate_specs import definition_problem as rate_problem
+        from ..flow.rate_specs import definition_problem as rate_problem
 
         problem = rate_problem(rate_limit, rate_key)
     if problem is None and not isinstance(current, bool):
@@ -458,7 +458,7 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
                                  input_default=default, tags=declared_tags,
                                  _version=version, current=current, retry=retry,
                                  on_exhausted=on_exhausted)
-        from .gate_specs import GateSpecError, gate_of
+        from ..flow.gate_specs import GateSpecError, gate_of
 
         try:
             definition.gate = gate_of(
@@ -469,7 +469,7 @@ def workflow(name: str | Callable[..., Any] | None = None, *, queue: str = "defa
         except GateSpecError as exc:
             raise DefinitionError(f"workflow {wf_name!r} ({_where(fn)}): {exc}") from None
         if rate_limit is not None:
-            from .rate_specs import as_rate
+            from ..flow.rate_specs import as_rate
 
             definition.rate_limit, definition.rate_key = as_rate(rate_limit), rate_key
         if isinstance(rate_key, str) and input_param is None:

@@ -140,7 +140,7 @@ def bulk_enqueue(runs: RunStore, rq: RQLike, workflow: str, fh: IO[bytes], *,
     enqueues what is missing (see the module's note on ids)."""
     definition = registry.workflow(workflow)  # an unknown name is refused before reading
     if definition.gate is not None:
-        from .enqueue_gates import GateRefusedError
+        from ..flow.enqueue_gates import GateRefusedError
 
         raise GateRefusedError(f"workflow {definition.name!r} has a {definition.gate.kind}: "
                                f"bulk enqueue does not apply it; enqueue its runs one by one")

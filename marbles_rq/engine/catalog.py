@@ -42,7 +42,7 @@ class Declared(msgspec.Struct, kw_only=True, frozen=True):
     # [] in entries written before workflows had versions).
     workflow_version: str = ""
     versions: list[str] = msgspec.field(default_factory=list)
-    # Its debounce, throttle or singleton (engine/gate_specs.py Gate.to_json); None: none.
+    # Its debounce, throttle or singleton (flow/gate_specs.py Gate.to_json); None: none.
     gate: dict[str, Any] | None = None
     # Its rate limit ("" none) and burst, and the key: an input field, "<function>", or "".
     rate_limit: str = ""
@@ -92,7 +92,7 @@ def lookup(client: Any, keys: Keyspace, name: str) -> WorkflowDef:
             f"unknown workflow {name!r}: no worker of this deployment has declared it "
             f"(start a worker with its source, or import the source in this process)")
     entry = msgspec.json.decode(raw, type=Declared)
-    from .gate_specs import from_json
+    from ..flow.gate_specs import from_json
 
     found = WorkflowDef(name=name, fn=_unavailable,
                        input_param="input" if entry.takes_input else None,
@@ -114,7 +114,7 @@ def _rate(entry: Declared) -> Any:
     """The declared rate limit (its key's value is checked at enqueue as the worker's)."""
     if not entry.rate_limit or entry.rate_key == "<function>":
         return None
-    from .rate_specs import Rate, RateError
+    from ..flow.rate_specs import Rate, RateError
 
     try:
         return Rate(entry.rate_limit, entry.rate_burst)

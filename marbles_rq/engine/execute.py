@@ -22,6 +22,7 @@ import redis
 
 from .. import metrics, tracing
 from ..errors import MarblesError, RedisUnavailableError
+from ..flow.limits import start as start_with_slot
 from ..store.records import ErrorInfo, RunRecord, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
@@ -48,7 +49,6 @@ from .context import (
     now_ms,
 )
 from .execution import Execution, HeldCommit, StepStart, event
-from .limits import start as start_with_slot
 from .runs import TIMEOUT_ERROR, RunStore
 from .waiting import NonDeterminismError, ParkRun, Wait, deliver_now
 from .watchdog_hub import HUB
@@ -404,7 +404,7 @@ class RunContext:
         call.attempts += 1
         running = call.record("running")
         # The first step after a rate limit's admission starts at the admission instant
-        # (engine/rate_limits.py): the starts a limit lets through keep its spacing.
+        # (flow/rate_limits.py): the starts a limit lets through keep its spacing.
         admitted = self.ex.admitted_ms
         if admitted:
             running = msgspec.structs.replace(running, at_ms=admitted)
@@ -856,7 +856,7 @@ def _run_body(ctx: RunContext, definition: Any, value: Any, watchdog: Watchdog) 
     """The workflow body's output (an async body on this thread's loop), after its rate
     limit admitted the run (a held run parks here)."""
     if definition.rate_limit is not None:
-        from .rate_limits import admit_run
+        from ..flow.rate_limits import admit_run
 
         admit_run(ctx, definition, value)
     if definition.is_async:
@@ -878,7 +878,7 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
              deliver: Callable[[str, str, int], bool] | None,
              traced: Any = tracing.NO_SPAN) -> _Outcome:
     limits = limits or Limits()
-    # A run with a concurrency limit takes its slot first, or is handed back (engine/limits).
+    # A run with a concurrency limit takes its slot first, or is handed back (flow/limits).
     started = start_with_slot(runs, run_id, attempt, ttl_ms=lease_ms, worker=worker)
     if started.status == "corrupt":
         log.warning("run %s delivery %s: %s; failing the run", run_id, attempt, started.detail)

@@ -92,7 +92,7 @@ class Execution:
     # When (monotonic) a reply last said the run was not cancelled, paused or past its
     # deadline: start_attempt, start_step or commit_step (measured before the send).
     flags_at: float = field(default_factory=time.monotonic)
-    # The concurrency slot this execution holds (engine/limits.Slot), renewed with its lease.
+    # The concurrency slot this execution holds (flow/limits.Slot), renewed with its lease.
     slot: Any = None
     # When (monotonic, before the send) the lease was last set: start_attempt, a renewal, or
     # a commit that extended it. A commit extends it only when the watchdog's renewals
@@ -116,7 +116,7 @@ class Execution:
     # memory (engine/memory_store.py: the dry run, the test kit) read their time from it.
     clock: Callable[[], int] | None = None
     # A rate limit's admission (server ms) the next step started records as its start
-    # (engine/rate_limits.py); 0 when none is pending.
+    # (flow/rate_limits.py); 0 when none is pending.
     admitted_ms: int = 0
     # The test kit's overrides of step bodies (marbles_rq/testing: mocks, injected
     # failures): given the step's ledger key and definition, the definition to run.

@@ -166,7 +166,7 @@ def _deliver_or_cancel(run: Run, record: RunRecord, committed: str) -> None:
         run.runs.cancel(record.id, f"its parent {run.run_id} stopped before the child was "
                                    f"recorded")
         return
-    from .limit_specs import delivery_queue
+    from ..flow.limit_specs import delivery_queue
 
     deliver_now(run.deliver, delivery_queue(record), record.id, 1)
 

@@ -38,7 +38,7 @@ from .runs import TERMINAL, TIMEOUT_ERROR, OutputEvent, Recorded, RunView, Start
 from .waits import Question
 
 if TYPE_CHECKING:
-    from .rate_store import MemoryRates
+    from ..flow.rate_store import MemoryRates
 
 MEMORY_WORKER = "memory"
 
@@ -568,7 +568,7 @@ class MemoryRuns:
     def rates(self) -> MemoryRates:
         rates = self.__dict__.get("_rates")
         if rates is None:
-            from .rate_store import MemoryRates
+            from ..flow.rate_store import MemoryRates
 
             rates = self.__dict__["_rates"] = MemoryRates(self.clock.now_ms)
         return rates

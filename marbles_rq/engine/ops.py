@@ -13,11 +13,11 @@ import msgspec
 
 from ..envvars import env_int
 from ..errors import InvalidIdError
+from ..flow import limit_specs, limits
 from ..store.ids import check_id
 from ..store.records import RunRecord
 from ..transport.first_delivery import FirstDelivery
 from ..transport.lanes import RQLike
-from . import limit_specs, limits
 from .authoring import REGISTRY, InputError, Registry, queue_problem
 from .runs import Recorded, RunStore, delayed
 
@@ -117,7 +117,7 @@ class RunRequest:
     # than dropping them silently as msgspec does by default. Engine-made runs (events,
     # schedules, monitors) keep msgspec's default.
     strict: bool = False
-    # Higher runs first within the queue, PRIORITY_MIN..PRIORITY_MAX (engine/limit_specs.py);
+    # Higher runs first within the queue, PRIORITY_MIN..PRIORITY_MAX (flow/limit_specs.py);
     # None: the workflow's default.
     priority: int | None = None
     # Who asks: "" an enqueuer; a trigger (event | schedule | monitor), the only one that may
@@ -163,7 +163,7 @@ def prepare(request: RunRequest, registry: Registry = REGISTRY,
     value, recorded_input = definition.parse_input(request.input, strict=request.strict)
     concurrency, label = limits.limit_of(definition, recorded_input)
     if definition.rate_limit is not None and isinstance(definition.rate_key, str):
-        from .rate_limits import limit_name
+        from ..flow.rate_limits import limit_name
 
         limit_name(definition, value)  # an input without its rate key is refused here
     return RunRecord(version=1, id=run_id, name=definition.name,

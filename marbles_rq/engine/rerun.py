@@ -40,13 +40,13 @@ from dataclasses import dataclass
 
 import msgspec
 
+from ..flow.limit_specs import delivery_queue
 from ..store.ids import check_id
 from ..store.records import RunRecord, StepRecord
 from ..transport.first_delivery import FirstDelivery
 from ..transport.lanes import RQLike
 from .authoring import REGISTRY, InputError, Registry
 from .execution import RunNotFoundError
-from .limit_specs import delivery_queue
 from .ops import check_origin
 from .runs import TERMINAL, RunStore, RunView
 

@@ -19,6 +19,7 @@ import redis
 
 from .. import metrics, tracing
 from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
+from ..flow.limit_specs import delivery_queue, limit_field
 from ..store import RedisStore, new_request_id
 from ..store.ids import check_id
 from ..store.keys import RunKeys
@@ -43,12 +44,11 @@ from .execution import (
     stamp,
     take_due_starts,
 )
-from .limit_specs import delivery_queue, limit_field
 from .undo_refs import MARKER_KEY
 from .waits import WaitStore
 
 if TYPE_CHECKING:
-    from .rate_store import RedisRates
+    from ..flow.rate_store import RedisRates
 
 log = logging.getLogger("marbles_rq.engine.runs")
 
@@ -75,7 +75,7 @@ class Started:
     # ok | missing | settled | stale_attempt | busy | cancelled | timed_out | corrupt |
     # waiting (parked: a wake makes a new delivery) | paused (parked now: a pause was asked)
     # | needs_slot (detail: the run's limit) | held (its limit is full: handed back; both
-    # engine/limits.py)
+    # flow/limits.py)
     status: str
     execution: Execution | None = None
     detail: str = ""
@@ -313,7 +313,7 @@ class RunStore:
 
     def start(self, run_id: str, attempt: int, *, ttl_ms: int, worker: str,
               slot: bool = False, slot_until: int = 0) -> Started:
-        """`slot`: the caller holds the run's concurrency slot (engine/limits.py, which
+        """`slot`: the caller holds the run's concurrency slot (flow/limits.py, which
         calls this), until `slot_until` (the lease ends no later); without it a run with a
         limit answers needs_slot."""
         keys = self.keys.run_keys(run_id)
@@ -551,7 +551,7 @@ class RunStore:
             again = self.settle(ex, "failed", error=TIMEOUT_ERROR)
             return "timed_out" if again == "ok" else again
         if reply.status == "ok" and ex.record.singleton:  # free its singleton's key
-            from .singleton import cleared
+            from ..flow.singleton import cleared
 
             cleared(self, ex.record)
         return reply.status
@@ -627,10 +627,10 @@ class RunStore:
     # -- reading --------------------------------------------------------------------------
 
     def rates(self) -> RedisRates:
-        """Rate limits (engine/rate_store.py); one per store, so it keeps its cache."""
+        """Rate limits (flow/rate_store.py); one per store, so it keeps its cache."""
         rates = self.__dict__.get("_rates")
         if rates is None:
-            from .rate_store import RedisRates
+            from ..flow.rate_store import RedisRates
 
             rates = self.__dict__["_rates"] = RedisRates(self.client, self.keys, self.scripts)
         return rates

@@ -26,12 +26,12 @@ import redis
 
 from .. import metrics, tracing
 from ..errors import CorruptRecordError, MarblesError, RunSettledError
+from ..flow import limit_specs
 from ..store import new_request_id
 from ..store.ids import check_id
 from ..store.records import RunRecord, StepRecord, decode, encode
 from ..store.redis_errors import one_line
 from ..store.replies import as_text
-from . import limit_specs
 from .authoring import REGISTRY, InputError, Registry
 from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, stamp
 from .json_values import changed_by_json

@@ -567,7 +567,7 @@ class Keyspace:
 
     # -- debounce, throttle, singleton: under the bucket tag of their key's digest ------------
     # A gate's keys live in the bucket `bucket_of(digest)`, and the runs a debounce window or
-    # a singleton makes get ids of that bucket too (engine/enqueue_gates.py), so one script
+    # a singleton makes get ids of that bucket too (flow/enqueue_gates.py), so one script
     # sees the gate and the run it points to, on a server or a cluster.
 
     def debounce_window(self, digest: str) -> str:
@@ -599,10 +599,10 @@ class Keyspace:
     def singleton_pointer(self, digest: str) -> str:
         """String: "<run id>|<set at ms>" of the unfinished run of a singleton key."""
         return f"{self.tag_of(digest)}:one:{digest}"
-    # -- rate limits, each under a tag of its own (engine/rate_limits.py) -------------------
+    # -- rate limits, each under a tag of its own (flow/rate_limits.py) -------------------
 
     def rate_state(self, rate_id: str) -> str:
-        """A rate limit's GCRA state (engine/rate_limits.py), under the limit's own tag."""
+        """A rate limit's GCRA state (flow/rate_limits.py), under the limit's own tag."""
         return f"{{{self.prefix}:rate:{rate_id}}}:state"
 
     def rate_queue(self, rate_id: str) -> str:

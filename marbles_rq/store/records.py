@@ -131,7 +131,7 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     # the ledger entries before that step were copied from that run (engine/rerun.py).
     rerun_of: str = ""
     rerun_from_step: str = ""
-    # Flow control (engine/limits.py), fixed when the run is recorded: its priority (higher
+    # Flow control (flow/limits.py), fixed when the run is recorded: its priority (higher
     # before lower within its queue), and its concurrency limit (0: none) with the label of
     # the limit's key ("customer=acme"; "" for a workflow-wide limit).
     priority: int = 0
@@ -147,7 +147,7 @@ class RunRecord(Record, tag="run", kw_only=True, frozen=True):
     # fingerprint of the code): only a worker that serves this version executes it. ""
     # for a run recorded before runs carried one: any worker that knows the workflow does.
     wf_version: str = ""
-    # A singleton's run (engine/enqueue_gates.py): the digest of its key, whose pointer is
+    # A singleton's run (flow/enqueue_gates.py): the digest of its key, whose pointer is
     # cleared when the run finishes; "" for none.
     singleton: str = ""
 

@@ -765,7 +765,7 @@ class Scripts:
         return self._reply("defer_run", [keys.run, keys.leases, keys.dispatch, keys.output],
                            [epoch, run_id, delay_ms, note, event], ("ok", "stale", "settled"))
 
-    # -- flow control (marbles_rq/engine/limits.py) ------------------------------------
+    # -- flow control (marbles_rq/flow/limits.py) ------------------------------------
 
     def acquire_slot(self, *, slots_key: str, holders_key: str, run_id: str, attempt: int,
                      token: str, limit: int, ttl_ms: int) -> Reply:
@@ -1228,7 +1228,7 @@ class Scripts:
         if reply[0] not in ("ok", "done"):
             raise self._unexpected("finish_grow", reply)
 
-    # -- debounce, throttle, singleton (engine/enqueue_gates.py) -------------------------------
+    # -- debounce, throttle, singleton (flow/enqueue_gates.py) -------------------------------
 
     def debounce_enqueue(self, *, window: str, due: str, runs: str, closed: str, run_id: str,
                          doc: bytes, input: bytes, merged: bytes, expect: str,

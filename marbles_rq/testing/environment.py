@@ -150,7 +150,7 @@ class Environment:
         name = workflow_name(workflow)
         gate = self.registry.workflow(name).gate
         if gate is not None:
-            from ..engine.enqueue_gates import GateRefusedError
+            from ..flow.enqueue_gates import GateRefusedError
 
             raise GateRefusedError(f"workflow {name!r} has a {gate.kind}, which the test kit "
                                    f"does not apply: test it against Redis (a real stack)")

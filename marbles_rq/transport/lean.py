@@ -65,7 +65,7 @@ log = logging.getLogger("marbles_rq.transport.worker")
 
 HEARTBEAT_EVERY_S = 15.0  # RQ's worker hash lives worker_ttl + 60 s (480 s by default)
 # How often a worker reads which priority bands of its queues exist (RQ's queues sets; see
-# engine/limits.py): a band that appears is popped from within this long, and an idle
+# flow/limits.py): a band that appears is popped from within this long, and an idle
 # worker blocks at most this long before it looks again.
 BAND_REFRESH_S = 2.0
 SUSPENSION_CHECK_EVERY_S = 1.0
@@ -243,7 +243,7 @@ class LeanWorker:
         return self._lean_order or self._ordered_queues
 
     def _lean_read_bands(self) -> list[Any] | None:
-        from ..engine.limit_specs import band_queue, parse_band
+        from ..flow.limit_specs import band_queue, parse_band
 
         base = self._ordered_queues
         sets: dict[str, Any] = {}  # RQ queues-set key -> its connection

@@ -71,7 +71,7 @@ class Started(msgspec.Struct, frozen=True):
     queue: str | None = None
     status: str | None = None
     # A workflow with a debounce, throttle or singleton: what this start did (outcome:
-    # started | merged | dropped | skipped | cancelled_running; engine/gate_specs.py).
+    # started | merged | dropped | skipped | cancelled_running; flow/gate_specs.py).
     decision: dict[str, Any] | None = None
 
 

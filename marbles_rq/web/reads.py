@@ -198,7 +198,7 @@ def run_page(settings: Settings, run_id: str) -> RunPage | None:
     runs = settings.runs(read_only=True)
     view = runs.get(run_id)
     if view is None:
-        from ..engine.debounce import window_view
+        from ..flow.debounce import window_view
 
         view = window_view(runs, run_id) or runs.get(run_id)  # a window's run, or recorded
     if view is None:

@@ -17,7 +17,7 @@ from .security import CSRF_FIELD, SESSION_COOKIE, SESSION_TTL_S
 
 
 def system_context(web: Web) -> dict[str, Any]:
-    from ..engine.rate_store import catalog_rates
+    from ..flow.rate_store import catalog_rates
 
     runs = web.settings.runs(read_only=True)
     return dict(system=reads.system(web.settings),

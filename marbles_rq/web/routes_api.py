@@ -648,7 +648,7 @@ ROUTES: list[ApiRoute] = [
              refusals=(*BODY_REFUSALS, "invalid_event", "invalid_input")),
     ApiRoute("GET", "/api/events/batches", Api.batches,
              "Open event batches (`@mr.on_event(batch=...)`), oldest first", reply=OpenBatches),
-    # -- rate limits (engine/rate_limits.py) -----------------------------------------------
+    # -- rate limits (flow/rate_limits.py) -----------------------------------------------
     ApiRoute("GET", "/api/limits", Api.rate_limits, "Rate limits: rate, burst, held runs",
              reply=RateLimits),
     ApiRoute("PUT", "/api/limits/{name}", Api.set_rate_limit,

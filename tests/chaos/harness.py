@@ -39,12 +39,12 @@ from marbles_rq.client import Client
 from marbles_rq.deployment import Settings
 from marbles_rq.engine import ops
 from marbles_rq.engine.execution import RunNotFoundError
-from marbles_rq.engine.limit_specs import limit_id
 from marbles_rq.engine.rerun import rerun
 from marbles_rq.engine.runs import TERMINAL, RunStore
 from marbles_rq.engine.signals import send_signal, start_with_signal
 from marbles_rq.engine.waits import AlreadyAnsweredError, NotPausedError, WaitStore
 from marbles_rq.errors import MarblesError
+from marbles_rq.flow.limit_specs import limit_id
 from marbles_rq.store import open_store
 from marbles_rq.transport.lanes import open_lanes
 from marbles_rq.triggers.events import Events

@@ -1,6 +1,6 @@
 """What debounce, throttle and singleton are, without the store: the checks of a workflow's
 options (durations, rates, keys), the key value of a run's input, and the decision an enqueue
-gets back. engine/enqueue_gates.py applies them; this module imports nothing of the engine,
+gets back. flow/enqueue_gates.py applies them; this module imports nothing of the engine,
 so definitions (engine/authoring.py), the client and the web faces can use it cheaply.
 """
 

@@ -4,13 +4,13 @@
     @mr.workflow(throttle="10/min", throttle_key="customer")
     @mr.workflow(singleton="skip", singleton_key="customer")
 
-Each enqueue gets a Decision (engine/gate_specs.py): started, merged (into a debounce
+Each enqueue gets a Decision (flow/gate_specs.py): started, merged (into a debounce
 window's run), dropped (throttled: retry after when), skipped (a singleton's run is
 unfinished) or cancelled_running (that run was cancelled and this one started). Each
 decision is one script on the bucket tag of the key's digest (`Keyspace.debounce_window`,
 `throttle_log`, `singleton_pointer`): exact on one server and on a cluster.
 
-* **Debounce** (engine/debounce.py): the window's run id is fixed when it opens; later
+* **Debounce** (flow/debounce.py): the window's run id is fixed when it opens; later
   enqueues merge into it; the controller records and starts it when the window closes.
 * **Throttle**: a sliding log of the runs let through; a run past the rate is dropped, not
   held, and nothing is recorded. The decision comes before the run's record: an enqueuer
@@ -18,7 +18,7 @@ decision is one script on the bucket tag of the key's digest (`Keyspace.debounce
 * **Singleton**: a pointer to the key's unfinished run, changed by compare-and-set. The
   runs get ids of the pointer's bucket, so the script reads the pointed run's status
   itself: a pointer to a finished or pruned run is taken over by whoever finds it, and a
-  run's settle or cancel clears its own pointer (engine/singleton.py). A pointer to a run not yet
+  run's settle or cancel clears its own pointer (flow/singleton.py). A pointer to a run not yet
   recorded counts as unfinished for SINGLETON_GRACE_MS (its enqueuer records it right
   after the decision; killed in between, the key is free again after that).
 """
@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ..engine.authoring import InputError
 from ..store.records import RunRecord
 from ..store.replies import as_text
-from .authoring import InputError
 from .gate_specs import Decision, Gate, GateInputError, digest, key_value
 from .singleton import pointed as _pointed
 
 if TYPE_CHECKING:
+    from ..engine.authoring import WorkflowDef
+    from ..engine.ops import Enqueued
+    from ..engine.runs import RunStore
     from ..transport.lanes import RQLike
-    from .authoring import WorkflowDef
-    from .ops import Enqueued
-    from .runs import RunStore
 
 SINGLETON_GRACE_MS = 30_000
 MAX_RETRIES = 1000
@@ -68,7 +68,7 @@ def enqueue(runs: RunStore, rq: RQLike, record: RunRecord, definition: WorkflowD
             ) -> tuple[Enqueued | None, Decision]:
     """Apply the definition's gate to a prepared `record` and, where it says so, record and
     enqueue the run: (the run enqueued, or None when none was; the decision)."""
-    from .ops import enqueue_record
+    from ..engine.ops import enqueue_record
 
     gate = gate_of(definition)
     if gate is None:
@@ -122,8 +122,8 @@ def enqueue(runs: RunStore, rq: RQLike, record: RunRecord, definition: WorkflowD
 
 def _singleton(runs: RunStore, rq: RQLike, record: RunRecord, gate: Gate, ident: str,
                value: str) -> tuple[Enqueued | None, Decision]:
+    from ..engine.ops import enqueue_record
     from . import debounce
-    from .ops import enqueue_record
 
     keys = runs.keys
     pointer = keys.singleton_pointer(ident)

@@ -3,7 +3,7 @@
 
 A rate of N per period lets one run through every period/N (the *interval*); a burst of B
 lets B through at once after a quiet spell, then one per interval again (GCRA: a
-generic cell rate algorithm, engine/rate_limits.py). Burst 1, the default, is strict
+generic cell rate algorithm, flow/rate_limits.py). Burst 1, the default, is strict
 spacing: any window of one period holds at most N admissions; burst B at most N + B - 1.
 """
 

@@ -13,7 +13,7 @@ queue's head may pass, and a newcomer never passes a waiting queue, so runs are 
 in order of arrival. Who wakes a held run:
 
 * *the head chain*: each admission releases the held runs whose turn now comes within
-  LOOKAHEAD_MS (engine/rate_store.py), each once, and the admitted run's worker wakes them
+  LOOKAHEAD_MS (flow/rate_store.py), each once, and the admitted run's worker wakes them
   at once (wake_run, cause ``rate``), so a held run is woken about once, near its turn, and
   nothing polls;
 * *its own timer*: a released run (or one queued within the lookahead) parks with a durable
@@ -54,19 +54,19 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import redis
 
+from ..engine.authoring import InputError
+from ..engine.context import Run, awaitable_here, check_branch, check_not_in_foreign_thread, current
+from ..engine.waiting import ParkRun, Wait
 from ..errors import MarblesError
 from ..store.records import StepRecord
 from ..store.redis_errors import one_line
-from .authoring import InputError
-from .context import Run, awaitable_here, check_branch, check_not_in_foreign_thread, current
 from .rate_specs import MAX_NAME, Rate, as_rate, check_name
-from .waiting import ParkRun, Wait
 
 if TYPE_CHECKING:
-    from .authoring import WorkflowDef
+    from ..engine.authoring import WorkflowDef
     from .rate_store import Taken
 
-log = logging.getLogger("marbles_rq.engine.rate_limits")
+log = logging.getLogger("marbles_rq.flow.rate_limits")
 
 RATE_PREFIX = "|rate:"
 WORKFLOW_LIMIT = "|rate@workflow"
@@ -138,7 +138,7 @@ def _take(run: Run, name: str, family: str, declared: Rate, marker: str) -> None
     frame.counters[marker] += 1
     if key in run.ex.ledger:
         return
-    from .patches import _passed
+    from ..engine.patches import _passed
 
     if _passed(run):  # recorded past here before the limit was in the code: not taken
         return
@@ -177,7 +177,7 @@ def _take(run: Run, name: str, family: str, declared: Rate, marker: str) -> None
 def _release(run: Run, tokens: tuple[str, ...]) -> None:
     """Wake the held runs the admission released (their turn is near): each is delivered
     now. A failure leaves them to their own timers."""
-    from .waiting import deliver_now
+    from ..engine.waiting import deliver_now
 
     waits = run.runs.waits()
     for token in tokens:

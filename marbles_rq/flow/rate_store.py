@@ -1,7 +1,7 @@
 """Rate limits in the store: taking a limit (one script on the limit's own tag), the rates
 set at run time, and the listing `limits` shows. `RedisRates` is the deployment's;
 `MemoryRates` the runs in memory's (the dry run and the test kit), the same decisions on
-their virtual clock. engine/rate_limits.py explains the limiter.
+their virtual clock. flow/rate_limits.py explains the limiter.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class RedisRates:
 
 def catalog_rates(client: Any, keys: Keyspace) -> dict[str, Rate]:
     """The workflows' own rate limits, as their workers declared them (by workflow name)."""
-    from .catalog import Declared
+    from ..engine.catalog import Declared
 
     out: dict[str, Rate] = {}
     for name, raw in client.hgetall(keys.workflows).items():

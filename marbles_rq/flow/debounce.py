@@ -27,9 +27,9 @@ from ..store.replies import as_text
 from .gate_specs import Decision, Gate
 
 if TYPE_CHECKING:
+    from ..engine.runs import RunStore, RunView
     from ..store.keys import Keyspace
     from ..transport.lanes import RQLike
-    from .runs import RunStore, RunView
 
 # A reducer's compare-and-set gives up after this many lost races in a row (never seen: a
 # race is lost only to an enqueue that merged in between).
@@ -84,7 +84,7 @@ def close(runs: RunStore, rq: RQLike, bucket: int, run_id: str) -> str:
     """Close the window of `run_id` if it is due and record its run (with its first
     delivery): started | open (merged since: later) | gone. Safe to repeat and to race
     another controller: the run is recorded once, under the window's id."""
-    from .ops import enqueue_record
+    from ..engine.ops import enqueue_record
 
     keys = runs.keys
     due, index, closed = (keys.debounce_due(bucket), keys.debounce_runs(bucket),
@@ -132,7 +132,7 @@ def window_view(runs: RunStore, run_id: str) -> RunView | None:
     """The run a debounce window will start, as `status` shows it (waiting, reason
     debouncing: until when, how many enqueues merged, the max), or queued once the window
     has closed and its run is being recorded; None when `run_id` is no window's."""
-    from .runs import RunView
+    from ..engine.runs import RunView
 
     keys = runs.keys
     bucket = keys.bucket_of(run_id)

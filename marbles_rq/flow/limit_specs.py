@@ -1,6 +1,6 @@
 """What a concurrency limit or a priority is, without the store: the checks of a workflow's
 options and a run's priority, a limit's id and the run hash's `limit` field, and the names
-of priority bands (engine/limits.py explains both; it enforces them).
+of priority bands (flow/limits.py explains both; it enforces them).
 
 Definitions (engine/authoring.py) and runs in the store (engine/runs.py) use these; neither
 needs the slots, so this module imports nothing of the engine.

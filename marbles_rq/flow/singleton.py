@@ -1,4 +1,4 @@
-"""A singleton's pointer to its key's unfinished run (engine/enqueue_gates.py decides with
+"""A singleton's pointer to its key's unfinished run (flow/enqueue_gates.py decides with
 it): read, and cleared when the run finishes. Imports nothing of the engine: the run store's
 settle calls `cleared`.
 """

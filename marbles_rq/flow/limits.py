@@ -55,11 +55,11 @@ from ..store.replies import as_text
 from .limit_specs import MAX_KEY_VALUE
 
 if TYPE_CHECKING:
+    from ..engine.authoring import WorkflowDef
+    from ..engine.runs import RunStore, Started
     from ..store.keys import Keyspace
-    from .authoring import WorkflowDef
-    from .runs import RunStore, Started
 
-log = logging.getLogger("marbles_rq.engine.limits")
+log = logging.getLogger("marbles_rq.flow.limits")
 
 # A held run is looked at again after HOLD_BASE_MS, then 1.5x longer per hold, at most
 # HOLD_CAP_MS, each jittered by +-25 %: runs held together do not come back together, and a
@@ -75,7 +75,7 @@ def limit_of(definition: WorkflowDef, recorded_input: bytes) -> tuple[int, str]:
     """(limit, label) of a run of `definition` with this (validated, recorded) input:
     (0, "") without a limit. Raises InputError when the key's field is missing or not a
     string or a whole number."""
-    from .authoring import InputError
+    from ..engine.authoring import InputError
 
     if not definition.concurrency:
         return 0, ""
@@ -205,7 +205,7 @@ def start(runs: RunStore, run_id: str, attempt: int, *, ttl_ms: int, worker: str
     """`RunStore.start`, taking the run's concurrency slot first when it has a limit. A run
     whose limit is full is handed back (status "held"); the slot of a started execution is
     `execution.slot`."""
-    from .runs import Started
+    from ..engine.runs import Started
 
     started = runs.start(run_id, attempt, ttl_ms=ttl_ms, worker=worker)
     if started.status != "needs_slot":
