@@ -249,7 +249,8 @@ def test_pause_then_retry_with_a_patched_input_succeeds(procs: Procs) -> None:
         ("order-1", "rt_order.rt_charge#0")]
 
     # Patches that do not fit: one line, exit 2, nothing changed.
-    for patch, words in [("{not json", "not valid JSON"), ('{"nope": 1}', "no argument"),
+    for patch, words in [("{not json", "not valid JSON"), ("null", "is null"),
+                         ("[1]", "JSON object"), ('{"nope": 1}', "no argument"),
                          ('{"amount": "lots"}', "does not fit"),
                          ('{"card": {"number": 4242}}', "does not fit")]:
         one_line_error(procs.cli("retry", "order-1", "--input-patch", patch), 2, words)

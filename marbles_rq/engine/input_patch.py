@@ -27,6 +27,21 @@ class PatchRefusedError(InputError):
     code = "patch_refused"
 
 
+def decode_patch(text: str, what: str) -> Any:
+    """A patch given as JSON text (`what` names where: `--input-patch`). JSON null is
+    refused, not taken for "no patch": whoever typed it meant to change something."""
+    import json
+
+    try:
+        patch = json.loads(text)
+    except ValueError as exc:
+        raise PatchRefusedError(f"{what} is not valid JSON: {exc}") from None
+    if patch is None:
+        raise PatchRefusedError(f"{what} is null: a patch is a JSON object of the step's "
+                                f"arguments by name (leave it out to retry as it is)")
+    return patch
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7396: apply `patch` to `target` (neither is modified)."""
     if not isinstance(patch, dict):
