@@ -11,6 +11,7 @@ the list itself, whatever was killed in between.
   (``comp:blocked:<run id>``) and waits while that file exists: the test kills the worker
   there.
 * `comp_broken_undo`: three undos, the middle one always fails.
+* `comp_parked_undo`: fails; its one undo fails and waits 5 minutes for its second try.
 * `comp_waiter`: one undo, then waits for signal ``go``.
 * `comp_long`: one undo, then a step that runs until the test stops it (or 60 s).
 * `comp_bad`: registers what cannot be an undo (by its input).
@@ -116,6 +117,19 @@ def comp_broken_undo(ctx: mr.RunContext) -> str:
     ctx.compensate(comp_always_fails, "b")
     comp_reserve("c")
     ctx.compensate(comp_release, "c")
+    raise ValueError("the body gives up")
+
+
+@mr.step(name="comp_undo_later", retry=mr.Retry(initial="5m", max_attempts=2, jitter=False))
+def comp_undo_later(what: str) -> None:
+    _log(UNDONE, f"tried {what}")
+    raise ValueError(f"cannot undo {what} yet")
+
+
+@mr.workflow()
+def comp_parked_undo(ctx: mr.RunContext) -> str:
+    comp_reserve("p")
+    ctx.compensate(comp_undo_later, "p")
     raise ValueError("the body gives up")
 
 

@@ -639,8 +639,10 @@ class Client:
             "woken": f"run {run_id} is compensating (delivery {attempt}){tail}; it ends "
                      f"cancelled",
             "queued": f"run {run_id} is compensating; it ends cancelled",
+            "compensating": f"run {run_id} is already compensating; it ends {queue}",
             "settled": f"run {run_id} has already finished; nothing to cancel"}[outcome]
-        children = [] if outcome == "settled" else WaitStore(runs).cancel_children(run_id)
+        children = [] if outcome in ("settled", "compensating") else (
+            WaitStore(runs).cancel_children(run_id))
         return Outcome(run_id, "compensating" if outcome in ("woken", "queued") else outcome,
                        message, children)
     def _free_singleton(self, run_id: str) -> None:
