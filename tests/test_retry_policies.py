@@ -103,6 +103,9 @@ def test_the_shorthand_and_the_workflow_default_are_retry_policies() -> None:
     own = StepDef("o", lambda: None, retry=mr.Retry(max_attempts=2), on_exhausted="fail")
     assert own.policy(wf).max_attempts == 2 and own.exhausted(wf) == "fail"
     assert plain.policy().max_attempts == 1 and plain.exhausted() == "fail"
+    # Without max_interval, the ceiling is 5 minutes, or the first wait when longer.
+    assert mr.Retry().max_interval_s == 300.0
+    assert mr.Retry(initial="1h", jitter=False).delay_for(3) == 3600.0
     backoff = mr.Retry(initial="1s", backoff=3.0, max_interval="20s", jitter=False)
     assert [backoff.delay_for(n) for n in (1, 2, 3, 4)] == [1.0, 3.0, 9.0, 20.0]
 
