@@ -185,6 +185,27 @@ def _check_url(url: str) -> None:
         raise ConfigError(f"invalid Redis URL {redact(url)!r}: no host")
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _not_before_window(method: _Method) -> _Method:
+    """A run id that names no recorded run may be an open debounce window's run (which
+    `status` shows): say so (DebouncingError) rather than that no such run exists."""
+    import functools
+
+    @functools.wraps(method)
+    def acting(self: Client, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, run_id, *args, **kwargs)
+        except RunNotFoundError:
+            from ..engine.debounce import refuse_window
+
+            refuse_window(self.reader, run_id, method.__name__)
+            raise
+
+    return acting  # type: ignore[return-value]
+
+
 @typed_outages(lambda self: self.settings.redis_url)
 class Client:
     """A deployment, as an application uses it. Thread-safe: redis-py pools connections."""
@@ -654,6 +675,7 @@ class Client:
 
             cleared(self.runs_store, view.record)
 
+    @_not_before_window
     def pause(self, run_id: str) -> Outcome:
         """Pause a run: a running one parks at its next step boundary, a queued one when it
         starts, a waiting one at once; only `resume` wakes it. RunSettledError if it had
@@ -666,6 +688,7 @@ class Client:
             "requested": f"run {run_id} will park at its next step boundary (paused)",
             "already": f"run {run_id} is already paused"}[outcome])
 
+    @_not_before_window
     def resume(self, run_id: str) -> Outcome:
         """Resume a paused run. outcome: woken (delivered again) | resumed (it had not
         parked yet; it carries on). NotPausedError, RunSettledError."""
@@ -678,6 +701,7 @@ class Client:
                            f"run {run_id} resumed before it parked; it carries on")
         raise RunSettledError(f"run {run_id} has already finished; nothing to resume")
 
+    @_not_before_window
     def answer(self, run_id: str, key: str, value: Any) -> Outcome:
         """Answer question `key` with `value` (one of its choices, or the choice's number as
         text). The first answer wins: AlreadyAnsweredError after; UnknownQuestionError,
@@ -686,16 +710,19 @@ class Client:
         what = f"answered {value!r}" if isinstance(value, str) else "answered"
         return self._answer(run_id, key, value, "question", what)
 
+    @_not_before_window
     def approve(self, run_id: str, key: str, note: str | None = None) -> Outcome:
         """Approve approval `key`; the run receives {"approved": True, "note": note}."""
         return self._answer(run_id, key, {"approved": True, "note": _note(note)}, "approval",
                             "approved")
 
+    @_not_before_window
     def reject(self, run_id: str, key: str, note: str | None = None) -> Outcome:
         """Reject approval `key`; the run receives {"approved": False, "note": note}."""
         return self._answer(run_id, key, {"approved": False, "note": _note(note)},
                             "approval", "rejected")
 
+    @_not_before_window
     def retry(self, run_id: str, input_patch: Any = None) -> Outcome:
         """Run the step a run is paused on (its tries ran out, on_exhausted="pause") again
         now, its tries counted from 1; `input_patch` (a JSON object) first changes the
@@ -712,6 +739,7 @@ class Client:
                        f"(delivery {done.attempt})"
                        + self._deliver(run_id, done.attempt, done.queue))
 
+    @_not_before_window
     def fail(self, run_id: str, reason: str | None = None) -> Outcome:
         """Give up the step a run is paused on: it fails with its last error and `reason`,
         and the run goes on as after any failed step (it ends failed unless its body catches
@@ -751,6 +779,7 @@ class Client:
         return Events(self.runs_store, self.lanes).send(source, id, type=type or "",
                                                         payload=raw)
 
+    @_not_before_window
     def rerun(self, run_id: str, *, from_step: str | None = None,
               new_id: str | None = None) -> Rerun:
         """A new run of a finished run's workflow with its recorded input (as `marbles-rq
@@ -762,6 +791,7 @@ class Client:
         return rerun(self.runs_store, self.lanes, check_id(run_id, "run id"),
                      from_step=from_step, new_id=new_id)
 
+    @_not_before_window
     def signal(self, run_id: str, name: str, payload: Any = None, *,
                payload_json: bytes | None = None, request_id: str | None = None) -> SignalSent:
         """Send signal `name` to a run: recorded durably after its earlier signals of that
