@@ -121,6 +121,14 @@ def test_an_input_patch_is_a_merge_patch_over_the_arguments_by_name() -> None:
             check_patch("charge", args, patch)
     with pytest.raises(PatchRefusedError, match="not JSON"):
         check_patch("charge", None, {"amount": 5})
+    # Checked where the step's code is not at hand (a bare client) too: what JSON cannot
+    # record as given is refused, not written (NaN would be recorded as null, a removal
+    # that every later try of the step refuses), nor what is over the payload limit.
+    for patch, words in [({"amount": float("nan")}, "NaN"), ({"amount": object()}, "not JSON"),
+                         ({"card": {"cvc": float("inf")}}, "NaN"),
+                         ({"card": {"cvc": "x" * 2_000_000}}, "bytes; the limit is")]:
+        with pytest.raises(PatchRefusedError, match=words):
+            check_patch("charge", args, patch)
 
 
 def test_the_test_kit_pauses_retries_with_a_patch_and_fails() -> None:

@@ -81,6 +81,7 @@ def check_patch(step: str, args: Any, patch: Any,
     if not isinstance(patch, dict) or not patch:
         raise PatchRefusedError(f"an input patch is a non-empty JSON object of step {step!r}'s "
                                 f"arguments by name, not {_short(patch)}")
+    _check_json(step, patch)
     if not isinstance(args, dict):
         raise PatchRefusedError(f"step {step!r} was called with arguments that are not JSON: "
                                 f"it can be retried as it is, not patched")
@@ -96,6 +97,27 @@ def check_patch(step: str, args: Any, patch: Any,
     if fn is not None:
         _convert(fn, merged, list(patch), step)
     return merged  # type: ignore[no-any-return]
+
+
+def _check_json(step: str, patch: dict[Any, Any]) -> None:
+    """Refuse a patch that would not be recorded as given: a value JSON has no form for,
+    NaN or an infinity (written as null, which would then read as removing an argument, on
+    every later try), or one over the payload limit."""
+    from .json_values import changed_by_json
+    from .ops import MAX_PAYLOAD_ENV, max_payload
+
+    try:
+        encoded = msgspec.json.encode(patch)
+    except (TypeError, UnicodeEncodeError, msgspec.EncodeError, RecursionError) as exc:
+        raise PatchRefusedError(f"the input patch of step {step!r} is not JSON: "
+                                f"{_short(str(exc))}") from None
+    if changed_by_json(patch, encoded):
+        raise PatchRefusedError(f"the input patch of step {step!r} is not JSON: it holds NaN "
+                                f"or an infinity")
+    limit = max_payload()
+    if len(encoded) > limit:
+        raise PatchRefusedError(f"the input patch of step {step!r} is {len(encoded)} bytes; "
+                                f"the limit is {limit} (set {MAX_PAYLOAD_ENV} to change it)")
 
 
 def _convert(fn: Callable[..., Any], values: dict[str, Any], names: list[str], step: str
