@@ -12,6 +12,7 @@ the list itself, whatever was killed in between.
   there.
 * `comp_broken_undo`: three undos, the middle one always fails.
 * `comp_parked_undo`: fails; its one undo fails and waits 5 minutes for its second try.
+* `comp_pausing_undo`: pauses its failed steps; of its two undos the last always fails.
 * `comp_waiter`: one undo, then waits for signal ``go``.
 * `comp_long`: one undo, then a step that runs until the test stops it (or 60 s).
 * `comp_bad`: registers what cannot be an undo (by its input).
@@ -130,6 +131,15 @@ def comp_undo_later(what: str) -> None:
 def comp_parked_undo(ctx: mr.RunContext) -> str:
     comp_reserve("p")
     ctx.compensate(comp_undo_later, "p")
+    raise ValueError("the body gives up")
+
+
+@mr.workflow(on_exhausted="pause")
+def comp_pausing_undo(ctx: mr.RunContext) -> str:
+    comp_reserve("q")
+    ctx.compensate(comp_release, "q")
+    comp_reserve("r")
+    ctx.compensate(comp_always_fails, "r")
     raise ValueError("the body gives up")
 
 

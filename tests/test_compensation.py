@@ -140,6 +140,22 @@ def test_cancel_compensate_of_a_run_compensating_after_its_failure(procs: Procs)
     obs.wait_status("parked", "cancelled", timeout=30)
 
 
+def test_fail_of_an_undo_paused_on_its_failure_runs_the_rest(procs: Procs) -> None:
+    procs.worker()
+    obs = procs.observer
+    enqueue(procs, "comp_pausing_undo", None, "paused-undo")
+    view = obs.wait_status("paused-undo", "waiting", timeout=60)
+    assert view.wait_reason == "failed_step", obs.dump("paused-undo")
+    out = ok(procs.cli("fail", "paused-undo"))
+    # No body is left to handle it: the undo is recorded failed and the others run.
+    assert "it is recorded failed; the other undos run, then the run ends" in out, out
+    obs.wait_status("paused-undo", "failed", timeout=60)
+    assert listed(obs, UNDONE + "paused-undo") == ["tried r", "tried r", "release q"]
+    data = status_json(procs, "paused-undo")
+    assert [(c["name"], c["status"]) for c in data["compensations"]] == [
+        ("comp_always_fails", "failed"), ("comp_release", "done")]
+
+
 def test_a_plain_cancel_does_not_compensate(procs: Procs) -> None:
     procs.worker()
     obs = procs.observer

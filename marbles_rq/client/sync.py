@@ -40,6 +40,7 @@ from ..engine.published import published
 from ..engine.runs import STATUSES, OutputEvent, RunStore, RunView
 from ..engine.selection import RunFilter, Selection
 from ..engine.signals import signals_json
+from ..engine.undo_refs import FRAME
 from ..engine.waits import Answered, WaitStore
 from ..errors import ConfigError, InvalidIdError, MarblesError, RunSettledError
 from ..store.connection import CLUSTER_SCHEMES, check_url, redact
@@ -748,8 +749,13 @@ class Client:
 
         check_id(run_id, "run id")
         done = failed_steps.fail(self._waits(), self.runs_store.get(run_id), run_id, reason)
+        # An undo given up is recorded failed and the other undos run: no body is left to
+        # handle it, and the run ends as its compensation says (failed, or cancelled).
+        after = ("it is recorded failed; the other undos run, then the run ends"
+                 if done.step.startswith(f"{FRAME}.") else
+                 "the run fails unless its body handles it")
         return Outcome(run_id, "failed", f"run {run_id}: step {done.step} given up (delivery "
-                       f"{done.attempt}: the run fails unless its body handles it)"
+                       f"{done.attempt}: {after})"
                        + self._deliver(run_id, done.attempt, done.queue))
 
     def _answer(self, run_id: str, key: str, value: Any, kind: str, what: str) -> Outcome:
