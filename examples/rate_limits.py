@@ -19,7 +19,7 @@ def send_notice(customer: str, text: str) -> str:
 
 
 @mr.step
-def charge_card(customer: str) -> str:
+def charge_customer(customer: str) -> str:
     return f"charged {customer}"
 
 
@@ -31,4 +31,4 @@ def notify_customer(ctx: mr.RunContext, notice: Notice) -> str:
 @mr.workflow
 def checkout(ctx: mr.RunContext, notice: Notice) -> str:
     mr.rate_limit("card-api", mr.Rate("20/s", burst=5))  # shared by every run that calls it
-    return charge_card(notice.customer)
+    return charge_customer(notice.customer)

@@ -41,7 +41,7 @@ def book_hotel(traveller: str) -> str:
 
 
 @mr.step
-def charge_card(traveller: str, card: str) -> str:
+def charge_traveller(traveller: str, card: str) -> str:
     if card == "declined":
         raise ValueError(f"card of {traveller} declined")
     return f"paid-{traveller}"
@@ -54,5 +54,5 @@ def trip(ctx: mr.RunContext, inp: Trip) -> dict[str, str]:
     ctx.compensate(cancel_hotel, hotel)          # registers an undo after any step
     if inp.hold_s:
         ctx.wait_for_signal("confirm", timeout_s=inp.hold_s)
-    payment = charge_card(inp.traveller, inp.card)
+    payment = charge_traveller(inp.traveller, inp.card)
     return {"flight": flight, "hotel": hotel, "payment": payment}

@@ -27,6 +27,8 @@ Returns:
   {"queued"}                it was queued after it had started: its owed delivery compensates
   {"cancelled"}             it never started: settled cancelled now
   {"settled", status}       already finished; nothing written
+  {"compensating", ends}    compensating already (ends: failed | cancelled, the phase
+                            marker's status); nothing written
   {"missing"}               no such run
   {"corrupt", reason}       an index key of the bucket holds another type; nothing written
 Writes: HSET/HINCRBY/HDEL KEYS[1]; HSETNX KEYS[2]; ZREM KEYS[3], KEYS[7], KEYS[9]; ZADD/ZREM
@@ -44,6 +46,12 @@ if r[4] == req and r[5] then  -- a resend: the first send's answer
 end
 if r[1] == 'succeeded' or r[1] == 'failed' or r[1] == 'cancelled' then
   return {'settled', r[1]}
+end
+-- Compensating already (its body failed, or a cancel asked before): the undos are under
+-- way and the marker says how the run ends; waking it would only cut an undo's retry wait.
+if redis.call('TYPE', steps).ok == 'hash' then
+  local current = redis.call('HGET', steps, '|compensate')
+  if current then return {'compensating', cjson.decode(current).status or 'failed'} end
 end
 if r[1] == 'running' then
   if r[9] then return {'requested'} end  -- asked already

@@ -11,6 +11,8 @@ the list itself, whatever was killed in between.
   (``comp:blocked:<run id>``) and waits while that file exists: the test kills the worker
   there.
 * `comp_broken_undo`: three undos, the middle one always fails.
+* `comp_parked_undo`: fails; its one undo fails and waits 5 minutes for its second try.
+* `comp_pausing_undo`: pauses its failed steps; of its two undos the last always fails.
 * `comp_waiter`: one undo, then waits for signal ``go``.
 * `comp_long`: one undo, then a step that runs until the test stops it (or 60 s).
 * `comp_bad`: registers what cannot be an undo (by its input).
@@ -116,6 +118,28 @@ def comp_broken_undo(ctx: mr.RunContext) -> str:
     ctx.compensate(comp_always_fails, "b")
     comp_reserve("c")
     ctx.compensate(comp_release, "c")
+    raise ValueError("the body gives up")
+
+
+@mr.step(name="comp_undo_later", retry=mr.Retry(initial="5m", max_attempts=2, jitter=False))
+def comp_undo_later(what: str) -> None:
+    _log(UNDONE, f"tried {what}")
+    raise ValueError(f"cannot undo {what} yet")
+
+
+@mr.workflow()
+def comp_parked_undo(ctx: mr.RunContext) -> str:
+    comp_reserve("p")
+    ctx.compensate(comp_undo_later, "p")
+    raise ValueError("the body gives up")
+
+
+@mr.workflow(on_exhausted="pause")
+def comp_pausing_undo(ctx: mr.RunContext) -> str:
+    comp_reserve("q")
+    ctx.compensate(comp_release, "q")
+    comp_reserve("r")
+    ctx.compensate(comp_always_fails, "r")
     raise ValueError("the body gives up")
 
 

@@ -123,6 +123,39 @@ def test_cancel_compensate_of_a_waiting_run(procs: Procs) -> None:
     assert "already finished" in ok(procs.cli("cancel", "waiter", "--compensate"))
 
 
+def test_cancel_compensate_of_a_run_compensating_after_its_failure(procs: Procs) -> None:
+    procs.worker()
+    obs = procs.observer
+    enqueue(procs, "comp_parked_undo", None, "parked")
+    view = obs.wait_status("parked", "waiting", timeout=60)  # its undo waits for its retry
+    assert status_json(procs, "parked")["phase"] == "compensating"
+    # The undos are under way already and the run ends failed: said so, nothing woken.
+    out = ok(procs.cli("cancel", "parked", "--compensate"))
+    assert out.strip() == "run parked is already compensating; it ends failed", out
+    after = obs.view("parked")
+    assert after is not None and after.status == "waiting", obs.dump("parked")
+    assert after.attempt == view.attempt and after.wait_reason == "retry"
+    assert listed(obs, UNDONE + "parked") == ["tried p"]
+    ok(procs.cli("cancel", "parked"))  # a plain cancel still stops the compensations
+    obs.wait_status("parked", "cancelled", timeout=30)
+
+
+def test_fail_of_an_undo_paused_on_its_failure_runs_the_rest(procs: Procs) -> None:
+    procs.worker()
+    obs = procs.observer
+    enqueue(procs, "comp_pausing_undo", None, "paused-undo")
+    view = obs.wait_status("paused-undo", "waiting", timeout=60)
+    assert view.wait_reason == "failed_step", obs.dump("paused-undo")
+    out = ok(procs.cli("fail", "paused-undo"))
+    # No body is left to handle it: the undo is recorded failed and the others run.
+    assert "it is recorded failed; the other undos run, then the run ends" in out, out
+    obs.wait_status("paused-undo", "failed", timeout=60)
+    assert listed(obs, UNDONE + "paused-undo") == ["tried r", "tried r", "release q"]
+    data = status_json(procs, "paused-undo")
+    assert [(c["name"], c["status"]) for c in data["compensations"]] == [
+        ("comp_always_fails", "failed"), ("comp_release", "done")]
+
+
 def test_a_plain_cancel_does_not_compensate(procs: Procs) -> None:
     procs.worker()
     obs = procs.observer

@@ -192,3 +192,56 @@ def test_an_async_body_compensates_the_same_way() -> None:
         run.result()
     assert UNDONE == ["release async", "refund o4 5 ch-o4"]
     assert [c.status for c in env.status(run).compensations] == ["done", "done"]
+
+
+@mr.step(name="kit_comp_undo_later", retry=mr.Retry(initial="1m", max_attempts=2,
+                                                    jitter=False))
+def kit_undo_later(item: str) -> None:
+    UNDONE.append(f"tried {item}")
+    raise RuntimeError(f"cannot undo {item} yet")
+
+
+@mr.workflow()
+def kit_comp_parked_undo(ctx: mr.RunContext) -> str:
+    mr.compensate(kit_undo_later, kit_reserve("p"))
+    raise ValueError("the body gives up")
+
+
+def test_cancel_compensate_of_a_run_compensating_after_its_failure() -> None:
+    UNDONE.clear()
+    env = Environment()
+    run = env.start("kit_comp_parked_undo")
+    env.run_until_idle()
+    assert run.status().status == "waiting" and run.status().phase == "compensating"
+    done = env.cancel(run.id, compensate=True)
+    # Compensating already, to end failed: said so, and its undo's retry keeps its time.
+    assert done.message == f"run {run.id} is compensating (waiting)", done.message
+    assert UNDONE == ["tried p"]
+    env.advance(timedelta(minutes=2))
+    assert run.status().status == "failed" and UNDONE == ["tried p", "tried p"]
+
+
+@mr.workflow(on_exhausted="pause")
+def kit_comp_pausing(ctx: mr.RunContext) -> str:
+    mr.compensate(kit_release, kit_reserve("first"))
+    mr.compensate(kit_broken_undo, kit_reserve("second"))
+    raise ValueError("the body gives up")
+
+
+def test_an_undo_in_a_pausing_workflow_pauses_until_a_person_acts() -> None:
+    UNDONE.clear()
+    env = Environment()
+    run = env.start("kit_comp_pausing")
+    env.run_until_idle()
+    env.advance(1)  # the broken undo's second try
+    status = run.status()
+    assert status.status == "waiting" and status.phase == "compensating"
+    assert status.waiting is not None and status.waiting.reason == "failed_step"
+    assert status.waiting.for_["step"] == "|compensate.kit_comp_broken_undo#0"
+    assert UNDONE == ["broken second", "broken second"]  # the one before it waits
+    env.fail(run, reason="done by hand")
+    with pytest.raises(RunFailedError):
+        run.result()
+    assert UNDONE == ["broken second", "broken second", "release first"]
+    assert [(c.name, c.status) for c in run.status().compensations] == [
+        ("kit_comp_broken_undo", "failed"), ("kit_release", "done")]

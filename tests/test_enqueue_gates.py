@@ -430,6 +430,21 @@ def test_cancel_of_a_window_from_the_cli(procs: Procs) -> None:
     done = procs.cli("enqueue", "gate_long", "--input", '{"customer": "q", "n": 1}', "--json")
     assert done.returncode == 0, done.stderr
     run_id = json.loads(done.stdout)["id"]
+    # Before its window closes the run is shown (status) but cannot be acted on: each
+    # action says why, in one line, exit 2, and nothing changes.
+    for action in (["pause", run_id], ["retry", run_id], ["signal", run_id, "go"],
+                   ["rerun", run_id]):
+        refused = procs.cli(*action)
+        assert refused.returncode == 2, refused
+        assert refused.stderr.strip() == (
+            f"error: run {run_id} has not started: its debounce window is open until "
+            f"{json.loads(done.stdout)['decision']['until']} (cancel closes it); nothing to "
+            f"{action[0]}"), refused.stderr
+    import marbles_rq as mr
+
+    with pytest.raises(debounce.DebouncingError, match="has not started"):
+        mr.connect(procs.url).pause(run_id)
+    assert procs.observer.view(run_id) is None  # still a window: nothing recorded
     cancelled = procs.cli("cancel", run_id)
     assert cancelled.returncode == 0, cancelled
     view = procs.observer.wait_status(run_id, "cancelled", timeout=10)

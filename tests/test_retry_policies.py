@@ -103,6 +103,9 @@ def test_the_shorthand_and_the_workflow_default_are_retry_policies() -> None:
     own = StepDef("o", lambda: None, retry=mr.Retry(max_attempts=2), on_exhausted="fail")
     assert own.policy(wf).max_attempts == 2 and own.exhausted(wf) == "fail"
     assert plain.policy().max_attempts == 1 and plain.exhausted() == "fail"
+    # Without max_interval, the ceiling is 5 minutes, or the first wait when longer.
+    assert mr.Retry().max_interval_s == 300.0
+    assert mr.Retry(initial="1h", jitter=False).delay_for(3) == 3600.0
     backoff = mr.Retry(initial="1s", backoff=3.0, max_interval="20s", jitter=False)
     assert [backoff.delay_for(n) for n in (1, 2, 3, 4)] == [1.0, 3.0, 9.0, 20.0]
 
@@ -118,6 +121,14 @@ def test_an_input_patch_is_a_merge_patch_over_the_arguments_by_name() -> None:
             check_patch("charge", args, patch)
     with pytest.raises(PatchRefusedError, match="not JSON"):
         check_patch("charge", None, {"amount": 5})
+    # Checked where the step's code is not at hand (a bare client) too: what JSON cannot
+    # record as given is refused, not written (NaN would be recorded as null, a removal
+    # that every later try of the step refuses), nor what is over the payload limit.
+    for patch, words in [({"amount": float("nan")}, "NaN"), ({"amount": object()}, "not JSON"),
+                         ({"card": {"cvc": float("inf")}}, "NaN"),
+                         ({"card": {"cvc": "x" * 2_000_000}}, "bytes; the limit is")]:
+        with pytest.raises(PatchRefusedError, match=words):
+            check_patch("charge", args, patch)
 
 
 def test_the_test_kit_pauses_retries_with_a_patch_and_fails() -> None:
@@ -249,7 +260,8 @@ def test_pause_then_retry_with_a_patched_input_succeeds(procs: Procs) -> None:
         ("order-1", "rt_order.rt_charge#0")]
 
     # Patches that do not fit: one line, exit 2, nothing changed.
-    for patch, words in [("{not json", "not valid JSON"), ('{"nope": 1}', "no argument"),
+    for patch, words in [("{not json", "not valid JSON"), ("null", "is null"),
+                         ("[1]", "JSON object"), ('{"nope": 1}', "no argument"),
                          ('{"amount": "lots"}', "does not fit"),
                          ('{"card": {"number": 4242}}', "does not fit")]:
         one_line_error(procs.cli("retry", "order-1", "--input-patch", patch), 2, words)

@@ -3,13 +3,11 @@ RUN [--input-patch JSON]` runs the step again now, `fail RUN [--reason TEXT]` gi
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from ..client import Client
 from ..deployment import Settings
-from ..engine.input_patch import PatchRefusedError
+from ..engine.input_patch import decode_patch
 from ..store.ids import check_id
 from ..terminal import safe
 
@@ -29,10 +27,7 @@ def retry(settings: Settings, run_id: str, input_patch: str | None) -> None:
         # With the step's code at hand, the patched values are checked against its
         # parameters' types now (else the worker refuses them when the step runs again).
         settings.load_source()
-        try:
-            patch = json.loads(input_patch)
-        except ValueError as exc:
-            raise PatchRefusedError(f"--input-patch is not valid JSON: {exc}") from None
+        patch = decode_patch(input_patch, "--input-patch")
     click.echo(safe(Client(settings).retry(run_id, patch).message))
 
 

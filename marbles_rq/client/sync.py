@@ -40,6 +40,7 @@ from ..engine.published import published
 from ..engine.runs import STATUSES, OutputEvent, RunStore, RunView
 from ..engine.selection import RunFilter, Selection
 from ..engine.signals import signals_json
+from ..engine.undo_refs import FRAME
 from ..engine.waits import Answered, WaitStore
 from ..errors import ConfigError, InvalidIdError, MarblesError, RunSettledError
 from ..store.connection import CLUSTER_SCHEMES, check_url, redact
@@ -183,6 +184,27 @@ def _check_url(url: str) -> None:
                           f"rediss://, unix:// or redis+cluster://")
     if parts.scheme != "unix" and not parts.hostname:
         raise ConfigError(f"invalid Redis URL {redact(url)!r}: no host")
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _not_before_window(method: _Method) -> _Method:
+    """A run id that names no recorded run may be an open debounce window's run (which
+    `status` shows): say so (DebouncingError) rather than that no such run exists."""
+    import functools
+
+    @functools.wraps(method)
+    def acting(self: Client, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, run_id, *args, **kwargs)
+        except RunNotFoundError:
+            from ..engine.debounce import refuse_window
+
+            refuse_window(self.reader, run_id, method.__name__)
+            raise
+
+    return acting  # type: ignore[return-value]
 
 
 @typed_outages(lambda self: self.settings.redis_url)
@@ -639,8 +661,10 @@ class Client:
             "woken": f"run {run_id} is compensating (delivery {attempt}){tail}; it ends "
                      f"cancelled",
             "queued": f"run {run_id} is compensating; it ends cancelled",
+            "compensating": f"run {run_id} is already compensating; it ends {queue}",
             "settled": f"run {run_id} has already finished; nothing to cancel"}[outcome]
-        children = [] if outcome == "settled" else WaitStore(runs).cancel_children(run_id)
+        children = [] if outcome in ("settled", "compensating") else (
+            WaitStore(runs).cancel_children(run_id))
         return Outcome(run_id, "compensating" if outcome in ("woken", "queued") else outcome,
                        message, children)
     def _free_singleton(self, run_id: str) -> None:
@@ -652,6 +676,7 @@ class Client:
 
             cleared(self.runs_store, view.record)
 
+    @_not_before_window
     def pause(self, run_id: str) -> Outcome:
         """Pause a run: a running one parks at its next step boundary, a queued one when it
         starts, a waiting one at once; only `resume` wakes it. RunSettledError if it had
@@ -664,6 +689,7 @@ class Client:
             "requested": f"run {run_id} will park at its next step boundary (paused)",
             "already": f"run {run_id} is already paused"}[outcome])
 
+    @_not_before_window
     def resume(self, run_id: str) -> Outcome:
         """Resume a paused run. outcome: woken (delivered again) | resumed (it had not
         parked yet; it carries on). NotPausedError, RunSettledError."""
@@ -676,6 +702,7 @@ class Client:
                            f"run {run_id} resumed before it parked; it carries on")
         raise RunSettledError(f"run {run_id} has already finished; nothing to resume")
 
+    @_not_before_window
     def answer(self, run_id: str, key: str, value: Any) -> Outcome:
         """Answer question `key` with `value` (one of its choices, or the choice's number as
         text). The first answer wins: AlreadyAnsweredError after; UnknownQuestionError,
@@ -684,16 +711,19 @@ class Client:
         what = f"answered {value!r}" if isinstance(value, str) else "answered"
         return self._answer(run_id, key, value, "question", what)
 
+    @_not_before_window
     def approve(self, run_id: str, key: str, note: str | None = None) -> Outcome:
         """Approve approval `key`; the run receives {"approved": True, "note": note}."""
         return self._answer(run_id, key, {"approved": True, "note": _note(note)}, "approval",
                             "approved")
 
+    @_not_before_window
     def reject(self, run_id: str, key: str, note: str | None = None) -> Outcome:
         """Reject approval `key`; the run receives {"approved": False, "note": note}."""
         return self._answer(run_id, key, {"approved": False, "note": _note(note)},
                             "approval", "rejected")
 
+    @_not_before_window
     def retry(self, run_id: str, input_patch: Any = None) -> Outcome:
         """Run the step a run is paused on (its tries ran out, on_exhausted="pause") again
         now, its tries counted from 1; `input_patch` (a JSON object) first changes the
@@ -710,6 +740,7 @@ class Client:
                        f"(delivery {done.attempt})"
                        + self._deliver(run_id, done.attempt, done.queue))
 
+    @_not_before_window
     def fail(self, run_id: str, reason: str | None = None) -> Outcome:
         """Give up the step a run is paused on: it fails with its last error and `reason`,
         and the run goes on as after any failed step (it ends failed unless its body catches
@@ -718,8 +749,13 @@ class Client:
 
         check_id(run_id, "run id")
         done = failed_steps.fail(self._waits(), self.runs_store.get(run_id), run_id, reason)
+        # An undo given up is recorded failed and the other undos run: no body is left to
+        # handle it, and the run ends as its compensation says (failed, or cancelled).
+        after = ("it is recorded failed; the other undos run, then the run ends"
+                 if done.step.startswith(f"{FRAME}.") else
+                 "the run fails unless its body handles it")
         return Outcome(run_id, "failed", f"run {run_id}: step {done.step} given up (delivery "
-                       f"{done.attempt}: the run fails unless its body handles it)"
+                       f"{done.attempt}: {after})"
                        + self._deliver(run_id, done.attempt, done.queue))
 
     def _answer(self, run_id: str, key: str, value: Any, kind: str, what: str) -> Outcome:
@@ -749,6 +785,7 @@ class Client:
         return Events(self.runs_store, self.lanes).send(source, id, type=type or "",
                                                         payload=raw)
 
+    @_not_before_window
     def rerun(self, run_id: str, *, from_step: str | None = None,
               new_id: str | None = None) -> Rerun:
         """A new run of a finished run's workflow with its recorded input (as `marbles-rq
@@ -760,6 +797,7 @@ class Client:
         return rerun(self.runs_store, self.lanes, check_id(run_id, "run id"),
                      from_step=from_step, new_id=new_id)
 
+    @_not_before_window
     def signal(self, run_id: str, name: str, payload: Any = None, *,
                payload_json: bytes | None = None, request_id: str | None = None) -> SignalSent:
         """Send signal `name` to a run: recorded durably after its earlier signals of that

@@ -27,6 +27,21 @@ class PatchRefusedError(InputError):
     code = "patch_refused"
 
 
+def decode_patch(text: str, what: str) -> Any:
+    """A patch given as JSON text (`what` names where: `--input-patch`). JSON null is
+    refused, not taken for "no patch": whoever typed it meant to change something."""
+    import json
+
+    try:
+        patch = json.loads(text)
+    except ValueError as exc:
+        raise PatchRefusedError(f"{what} is not valid JSON: {exc}") from None
+    if patch is None:
+        raise PatchRefusedError(f"{what} is null: a patch is a JSON object of the step's "
+                                f"arguments by name (leave it out to retry as it is)")
+    return patch
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7396: apply `patch` to `target` (neither is modified)."""
     if not isinstance(patch, dict):
@@ -66,6 +81,7 @@ def check_patch(step: str, args: Any, patch: Any,
     if not isinstance(patch, dict) or not patch:
         raise PatchRefusedError(f"an input patch is a non-empty JSON object of step {step!r}'s "
                                 f"arguments by name, not {_short(patch)}")
+    _check_json(step, patch)
     if not isinstance(args, dict):
         raise PatchRefusedError(f"step {step!r} was called with arguments that are not JSON: "
                                 f"it can be retried as it is, not patched")
@@ -81,6 +97,27 @@ def check_patch(step: str, args: Any, patch: Any,
     if fn is not None:
         _convert(fn, merged, list(patch), step)
     return merged  # type: ignore[no-any-return]
+
+
+def _check_json(step: str, patch: dict[Any, Any]) -> None:
+    """Refuse a patch that would not be recorded as given: a value JSON has no form for,
+    NaN or an infinity (written as null, which would then read as removing an argument, on
+    every later try), or one over the payload limit."""
+    from .json_values import changed_by_json
+    from .ops import MAX_PAYLOAD_ENV, max_payload
+
+    try:
+        encoded = msgspec.json.encode(patch)
+    except (TypeError, UnicodeEncodeError, msgspec.EncodeError, RecursionError) as exc:
+        raise PatchRefusedError(f"the input patch of step {step!r} is not JSON: "
+                                f"{_short(str(exc))}") from None
+    if changed_by_json(patch, encoded):
+        raise PatchRefusedError(f"the input patch of step {step!r} is not JSON: it holds NaN "
+                                f"or an infinity")
+    limit = max_payload()
+    if len(encoded) > limit:
+        raise PatchRefusedError(f"the input patch of step {step!r} is {len(encoded)} bytes; "
+                                f"the limit is {limit} (set {MAX_PAYLOAD_ENV} to change it)")
 
 
 def _convert(fn: Callable[..., Any], values: dict[str, Any], names: list[str], step: str

@@ -159,10 +159,11 @@ class MemoryEngine:
         `compensate`: its registered undos run first (a delivery), then it ends cancelled."""
         if compensate:
             done = self.store.cancel_compensate(run_id)[0]
-            children = [] if done in ("settled", "missing") else (
+            children = [] if done in ("settled", "missing", "compensating") else (
                 self.store.waits().cancel_children(run_id))
             self.run_until_idle()
-            return ("compensating" if done in ("woken", "queued") else done), children
+            return ("compensating" if done in ("woken", "queued", "compensating") else done
+                    ), children
         outcome = self.store.cancel(run_id, reason)
         children = [] if outcome != "cancelled" else self.store.waits().cancel_children(run_id)
         return outcome, children

@@ -541,6 +541,9 @@ class MemoryRuns:
                 return "missing", 0, ""
             if run.status in TERMINAL:
                 return "settled", 0, ""
+            current = run.ledger.get(cancel_marker().key)
+            if current is not None:  # compensating already: how it ends is decided
+                return "compensating", 0, current.status
             started = run.epoch > 0
             if started:
                 run.ledger.setdefault(cancel_marker().key, cancel_marker())

@@ -49,6 +49,7 @@ def inline_limit_s() -> float:
     return value / 1000
 MAX_ATTEMPTS = 1000
 MAX_INTERVAL_S = 366 * 86400.0
+DEFAULT_MAX_INTERVAL_S = 300.0
 EXHAUSTED = ("fail", "pause")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -96,12 +97,15 @@ class Retry:
     non_retryable: tuple[type[BaseException], ...]
     jitter: bool
 
-    def __init__(self, initial: Any = "1s", backoff: float = 2.0, max_interval: Any = "5m",
+    def __init__(self, initial: Any = "1s", backoff: float = 2.0, max_interval: Any = None,
                  max_attempts: int = 10,
                  non_retryable: tuple[type[BaseException], ...] | list[type[BaseException]] = (),
                  jitter: bool = True) -> None:
         initial_s = seconds_of(initial, "initial")
-        max_interval_s = seconds_of(max_interval, "max_interval")
+        # Not given: 5 minutes, or the first wait when that is longer (a policy that asks
+        # for hourly retries must not be refused for a ceiling nobody wrote).
+        max_interval_s = (max(DEFAULT_MAX_INTERVAL_S, initial_s) if max_interval is None
+                          else seconds_of(max_interval, "max_interval"))
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not (
                 1.0 <= backoff <= 100.0):
             raise RetryPolicyError(f"backoff must be a number from 1 (fixed waits) to 100, "

@@ -597,8 +597,9 @@ class RunStore:
     def cancel_compensate(self, run_id: str, reason: str = "cancelled by request, with "
                           "compensation") -> tuple[str, int, str]:
         """Cancel a run and run its compensations first (engine/compensation.py):
-        (requested | woken | queued | cancelled | settled | missing, the delivery to enqueue
-        when woken, its queue)."""
+        (requested | woken | queued | cancelled | settled | missing | compensating, the
+        delivery to enqueue when woken, its queue; for compensating, already under way, how
+        the run ends: failed | cancelled)."""
         keys = self.keys.run_keys(check_id(run_id, "run id"))
         reply = self.scripts.cancel_compensate(
             keys=keys, run_id=run_id, marker=encode(cancel_marker()),
@@ -608,6 +609,8 @@ class RunStore:
             raise CorruptRecordError(keys.run, as_text(reply.values[0]))
         if reply.status == "woken":
             return reply.status, int(reply.values[0]), as_text(reply.values[1])
+        if reply.status == "compensating":
+            return reply.status, 0, as_text(reply.values[0])
         return reply.status, 0, ""
 
     def hand_over_compensation(self, ex: Execution) -> tuple[str, int, str]:

@@ -24,6 +24,7 @@ import msgspec
 from ..store import new_request_id
 from ..store.records import RunRecord, decode, encode
 from ..store.replies import as_text
+from .authoring import InputError
 from .gate_specs import Decision, Gate
 
 if TYPE_CHECKING:
@@ -126,6 +127,27 @@ def cancel_window(runs: RunStore, rq: RQLike, run_id: str) -> bool:
     # Recorded and cancelled here; killed before, the controller does it (the mark stays).
     close(runs, rq, bucket, run_id)
     return True
+
+
+class DebouncingError(InputError):
+    """The run is a debounce window's that has not started: only `status` and `cancel` act
+    on it before it does. Bad input to the CLI (exit 2); HTTP 409."""
+
+    code = "debouncing"
+
+
+def refuse_window(runs: RunStore, run_id: str, what: str) -> None:
+    """DebouncingError when `run_id` is an open (or closing) debounce window's run, which
+    `status` shows but which cannot be acted on before it starts; else nothing."""
+    view = window_view(runs, run_id)
+    if view is None:
+        return
+    if view.wait_for is not None:
+        raise DebouncingError(f"run {run_id} has not started: its debounce window is open "
+                              f"until {view.wait_for['until']} (cancel closes it); nothing "
+                              f"to {what}")
+    raise DebouncingError(f"run {run_id} has not started: its debounce window has just "
+                          f"closed and it is starting; nothing to {what} yet")
 
 
 def window_view(runs: RunStore, run_id: str) -> RunView | None:

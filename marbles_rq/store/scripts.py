@@ -682,7 +682,7 @@ class Scripts:
                             keys.finished, keys.waits, keys.asks, keys.feed],
                            [run_id, marker, event, request_id, grace_ms],
                            ("requested", "woken", "queued", "cancelled", "settled", "missing",
-                            "corrupt"))
+                            "corrupt", "compensating"))
 
     def hand_over_compensation(self, *, keys: RunKeys, epoch: int, run_id: str,
                                grace_ms: int, event: bytes) -> Reply:

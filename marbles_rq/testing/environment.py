@@ -288,9 +288,12 @@ class Environment:
     def cancel(self, run_id: str, *, compensate: bool = False) -> Outcome:
         self._run(run_id)
         outcome, children = self.engine.cancel(run_id, compensate=compensate)
+        view = self.engine.store.get(run_id)
+        now = view.status if view is not None else "gone"
         return Outcome(run_id, outcome, {
             "cancelled": f"run {run_id} cancelled",
-            "compensating": f"run {run_id} compensated; it ended cancelled",
+            "compensating": f"run {run_id} compensated; it ended {now}" if now in TERMINAL
+            else f"run {run_id} is compensating ({now})",
             "settled": f"run {run_id} has already finished; nothing to cancel"}.get(
                 outcome, outcome), children)
 

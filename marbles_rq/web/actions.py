@@ -37,16 +37,9 @@ class Actions:
 
     def retry(self, run_id: str, input_patch: str | None = None) -> str:
         """`marbles-rq retry RUN [--input-patch JSON]`."""
-        import json
+        from ..engine.input_patch import decode_patch
 
-        from ..engine.input_patch import PatchRefusedError
-
-        patch = None
-        if input_patch is not None:
-            try:
-                patch = json.loads(input_patch)
-            except ValueError as exc:
-                raise PatchRefusedError(f"the input patch is not valid JSON: {exc}") from None
+        patch = None if input_patch is None else decode_patch(input_patch, "the input patch")
         return self.client.retry(check_id(run_id, "run id"), patch).message
 
     def fail(self, run_id: str, reason: str | None = None) -> str:

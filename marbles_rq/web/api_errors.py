@@ -58,6 +58,7 @@ STATUS: dict[str, int] = {
     "run_settled": 409,
     "not_paused": 409,
     "not_failed_step": 409,  # retry / fail of a run not paused on a failed step
+    "debouncing": 409,  # an action on a debounce window's run before the window closes
     "patch_refused": 422,  # an input patch that does not fit the step's arguments
     "signal_buffer_full": 409,  # the run holds 10,000 untaken signals of that name
     "redis_unavailable": 503,
