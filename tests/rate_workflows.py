@@ -25,7 +25,7 @@ def paced(ctx: mr.RunContext, n: int = 0) -> int:
 
 
 @mr.workflow(rate_limit="4/s", rate_key="customer")
-def per_customer(ctx: mr.RunContext, order: Order) -> int:
+def rate_per_customer(ctx: mr.RunContext, order: Order) -> int:
     """4 a second per customer."""
     return call_api(order.n)
 

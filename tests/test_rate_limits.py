@@ -308,25 +308,25 @@ def test_held_runs_released_in_arrival_order_per_key(procs: Procs) -> None:
 
 def test_limits_cli_list_set_reset_and_bad_input(procs: Procs) -> None:
     procs.start(workers=1)
-    _enqueue(procs.url, [RunRequest("per_customer", b'{"customer": "acme"}', "l1")])
+    _enqueue(procs.url, [RunRequest("rate_per_customer", b'{"customer": "acme"}', "l1")])
     procs.observer.wait_status("l1", "succeeded", timeout=60)
     listed = procs.cli("limits", "--json")
     assert listed.returncode == 0, listed.stderr
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
     assert rows["paced"]["rate"] == "20/s" and rows["paced"]["held"] == 0
-    acme = rows["per_customer[customer=acme]"]
-    assert (acme["rate"], acme["family"], acme["admissions"]) == ("4/s", "per_customer", 1)
+    acme = rows["rate_per_customer[customer=acme]"]
+    assert (acme["rate"], acme["family"], acme["admissions"]) == ("4/s", "rate_per_customer", 1)
     assert acme["last_admission_ms"]
-    changed = procs.cli("limits", "set", "per_customer", "2/min", "--burst", "3", "--json")
+    changed = procs.cli("limits", "set", "rate_per_customer", "2/min", "--burst", "3", "--json")
     assert changed.returncode == 0, changed.stderr
     rows = {r["name"]: r for r in json.loads(procs.cli("limits", "--json").stdout)}
-    acme = rows["per_customer[customer=acme]"]
+    acme = rows["rate_per_customer[customer=acme]"]
     assert (acme["rate"], acme["burst"], acme["overridden"], acme["source"]) == (
         "2/min", 3, True, "4/s")
     text = procs.cli("limits")
-    assert "per_customer[customer=acme]  2/min burst 3 (set at run time; source: 4/s)" \
+    assert "rate_per_customer[customer=acme]  2/min burst 3 (set at run time; source: 4/s)" \
         in text.stdout
-    back = procs.cli("limits", "reset", "per_customer", "--json")
+    back = procs.cli("limits", "reset", "rate_per_customer", "--json")
     assert back.returncode == 0 and json.loads(back.stdout)["rate"] == "4/s"
     for args, needle in [(("limits", "set", "paced", "fast"), "invalid rate 'fast'"),
                          (("limits", "set", "paced", "0/s"), "invalid rate '0/s'"),
@@ -366,7 +366,7 @@ def test_the_kit_applies_limits_by_virtual_time() -> None:
     from marbles_rq.testing import Environment
 
     env = Environment()
-    handles = [env.start("per_customer", {"customer": "k", "n": i}) for i in range(6)]
+    handles = [env.start("rate_per_customer", {"customer": "k", "n": i}) for i in range(6)]
     env.run_until_idle()
     assert [env.status(h).status for h in handles] == ["succeeded"] + ["waiting"] * 5
     env.advance(0.25)
@@ -392,12 +392,12 @@ def test_limits_over_http_and_from_both_clients(procs: Procs) -> None:
     web = start_web(procs, extra_env={"MARBLES_API_TOKEN": API_TOKEN})
     procs.controller()
     procs.worker()
-    _enqueue(procs.url, [RunRequest("per_customer", b'{"customer": "acme"}', "h1")])
+    _enqueue(procs.url, [RunRequest("rate_per_customer", b'{"customer": "acme"}', "h1")])
     procs.observer.wait_status("h1", "succeeded", timeout=60)
     got = curl(web, "GET", "/api/limits")
     assert got.status == 200, got.body
     names = {r["name"]: r for r in got.json()["limits"]}
-    assert names["per_customer[customer=acme]"]["admissions"] == 1
+    assert names["rate_per_customer[customer=acme]"]["admissions"] == 1
     put = curl(web, "PUT", "/api/limits/paced", {"rate": "5/s", "burst": 2})
     assert put.status == 200, put.body
     assert (put.json()["rate"], put.json()["burst"], put.json()["overridden"]) == ("5/s", 2,
@@ -437,10 +437,10 @@ def test_limits_over_http_and_from_both_clients(procs: Procs) -> None:
     asyncio.run(from_asyncio())
     # the dashboard's system page lists them, the rate set at run time said so
     with mr.connect(procs.url) as client:
-        client.set_rate_limit("per_customer", "3/min")
+        client.set_rate_limit("rate_per_customer", "3/min")
     page = web.signed_in().get("/system")
     assert page.status_code == 200
-    assert "Rate limits" in page.text and "per_customer[customer=acme]" in page.text
+    assert "Rate limits" in page.text and "rate_per_customer[customer=acme]" in page.text
     assert "3/min" in page.text and "set at run time (source: 4/s)" in page.text
     info = procs.cli("info", "--json")
     assert info.returncode == 0, info.stderr

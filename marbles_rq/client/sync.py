@@ -199,7 +199,7 @@ def _not_before_window(method: _Method) -> _Method:
         try:
             return method(self, run_id, *args, **kwargs)
         except RunNotFoundError:
-            from ..engine.debounce import refuse_window
+            from ..flow.debounce import refuse_window
 
             refuse_window(self.reader, run_id, method.__name__)
             raise

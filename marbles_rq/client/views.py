@@ -72,6 +72,21 @@ class CompensationInfo(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
+class BatchInfo(msgspec.Struct, frozen=True):
+    """The batch of events a batch run was started with (`@mr.on_event(batch=...)`): its id
+    (the run's), trigger, key value, how many events, what sealed it (size | bytes | time),
+    when it opened and sealed (ISO 8601), and its state."""
+
+    batch: str
+    trigger: str
+    key: str
+    events: int
+    sealed_by: str
+    opened_at: str
+    sealed_at: str
+    state: str
+
+
 class QuestionInfo(msgspec.Struct, frozen=True):
     """A question or approval a run asked (also an entry of the feed)."""
 
@@ -156,6 +171,7 @@ class RunStatus(msgspec.Struct, frozen=True):
     # otherwise. The registered undos, in the order they run (docs/how-to/compensation.md).
     phase: str | None = None
     compensations: list[CompensationInfo] = msgspec.field(default_factory=list)
+    batch: BatchInfo | None = None  # set for a run a batch of events started
 
     @property
     def finished(self) -> bool:

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..engine.authoring import InputError
 from ..store import new_request_id
 from ..store.records import RunRecord, decode, encode
 from ..store.replies import as_text
-from .authoring import InputError
 from .gate_specs import Decision, Gate
 
 if TYPE_CHECKING:
