@@ -32,7 +32,8 @@ COVERED = ("runs", "steps", "effects", "questions", "timers", "children", "event
            "limit samples cx_limited_key customer=acme", "reruns", "priority bands",
            "runs started later", "signals", "event waits", "event waits parked",
            "event waits taken at once", "decoy events",
-           "published values")
+           "published values", "compensated runs", "retry runs", "retries patched",
+           "rate-limited starts lane=north", "rate-limited starts lane=south")
 
 
 def _chaos(*args: str) -> None:
