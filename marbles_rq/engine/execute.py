@@ -401,7 +401,10 @@ class RunContext:
     def begin_attempt(self, call: StepCall) -> None:
         if self.ex.replay_only:
             raise StopExecution(REPLAY_REACHED_NEW_WORK)
-        call.attempts += 1
+        # A try a kill interrupted stays counted (its entry is `running`), but the tries
+        # never pass the policy's bound: an interrupted last try runs again as itself.
+        bound = call.definition.policy(self.workflow_def).max_attempts
+        call.attempts = min(call.attempts + 1, max(bound, 1))
         running = call.record("running")
         # The first step after a rate limit's admission starts at the admission instant
         # (flow/rate_limits.py): the starts a limit lets through keep its spacing.
