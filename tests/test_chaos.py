@@ -4,7 +4,9 @@ redis-server, two controllers, forking and --pool workers, 500 runs of every wor
 combinations of issue 16 included: pause/resume storms, children gathered late, cancels
 while children start, concurrency limits, reruns from a step, priorities; and runs that
 wait for signals sent while processes die, and runs that publish their state and wait for a
-matching event among decoys), 30 worker kills,
+matching event among decoys; compensating runs, steps under a retry policy paused when
+their tries run out and retried with a patched input, bursts of rate-limited runs), 30
+worker kills,
 5 leader kills, 2 Redis kills and 5 SIGSTOPs (see tests/chaos/). Then the same on three
 lanes, smaller (300 runs, 18 worker kills). A few minutes each on 2 cores.
 
@@ -32,7 +34,8 @@ COVERED = ("runs", "steps", "effects", "questions", "timers", "children", "event
            "limit samples cx_limited_key customer=acme", "reruns", "priority bands",
            "runs started later", "signals", "event waits", "event waits parked",
            "event waits taken at once", "decoy events",
-           "published values")
+           "published values", "compensated runs", "retry runs", "retries patched",
+           "rate-limited starts lane=north", "rate-limited starts lane=south")
 
 
 def _chaos(*args: str) -> None:

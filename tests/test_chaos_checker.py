@@ -28,14 +28,33 @@ from tests.chaos.history import (
     OrderSent,
     PauseTry,
     RerunTry,
+    RetryTry,
     Run,
     Sent,
     SignalTry,
     Step,
     Submitted,
 )
-from tests.chaos.names import PRIORITIES, SCHEDULES, TICK_KEY
-from tests.chaos.plan import DECOYS, PUBLISH_WAITS, RUN_WEIGHTS, SAGAS, make_plan, order_event
+from tests.chaos.names import (
+    PRIORITIES,
+    RATE_PER_S,
+    RETRY_EXHAUST,
+    RETRY_MAX_ATTEMPTS,
+    RETRY_PATCH,
+    SCHEDULES,
+    TICK_KEY,
+)
+from tests.chaos.plan import (
+    DECOYS,
+    PUBLISH_WAITS,
+    RATE_BURST,
+    RATE_BURSTS,
+    RETRIES,
+    RUN_WEIGHTS,
+    SAGAS,
+    make_plan,
+    order_event,
+)
 
 T0 = 1_800_000_000_000
 _ids = itertools.count()
@@ -234,6 +253,8 @@ def valid_history() -> History:
 
     _publish_wait(h)
     _saga(h)
+    _retries(h)
+    _rates(h)
     return h
 
 
@@ -297,6 +318,91 @@ def _saga(h: History) -> None:
     sg.run.status = "failed"
     sg.ev("final", status="failed")
     h.submitted.append(Submitted("r-saga", "cx_saga", "api", True))
+
+
+RETRY_KEY_ = "cx_retry.cx_retry_try#0"
+PATCHED_KEY = "cx_retry.cx_retry_try_p#0"
+
+
+def _failed_tries(b: Builder, key: str, tries: int, *, last: str = "retry") -> None:
+    """`tries` failed tries of step `key`, each its own delivery: a retry parked on a
+    timer after each but the last, which parks as `last` says."""
+    for attempt in range(1, tries + 1):
+        b.start()
+        b.ev("step_started", step=key, attempt=attempt)
+        b.h.executions.append(Execution(f"x{next(_ids)}", b.run.id, key, b.epoch, b.attempt,
+                                        100, b.ms, "cx.default"))
+        if attempt < tries or last == "retry":
+            b.park("retry", step=key, attempt=attempt, error="RuntimeError: retry")
+            b.wake("timer")
+        else:
+            b.park("failed_step", step=key, attempts=attempt, max_attempts=attempt)
+
+
+def _retries(h: History) -> None:
+    """cx_retry runs: one fails twice then succeeds on its third try; one runs out of
+    tries, pauses, and succeeds once the harness retried it with the patch."""
+    r = Builder(h, "r-retry", "cx_retry", {"fails": 2, "pause": False, "sleep_ms": 5})
+    _failed_tries(r, RETRY_KEY_, 2)
+    r.start()
+    ikey = r.step(RETRY_KEY_, "cx_retry_try")
+    r.run.steps[RETRY_KEY_].attempts = 3
+    r.finish({"try": {"key": ikey, "fails": 2, "tries": 3}, "steps": [ikey]})
+    h.retry_tries[ikey] = 3
+    h.submitted.append(Submitted("r-retry", "cx_retry", "api", True))
+
+    p = Builder(h, "r-retry-p", "cx_retry", {"fails": RETRY_EXHAUST, "pause": True,
+                                             "sleep_ms": 5})
+    _failed_tries(p, PATCHED_KEY, RETRY_MAX_ATTEMPTS, last="pause")
+    p.ev("step_retried", step=PATCHED_KEY, attempts=RETRY_MAX_ATTEMPTS, patch=RETRY_PATCH,
+         args={"fails": 0, "sleep_ms": 5})
+    p.wake("retry")
+    p.start()
+    ikey = p.step(PATCHED_KEY, "cx_retry_try_p")
+    tried = {"key": ikey, "fails": 0, "tries": RETRY_MAX_ATTEMPTS + 1}
+    p.run.steps[PATCHED_KEY].result = tried
+    p.finish({"try": tried, "steps": [ikey]})
+    h.retry_tries[ikey] = RETRY_MAX_ATTEMPTS + 1
+    h.submitted.append(Submitted("r-retry-p", "cx_retry", "api", True))
+    h.retries += [RetryTry("r-retry-p", RETRY_PATCH, "cli", "error: Redis went away"),
+                  RetryTry("r-retry-p", RETRY_PATCH, "cli", "not_failed_step")]
+
+
+def _rates(h: History) -> None:
+    """cx_rate runs: lane north at exactly its limit (one start every 100 ms: the window
+    [0, 1000) holds 10, the eleventh start opens the next), lane south well under it."""
+    for lane, n, every in (("north", RATE_PER_S + 2, 1000 // RATE_PER_S), ("south", 3, 50)):
+        for i in range(n):
+            rid = f"r-rate-{lane}-{i}"
+            b = Builder(h, rid, "cx_rate", {"lane": lane}, start_ms=T0 + every * i)
+            b.start()
+            b.finish({"steps": [b.step("cx_rate.cx_link#0")]})
+            h.submitted.append(Submitted(rid, "cx_rate", "api", True))
+
+
+def _retry_tries_lost(h: History) -> None:
+    h.runs["r-retry"].steps[RETRY_KEY_].attempts = 1  # two failures are in its journal
+
+
+def _retry_paused_early(h: History) -> None:
+    park = next(e for e in h.runs["r-retry-p"].events if e.type == "parked"
+                and e.data.get("reason") == "failed_step")
+    park.data["attempts"] = RETRY_MAX_ATTEMPTS - 2
+
+
+def _retry_patch_ignored(h: History) -> None:
+    run = h.runs["r-retry-p"]
+    run.result = {**run.result, "try": {**run.result["try"], "fails": RETRY_EXHAUST}}
+
+
+def _retry_effect_skipped(h: History) -> None:
+    h.applied.remove(f"r-retry:{RETRY_KEY_}")
+
+
+def _rate_exceeded(h: History) -> None:
+    started = next(e for e in h.runs[f"r-rate-north-{RATE_PER_S}"].events
+                   if e.type == "step_started")
+    started.data["started_ms"] = T0 + 950  # the eleventh start inside the first second
 
 
 def _undone_out_of_order(h: History) -> None:
@@ -772,6 +878,11 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "published_twice": ("published_twice", _published_twice),
     "published_stale": ("published_stale", _published_stale),
     "compensation": ("compensation", _undone_out_of_order),
+    "retry_tries_lost": ("retry", _retry_tries_lost),
+    "retry_paused_early": ("retry", _retry_paused_early),
+    "retry_patch_ignored": ("retry", _retry_patch_ignored),
+    "retry_effect_skipped": ("retry", _retry_effect_skipped),
+    "rate_limit": ("rate_limit", _rate_exceeded),
     "signal_lost": ("signal_lost", _signal_never_taken),
     "signal_order": ("signal_order", _signal_out_of_order),
     "start_early": ("start_early", _started_early),
@@ -795,6 +906,9 @@ def test_a_correct_history_passes() -> None:
     assert report.checked["event waits"] == 1 and report.checked["published values"] == 3
     assert report.checked["event waits parked"] == 1 and report.checked["decoy events"] == 1
     assert report.checked["compensated runs"] == 1 and report.checked["undos"] == 3
+    assert report.checked["retry runs"] == 2 and report.checked["retries patched"] == 1
+    assert report.checked["retry failures"] == 2 + RETRY_MAX_ATTEMPTS
+    assert report.checked["rate-limited starts lane=north"] == RATE_PER_S + 2
     text = summary(history, report)
     assert "violations: 0" in text
 
@@ -841,7 +955,8 @@ def test_the_plan_is_a_function_of_the_seed() -> None:
     assert counts["stop_worker"] >= 1 and counts["stop_leader"] >= 1
     runs = {r.run_id for a in make_plan(11).actions if a.op != "rerun" for r in a.runs}
     # the event waits and the sagas come on top
-    assert len(runs) == 500 + 500 * PUBLISH_WAITS // 100 + 500 * SAGAS // 100
+    assert len(runs) == (500 + 500 * PUBLISH_WAITS // 100 + 500 * SAGAS // 100
+                         + 500 * RETRIES // 100 + RATE_BURSTS * RATE_BURST)
 
 
 @pytest.mark.parametrize(("seed", "runs", "kills"), [(4242, 500, 30), (4243, 300, 18)])
@@ -851,8 +966,20 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     plan = make_plan(seed, runs, kills)
     kinds = Counter(spec.kind for a in plan.actions
                     if a.op in ("submit", "batch", "send", "signal_start") for spec in a.runs)
-    assert set(kinds) == {*RUN_WEIGHTS, "publish_wait", "saga"}, set(RUN_WEIGHTS) - set(kinds)
+    assert set(kinds) == {*RUN_WEIGHTS, "publish_wait", "saga", "retry", "rate"}, \
+        set(RUN_WEIGHTS) - set(kinds)
     assert sum(a.op == "cancel_compensate" for a in plan.actions) >= 3
+    retries = [a.runs[0].input for a in plan.actions if a.op == "submit"
+               and a.runs[0].kind == "retry"]
+    assert sum(i["fails"] < RETRY_EXHAUST for i in retries) >= 3  # fail some, then succeed
+    assert sum(i["fails"] >= RETRY_EXHAUST and not i["pause"] for i in retries) >= 1
+    patched = {a.runs[0].run_id for a in plan.actions if a.op == "retry_patch"}
+    assert len(patched) >= 2 and {a.via for a in plan.actions if a.op == "retry_patch"} \
+        == {"api", "cli"}
+    # each lane gets more than its limit at once from at least one burst
+    burst = Counter((a.at_s, a.runs[0].input["lane"]) for a in plan.actions
+                    if a.op == "submit" and a.runs[0].kind == "rate")
+    assert max(burst.values()) > RATE_PER_S
     assert all(n >= 5 for n in kinds.values()), kinds
     calls = Counter(c for a in plan.actions if a.op == "pause" for c in a.ops)
     assert calls["pause"] >= 10 and calls["resume"] >= 10

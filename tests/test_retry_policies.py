@@ -227,6 +227,26 @@ def test_kill9_during_the_wait_and_during_the_retried_try_keeps_the_count(
     assert step.attempts == 4 == tries(obs, "flaky-kill", "flaky")
 
 
+def test_kill9_during_the_last_try_runs_it_again_as_the_last(procs: Procs) -> None:
+    """max_attempts bounds the tries across kills: the last try, interrupted, runs again
+    under its own number (the step fails with 5 of 5 tries, not 6 of 5)."""
+    first = procs.worker()
+    procs.controller()
+    obs = procs.observer
+    procs.enqueue("rt_flaky", {"fails": 99, "gate_try": 5}, "flaky-last")
+    wait_for(lambda: tries(obs, "flaky-last", "flaky") == 5, timeout=90,
+             what="the fifth try to start", context=lambda: obs.dump("flaky-last"))
+    kill9_groups([first])  # during the last try (it waits on its gate)
+    procs.worker()
+    final(obs, "flaky-last", "failed")
+    assert tries(obs, "flaky-last", "flaky") == 6  # the body ran again after the kill
+    step = ledger(obs, "flaky-last")["rt_flaky.rt_flaky_step#0"]
+    assert step.attempts == 5, obs.dump("flaky-last")
+    started = [e.data.get("attempt") for e in obs.events("flaky-last")
+               if e.type == "step_started"]
+    assert max(started) == 5, started
+
+
 def test_a_non_retryable_failure_fails_at_once(procs: Procs) -> None:
     procs.start(workers=1, controller=False)
     obs = procs.observer

@@ -401,7 +401,14 @@ class RunContext:
     def begin_attempt(self, call: StepCall) -> None:
         if self.ex.replay_only:
             raise StopExecution(REPLAY_REACHED_NEW_WORK)
+        # A try a kill interrupted stays counted (its entry is `running`), but a retry
+        # policy's tries never pass its bound: an interrupted last try runs again as
+        # itself. A step without retries keeps counting each run of its body (a kill's
+        # rerun is redelivery, not a retry: it is not bounded).
+        bound = call.definition.policy(self.workflow_def).max_attempts
         call.attempts += 1
+        if bound > 1:
+            call.attempts = min(call.attempts, bound)
         running = call.record("running")
         # The first step after a rate limit's admission starts at the admission instant
         # (flow/rate_limits.py): the starts a limit lets through keep its spacing.

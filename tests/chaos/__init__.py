@@ -7,7 +7,9 @@ Layout:
   combination, issue 16: short-lived children gathered late, parents that start children
   while they are cancelled, concurrency limits global and per key, quick steps to rerun
   from, priority bands; pause/resume storms hit chains; runs that wait for signals, and
-  runs that publish their state and wait for a matching event). Loaded by every worker
+  runs that publish their state and wait for a matching event; compensating runs, steps
+  under a retry policy (some paused when their tries run out, retried with a patched
+  input), rate-limited bursts). Loaded by every worker
   and controller with ``--source tests.chaos.workloads``. Every step body leaves receipts
   in Redis (see its docstring), so the checker can count executions and effects.
 * ``plan.py`` -- the seeded plan: what is submitted (and paused, resumed, cancelled, rerun)

@@ -62,7 +62,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.chaos.history import AnswerTry, Ev, Execution, History, PauseTry, Run
-from tests.chaos.names import ORDER_SOURCE, ORDER_TYPE, STATE_KEY
+from tests.chaos.names import (
+    ORDER_SOURCE,
+    ORDER_TYPE,
+    RATE_PER_S,
+    RETRY_EXHAUST,
+    RETRY_MAX_ATTEMPTS,
+    RETRY_PATCH,
+    STATE_KEY,
+)
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 KINDS: dict[str, str] = {
@@ -120,6 +128,12 @@ KINDS: dict[str, str] = {
     "published_stale": "a finished run's published state is not the value it returned",
     "compensation": "a failed or compensation-cancelled run did not undo each registration "
                     "exactly once, in reverse order of registration",
+    "retry": "a step under a retry policy did not end as planned: its successful try's "
+             "effect not applied exactly once, fewer tries recorded than failures seen, "
+             "paused or failed before its tries ran out, or a patched retry that did not "
+             "use the patched input",
+    "rate_limit": "more step starts of a rate-limited workflow in a one-second window than "
+                  "its limit, for one key",
 }
 # Journal entries only the execution that owns the run may write.
 EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry", "output",
@@ -127,7 +141,9 @@ EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry
 # Entries after which no execution owns the run until the next attempt_started.
 OWNERSHIP_ENDS = ("redelivered", "parked", "final", "deferred", "woken", "compensating")
 # Steps with an effect (claim + apply), by step name.
-EFFECT_STEPS = ("cx_link",)
+EFFECT_STEPS = ("cx_link", "cx_retry_try", "cx_retry_try_p")
+RETRY_STEPS = ("cx_retry_try", "cx_retry_try_p")
+RATE_STEP = "cx_rate.cx_link#0"
 # Children kept one second after they finish (workloads.py): their outcome, which their
 # parent must get even once they are pruned, is a function of their id and input.
 BRIEF_CHILD = "cx_brief"
@@ -200,6 +216,8 @@ def check(history: History) -> Report:
     _check_signals(history, report)
     _check_publish_waits(history, report)
     _check_sagas(history, report)
+    _check_retries(history, report)
+    _check_rates(history, report)
     _check_pauses(history, report)
     _check_cancelled_children(history, executions, report)
     _check_limits(history, report)
@@ -321,6 +339,9 @@ def _check_terminal(run: Run, history: History, cancelled: set[str], report: Rep
 def _expected_outcome(run: Run, cancelled: set[str]) -> tuple[str, ...]:
     if run.name == "cx_saga":  # its last step is doomed
         return ("failed", "cancelled") if run.id in cancelled else ("failed",)
+    if run.name == "cx_retry" and isinstance(run.input, dict):
+        exhausts = int(run.input.get("fails", 0)) >= RETRY_EXHAUST
+        return ("failed",) if exhausts and not run.input.get("pause") else ("succeeded",)
     if run.id in cancelled:
         return ("cancelled", "succeeded")
     if run.name in ("cx_chain", "cx_async_chain") and isinstance(run.input, dict) and (
@@ -832,6 +853,107 @@ def _check_sagas(history: History, report: Report) -> None:
             report.add("compensation", run.id,
                        f"registered {registered}; undone in order {actual}; undo steps "
                        f"{ {k: s.status for k, s in undos.items()} }")
+
+
+def _check_retries(history: History, report: Report) -> None:
+    """Every cx_retry run's step: its successful try applied its effect exactly once (a
+    failed step's never); it records at least as many tries as the failures its journal
+    shows since its last retry by hand, each of them a try the workload counted; a run whose
+    tries ran out paused (or failed) only after all of them; a patched retry succeeded with
+    the patched input."""
+    applied = Counter(history.applied)
+    retried: dict[str, list[str]] = defaultdict(list)
+    for attempt in history.retries:
+        retried[attempt.run].append(attempt.outcome)
+    for run in history.runs.values():
+        if run.name != "cx_retry" or run.status not in TERMINAL:
+            continue
+        report.checked["retry runs"] += 1
+        problems = []
+        steps = [s for s in run.steps.values() if s.name in RETRY_STEPS]
+        if len(steps) != 1:
+            report.add("retry", run.id, f"{len(steps)} retried steps in its ledger")
+            continue
+        step = steps[0]
+        key = f"{run.id}:{step.key}"
+        mine = [e for e in run.events if e.data.get("step") == step.key]
+        # The failed tries of each round (a retry by hand starts the next, its tries
+        # counted from 1): a parked retry or an in-worker one, the last failure (the step
+        # failed, or paused on it). A run woken early parks again on the same try.
+        rounds: list[set[int]] = [set()]
+        for e in mine:
+            if e.type == "step_retried":
+                rounds.append(set())
+            elif e.type in ("step_retry", "step_failed") or (
+                    e.type == "parked" and e.data.get("reason") == "retry"):
+                rounds[-1].add(int(e.data.get("attempt", 0)))
+            elif e.type == "parked" and e.data.get("reason") == "failed_step":
+                rounds[-1].add(int(e.data.get("attempts", 0)))
+        failures = rounds[-1]
+        every = sum(len(r) for r in rounds)
+        parks = [e for e in mine if e.type == "parked"
+                 and e.data.get("reason") == "failed_step"]
+        report.checked["retry failures"] += every
+        want = 1 if step.status == "succeeded" else 0
+        if applied[key] != want:
+            problems.append(f"effect applied {applied[key]} times, step {step.status}")
+        if step.attempts < len(failures) + want:
+            problems.append(f"{step.attempts} tries recorded, {len(failures)} failed since "
+                            f"its last retry by hand")
+        counted = history.retry_tries.get(key, 0)
+        if counted < every + want:
+            problems.append(f"the workload counted {counted} tries; the journal has "
+                            f"{every} failures")
+        for park in parks:
+            if park.data.get("attempts") != RETRY_MAX_ATTEMPTS:
+                problems.append(f"paused after {park.data.get('attempts')} tries")
+        if step.status == "failed" and max(failures, default=0) != RETRY_MAX_ATTEMPTS:
+            problems.append(f"failed after tries {sorted(failures)}")
+        if run.input.get("pause") and run.input.get("fails", 0) >= RETRY_EXHAUST:
+            report.checked["retries patched"] += 1
+            patched = [e for e in mine if e.type == "step_retried"]
+            got = run.result.get("try") if isinstance(run.result, dict) else None
+            if [e.data.get("patch") for e in patched] != [RETRY_PATCH] or not parks:
+                problems.append(f"retried by hand {[e.data for e in patched]} after "
+                                f"{len(parks)} pauses (harness: {retried[run.id]})")
+            if run.status == "succeeded" and (not isinstance(got, dict)
+                                              or got.get("fails") != RETRY_PATCH["fails"]):
+                problems.append(f"succeeded with {got}, not the patched input")
+        if problems:
+            report.add("retry", run.id, f"step {step.key}: " + "; ".join(problems))
+
+
+def _check_rates(history: History, report: Report) -> None:
+    """cx_rate (10/s per lane): the server's start of each run's step (its first), by lane;
+    no half-open one-second window holds more than the limit."""
+    starts: dict[str, list[int]] = defaultdict(list)
+    for run in history.runs.values():
+        if run.name != "cx_rate" or not isinstance(run.input, dict):
+            continue
+        for ev in run.events:
+            if ev.type == "step_started" and ev.data.get("step") == RATE_STEP:
+                starts[str(run.input.get("lane"))].append(int(ev.data.get("started_ms")
+                                                              or ev.ms))
+                break
+    for lane, times in sorted(starts.items()):
+        report.checked[f"rate-limited starts lane={lane}"] += len(times)
+        most, at = most_in_window(times, 1000)
+        if most > RATE_PER_S:
+            report.add("rate_limit", f"cx_rate[lane={lane}]",
+                       f"{most} step starts in the second from {at} ms (limit "
+                       f"{RATE_PER_S}/s)")
+
+
+def most_in_window(starts: list[int], window_ms: int) -> tuple[int, int]:
+    """The most starts in any half-open window [t, t + window_ms), and the first such t."""
+    starts = sorted(starts)
+    most, first, lo = 0, 0, 0
+    for hi, t in enumerate(starts):
+        while starts[lo] <= t - window_ms:
+            lo += 1
+        if hi - lo + 1 > most:
+            most, first = hi - lo + 1, starts[lo]
+    return most, first
 
 
 def _check_published(run: Run, report: Report) -> None:

@@ -39,6 +39,7 @@ from marbles_rq.client import Client
 from marbles_rq.deployment import Settings
 from marbles_rq.engine import ops
 from marbles_rq.engine.execution import RunNotFoundError
+from marbles_rq.engine.failed_steps import NotFailedStepError
 from marbles_rq.engine.rerun import rerun
 from marbles_rq.engine.runs import TERMINAL, RunStore
 from marbles_rq.engine.signals import send_signal, start_with_signal
@@ -58,6 +59,7 @@ from tests.chaos.names import (
     LIMIT_GLOBAL,
     LIMIT_PER_KEY,
     ORDER_SOURCE,
+    RETRY_PATCH,
     SCHEDULES,
     SIGNAL_NAME,
     SOURCE,
@@ -77,6 +79,7 @@ LANES = int(os.environ.get("MARBLES_CHAOS_LANES", "1"))
 STARTUP_EXCUSE_S = 15.0
 SAMPLE_EVERY_S = 0.1  # how often the sampler reads the concurrency limits' holds
 RERUN_WAIT_S = 90.0  # a rerun waits this long for its source run to finish
+RETRY_WAIT_S = 240.0  # six tries parked 0.6 s to 9.6 s apart, through kills and outages
 WAIT_START_S = 60.0  # a cancel or pause waits this long for its run to start
 HOLD_S = 5.0  # a "hold" between a pause and its resume: longer than a lease and a step
 # The limits of the flow control workloads: (label, workflow, key value label, limit).
@@ -120,6 +123,7 @@ class Log:
         self.reruns: list[h.RerunTry] = []
         self.signals: list[h.SignalTry] = []
         self.orders: list[h.OrderSent] = []
+        self.retries: list[h.RetryTry] = []
         self.limit_over: list[h.LimitSample] = []
         self.faults: list[h.Fault] = []
         self.crashes: list[h.Crash] = []
@@ -140,6 +144,7 @@ class Log:
             "AnswerTry": (h.AnswerTry, self.answers), "Cancel": (h.Cancel, self.cancels),
             "PauseTry": (h.PauseTry, self.pauses), "RerunTry": (h.RerunTry, self.reruns),
             "SignalTry": (h.SignalTry, self.signals), "OrderSent": (h.OrderSent, self.orders),
+            "RetryTry": (h.RetryTry, self.retries),
             "LimitSample": (h.LimitSample, self.limit_over),
             "Fault": (h.Fault, self.faults), "Crash": (h.Crash, self.crashes)}
         for line in self.path.read_text().splitlines():
@@ -501,7 +506,8 @@ class Harness:
             delay = self.t0 + action.at_s - NOW()
             if delay > 0 and self.stop.wait(delay):
                 return
-            if action.op in ("rerun", "cancel_spawning") or action.ops == ("parked",):
+            if action.op in ("rerun", "cancel_spawning", "retry_patch") \
+                    or action.ops == ("parked",):
                 # they wait: a thread of their own
                 thread = threading.Thread(target=self._guard, args=(action,), daemon=True,
                                           name=f"chaos-wait-{len(self.waiters)}")
@@ -564,6 +570,8 @@ class Harness:
             self._cancel(action.runs[0].run_id, action.via)
         elif op == "cancel_compensate":
             self._cancel(action.runs[0].run_id, action.via, compensate=True)
+        elif op == "retry_patch":
+            self._retry_patch(action)
         elif op == "cancel_spawning":
             run_id = action.runs[0].run_id
             if self._wait_for(run_id, "child_started"):
@@ -784,6 +792,48 @@ class Harness:
         outcome = self._retry(f"cancel {run_id}", cli if via == "cli" else api, failed)
         if outcome is not None:
             self.log.add(self.log.cancels, h.Cancel(run_id, via, outcome, wall_ms()))
+
+    def _retry_patch(self, action: Action) -> None:
+        """Once a cx_retry run has paused on its step (its tries ran out), retry the step
+        with RETRY_PATCH; a retry whose reply an outage lost is not repeated blindly: the
+        next call is refused (not paused on a failed step) and logged so."""
+        run_id, via, log = action.runs[0].run_id, action.via, self.log
+        patch = dict(RETRY_PATCH)
+        if not self._wait_failed_step(run_id):
+            log.add(log.retries, h.RetryTry(run_id, patch, via, f"gave_up: not paused on "
+                                            f"its step in {RETRY_WAIT_S} s", wall_ms()))
+            return
+
+        def api() -> str:
+            try:
+                return self.client.retry(run_id, input_patch=patch).outcome
+            except NotFailedStepError:
+                return "not_failed_step"
+
+        def cli() -> str:
+            done = self.cli("retry", run_id, "--input-patch", json.dumps(patch), ok=(0, 2))
+            return "retried" if done.returncode == 0 else "not_failed_step"
+
+        outcome = self._retry(f"retry {run_id}", cli if via == "cli" else api,
+                              lambda exc: log.add(log.retries, h.RetryTry(
+                                  run_id, patch, via, f"error: {exc}", wall_ms())))
+        if outcome is not None:
+            log.add(log.retries, h.RetryTry(run_id, patch, via, outcome, wall_ms()))
+
+    def _wait_failed_step(self, run_id: str) -> bool:
+        """Wait until the run's journal says it parked on a failed step."""
+        deadline = NOW() + RETRY_WAIT_S
+        key = self.runs.keys.run_keys(run_id).output
+        while NOW() < deadline and not self.stop.is_set():
+            try:
+                rows = self.runs.client.xrange(key, "-", "+")
+            except (redis.RedisError, OSError):
+                rows = []
+            if any(e.type == "parked" and e.data.get("reason") == "failed_step"
+                   for e in h._events(list(rows or []))):
+                return True
+            time.sleep(0.1)
+        return False
 
     def _wait_for(self, run_id: str, entry: str) -> bool:
         """Wait until the run's journal has an entry of this type (or the run finished)."""
@@ -1059,6 +1109,7 @@ class Harness:
             answers=list(self.log.answers), cancels=list(self.log.cancels),
             pauses=list(self.log.pauses), reruns=list(self.log.reruns),
             signals=list(self.log.signals), orders=list(self.log.orders),
+            retries=list(self.log.retries), retry_tries=h.read_retry_tries(self.runs.client),
             limit_counts={k: (v[0], v[1], v[2]) for k, v in self.limit_counts.items()},
             limit_over=list(self.log.limit_over),
             faults=list(self.log.faults), crashes=list(self.log.crashes),

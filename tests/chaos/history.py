@@ -24,7 +24,7 @@ import redis
 
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.store.records import EffectReceipt, decode
-from tests.chaos.names import CLAIMS_KEY, EFFECTS_KEY, EXEC_KEY
+from tests.chaos.names import CLAIMS_KEY, EFFECTS_KEY, EXEC_KEY, RETRY_KEY
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,19 @@ class OrderSent:
 
 
 @dataclass(frozen=True)
+class RetryTry:
+    """One `retry --input-patch` the harness made of a cx_retry run once it paused on its
+    step: outcome retried | not_failed_step (the run was not paused on it: a retry whose
+    reply a Redis outage lost had done it) | gave_up: ... (it never paused) | error: ..."""
+
+    run: str
+    patch: Any
+    via: str
+    outcome: str
+    t: int = 0
+
+
+@dataclass(frozen=True)
 class LimitSample:
     """A sample of a concurrency limit's live holds in the store (server ms) that found
     more than `limit` (the sampler logs only those, and counts the rest)."""
@@ -246,6 +259,9 @@ class History:
     reruns: list[RerunTry] = field(default_factory=list)
     signals: list[SignalTry] = field(default_factory=list)
     orders: list[OrderSent] = field(default_factory=list)
+    retries: list[RetryTry] = field(default_factory=list)
+    # cx_retry: each step's tries as the workload counted them (idempotency key -> count)
+    retry_tries: dict[str, int] = field(default_factory=dict)
     # label -> (samples taken, most live holds seen, the limit)
     limit_counts: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     limit_over: list[LimitSample] = field(default_factory=list)
@@ -373,3 +389,7 @@ def read_receipts(client: redis.Redis) -> tuple[list[Execution], list[Claim], li
     applied = [_s(k) for k in client.lrange(EFFECTS_KEY, 0, -1)]  # type: ignore[union-attr]
     return executions, claims, applied
 
+
+
+def read_retry_tries(client: Any) -> dict[str, int]:
+    return {_s(k): int(v) for k, v in client.hgetall(RETRY_KEY).items()}

@@ -41,3 +41,16 @@ ORDER_TIMEOUT_S = 180.0
 # cancels it with compensation meanwhile), then fails.
 SAGA_WAIT_S = 60.0
 SAGA_SIGNAL = "never"
+
+# Retry policies (cx_retry): the step's tries per idempotency key (a durable counter the
+# step reads to decide whether this try fails), its policy, and the input patch the harness
+# gives a run paused on the step once its tries ran out.
+RETRY_KEY = "cx:retry_tries"
+RETRY_INITIAL = "0.6s"  # parked between tries, not slept in the worker
+RETRY_MAX_ATTEMPTS = 6
+RETRY_EXHAUST = 99  # failures planned by a run whose tries run out (pause or fail)
+RETRY_PATCH = {"fails": 0}
+
+# Rate limits (cx_rate): its limit per key, and the key values the runs carry.
+RATE_PER_S = 10
+RATE_KEYS = ["north", "south"]

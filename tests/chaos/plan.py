@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marbles_rq.triggers.events import event_key
-from tests.chaos.names import CUSTOMERS, EVENT_SOURCE, ORDER_TYPE, PRIORITIES
+from tests.chaos.names import (
+    CUSTOMERS,
+    EVENT_SOURCE,
+    ORDER_TYPE,
+    PRIORITIES,
+    RATE_KEYS,
+    RETRY_EXHAUST,
+)
 
 # Worker kills are spread evenly over these kinds (then shuffled).
 ASYNC_CHAINS = 0.3  # the share of chains that are async workflows (cx_async_chain)
@@ -43,6 +50,14 @@ PUBLISH_WAITS = 4
 DECOYS = ("other_order", "other_field", "other_type")
 # Compensating runs (cx_saga) per hundred, drawn apart as the publish waits are.
 SAGAS = 3
+# Runs of a step under a retry policy (cx_retry) per hundred, drawn apart too: most fail
+# 1 to 3 tries and succeed; some run out of tries and pause until the harness retries them
+# with a patched input; a few run out of tries and fail.
+RETRIES = 3
+# Rate-limited runs (cx_rate, 10/s per lane): bursts of RATE_BURST runs submitted at once,
+# per 500 runs, so each lane's limit holds some.
+RATE_BURSTS = 2
+RATE_BURST = 24
 BATCH_SIZE = 25
 BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
 
@@ -74,7 +89,8 @@ class Action:
     op: str  # submit | resend | batch | send | cancel | cancel_spawning | pause | rerun |
     #          signal (pick: the signal's index) | signal_start (signal-with-start, index 0) |
     #          order (an event for a cx_publish_wait run; pick: 0 its match, else a decoy) |
-    #          cancel_compensate (cancel --compensate of a cx_saga run)
+    #          cancel_compensate (cancel --compensate of a cx_saga run) |
+    #          retry_patch (once a cx_retry run paused on its step: retry --input-patch)
     runs: tuple[RunSpec, ...]
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
@@ -334,6 +350,8 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
     # (and so the other workloads' coverage) as it was.
     actions += _publish_waits(random.Random(seed * 1_000_003 + 29), seed, runs, duration)
     actions += _sagas(random.Random(seed * 1_000_003 + 31), seed, runs, duration)
+    actions += _retries(random.Random(seed * 1_000_003 + 37), seed, runs, duration)
+    actions += _rates(random.Random(seed * 1_000_003 + 41), seed, runs, duration)
     return sorted(actions, key=lambda a: a.at_s)
 
 
@@ -402,6 +420,36 @@ def _sagas(rng: random.Random, seed: int, runs: int, duration: float) -> list[Ac
         if wait:
             out.append(Action(round(at + rng.uniform(0.0, 4.0), 3), "cancel_compensate",
                               (spec,), rng.choice(["api", "cli"])))
+    return out
+
+
+def _retries(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    """cx_retry runs: of each six, three fail 1 to 3 tries then succeed, two run out of
+    tries and pause (the harness retries them with a patch once they have), one runs out
+    and fails."""
+    out = []
+    for k in range(max(6, runs * RETRIES // 100)):
+        at = round(rng.uniform(0.5, duration * 0.8), 3)
+        role = k % 6
+        fails = rng.randint(1, 3) if role < 3 else RETRY_EXHAUST
+        spec = RunSpec(f"cx-{seed}-rt{k:03d}-retry", "retry", "cx_retry",
+                       {"fails": fails, "pause": role in (3, 4),
+                        "sleep_ms": rng.choice([5, 20, 60])})
+        out.append(Action(at, "submit", (spec,), "cli" if rng.random() < 0.1 else "api"))
+        if role in (3, 4):
+            out.append(Action(at, "retry_patch", (spec,), "cli" if role == 3 else "api"))
+    return out
+
+
+def _rates(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    """cx_rate runs in bursts (all submitted at one moment, across the lanes)."""
+    out = []
+    bursts = max(1, round(runs * RATE_BURSTS / 500))
+    for b, at in enumerate(_spread(rng, bursts, 2.0, duration * 0.8)):
+        for i in range(RATE_BURST):
+            spec = RunSpec(f"cx-{seed}-rl{b:02d}{i:02d}-rate", "rate", "cx_rate",
+                           {"lane": rng.choice(RATE_KEYS), "sleep_ms": rng.choice([2, 10])})
+            out.append(Action(at, "submit", (spec,), "api"))
     return out
 
 

@@ -42,6 +42,12 @@ Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
   and ``ctx.compensate`` of a module-level function), then a doomed step, or a wait the
   harness ends with ``cancel --compensate``: the undos (effects of their own, each
   returning which registration it undoes) run in reverse, once each.
+* ``cx_retry`` -- a step under a retry policy (parked between tries) that fails its first
+  ``fails`` tries (counted per idempotency key in ``cx:retry_tries``), then applies its
+  effect and succeeds; with ``fails`` beyond its tries it fails the run, or (``pause``)
+  pauses it on the step until the harness retries it with the input patch ``{"fails": 0}``.
+* ``cx_rate`` -- ``rate_limit="10/s"`` per ``lane``: one quick step, whose start the
+  checker measures (no window of one second holds more than 10 per lane).
 
 The combinations (issue 16), each under the same faults:
 
@@ -93,6 +99,10 @@ from tests.chaos.names import (
     ORDER_TIMEOUT_S,
     ORDER_TYPE,
     QUESTION_KEY,
+    RATE_PER_S,
+    RETRY_INITIAL,
+    RETRY_KEY,
+    RETRY_MAX_ATTEMPTS,
     SAGA_SIGNAL,
     SAGA_WAIT_S,
     SIGNAL_NAME,
@@ -387,6 +397,55 @@ def cx_saga(ctx: mr.RunContext, inp: SagaIn) -> dict[str, Any]:
             ctx.wait_for_signal(SAGA_SIGNAL, timeout_s=SAGA_WAIT_S)
     cx_doomed()
     return {"steps": steps}
+
+
+def _retry_try(fails: int, sleep_ms: int) -> dict[str, Any]:
+    run = _executing()
+    _nap(sleep_ms)
+    # Counted per execution: a try killed before it committed counts as one that failed.
+    tries = _call(lambda c: c.hincrby(RETRY_KEY, run.idempotency_key, 1))
+    if tries <= fails:
+        raise RuntimeError(f"retry: try {tries} fails ({fails} planned)")
+    _effect(run)
+    return {"key": run.idempotency_key, "fails": fails, "tries": tries}
+
+
+_RETRY = mr.Retry(initial=RETRY_INITIAL, max_attempts=RETRY_MAX_ATTEMPTS, jitter=False)
+
+
+@mr.step(retry=_RETRY)
+def cx_retry_try(fails: int, sleep_ms: int) -> dict[str, Any]:
+    """Fails while its tries so far number `fails` or fewer, then applies its effect."""
+    return _retry_try(fails, sleep_ms)
+
+
+@mr.step(retry=_RETRY, on_exhausted="pause")
+def cx_retry_try_p(fails: int, sleep_ms: int) -> dict[str, Any]:
+    """The same, pausing its run when its tries run out."""
+    return _retry_try(fails, sleep_ms)
+
+
+class RetryIn(msgspec.Struct):
+    fails: int = 1
+    pause: bool = False
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_retry(ctx: mr.RunContext, inp: RetryIn) -> dict[str, Any]:
+    step = cx_retry_try_p if inp.pause else cx_retry_try
+    done = step(inp.fails, inp.sleep_ms)
+    return {"try": done, "steps": [done["key"]]}
+
+
+class RateIn(msgspec.Struct):
+    lane: str
+    sleep_ms: int = 5
+
+
+@mr.workflow(rate_limit=f"{RATE_PER_S}/s", rate_key="lane")
+def cx_rate(ctx: mr.RunContext, inp: RateIn) -> dict[str, Any]:
+    return {"steps": [cx_link(0, inp.sleep_ms)]}
 
 
 class ChildIn(msgspec.Struct):
