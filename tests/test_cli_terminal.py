@@ -279,3 +279,25 @@ def test_info_over_two_lanes(redis_server: object, tmp_path: Path) -> None:
     # Redis down: one line and exit 3, as every command.
     down = mrq("info", "--redis-url", f"redis://127.0.0.1:{free_port()}")
     assert down.returncode == 3 and down.stderr.startswith("error: cannot reach Redis")
+
+
+def test_list_says_each_workflows_flow_control_and_failure_policy() -> None:
+    """A rate limit, an enqueue gate, a retry policy and a pausing failure policy show in
+    `list` and `list --json` (examples/ declares one of each), without Redis."""
+    dead = f"redis://127.0.0.1:{free_port()}"
+    examples = str(REPO_ROOT / "examples")
+    done = mrq("--redis-url", dead, "--source", examples, "list")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "notify_customer: queue default, no timeout, kept 7 d, rate limit 10/s per " \
+           "customer," in text
+    assert "sync_customer: queue default, no timeout, kept 7 d, debounce 2s (at most 30s) " \
+           "per customer," in text
+    assert "a step out of tries pauses the run" in text
+    data = json.loads(mrq("--redis-url", dead, "--source", examples, "list", "--json").stdout)
+    by_name = {w["name"]: w for w in data["workflows"]}
+    assert by_name["notify_customer"]["rate_limit"] == {"rate": "10/s", "key": "customer"}
+    assert by_name["send_digest"]["gate"]["kind"] == "throttle"
+    assert by_name["rebuild_index"]["gate"]["mode"] == "skip"
+    assert by_name["charge_order"]["on_exhausted"] == "pause"
+    assert by_name["chain"]["rate_limit"] is None and by_name["chain"]["gate"] is None

@@ -148,7 +148,8 @@ def list_cmd(settings: Settings, as_json: bool) -> None:
                           "max_deliveries": wf.max_deliveries, "retention_s": wf.retention_s,
                           "input_schema": schema, "priority": wf.priority,
                           "concurrency": None if not wf.concurrency else {
-                              "limit": wf.concurrency, "key": wf.concurrency_key}})
+                              "limit": wf.concurrency, "key": wf.concurrency_key},
+                          **_flow_json(wf)})
         prose[name] = f"  {name}: {_workflow_prose(wf)}\n    version {wf.version}" + (
             f" (new runs start on it); also serves {', '.join(others)}" if others else "")
     state, unreachable = _trigger_state(settings, SCHEDULES, MONITORS)
@@ -222,7 +223,37 @@ def _workflow_prose(wf: Any) -> str:
         parts.append(f"priority {wf.priority}")
     if wf.max_deliveries != DEFAULT_DELIVERIES:
         parts.append(f"at most {wf.max_deliveries} deliveries")
+    flow = _flow_json(wf)
+    if flow["rate_limit"]:
+        parts.append(f"rate limit {flow['rate_limit']['rate']}"
+                     + (f" per {flow['rate_limit']['key']}" if flow["rate_limit"]["key"] else ""))
+    if wf.gate is not None:
+        parts.append(wf.gate.describe())
+    if flow["retry"]:
+        parts.append(f"steps retried up to {flow['retry']['max_attempts']} tries")
+    if wf.on_exhausted == "pause":
+        parts.append("a step out of tries pauses the run")
     return ", ".join(parts) + ", " + _input_prose(wf)
+
+
+def _flow_json(wf: Any) -> dict[str, Any]:
+    """What `list --json` says of a workflow's flow control and failure policy: its rate
+    limit, enqueue gate (debounce, throttle, singleton), default retry policy and
+    on_exhausted (None where it declares none)."""
+    key = wf.rate_key if isinstance(wf.rate_key, str) else (
+        "<function>" if wf.rate_key is not None else None)
+    retry = wf.retry
+    return {
+        "rate_limit": None if wf.rate_limit is None else {
+            "rate": wf.rate_limit.spec(), "key": key},
+        "gate": None if wf.gate is None else {"text": wf.gate.describe(),
+                                              **wf.gate.to_json()},
+        "retry": None if retry is None else {
+            "initial_s": retry.initial_s, "backoff": retry.backoff,
+            "max_interval_s": retry.max_interval_s, "max_attempts": retry.max_attempts,
+            "non_retryable": [t.__name__ for t in retry.non_retryable],
+            "jitter": retry.jitter},
+        "on_exhausted": wf.on_exhausted}
 
 
 def _input_prose(wf: Any) -> str:
