@@ -85,7 +85,12 @@ def test_redis_killed_under_eight_concurrent_runs(procs: Procs,
     assert running(obs, 8) == set(ids)
     before = threads(worker.pid)
     redis_server.kill9()
-    worker.wait_log("cannot renew its lease", timeout=30)
+    # The executions see the outage at their next store call: the watchdog's renewal, or a
+    # step's commit when one comes first (a nap is short); either way they stop unsettled.
+    wait_for(lambda: any(s in worker.text() for s in ("cannot renew its lease",
+                                                      "the store is unavailable")),
+             timeout=30, what="the worker's executions to see the outage",
+             context=worker.tail)
     time.sleep(4)  # the outage itself, past the lease: what the worker must ride out
     redis_server.restart()
     for run_id in ids:
