@@ -622,16 +622,7 @@ class Client:
         runs = self.runs_store
         if compensate:
             return self._cancel_compensate(check_id(run_id, "run id"))
-        outcome = runs.cancel(check_id(run_id, "run id"))
-        if outcome == "missing":
-            from ..flow.debounce import cancel_window
-
-            if cancel_window(runs, self.lanes, run_id):  # a debounce window's run
-                outcome = "cancelled"
-        if outcome == "cancelled":
-            self._free_singleton(run_id)
-        if outcome == "missing":
-            raise RunNotFoundError(f"no run with id {run_id!r}")
+        outcome = self._cancel_beyond_record(run_id, runs.cancel(check_id(run_id, "run id")))
         message = {"cancelled": f"run {run_id} cancelled",
                    "requested": f"run {run_id} is running; cancel requested, it stops at its "
                                 f"next step boundary",
@@ -639,18 +630,25 @@ class Client:
         children = [] if outcome == "settled" else WaitStore(runs).cancel_children(run_id)
         return Outcome(run_id, outcome, message, children)
 
-    def _cancel_compensate(self, run_id: str) -> Outcome:
-        runs = self.runs_store
-        outcome, attempt, queue = runs.cancel_compensate(run_id)
+    def _cancel_beyond_record(self, run_id: str, outcome: str) -> str:
+        """A cancel's outcome once what the run's record does not hold is done: a debounce
+        window's run (not recorded yet) is cancelled with its window; a run cancelled
+        before it executed frees its singleton key. RunNotFoundError when neither knows it."""
         if outcome == "missing":
             from ..flow.debounce import cancel_window
 
-            if cancel_window(runs, self.lanes, run_id):  # a debounce window's run
+            if cancel_window(self.runs_store, self.lanes, run_id):
                 outcome = "cancelled"
         if outcome == "cancelled":
             self._free_singleton(run_id)
         if outcome == "missing":
             raise RunNotFoundError(f"no run with id {run_id!r}")
+        return outcome
+
+    def _cancel_compensate(self, run_id: str) -> Outcome:
+        runs = self.runs_store
+        outcome, attempt, queue = runs.cancel_compensate(run_id)
+        outcome = self._cancel_beyond_record(run_id, outcome)
         tail = ""
         if outcome == "woken":
             tail = self._deliver(run_id, attempt, queue)

@@ -416,7 +416,7 @@ class RunContext:
         if admitted:
             running = msgspec.structs.replace(running, at_ms=admitted)
         try:
-            self._begin(call.definition, running, admitted)
+            self._begin(running, single=bound == 1, admitted_ms=admitted)
         finally:
             self.ex.admitted_ms = 0
 
@@ -454,7 +454,7 @@ class RunContext:
         return step_retry.failed(self, call, failure, _error(failure, call.key), tried, args,
                                  kwargs or {})
 
-    def _begin(self, definition: StepDef, running: StepRecord, admitted_ms: int = 0) -> None:
+    def _begin(self, running: StepRecord, *, single: bool, admitted_ms: int = 0) -> None:
         """Start a step attempt. A step with no retries, started while the execution's last
         look at cancel, pause and the deadline (the reply of its start or of the previous
         commit) is fresh, runs at once: its start is written with its commit, one round trip
@@ -463,7 +463,6 @@ class RunContext:
         paused or timed out meanwhile."""
         ex = self.ex
         now = time.monotonic()
-        single = definition.policy(self.workflow_def).max_attempts == 1
         if single and now - ex.flags_at < FRESH_FLAGS_S and (
                 not ex.deadline_ms or ex.server_now_ms() < ex.deadline_ms):
             self._watchdog.raise_if_stopped()
