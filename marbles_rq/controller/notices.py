@@ -68,7 +68,10 @@ class NoticesDuty:
         thread = self._thread
         if thread is not None and thread.is_alive():
             return  # still sending the previous batch
-        self._thread = threading.Thread(target=self._drain, args=(ctl, ctl.epoch),
+        due = ctl.due_scored(ctl.keys.notices, ctl.server_ms(), BATCH)
+        if not due:
+            return  # nothing due: no thread (a pass comes several times a second)
+        self._thread = threading.Thread(target=self._drain, args=(ctl, ctl.epoch, due),
                                         name="marbles-notices", daemon=True)
         self._thread.start()
 
@@ -77,15 +80,18 @@ class NoticesDuty:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=NOTIFY_TIMEOUT_S + 1)
 
-    def _drain(self, ctl: DutyContext, epoch: int) -> None:
+    def _drain(self, ctl: DutyContext, epoch: int, due: list[tuple[int, str, int]]) -> None:
         try:
-            self.send_due(ctl, epoch)
+            self.send_due(ctl, epoch, due)
         except (redis.RedisError, MarblesError, OSError) as exc:
             log.error("pause notifications: %s; the next pass tries again", one_line(exc))
 
-    def send_due(self, ctl: DutyContext, epoch: int) -> int:
-        """POST the notifications that are due; how many were settled (sent or dropped)."""
-        due = ctl.due_scored(ctl.keys.notices, ctl.server_ms(), BATCH)
+    def send_due(self, ctl: DutyContext, epoch: int,
+                 due: list[tuple[int, str, int]] | None = None) -> int:
+        """POST the notifications that are due (`due`, else read now); how many were
+        settled (sent or dropped)."""
+        if due is None:
+            due = ctl.due_scored(ctl.keys.notices, ctl.server_ms(), BATCH)
         if not due:
             return 0
         url = os.environ.get(NOTIFY_URL_ENV, "")
