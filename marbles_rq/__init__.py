@@ -6,6 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .artifacts import Artifact, ArtifactConflict, ArtifactVersion, artifact
     from .client import (
         AsyncClient,
         Client,
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
     from .triggers.schedules import schedule
 
 __all__ = [
+    "Artifact",
+    "ArtifactConflict",
+    "ArtifactVersion",
     "AsyncClient",
     "AsyncRunContext",
     "Batch",
@@ -78,6 +82,7 @@ __all__ = [
     "SignalTimeoutError",
     "StartRequest",
     "Store",
+    "artifact",
     "ask",
     "compensate",
     "connect",
@@ -136,6 +141,8 @@ _HOME = {
     "FileChange": ".triggers.monitors", "HttpChange": ".triggers.monitors",
     "Launch": ".triggers.monitors", "monitor": ".triggers.monitors",
     "schedule": ".triggers.schedules",
+    **{name: ".artifacts" for name in ("Artifact", "ArtifactConflict", "ArtifactVersion",
+                                       "artifact")},
 }
 
 
