@@ -105,6 +105,17 @@ def test_a_step_killed_after_its_put_and_redelivered_writes_one_version(procs: P
             if r["kind"] == "artifact"} == {("aw-body-k1", 1), ("aw-kill-k1", 1)}
     watched = ok(procs.cli("watch", "k1", "--no-follow"))
     assert "artifact aw-kill-k1 version 1 recorded" in watched, watched
+    # The dashboard's run page lists them, with their downloads.
+    from tests.web_stack import start_web
+
+    web = start_web(procs)
+    with web.client() as browser:
+        page = browser.get("/runs/k1")
+        assert page.status_code == 200, page.text
+        assert "/artifacts/aw-kill-k1/versions/1/download" in page.text, page.text
+        assert "/artifacts/aw-body-k1/versions/1/download" in page.text
+        got = browser.get("/artifacts/aw-kill-k1/versions/1/download")
+        assert got.status_code == 200 and got.content == b"\x00\x01 step content k1"
 
 
 def test_identical_content_is_one_blob_and_reads_and_deletes(redis_url: str) -> None:
@@ -242,7 +253,7 @@ def test_http_api_lists_downloads_and_puts(procs: Procs) -> None:
         assert latest.status_code == 200 and latest.content == data
         put = http.put("/api/artifacts/http-art/content?expect_version=1", content=b"two",
                        headers={"Content-Type": "text/plain"})
-        assert put.status_code == 200 and put.json()["version"] == 2, put.text
+        assert put.status_code == 201 and put.json()["version"] == 2, put.text
         conflict = http.put("/api/artifacts/http-art/content?expect_version=1", content=b"3")
         assert conflict.status_code == 409
         assert conflict.json()["error"]["code"] == "artifact_conflict"

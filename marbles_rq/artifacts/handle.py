@@ -9,13 +9,14 @@ deployment's store. Outside a run use `client.artifact(name)` (the same methods,
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..engine.context import awaitable_here, current, current_run
 from ..errors import MarblesError
 from .errors import check_name, check_version
 from .records import ArtifactVersion
-from .store import ArtifactStore, Data
+from .store import CHUNK, ArtifactStore, Data, _view
 
 if TYPE_CHECKING:
     from ..client.aio import AsyncClient
@@ -166,13 +167,25 @@ class AsyncArtifact:
     async def delete(self, version: int | None = None) -> list[int]:
         return await self._client._call(self._handle.delete, version)
 
-    async def chunks(self, version: int | None = None) -> Any:
-        """The content in pieces (an async iterator of bytes)."""
+    async def download(self, version: int | None = None
+                       ) -> tuple[ArtifactVersion, AsyncIterator[bytes]]:
+        """(the version, its content in pieces): the version is read first, so an unknown
+        artifact or version raises here, before anything is sent."""
         store = self._handle._store
-        record = (await self._client._call(store.record, self.name, version))[1]
+        number, record = await self._client._call(store.record, self.name, version)
         reader = await self._client._call(store.reader, record)
-        try:
-            while piece := await self._client._call(reader.read, 1 << 20):
-                yield piece
-        finally:
-            reader.close()
+
+        async def pieces() -> AsyncIterator[bytes]:
+            try:
+                while piece := await self._client._call(reader.read, CHUNK):
+                    yield piece
+            finally:
+                reader.close()
+
+        return _view(self.name, number, record), pieces()
+
+    async def chunks(self, version: int | None = None) -> AsyncIterator[bytes]:
+        """The content in pieces (an async iterator of bytes)."""
+        _, pieces = await self.download(version)
+        async for piece in pieces:
+            yield piece

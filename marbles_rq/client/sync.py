@@ -565,6 +565,12 @@ class Client:
 
         return ClientArtifact(ArtifactStore(self.runs_store), name, media_type)
 
+    def artifact_info(self, name: str) -> ArtifactInfo:
+        """One artifact as the listing shows it. UnknownArtifactError."""
+        from ..artifacts.store import ArtifactStore
+
+        return ArtifactStore(self.reader).info(name)
+
     def artifacts(self) -> list[ArtifactInfo]:
         """Every artifact declared or written, by name: latest version, version count."""
         from ..artifacts.store import ArtifactStore

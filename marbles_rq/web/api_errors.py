@@ -61,6 +61,10 @@ STATUS: dict[str, int] = {
     "debouncing": 409,  # an action on a debounce window's run before the window closes
     "patch_refused": 422,  # an input patch that does not fit the step's arguments
     "signal_buffer_full": 409,  # the run holds 10,000 untaken signals of that name
+    "invalid_artifact": 400,  # an artifact name outside its pattern, meta that is not JSON
+    "unknown_artifact": 404,
+    "unknown_artifact_version": 404,
+    "artifact_conflict": 409,  # a put's expect_version is not the latest version
     "redis_unavailable": 503,
     "internal": 500,
 }
