@@ -9,8 +9,8 @@ deployment's store. Outside a run use `client.artifact(name)` (the same methods,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, BinaryIO
+from collections.abc import AsyncIterator, Callable
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from ..engine.context import awaitable_here, current, current_run
 from ..errors import MarblesError
@@ -18,8 +18,13 @@ from .errors import check_name, check_version
 from .records import ArtifactVersion
 from .store import CHUNK, ArtifactStore, Data, _view
 
-if TYPE_CHECKING:
-    from ..client.aio import AsyncClient
+T = TypeVar("T")
+
+
+class Caller(Protocol):
+    """What AsyncArtifact needs of the AsyncClient: a sync call run in a worker thread."""
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
 
 # Artifacts declared at module level by the source this process loaded: name -> handle.
 DECLARED: dict[str, Artifact] = {}
@@ -137,7 +142,7 @@ class ClientArtifact:
 class AsyncArtifact:
     """`AsyncClient.artifact(name)`: ClientArtifact's methods as coroutines."""
 
-    def __init__(self, client: AsyncClient, handle: ClientArtifact) -> None:
+    def __init__(self, client: Caller, handle: ClientArtifact) -> None:
         self._client, self._handle = client, handle
         self.name = handle.name
 

@@ -108,7 +108,7 @@ SECTIONS: dict[str, list[tuple[str, str, str]]] = {
         ("replay", "Check new code against recorded runs before deploying it.",
          "marbles-rq replay --check --source app/ --workflow order"),
         ("artifacts", "Versioned outputs: list, show versions, get, put, delete.",
-         "marbles-rq artifacts get weekly-report > report.html"),
+         "marbles-rq artifacts get weekly-report -o report.html"),
     ],
     "Questions and signals": [
         ("feed", "Open questions across runs, then the newest reports.", "marbles-rq feed"),
