@@ -89,3 +89,11 @@ def aw_kill(ctx: mr.RunContext) -> dict[str, int]:
     body = mr.artifact(f"aw-body-{ctx.run_id}").put("body content",
                                                              meta={"from": "body"})
     return {"step": first, "body": body}
+
+
+@mr.workflow
+async def aw_async(ctx: mr.AsyncRunContext) -> dict[str, Any]:
+    art = mr.artifact(f"aw-async-{ctx.run_id}")
+    first = await art.put("one")
+    second = await art.put(b"two", expect_version=first)
+    return {"first": first, "second": second, "content": art.get().decode()}

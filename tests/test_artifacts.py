@@ -73,6 +73,10 @@ def test_cas_from_concurrent_runs_gives_versions_without_gap_or_lost_write(
         assert [(a["name"], a["version"]) for a in status.artifacts] == [
             ("aw-shared", result["version"])], status.artifacts
     procs.observer.client.delete(BARRIER)
+    # An async body awaits its puts.
+    assert client.start("aw_async", None, id="as1").result(timeout=60) == {
+        "first": 1, "second": 2, "content": "two"}
+    assert "artifact " in ok(procs.cli("status", "as1"))
 
 
 def test_a_step_killed_after_its_put_and_redelivered_writes_one_version(procs: Procs) -> None:
@@ -273,3 +277,22 @@ def test_http_api_lists_downloads_and_puts(procs: Procs) -> None:
     assert download.status_code == 200 and download.content == data
     assert "attachment" in download.headers["content-disposition"]
 
+
+
+def test_runs_in_memory_keep_their_artifacts_in_memory(procs: Procs) -> None:
+    from marbles_rq.testing import Environment
+
+    env = Environment()
+    run = env.start("aw_async")
+    env.run_until_idle()
+    assert env.result(run) == {"first": 1, "second": 2, "content": "two"}
+    art = env.artifact(f"aw-async-{run.id}")
+    assert [v.version for v in art.versions()] == [1, 2] and art.get(1) == b"one"
+    with pytest.raises(ArtifactConflict):
+        art.put(b"x", expect_version=1)
+    assert [a.name for a in env.artifacts()] == [f"aw-async-{run.id}"]
+    # A dry run writes nothing to Redis.
+    before = sorted(procs.observer.runs.client.keys("*"))
+    out = ok(procs.cli("run", "aw_async", "--dry-run"))
+    assert '"content": "two"' in out or "two" in out, out
+    assert sorted(procs.observer.runs.client.keys("*")) == before

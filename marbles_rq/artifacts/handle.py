@@ -57,10 +57,12 @@ class Artifact:
 
     def _store(self) -> ArtifactStore:
         run = current_run()
-        if run is None or getattr(run.runs, "scripts", None) is None:
+        if run is None:
             raise MarblesError(f"artifact {self.name!r}: outside a run, read it with "
                                f"client.artifact({self.name!r})")
-        return ArtifactStore(run.runs)
+        from .memory import artifacts_for
+
+        return artifacts_for(run.runs)
 
     def get(self, version: int | None = None) -> bytes:
         """The content of `version` (the latest when None)."""

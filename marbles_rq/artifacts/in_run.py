@@ -24,9 +24,9 @@ import msgspec
 
 from ..engine.context import Run, check_branch, check_not_in_foreign_thread, now_ms
 from ..engine.waiting import _local
-from ..errors import MarblesError
 from ..store.records import ReportRecord, StepRecord
-from .store import ArtifactStore, Data, Put
+from .memory import artifacts_for
+from .store import Data, Put
 
 MARKER = "|art:"
 
@@ -42,10 +42,7 @@ def put(run: Run, name: str, data: Data, *, expect_version: int | None, media_ty
     recorded = run.ex.ledger.get(key)
     if recorded is not None:
         return int(msgspec.json.decode(recorded.result)["version"])
-    if getattr(run.runs, "scripts", None) is None:
-        raise MarblesError("artifacts are kept in the deployment's Redis: a run in memory "
-                           "(a dry run, the test kit) cannot put one")
-    store = ArtifactStore(run.runs)
+    store = artifacts_for(run.runs)  # a run in memory (dry run, test kit): kept in memory
     done: Put = run.call_store(functools.partial(
         store.put, name, data, expect_version=expect_version, media_type=media_type,
         meta=meta, declared_type=declared_type, token=f"{run.run_id}|{key}", run=run.run_id,

@@ -283,6 +283,18 @@ class Environment:
             raise NotPublishedError(f"run {run_id} has not published {key!r}")
         return run.published[key]
 
+    def artifact(self, name: str) -> Any:
+        """`client.artifact(name)` over this environment's artifacts (kept in memory)."""
+        from ..artifacts.handle import ClientArtifact
+        from ..artifacts.memory import artifacts_for
+
+        return ClientArtifact(artifacts_for(self.engine.store), name)
+
+    def artifacts(self) -> list[Any]:
+        from ..artifacts.memory import artifacts_for
+
+        return artifacts_for(self.engine.store).listing()
+
     # -- acting, as the client's calls -----------------------------------------------------------
 
     def cancel(self, run_id: str, *, compensate: bool = False) -> Outcome:
