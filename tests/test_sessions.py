@@ -269,3 +269,48 @@ def test_sessions_go_with_their_last_owner_run(procs: Procs) -> None:
                    store.keys.session_owners):
         assert not store.client.exists(family("shared"))
     assert [s.id for s in client.sessions().sessions] == ["kept"]
+
+
+API_TOKEN = "api-token-0123456789abcdef-xyz"
+
+
+def test_http_api_and_dashboard_pages(procs: Procs) -> None:
+    from tests.web_stack import start_web
+
+    procs.start(workers=1)
+    procs.enqueue("sw_chat_async", "web-notes", "wchat")
+    procs.observer.wait_final("wchat")
+    web = start_web(procs, token=None, extra_env={"MARBLES_API_TOKEN": API_TOKEN})
+    api = web.client(headers={"Authorization": f"Bearer {API_TOKEN}"})
+    added = api.post("/api/sessions/api-1/messages", json={"message": {"text": "hi"},
+                                                           "key": "m1"})
+    assert added.status_code == 201 and added.json()["position"] == 1, added.text
+    again = api.post("/api/sessions/api-1/messages", json={"message": {"text": "hi"},
+                                                           "key": "m1"})
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    bad = api.post("/api/sessions/api-1/messages", json={"message": [1]})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_message"
+    listed = api.get("/api/sessions").json()
+    assert sorted(s["id"] for s in listed["sessions"]) == ["api-1", "wchat", "web-notes"]
+    detail = api.get("/api/sessions/wchat", params={"after": 0}).json()
+    assert [m["message"] for m in detail["messages"]] == [{"from": "async body"}]
+    assert detail["session"]["owners"] == ["wchat"]
+    assert api.get("/api/sessions/nope").json()["error"]["code"] == "session_not_found"
+    assert api.get("/api/sessions/nope").status_code == 404
+    store = SessionStore(mr.connect(procs.url).runs_store)
+    store.client.hset(store.keys.session("api-1"), "doc", b"garbage")
+    refused = api.post("/api/sessions/api-1/messages", json={"message": {"x": 1}})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "session_corrupt"
+    assert store.keys.session("api-1") in refused.json()["error"]["message"]
+    assert api.get("/api/sessions").json()["skipped"] == [store.keys.session("api-1")]
+    paths = api.get("/api/openapi.json").json()["paths"]
+    assert {"/api/sessions", "/api/sessions/{id}", "/api/sessions/{id}/messages"} <= set(paths)
+
+    page = web.client()
+    listing = page.get("/sessions")
+    assert listing.status_code == 200 and "web-notes" in listing.text
+    assert "cannot be decoded" in listing.text
+    transcript = page.get("/sessions/wchat")
+    assert transcript.status_code == 200 and "async body" in transcript.text
+    run = page.get("/runs/wchat")
+    assert 'href="/sessions/web-notes"' in run.text and 'href="/sessions/wchat"' in run.text
