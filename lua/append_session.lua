@@ -11,19 +11,20 @@ KEYS[2] messages        <tag>:sesmsg:<id>    stream; entry id 0-<position>, fiel
                                               ms), m (the stored message), k (its key)
 KEYS[3] keys hash       <tag>:seskey:<id>    idempotency key -> position
 KEYS[4] owners set      <tag>:sesown:<id>    run ids that used it (retention)
-KEYS[5] request marker  <tag>:req:<request id>   position, expires after ARGV[5] ms
+KEYS[5] request marker  <tag>:req:<request id>   position, expires after ARGV[4] ms; its
+                        request id is the caller's, new for each call (used when ARGV[2]
+                        is "")
 ARGV[1] message         the stored message (payload codec output: JSON text or envelope)
 ARGV[2] key             idempotency key ("" for none)
 ARGV[3] owner           the run id appending ("" outside a run)
-ARGV[4] request_id      used when ARGV[2] is "" (its marker is KEYS[5])
-ARGV[5] marker_ms       how long the request marker is kept
+ARGV[4] marker_ms       how long the request marker is kept
 Returns:
   {"ok", position, at_ms}
   {"duplicate", position, at_ms}  a message with that key was appended before; nothing written
   {"missing"}             no such session (never created, or deleted); nothing written
   {"corrupt"}             its document cannot be decoded; nothing written
 Writes (ok): HINCRBY KEYS[1] n; HSET KEYS[1] last_ms; XADD KEYS[2]; HSET KEYS[3] (key) or
-  SET KEYS[5] PX ARGV[5] (no key); SADD KEYS[4] (owner)
+  SET KEYS[5] PX ARGV[4] (no key); SADD KEYS[4] (owner)
 ]]
 local ses, messages, idem, owners, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local doc = redis.call('HGET', ses, 'doc')
@@ -46,7 +47,7 @@ redis.call('HSET', ses, 'last_ms', now)
 if ARGV[2] ~= '' then
   redis.call('HSET', idem, ARGV[2], n)
 else
-  redis.call('SET', marker, n, 'PX', ARGV[5])
+  redis.call('SET', marker, n, 'PX', ARGV[4])
 end
 if ARGV[3] ~= '' then redis.call('SADD', owners, ARGV[3]) end
 return {'ok', n, now}

@@ -180,7 +180,7 @@ class SessionStore:
             session=keys.session(session_id), messages=keys.session_messages(session_id),
             idem=keys.session_idem(session_id), owners=keys.session_owners(session_id),
             marker=keys.request_marker(session_id, request_id), message=data, key=idem,
-            owner=owner, request_id=request_id)
+            owner=owner)
         if reply.status == "missing":
             raise SessionNotFoundError(f"no session with id {session_id!r}")
         if reply.status == "corrupt":

@@ -1283,12 +1283,11 @@ class Scripts:
                            ("created", "exists", "corrupt"))
 
     def append_session(self, *, session: str, messages: str, idem: str, owners: str,
-                       marker: str, message: bytes, key: str, owner: str,
-                       request_id: str) -> Reply:
+                       marker: str, message: bytes, key: str, owner: str) -> Reply:
         """{"ok", position, at_ms} | {"duplicate", position, at_ms} | {"missing"} |
         {"corrupt"}; a resend (same key, or same request id) answers duplicate."""
         return self._reply("append_session", [session, messages, idem, owners, marker],
-                           [message, key, owner, request_id, MARKER_MS],
+                           [message, key, owner, MARKER_MS],
                            ("ok", "duplicate", "missing", "corrupt"))
 
     def release_session(self, *, session: str, messages: str, idem: str, owners: str,
