@@ -314,3 +314,87 @@ def test_http_api_and_dashboard_pages(procs: Procs) -> None:
     assert transcript.status_code == 200 and "async body" in transcript.text
     run = page.get("/runs/wchat")
     assert 'href="/sessions/web-notes"' in run.text and 'href="/sessions/wchat"' in run.text
+
+
+def test_sessions_move_with_buckets_grow(redis_url: str, tmp_path: Path) -> None:
+    """Every session key family is known to `buckets grow`: a layout-1 deployment of 64
+    buckets with sessions (a client's, one a run owns, its keys and the run's side) grown to
+    1,024 reads and appends the same after."""
+    import redis as redis_lib
+
+    from marbles_rq.store import open_store
+    from marbles_rq.store.keys import Keyspace
+    from tests.procs import Procs
+
+    raw = redis_lib.Redis.from_url(redis_url)
+    raw.hset("{mrq}:meta", mapping={"buckets": "64", "layout": "1"})  # as the old code did
+    client = mr.connect(redis_url)
+    store = SessionStore(client.runs_store)
+    assert store.keys == Keyspace(buckets=64, layout=1)
+    for i in range(20):
+        client.session(f"s-{i}").append({"i": i}, key=f"k{i}")
+    store.open("owned", owner="run-1", origin="run:run-1")
+    store.append("owned", {"by": "run-1"}, key="run-1|body.|append#0", owner="run-1")
+    store.client.sadd(store.keys.run_sessions("run-1"), "owned")  # as note_session writes
+    grown = Procs(redis_url, tmp_path / "procs").cli("buckets", "grow", "--to", "1024")
+    assert grown.returncode == 0, grown.stderr
+    after = mr.connect(redis_url)
+    moved = SessionStore(after.runs_store)
+    assert moved.keys == Keyspace() and open_store(redis_url).keys == Keyspace()
+    listing = after.sessions()
+    assert sorted(s.id for s in listing.sessions) == sorted(
+        [f"s-{i}" for i in range(20)] + ["owned"]) and listing.corrupt == []
+    assert after.session("s-7").append({"i": 7}, key="k7") == 1  # its key moved with it
+    assert after.session_info("owned").owners == ["run-1"]
+    assert moved.of_run("run-1") == ["owned"]
+    assert moved.release_run("run-1") == 1 and after.sessions().sessions[0].id != "owned"
+
+
+def test_sessions_on_a_redis_cluster(cluster_url: str) -> None:
+    """Every key of a session shares one hash tag: appends, reads, follow, the listing and
+    delete work on a 3-master cluster as on one server."""
+    import threading
+
+    client = mr.connect(cluster_url)
+    ids = [f"c-{i}" for i in range(12)]  # spread over the masters
+    for sid in ids:
+        client.session(sid).append({"first": sid})
+    shared = client.session("cluster-shared")
+
+    def write(w: int) -> None:
+        for j in range(50):
+            shared.append({"w": w, "j": j}, key=f"{w}-{j}")
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    messages = shared.read()
+    assert [m.position for m in messages] == list(range(1, 201))
+    assert sorted((m.data["w"], m.data["j"]) for m in messages) == [
+        (w, j) for w in range(4) for j in range(50)]
+    assert [m.position for m in shared.follow(after=198, timeout=0.2)] == [199, 200]
+    assert sorted(s.id for s in client.sessions().sessions) == sorted([*ids, "cluster-shared"])
+    assert client.delete_session("c-3") == 1
+    assert len(client.sessions().sessions) == 12
+
+
+def test_a_session_answers_the_blob_collector(redis_url: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``ses`` holder kind (sessions/holders.py): a session references a sha while one
+    of its messages' stored text names it; a deleted session references nothing."""
+    from marbles_rq.sessions import holders
+    from marbles_rq.sessions.holders import session_references
+
+    monkeypatch.setattr(holders, "PAGE", 10)
+    client = mr.connect(redis_url)
+    session = client.session("holder")
+    for i in range(25):  # more than two pages of the scan
+        session.append({"i": i})
+    session.append({"$mr": "ref", "sha256": "ab" * 32})  # escaped as it is stored
+    store = client.runs_store.store
+    assert session_references(store, "holder", "ab" * 32)
+    assert not session_references(store, "holder", "cd" * 32)
+    client.delete_session("holder")
+    assert not session_references(store, "holder", "ab" * 32)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..engine.paging import tags_of
 from ..engine.runs import TERMINAL
 from ..errors import CorruptRecordError, UnsupportedRecordVersionError
+from ..sessions import holders as _session_holders  # noqa: F401  (blob GC asks sessions)
 from ..store.records import RunRecord, decode
 from ..store.redis_errors import is_outage
 from ..store.replies import as_text

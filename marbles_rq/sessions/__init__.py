@@ -3,6 +3,7 @@ keys, body.py for `mr.session` in a run body, handle.py for the handles)."""
 
 from __future__ import annotations
 
+from . import holders as _holders  # registers the "ses" blob holder kind  # noqa: F401
 from .errors import (
     InvalidMessageError,
     SessionCorruptError,
