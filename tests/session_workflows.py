@@ -64,8 +64,9 @@ async def sw_chat_async(ctx: mr.AsyncRunContext, child: str) -> dict[str, Any]:
     other = mr.session(child)
     second = await other.append({"from": "async child"})
     messages = await own.read()
+    followed = [m.position async for m in own.follow(timeout=0.1)]
     return {"own": own.id, "positions": [first, second],
-            "read": [m.data for m in messages]}
+            "read": [m.data for m in messages], "followed": followed}
 
 
 @mr.workflow(retention_s=0)

@@ -235,7 +235,7 @@ def test_run_session_appends_once_across_a_kill9_redelivery(procs: Procs) -> Non
     procs.enqueue("sw_chat_async", "notes-2", "chat2")
     obs.wait_final("chat2")
     assert client.result("chat2") == {"own": "chat2", "positions": [1, 1],
-                                      "read": [{"from": "async body"}]}
+                                      "read": [{"from": "async body"}], "followed": [1]}
 
 
 def test_sessions_go_with_their_last_owner_run(procs: Procs) -> None:
@@ -245,10 +245,12 @@ def test_sessions_go_with_their_last_owner_run(procs: Procs) -> None:
     client.session("kept").append({"by": "client"})
     store = SessionStore(client.runs_store)
     # j1 (retention 0 s) and j2 (an hour) share "shared"; j3 (0 s) uses the client's "kept".
-    procs.enqueue("sw_join", "shared", "j1")
+    # j2 first: were j1 pruned before j2 opened "shared", "shared" would go (rightly) and
+    # j2 would make a new one.
     procs.enqueue("sw_join_long", "shared", "j2")
-    procs.enqueue("sw_join", "kept", "j3")
     obs.wait_final("j2")
+    procs.enqueue("sw_join", "shared", "j1")
+    procs.enqueue("sw_join", "kept", "j3")
     # j1 and j3 are pruned as soon as they finish (their sessions hold their appends)
     wait_for(lambda: (obs.view("j1") is None and obs.view("j3") is None and
                       client.session_info("shared").messages == 2) or None,

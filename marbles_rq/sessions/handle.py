@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from ..engine.context import awaitable_here
+from ..engine.context import async_body, awaitable_here
 from .store import BLOCK_SLICE_MS, READ_PAGE, Appended, Message, SessionInfo, SessionStore, _rows
 
 
@@ -51,11 +51,12 @@ class Session:
         """The messages after position `after`, in order."""
         return awaitable_here(self.store.read(self.id, after=after or 0, limit=limit))
 
-    def follow(self, after: int | None = 0, *, timeout: float | None = None
-               ) -> Iterator[Message]:
+    def follow(self, after: int | None = 0, *, timeout: float | None = None) -> Any:
         """Each message after `after`, then each new one as it is appended; ends after
-        `timeout` seconds without one (None: never) or when the session is deleted."""
-        return self.store.follow(self.id, after=after or 0, timeout=timeout)
+        `timeout` seconds without one (None: never) or when the session is deleted. In an
+        async body, an async iterator (`async for m in s.follow(): ...`)."""
+        found = self.store.follow(self.id, after=after or 0, timeout=timeout)
+        return _in_thread(found) if async_body.get() else found
 
     def info(self) -> SessionInfo:
         return self.store.info(self.id)
@@ -118,3 +119,16 @@ class AsyncSession:
                 message = store._message(self.id, eid, f)
                 last = message.position
                 yield message
+
+
+_END = object()
+
+
+async def _in_thread(found: Iterator[Message]) -> AsyncIterator[Message]:
+    """A blocking iterator as an async one: each next() in a thread, so the body's event
+    loop goes on with its other tasks while a follow blocks."""
+    while True:
+        item = await asyncio.to_thread(next, found, _END)
+        if item is _END:
+            return
+        yield item  # type: ignore[misc]
