@@ -400,3 +400,30 @@ def test_a_session_answers_the_blob_collector(redis_url: str,
     assert not session_references(store, "holder", "cd" * 32)
     client.delete_session("holder")
     assert not session_references(store, "holder", "ab" * 32)
+
+
+def test_cli_show_follow_prints_new_messages(redis_url: str, tmp_path: Path) -> None:
+    """`sessions show ID --follow --json`: what is there, then one JSON line per message as
+    it is appended (a real CLI process, stopped with SIGINT)."""
+    client = mr.connect(redis_url)
+    session = client.session("tail")
+    session.append({"n": 1})
+    argv = [str(REPO_ROOT / ".venv" / "bin" / "marbles-rq"), "--redis-url", redis_url,
+            "sessions", "show", "tail", "--follow", "--json"]
+    if not Path(argv[0]).exists():
+        argv[0:1] = [sys.executable, "-m", "marbles_rq"]
+    out = tmp_path / "follow.out"
+    follower = Proc("follow", argv, out, {**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_for(lambda: '"position": 1' in follower.text() or None, timeout=30,
+                 what="the first message", context=follower.tail)
+        session.append({"n": 2})
+        wait_for(lambda: '"position": 2' in follower.text() or None, timeout=30,
+                 what="the appended message", context=follower.tail)
+        follower.signal(signal.SIGINT)
+        assert follower.wait_exit(timeout=10) == 0, follower.tail()
+    finally:
+        if follower.alive():
+            follower.kill9()
+    lines = [json.loads(line) for line in follower.text().splitlines()[1:] if line]
+    assert [(m["position"], m["message"]) for m in lines] == [(1, {"n": 1}), (2, {"n": 2})]
