@@ -174,6 +174,9 @@ class RunStatus(msgspec.Struct, frozen=True):
     phase: str | None = None
     compensations: list[CompensationInfo] = msgspec.field(default_factory=list)
     batch: BatchInfo | None = None  # set for a run a batch of events started
+    # Its own session's id (the run's id) and the sessions it opened (mr.session).
+    session: str = ""
+    sessions: list[str] = msgspec.field(default_factory=list)
 
     @property
     def finished(self) -> bool:

@@ -65,6 +65,9 @@ STATUS: dict[str, int] = {
     "unknown_artifact": 404,
     "unknown_artifact_version": 404,
     "artifact_conflict": 409,  # a put's expect_version is not the latest version
+    "session_not_found": 404,  # sessions (marbles_rq/sessions/)
+    "session_corrupt": 409,  # its record cannot be decoded: repair or delete it
+    "invalid_message": 422,  # a session message that is not a JSON object
     "redis_unavailable": 503,
     "internal": 500,
 }

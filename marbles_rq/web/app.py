@@ -29,6 +29,7 @@ from . import (
     routes_artifacts,
     routes_live,
     routes_runs,
+    routes_sessions,
     routes_triggers,
     routes_waits,
 )
@@ -52,6 +53,7 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         *routes_waits.routes(web),
         *routes_triggers.routes(web),
         *routes_artifacts.routes(web),
+        *routes_sessions.routes(web),
         *routes_live.routes(web, fragments),
         create_api(settings, ApiGuard(api_token, guard.public, guard.throttle),
                    web.webhooks.limit),
