@@ -101,11 +101,12 @@ class BlobCollection:
             if reply.status == "kept":
                 next_ms = now + grace
             else:
+                next_ms = 0
                 if reply.status == "delete":
                     backend.delete_object(sha)
                     client.delete(keys.blob(sha))  # bytes put in Redis before a move, if any
-                    scripts.finish_blob(holders=keys.blob_holders(sha))
-                next_ms = 0
+                    if scripts.finish_blob(holders=keys.blob_holders(sha)) == "gone":
+                        next_ms = now + grace  # a put took a stale mark over: held again
             if scripts.reindex_blob(index=keys.blobs_index, sizes=keys.blobs_sizes,
                                     stats=keys.blobs_stats, sha=sha, seen=seen,
                                     next_ms=next_ms) == "removed":
