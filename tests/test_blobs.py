@@ -245,3 +245,56 @@ def test_put_waits_for_a_deletion_under_way_then_rewrites(redis_url: str,
     assert done.wait(10)
     assert blobs.get(ref) == data
     assert set(store.client.hgetall(holders)) == {b"run:new"}
+
+
+BLOB_WORKFLOWS = Path(__file__).with_name("blob_workflows.py")
+
+
+def _run_memory(store: Any, run_id: str) -> int:
+    """Bytes Redis holds for the run's own keys (MEMORY USAGE of each, samples 0: exact)."""
+    rk = store.keys.run_keys(run_id)
+    own = [rk.run, rk.steps, rk.output, rk.asks, rk.reports, rk.published, rk.signals,
+           rk.event_inbox, rk.effects]
+    return sum(store.client.memory_usage(k, samples=0) or 0 for k in own)
+
+
+def test_50mb_step_results_are_offloaded_and_collected_after_retention(
+        redis_url: str, tmp_path: Path) -> None:
+    """A run whose step returns 50 MB (and whose result is those 50 MB): Redis keeps
+    references only (the run's keys stay under 1 MB), the result reads back byte-identical
+    through the client, and after the run's retention (2 s) the controller prunes the run
+    and collects its blobs."""
+    import marbles_rq as mr
+    from tests.blob_workflows import big_text
+
+    size = 50 * 1000 * 1000
+    url = f"file://{tmp_path}/blobs"
+    procs = Procs(redis_url, tmp_path / "procs", sources=(BLOB_WORKFLOWS,))
+    # The caps on one value (1 MiB by default) are raised: offloading is what makes that
+    # safe for Redis.
+    procs.env.update(MARBLES_BLOB_STORE=url, MARBLES_BLOB_GRACE_S="1",
+                     MARBLES_MAX_STEP_RESULT=str(64 << 20), MARBLES_MAX_RESULT=str(64 << 20))
+    store = open_store(redis_url)
+    try:
+        procs.start(workers=1)
+        before = store.client.info("memory")["used_memory"]
+        procs.enqueue("bw_big", {"size": size, "steps": 1}, "big1")
+        procs.observer.wait_final("big1", timeout=120)
+        assert procs.observer.status("big1") == "succeeded", procs.observer.dump("big1")
+        assert _run_memory(store, "big1") < 1_000_000
+        assert store.client.info("memory")["used_memory"] - before < 8_000_000
+        assert store.client.zcard(store.keys.blobs_index) >= 1
+        with mr.connect(redis_url) as client:
+            result = client.handle("big1").result(timeout=30)
+        assert result == big_text(0, size)
+        del result
+        # Retention 2 s: pruning purges the run, then the collection deletes its blobs.
+        wait_for(lambda: not store.client.exists(store.keys.run("big1")) or None, timeout=60,
+                 what="the run pruned after its retention")
+        wait_for(lambda: store.client.zcard(store.keys.blobs_index) == 0 or None, timeout=60,
+                 what="the run's blobs collected")
+        assert [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()] == []
+        assert int(store.client.hget(store.keys.blobs_stats, "bytes")) == 0
+    finally:
+        procs.stop_all()
+        print(procs.report())
