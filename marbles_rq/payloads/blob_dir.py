@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from .blobs import BlobMissing, BlobRef, HeldBlobs
+from .blob_base import BlobMissing, BlobRef, HeldBlobs
 
 if TYPE_CHECKING:
     from ..store import RedisStore

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..envvars import env_int
-from .blobs import BLOB_STORE_ENV, BlobTooLarge, HeldBlobs
+from .blob_base import BLOB_STORE_ENV, BlobTooLarge, HeldBlobs
 
 REDIS_MAX_ENV = "MARBLES_BLOB_REDIS_MAX"
 DEFAULT_REDIS_MAX = 64 << 20

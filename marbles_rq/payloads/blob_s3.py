@@ -12,7 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ..errors import ConfigError
-from .blobs import BlobMissing, BlobRef, HeldBlobs
+from .blob_base import BlobMissing, BlobRef, HeldBlobs
 
 if TYPE_CHECKING:
     from ..store import RedisStore
