@@ -356,7 +356,8 @@ def test_kill9_of_the_controller_mid_collection_loses_and_leaks_nothing(
                  timeout=60, interval=0.002, what="the first collection under way")
         first.kill9()
         mid = store.client.zcard(store.keys.blobs_index)
-        procs.controller(lease_ms=2000)
+        port = free_port()
+        procs.controller(lease_ms=2000, extra=["--metrics-port", str(port)])
         wait_for(lambda: all(not blobs.exists(r) for r in orphans) or None, timeout=90,
                  what="every orphan collected")
         wait_for(lambda: store.client.zcard(store.keys.blobs_index) == 20 or None, timeout=30,
@@ -365,6 +366,12 @@ def test_kill9_of_the_controller_mid_collection_loses_and_leaks_nothing(
         assert (int(stats[b"blobs"]), int(stats[b"collected"])) == (20, 300)
         assert all(blobs.get(r) for r in kept)
         print(f"killed with {mid - 20} orphans left of 300")
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            scraped = page.read().decode()
+        for line in ("marbles_rq_blobs 20.0", "marbles_rq_blobs_collected_total 300.0",
+                     f"marbles_rq_blob_bytes {sum(r.size for r in kept)}.0"):
+            assert line in scraped.splitlines(), line
         files = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
         assert sorted(p.name for p in files) == sorted(r.sha256 for r in kept)
     finally:
