@@ -259,7 +259,7 @@ def _run_memory(store: Any, run_id: str) -> int:
 
 
 def test_50mb_step_results_are_offloaded_and_collected_after_retention(
-        redis_url: str, tmp_path: Path) -> None:
+        redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run whose step returns 50 MB (and whose result is those 50 MB): Redis keeps
     references only (the run's keys stay under 1 MB), the result reads back byte-identical
     through the client, and after the run's retention (2 s) the controller prunes the run
@@ -274,21 +274,28 @@ def test_50mb_step_results_are_offloaded_and_collected_after_retention(
     # safe for Redis.
     procs.env.update(MARBLES_BLOB_STORE=url, MARBLES_BLOB_GRACE_S="1",
                      MARBLES_MAX_STEP_RESULT=str(64 << 20), MARBLES_MAX_RESULT=str(64 << 20))
+    monkeypatch.setenv("MARBLES_BLOB_STORE", url)  # this process reads the run too
     store = open_store(redis_url)
     try:
-        procs.start(workers=1)
+        # No controller yet: nothing prunes the run (retention 2 s) while it is read.
+        procs.worker()
         before = store.client.info("memory")["used_memory"]
         procs.enqueue("bw_big", {"size": size, "steps": 1}, "big1")
         procs.observer.wait_final("big1", timeout=120)
         assert procs.observer.status("big1") == "succeeded", procs.observer.dump("big1")
-        assert _run_memory(store, "big1") < 1_000_000
-        assert store.client.info("memory")["used_memory"] - before < 8_000_000
+        run_bytes = _run_memory(store, "big1")
+        grown = store.client.info("memory")["used_memory"] - before
+        print(f"50 MB run: its keys hold {run_bytes} bytes; Redis grew by {grown} bytes")
+        assert run_bytes < 1_000_000
+        assert grown < 8_000_000
         assert store.client.zcard(store.keys.blobs_index) >= 1
         with mr.connect(redis_url) as client:
             result = client.handle("big1").result(timeout=30)
         assert result == big_text(0, size)
         del result
-        # Retention 2 s: pruning purges the run, then the collection deletes its blobs.
+        # Retention 2 s: the controller's pruning purges the run, then its collection
+        # deletes the run's blobs.
+        procs.controller()
         wait_for(lambda: not store.client.exists(store.keys.run("big1")) or None, timeout=60,
                  what="the run pruned after its retention")
         wait_for(lambda: store.client.zcard(store.keys.blobs_index) == 0 or None, timeout=60,
