@@ -42,3 +42,15 @@ def bw_big_kept(ctx: mr.RunContext, inp: BigInput) -> str:
     for i in range(inp.steps):
         last = bw_chunk(i, inp.size)
     return last
+
+
+class Doc(msgspec.Struct):
+    customer: str
+    text: str
+
+
+@mr.workflow(debounce="1h", debounce_key="customer")
+def bw_debounced(ctx: mr.RunContext, inp: Doc) -> int:
+    """A run whose record is written only when its window closes (in an hour): its input
+    is offloaded meanwhile."""
+    return len(inp.text)

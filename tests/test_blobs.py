@@ -6,6 +6,7 @@ controller left half done is finished."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from marbles_rq.payloads.blobs import BlobMissing, BlobRef, BlobTooLarge, open_b
 from marbles_rq.payloads.codec import decode_payload, encode_payload
 from marbles_rq.payloads.offload import is_ref, ref_of
 from marbles_rq.store import open_store
+from marbles_rq.store.replies import as_text
 from tests.procs import Procs, wait_for
 from tests.redis_procs import free_port
 
@@ -381,6 +383,35 @@ def test_kill9_of_the_controller_mid_collection_loses_and_leaks_nothing(
             assert line in scraped.splitlines(), line
         files = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
         assert sorted(p.name for p in files) == sorted(r.sha256 for r in kept)
+    finally:
+        procs.stop_all()
+        print(procs.report())
+
+
+def test_a_debounce_windows_offloaded_input_is_kept_while_the_window_is_open(
+        redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run held in a debounce window has no record yet: its input's blob (300 KB, over
+    the offload threshold) is still referenced, and the collection keeps it pass after pass."""
+    monkeypatch.setenv("MARBLES_BLOB_GRACE_S", "1")
+    store = open_store(redis_url)
+    procs = Procs(redis_url, tmp_path / "procs", sources=(BLOB_WORKFLOWS,))
+    procs.env.update(MARBLES_BLOB_GRACE_S="1")
+    try:
+        procs.controller()
+        big = tmp_path / "input.json"
+        big.write_text(json.dumps({"customer": "acme", "text": "t" * 300_000}))
+        done = procs.cli("enqueue", "bw_debounced", "--input", f"@{big}")
+        assert done.returncode == 0, done.stderr
+        (sha,) = [as_text(s) for s in store.client.zrange(store.keys.blobs_index, 0, -1)]
+        (holder,) = store.client.hkeys(store.keys.blob_holders(sha))
+        run_id = as_text(holder).removeprefix("run:")
+        assert not store.client.exists(store.keys.run(run_id))  # the window holds it
+        for _ in range(3):  # looked at and kept, three passes over
+            seen = store.client.zscore(store.keys.blobs_index, sha)
+            wait_for(lambda s=seen: (store.client.zscore(store.keys.blobs_index, sha) or 0)
+                     > s or None, timeout=30, what="the window's blob looked at again")
+        assert store.client.hkeys(store.keys.blob_holders(sha)) == [holder]
+        assert open_blob_store(store, "redis").exists(BlobRef(sha, 0))
     finally:
         procs.stop_all()
         print(procs.report())

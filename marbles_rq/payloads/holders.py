@@ -40,9 +40,18 @@ def references(store: Any, holder: str, sha: str) -> bool | None:
 def _run_holds(store: Any, run_id: str, sha: str) -> bool:
     # A run references its blobs (input, result, step results, answers, signals) for as
     # long as its record exists; pruning purges the record once its retention ends, and
-    # then it references nothing. The sha is not looked for: keeping a blob a run no
-    # longer needs until the run goes costs little, and reading every payload would not.
-    return bool(store.client.exists(store.keys.run(run_id)))
+    # then it references nothing. Before its record exists it may be a debounce window's
+    # run (its input is kept with the window until it closes) or -- the holder of an event
+    # appended to a batch -- an inbound event, whose record outlives its batch. All three
+    # keys share the id's tag: one round trip. The sha is not looked for: keeping a blob a
+    # run no longer needs until the run goes costs little, and reading every payload would
+    # not.
+    keys = store.keys
+    pipe = store.client.pipeline(transaction=False)
+    pipe.exists(keys.run(run_id))
+    pipe.hexists(keys.debounce_runs(keys.bucket_of(run_id)), run_id)
+    pipe.exists(keys.event(run_id))
+    return any(pipe.execute())
 
 
 register_holder_kind("run", _run_holds)
