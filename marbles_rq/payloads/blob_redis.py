@@ -42,4 +42,8 @@ class RedisBlobs(HeldBlobs):
         self.store.client.delete(self.store.keys.blob(sha))
 
     def probe(self) -> str:
+        return self.describe()
+
+    @staticmethod
+    def describe() -> str:
         return f"redis blob store (in the deployment's Redis, up to {redis_max():,} bytes a blob)"
