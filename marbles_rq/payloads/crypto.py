@@ -51,8 +51,9 @@ MAGIC = b"MRS1"
 NONCE = 12
 
 
-class PayloadKeyMissing(MarblesError):
-    """A payload was sealed under a key this process's MARBLES_KEYS does not hold."""
+class PayloadKeyMissing(ConfigError):
+    """A payload was sealed under a key this process's MARBLES_KEYS does not hold (this
+    process's configuration lacks it: the CLI exits 2, the HTTP API answers 409)."""
 
     code = "key_missing"
 
@@ -108,7 +109,7 @@ def parse_keys(text: str) -> dict[str, bytes]:
             raise ConfigError(f"{KEYS_ENV}: key '{key_id}' is not valid base64") from None
         if len(raw) != 32:
             raise ConfigError(f"{KEYS_ENV}: key '{key_id}' is {len(raw)} bytes, not 32 "
-                              f"(AES-256: generate one with `marbles-rq keygen`)")
+                              f"(AES-256: `openssl rand -base64 32` makes one)")
         if key_id in keys:
             raise ConfigError(f"{KEYS_ENV}: key id '{key_id}' is listed twice")
         keys[key_id] = raw
