@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -183,22 +185,27 @@ def _aad(key_id: str, z: int) -> bytes:
     return VERSION + b"|" + key_id.encode() + b"|" + str(z).encode()
 
 
-def _encrypt(key: bytes, key_id: str, z: int, data: bytes) -> bytes:
+@functools.lru_cache(maxsize=16)
+def _cipher(key: bytes) -> Any:
+    """The AES-GCM object of a key (its key schedule computed once per process)."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+    return AESGCM(key)
+
+
+def _encrypt(key: bytes, key_id: str, z: int, data: bytes) -> bytes:
     nonce = os.urandom(NONCE)
-    return nonce + AESGCM(key).encrypt(nonce, data, _aad(key_id, z))
+    return nonce + bytes(_cipher(key).encrypt(nonce, data, _aad(key_id, z)))
 
 
 def _decrypt(cfg: Config, key_id: str, z: int, blob: bytes) -> bytes:
     from cryptography.exceptions import InvalidTag
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     key = cfg.keys.get(key_id)
     if key is None:
         raise PayloadKeyMissing(key_id)
     try:
-        return AESGCM(key).decrypt(blob[:NONCE], blob[NONCE:], _aad(key_id, z))
+        return bytes(_cipher(key).decrypt(blob[:NONCE], blob[NONCE:], _aad(key_id, z)))
     except InvalidTag:
         raise PayloadSealError(f"a payload sealed with key '{key_id}' does not open: altered, "
                                f"or {KEYS_ENV} holds another key under that id") from None
