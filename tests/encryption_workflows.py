@@ -45,3 +45,32 @@ def enc_wait(ctx: mr.RunContext, inp: dict[str, Any]) -> dict[str, Any]:
     signal = mr.wait_for_signal("go")
     after = enc_echo(str(signal))
     return {"before": before, "after": after}
+
+
+# -- inbound events, batches, event waits, debounce windows -----------------------------------
+
+@mr.on_event("enc-shop", type="paid")
+@mr.workflow
+def enc_on_event(ctx: mr.RunContext, event: mr.Event) -> dict[str, Any]:
+    return {"got": event.payload}
+
+
+@mr.on_event("enc-batch", batch=mr.Batch(max_size=2, max_wait="30s"))
+@mr.workflow
+def enc_batched(ctx: mr.RunContext, events: list[mr.Event]) -> list[Any]:
+    return [e.payload for e in events]
+
+
+@mr.workflow
+def enc_event_wait(ctx: mr.RunContext, inp: dict[str, Any]) -> Any:
+    # The match value is kept in the wait's spec in clear (docs/how-to/encryption.md).
+    return mr.wait_for_event("enc-wait", type="paid", match={"order": inp["order"]}).payload
+
+
+def _merge(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    return {"customer": new["customer"], "items": previous["items"] + new["items"]}
+
+
+@mr.workflow(debounce="1s", debounce_key="customer", debounce_reduce=_merge)
+def enc_debounced(ctx: mr.RunContext, inp: dict[str, Any]) -> list[Any]:
+    return list(inp["items"])

@@ -80,7 +80,7 @@ def everything_stored(client: redis.Redis) -> list[tuple[str, bytes]]:
         elif kind == "stream":
             for _, fields in client.xrange(raw_key):
                 out += [(key, b) for kv in fields.items() for b in kv]
-        else:
+        elif kind != "none":  # none: deleted or expired since the scan named it
             raise AssertionError(f"key {key} of type {kind} not searched")
     return out
 
@@ -148,6 +148,39 @@ def test_every_user_value_is_sealed_at_rest_and_reads_back(
     raw = redis.Redis.from_url(procs.url)
     stored = raw.hget(obs.runs.keys.run("all"), "result") or b""
     assert stored.startswith(b'{"$mr":"enc","k":"k1"'), stored[:60]
+
+
+def test_event_payloads_batches_event_waits_and_debounce_windows_are_sealed(
+        procs: Procs, monkeypatch: pytest.MonkeyPatch) -> None:
+    with_keys(procs, monkeypatch, f"k1:{new_key()}")
+    procs.start(workers=1, controller=True)
+    obs = procs.observer
+    m = {k: marker(k) for k in ("event", "batch1", "batch2", "waited", "deb1", "deb2")}
+    client = mr.connect(procs.url, source=str(PROCS_SOURCES[0]))
+    try:
+        client.start("enc_event_wait", {"order": "o-1"}, id="waiter")
+        wait_waiting(obs, "waiter", "event")
+        # A debounce window holds its merged input until it closes.
+        first = client.start("enc_debounced", {"customer": "c-1", "items": [m["deb1"]]})
+        second = client.start("enc_debounced", {"customer": "c-1", "items": [m["deb2"]]})
+        assert first.id == second.id
+        window = leaks(procs.url, [m["deb1"], m["deb2"]])
+        sent = client.send_event("enc-shop", "e-1", type="paid", payload={"p": m["event"]})
+        b1 = client.send_event("enc-batch", "b-1", payload={"p": m["batch1"]})
+        client.send_event("enc-batch", "b-2", payload={"p": m["batch2"]})
+        client.send_event("enc-wait", "w-1", type="paid",
+                          payload={"order": "o-1", "p": m["waited"]})
+        assert client.result(sent.run_id, timeout=60) == {"got": {"p": m["event"]}}
+        assert client.result(b1.run_id, timeout=60) == [{"p": m["batch1"]}, {"p": m["batch2"]}]
+        assert client.result("waiter", timeout=60) == {"order": "o-1", "p": m["waited"]}
+        assert client.result(first.id, timeout=60) == [m["deb1"], m["deb2"]]
+        shown = client.status_json(sent.run_id)
+        assert shown["input"]["payload"] == {"p": m["event"]}, shown
+    finally:
+        client.close()
+    assert not window, "\n".join(window)
+    found = leaks(procs.url, list(m.values()))
+    assert not found, "\n".join(found)
 
 
 def test_key_rotation_with_a_run_in_flight(procs: Procs,
@@ -241,3 +274,36 @@ def test_a_malformed_key_list_stops_a_process_at_its_start(
     status = subprocess.run(procs.cli_argv("runs"), env=env, capture_output=True, text=True,
                             timeout=60)
     assert status.returncode == 2 and says in status.stderr, status.stderr
+
+
+def test_binary_content_and_altered_envelopes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The codec alone (no Redis): artifact blobs' binary framing, compression, and an
+    envelope whose key id or compression flag was altered does not open."""
+    from marbles_rq.payloads import decode_payload, encode_payload, open_bytes, seal_bytes
+    from marbles_rq.payloads.crypto import MAGIC, PayloadSealError
+
+    monkeypatch.delenv("MARBLES_KEYS", raising=False)
+    monkeypatch.delenv("MARBLES_COMPRESS", raising=False)
+    blob = os.urandom(3000)
+    assert seal_bytes(None, blob) == blob  # no keys: stored as given
+    looks_sealed = MAGIC + b"user bytes"
+    assert open_bytes(None, seal_bytes(None, looks_sealed)) == looks_sealed
+    assert encode_payload(None, b'{"$mr":"enc"}') == b'{"$mr":"esc","v":{"$mr":"enc"}}'
+
+    k1 = new_key()
+    monkeypatch.setenv("MARBLES_KEYS", f"k1:{k1}")
+    text = b"x" * 5000
+    sealed = seal_bytes(None, text)
+    assert text not in sealed and open_bytes(None, sealed) == text
+    assert len(sealed) < 200  # compressed before encryption
+    value = b'{"pan":"' + b"4" * 600 + b'"}'
+    stored = encode_payload(None, value)
+    assert b'"z":1' in stored and decode_payload(None, stored) == value
+    with pytest.raises(PayloadSealError):
+        decode_payload(None, stored.replace(b'"z":1', b'"z":0'))
+    monkeypatch.setenv("MARBLES_KEYS", f"k1:{k1},k2:{k1}")
+    with pytest.raises(PayloadSealError):
+        decode_payload(None, stored.replace(b'"k":"k1"', b'"k":"k2"'))
+    monkeypatch.setenv("MARBLES_KEYS", f"k2:{new_key()}")
+    with pytest.raises(PayloadKeyMissing):
+        open_bytes(None, sealed)
