@@ -231,6 +231,36 @@ def test_key_rotation_with_a_run_in_flight(procs: Procs,
         client.close()
 
 
+def test_a_worker_without_the_newer_key_hands_the_run_back_instead_of_failing_it(
+        procs: Procs, monkeypatch: pytest.MonkeyPatch) -> None:
+    k1, k2 = new_key(), new_key()
+    with_keys(procs, monkeypatch, f"k1:{k1}")
+    procs.start(workers=1, controller=True)
+    obs = procs.observer
+    assert procs.cli("enqueue", "enc_wait", "--input", json.dumps({"before": "b"}),
+                     "--id", "wrong").returncode == 0
+    wait_waiting(obs, "wrong", "signal")
+    # A process rolled out too early seals with k2, which the worker does not hold yet.
+    early = {**procs.env, "MARBLES_KEYS": f"k2:{k2},k1:{k1}"}
+    sent = subprocess.run(procs.cli_argv("signal", "wrong", "go", "--payload", '"s"'),
+                          env=early, capture_output=True, text=True, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+
+    def handed_back() -> bool:
+        view = obs.view("wrong")
+        return view is not None and "MARBLES_KEYS does not hold" in (view.note or "")
+
+    monkeypatch.setenv("MARBLES_KEYS", f"k2:{k2},k1:{k1}")  # this process reads both
+    wait_for(handed_back, timeout=60, what="the run to be handed back",
+             context=lambda: obs.dump("wrong"))
+    assert obs.status("wrong") not in ("failed", "succeeded"), obs.dump("wrong")
+    procs.stop_all()
+    with_keys(procs, monkeypatch, f"k2:{k2},k1:{k1}")
+    procs.start(workers=1, controller=True)
+    obs.wait_final("wrong")
+    assert obs.status("wrong") == "succeeded", obs.dump("wrong")
+
+
 def test_the_http_api_and_the_dashboard_say_key_missing(
         procs: Procs, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_web_api import API_TOKEN, curl
