@@ -21,6 +21,7 @@ from .. import metrics, tracing
 from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
 from ..flow.limit_specs import delivery_queue, limit_field
 from ..payloads.codec import encode_payload
+from ..payloads.crypto import PayloadKeyMissing
 from ..payloads.fields import open_bytes_value, open_event, open_record, run_holder, seal_record
 from ..store import RedisStore, new_request_id
 from ..store.ids import check_id
@@ -78,7 +79,8 @@ class Started:
     # ok | missing | settled | stale_attempt | busy | cancelled | timed_out | corrupt |
     # waiting (parked: a wake makes a new delivery) | paused (parked now: a pause was asked)
     # | needs_slot (detail: the run's limit) | held (its limit is full: handed back; both
-    # flow/limits.py)
+    # flow/limits.py) | key_missing (started, its values sealed with a key this process
+    # lacks: execution set, with the values still sealed, for the caller to hand it back)
     status: str
     execution: Execution | None = None
     detail: str = ""
@@ -340,22 +342,31 @@ class RunStore:
             return Started(reply.status, detail=detail)
         epoch, doc, deadline_ms, flat, server_ms, tries, resumptions, kind = reply.values
         ledger = {}
+        missing: PayloadKeyMissing | None = None
         try:
-            record = open_record(self.store, decode(RunRecord, doc, keys.run))
+            record = decode(RunRecord, doc, keys.run)
             if not flat and record.rerun_from_step:
                 # start_attempt skips the ledger of a run that never started; a rerun's was
                 # seeded with the steps it does not execute again (engine/rerun.py).
                 flat = [x for kv in self.client.hgetall(keys.steps).items() for x in kv]
             for i in range(0, len(flat), 2):
                 key = as_text(flat[i])
-                ledger[key] = open_record(self.store, decode(
-                    StepRecord, flat[i + 1], f"{keys.steps}#{key}"))
+                ledger[key] = decode(StepRecord, flat[i + 1], f"{keys.steps}#{key}")
+            try:
+                record = open_record(self.store, record)
+                ledger = {k: open_record(self.store, v) for k, v in ledger.items()}
+            except PayloadKeyMissing as exc:
+                missing = exc
         except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
             return Started("corrupt", detail=str(exc))
-        return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
-                                       int(deadline_ms), ledger, server_ms=int(server_ms),
-                                       mono_at_start=sent, lease_at=sent, tries=int(tries),
-                                       resumptions=int(resumptions), kind=as_text(kind)))
+        ex = Execution(run_id, attempt, int(epoch), keys, ttl_ms, record, int(deadline_ms),
+                       ledger, server_ms=int(server_ms), mono_at_start=sent, lease_at=sent,
+                       tries=int(tries), resumptions=int(resumptions), kind=as_text(kind))
+        if missing is not None:
+            # This process lacks a key the run's values were sealed with (a rotation rolled
+            # out in the wrong order): started, but the caller hands it back (execute.py).
+            return Started("key_missing", ex, detail=str(missing))
+        return Started("ok", ex)
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
         """Write a step's start before it runs, checking cancel, pause and the deadline:

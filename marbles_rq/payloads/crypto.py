@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -51,8 +53,9 @@ MAGIC = b"MRS1"
 NONCE = 12
 
 
-class PayloadKeyMissing(MarblesError):
-    """A payload was sealed under a key this process's MARBLES_KEYS does not hold."""
+class PayloadKeyMissing(ConfigError):
+    """A payload was sealed under a key this process's MARBLES_KEYS does not hold (this
+    process's configuration lacks it: the CLI exits 2, the HTTP API answers 409)."""
 
     code = "key_missing"
 
@@ -108,7 +111,7 @@ def parse_keys(text: str) -> dict[str, bytes]:
             raise ConfigError(f"{KEYS_ENV}: key '{key_id}' is not valid base64") from None
         if len(raw) != 32:
             raise ConfigError(f"{KEYS_ENV}: key '{key_id}' is {len(raw)} bytes, not 32 "
-                              f"(AES-256: generate one with `marbles-rq keygen`)")
+                              f"(AES-256: `openssl rand -base64 32` makes one)")
         if key_id in keys:
             raise ConfigError(f"{KEYS_ENV}: key id '{key_id}' is listed twice")
         keys[key_id] = raw
@@ -182,22 +185,27 @@ def _aad(key_id: str, z: int) -> bytes:
     return VERSION + b"|" + key_id.encode() + b"|" + str(z).encode()
 
 
-def _encrypt(key: bytes, key_id: str, z: int, data: bytes) -> bytes:
+@functools.lru_cache(maxsize=16)
+def _cipher(key: bytes) -> Any:
+    """The AES-GCM object of a key (its key schedule computed once per process)."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+    return AESGCM(key)
+
+
+def _encrypt(key: bytes, key_id: str, z: int, data: bytes) -> bytes:
     nonce = os.urandom(NONCE)
-    return nonce + AESGCM(key).encrypt(nonce, data, _aad(key_id, z))
+    return nonce + bytes(_cipher(key).encrypt(nonce, data, _aad(key_id, z)))
 
 
 def _decrypt(cfg: Config, key_id: str, z: int, blob: bytes) -> bytes:
     from cryptography.exceptions import InvalidTag
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     key = cfg.keys.get(key_id)
     if key is None:
         raise PayloadKeyMissing(key_id)
     try:
-        return AESGCM(key).decrypt(blob[:NONCE], blob[NONCE:], _aad(key_id, z))
+        return bytes(_cipher(key).decrypt(blob[:NONCE], blob[NONCE:], _aad(key_id, z)))
     except InvalidTag:
         raise PayloadSealError(f"a payload sealed with key '{key_id}' does not open: altered, "
                                f"or {KEYS_ENV} holds another key under that id") from None

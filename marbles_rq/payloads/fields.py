@@ -57,6 +57,8 @@ def seal_record(store: Any, record: R, holder: str) -> R:
     changes: dict[str, Any] = {}
     for name in PAYLOAD_FIELDS.get(type(record), ()):
         raw = bytes(getattr(record, name))
+        if raw == b"null":  # the field's default (a step started, no undo): nothing to hide
+            continue
         sealed = encode_payload(store, raw, holder=holder)
         if sealed != raw:
             changes[name] = msgspec.Raw(sealed)

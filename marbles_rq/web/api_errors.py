@@ -62,6 +62,7 @@ STATUS: dict[str, int] = {
     "patch_refused": 422,  # an input patch that does not fit the step's arguments
     "signal_buffer_full": 409,  # the run holds 10,000 untaken signals of that name
     "redis_unavailable": 503,
+    "key_missing": 409,  # a payload sealed with a key this server's MARBLES_KEYS lacks
     "internal": 500,
 }
 DEFAULT_STATUS = 409
