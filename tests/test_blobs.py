@@ -415,3 +415,25 @@ def test_a_debounce_windows_offloaded_input_is_kept_while_the_window_is_open(
     finally:
         procs.stop_all()
         print(procs.report())
+
+
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_an_offloaded_payload_is_sealed_before_it_leaves(
+        kind: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With keys configured the blob holds the sealed (encrypted) payload: the plaintext is
+    in neither Redis nor the blob store, and it reads back."""
+    from marbles_rq.payloads.crypto import generate_key
+
+    monkeypatch.setenv("MARBLES_KEYS", f"k1:{generate_key()}")
+    monkeypatch.setenv("MARBLES_OFFLOAD_BYTES", "1000")
+    monkeypatch.setenv("MARBLES_BLOB_STORE", _url(kind, tmp_path))
+    store = open_store(redis_url)
+    marker = os.urandom(8).hex()
+    value = json.dumps({"secret": marker, "pad": os.urandom(20_000).hex()}).encode()
+    stored = encode_payload(store, value, holder="run:s1")
+    assert is_ref(stored)
+    blob = open_blob_store(store, _url(kind, tmp_path)).get(ref_of(stored))
+    assert blob.startswith(b'{"$mr":"enc"') and marker.encode() not in blob
+    dumped = b"".join(store.client.dump(k) or b"" for k in store.client.scan_iter())
+    assert marker.encode() not in dumped
+    assert decode_payload(store, stored) == value
