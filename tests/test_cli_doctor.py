@@ -68,8 +68,10 @@ def test_doctor_json_on_a_durable_server(redis_server: RedisServer) -> None:
 def test_doctor_checks_every_cluster_master(cluster_url: str) -> None:
     proc = run_cli("--redis-url", cluster_url, "doctor", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # (a cluster deployment has a lane per master: its lanes' leaders are checks too)
-    nodes = {c["node"] for c in json.loads(proc.stdout)["checks"] if c["node"] != "controller"}
+    # (a cluster deployment has a lane per master: its lanes' leaders are checks too, and
+    # the blob store is one)
+    nodes = {c["node"] for c in json.loads(proc.stdout)["checks"]
+             if c["node"] not in ("controller", "blobs")}
     assert len(nodes) == 3
 
 

@@ -24,30 +24,41 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import crypto, offload
+
 ENVELOPE = b'{"$mr":'
+ESCAPE = b'{"$mr":"esc","v":'
+SEALED = b'{"$mr":"enc",'
 
 
 def encode_payload(store: Any, data: bytes, *, holder: str = "") -> bytes:
     """The JSON text to store for the JSON text `data` of a user value."""
-    if data.startswith(ENVELOPE):
-        data = b'{"$mr":"esc","v":' + data + b"}"
-    return data
+    sealed = crypto.seal_json(data)
+    if sealed is None:
+        sealed = ESCAPE + data + b"}" if data.startswith(ENVELOPE) else data
+    return offload.offload(store, sealed, holder)  # after sealing: the blob holds sealed bytes
 
 
 def decode_payload(store: Any, stored: bytes) -> bytes:
     """The JSON text of the user value stored as `stored`."""
     if not stored.startswith(ENVELOPE):
         return stored
-    if stored.startswith(b'{"$mr":"esc","v":'):
-        return stored[len(b'{"$mr":"esc","v":'):-1]
-    raise ValueError("unknown payload envelope")
+    if offload.is_ref(stored):  # before opening: the blob holds the sealed bytes
+        stored = offload.fetch(store, stored)
+        if not stored.startswith(ENVELOPE):
+            return stored
+    if stored.startswith(SEALED):
+        return crypto.open_json(stored)
+    if stored.startswith(ESCAPE):
+        return stored[len(ESCAPE):-1]
+    raise crypto.PayloadSealError(f"unknown payload envelope: {stored[:40]!r}")
 
 
 def seal_bytes(store: Any, data: bytes) -> bytes:
     """Binary content as stored (compressed and encrypted when keys are configured)."""
-    return data
+    return crypto.seal_blob(data)
 
 
 def open_bytes(store: Any, sealed: bytes) -> bytes:
     """The content `seal_bytes` sealed."""
-    return sealed
+    return crypto.open_blob(sealed)

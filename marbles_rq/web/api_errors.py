@@ -69,6 +69,7 @@ STATUS: dict[str, int] = {
     "session_corrupt": 409,  # its record cannot be decoded: repair or delete it
     "invalid_message": 422,  # a session message that is not a JSON object
     "redis_unavailable": 503,
+    "key_missing": 409,  # a payload sealed with a key this server's MARBLES_KEYS lacks
     "internal": 500,
 }
 DEFAULT_STATUS = 409
