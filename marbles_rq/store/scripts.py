@@ -1030,12 +1030,15 @@ class Scripts:
                      batch_key: str, due_key: str, sealed_key: str, group: str, seq: int,
                      event_key: str, item: bytes, max_size: int, max_wait_ms: int,
                      max_bytes: int, grace_ms: int, keep_ms: int, workflow: str,
-                     trigger: str, key: str) -> Reply:
-        """{"added"|"sealed", batch_id, n}, {"exists", batch_id}, {"moved", seq[, sealed]}."""
+                     trigger: str, key: str, item_bytes: int | None = None) -> Reply:
+        """{"added"|"sealed", batch_id, n}, {"exists", batch_id}, {"moved", seq[, sealed]}.
+        `item_bytes`: the item's size in the run's input (it is stored sealed); None: its
+        stored size."""
         return self._reply("append_batch", [group_key, items_key, member_key, batch_key,
                                             due_key, sealed_key],
                            [group, seq, event_key, item, max_size, max_wait_ms, max_bytes,
-                            grace_ms, keep_ms, workflow, trigger, key],
+                            grace_ms, keep_ms, workflow, trigger, key,
+                            "" if item_bytes is None else item_bytes],
                            ("added", "sealed", "exists", "moved"))
 
     def seal_batch(self, *, group_key: str, batch_key: str, due_key: str, sealed_key: str,
