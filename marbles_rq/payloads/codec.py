@@ -22,13 +22,30 @@ store are reached through it."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+import msgspec
 
 from . import crypto
 
 ENVELOPE = b'{"$mr":'
 ESCAPE = b'{"$mr":"esc","v":'
 SEALED = b'{"$mr":"enc",'
+_CANON = b'{"$mr":"'  # how the codec writes every envelope: no spaces
+_ANY = re.compile(rb'\{\s*"\$mr"\s*:')
+
+
+def is_envelope(stored: bytes) -> bool:
+    """Whether `stored` is an envelope: as the codec wrote it, or re-spaced by another JSON
+    encoder (a tool that rewrote a record with json.dumps)."""
+    return stored.startswith(_CANON) or (stored[:1] == b"{" and _ANY.match(stored) is not None)
+
+
+def _compact(stored: bytes) -> bytes:
+    if stored.startswith(_CANON) or not is_envelope(stored):
+        return stored
+    return msgspec.json.encode(msgspec.json.decode(stored))  # members keep their order
 
 
 def encode_payload(store: Any, data: bytes, *, holder: str = "") -> bytes:
@@ -36,13 +53,16 @@ def encode_payload(store: Any, data: bytes, *, holder: str = "") -> bytes:
     sealed = crypto.seal_json(data)
     if sealed is not None:
         return sealed
-    if data.startswith(ENVELOPE):
+    if is_envelope(data):  # a user value that reads as one: escaped, given back as is
         data = ESCAPE + data + b"}"
     return data
 
 
 def decode_payload(store: Any, stored: bytes) -> bytes:
     """The JSON text of the user value stored as `stored`."""
+    if stored.startswith(ESCAPE):  # before _compact: the value keeps its exact text
+        return stored[len(ESCAPE):-1]
+    stored = _compact(stored)
     if not stored.startswith(ENVELOPE):
         return stored
     if stored.startswith(SEALED):

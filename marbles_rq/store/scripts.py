@@ -576,12 +576,14 @@ class Scripts:
                            ("ok", "cancelled", "timed_out", "stale", "settled", "paused"))
 
     def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes, seq: int,
-                      max_entries: int, max_bytes: int, frame: str = "", index: int = 0
-                      ) -> Reply:
+                      max_entries: int, max_bytes: int, frame: str = "", index: int = 0,
+                      data_bytes: int | None = None) -> Reply:
         """`frame`, `index`: the write's position in the body ("" for none): a position
-        written before answers replayed, writing nothing."""
+        written before answers replayed, writing nothing. `data_bytes`: the size the cap
+        counts (the data as written, before the codec sealed it); None: len(data)."""
         return self._reply("append_output", [keys.run, keys.output],
-                           [epoch, type, data, seq, max_entries, max_bytes, frame, index],
+                           [epoch, type, data, seq, max_entries, max_bytes, frame, index,
+                            "" if data_bytes is None else data_bytes],
                            ("ok", "replayed", "capped", "stale", "settled"))
 
     def renew_attempt(self, *, keys: RunKeys, epoch: int, ttl_ms: int, run_id: str,
