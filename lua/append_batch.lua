@@ -11,7 +11,7 @@ ARGV[1] group           evb-<24 hex digits>
 ARGV[2] seq             the open batch the caller expects (its batch id is <group>-<seq>;
                         a new group's first batch is numbered with the server's ms)
 ARGV[3] event_key       the event's stable key
-ARGV[4] item            the event's Event JSON, stored verbatim
+ARGV[4] item            the event's Event JSON as stored (perhaps sealed), stored verbatim
 ARGV[5] max_size        events per batch
 ARGV[6] max_wait_ms     how long after its first event a batch seals
 ARGV[7] max_bytes       the most bytes of items a batch holds (its run's input limit)
@@ -20,6 +20,8 @@ ARGV[9] keep_ms         how long the member key is kept, and an idle group
 ARGV[10] workflow       the trigger's workflow
 ARGV[11] trigger        the trigger, "<source>" or "<source>/<type>"
 ARGV[12] key            the batch key's value ('' = one batch per trigger)
+ARGV[13] item_bytes     the item's size in the batch run's input ('' = #ARGV[4]): an item is
+                        stored sealed (payloads/codec.py), the limit is on the input
 Returns:
   {"added", batch_id, n}     appended; the batch stays open
   {"sealed", batch_id, n}    appended, and the batch is full: sealed, the caller starts its run
@@ -34,6 +36,7 @@ local grp, items, member, batch, due, sealed = KEYS[1], KEYS[2], KEYS[3], KEYS[4
   KEYS[6]
 local group, event_key, item = ARGV[1], ARGV[3], ARGV[4]
 local max_size, max_wait, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local size = tonumber(ARGV[13]) or #item
 
 local found = redis.call('GET', member)
 if found then return {'exists', found} end
@@ -64,7 +67,7 @@ local function seal(by)
 end
 
 -- The list's brackets and commas count too: n items take n + 1 bytes more.
-if n > 0 and bytes + #item + n + 2 > max_bytes then
+if n > 0 and bytes + size + n + 2 > max_bytes then
   seal('bytes')
   return {'moved', seq + 1, batch_id}
 end
@@ -76,7 +79,7 @@ if n == 0 then
 end
 redis.call('RPUSH', items, item)
 redis.call('SET', member, batch_id, 'PX', tonumber(ARGV[9]))
-n, bytes = n + 1, bytes + #item
+n, bytes = n + 1, bytes + size
 redis.call('HSET', grp, 'n', n, 'bytes', bytes)
 redis.call('PEXPIRE', grp, tonumber(ARGV[9]))
 if n >= max_size then

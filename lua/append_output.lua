@@ -15,6 +15,8 @@ ARGV[6] max_bytes       cap on the bytes of data a run may write
 ARGV[7] frame           id of the entry of the frame that writes (hex; a step's includes its
                         try); "": a write with no position (always written)
 ARGV[8] index           the write's index in that frame entry (0, 1, ...)
+ARGV[9] data_bytes      the data's size as written ('' = #ARGV[3]): it is stored sealed
+                        (payloads/codec.py), the cap is on what the body wrote
 Returns:
   {"ok"}
   {"replayed"}            this position was written before (by this run's earlier
@@ -41,13 +43,14 @@ else
 end
 if r[7] == '1' then return {'capped'} end
 local n, b = tonumber(r[5] or '0') or 0, tonumber(r[6] or '0') or 0
-if n + 1 > tonumber(ARGV[5]) or b + #ARGV[3] > tonumber(ARGV[6]) then
+local size = tonumber(ARGV[9]) or #ARGV[3]
+if n + 1 > tonumber(ARGV[5]) or b + size > tonumber(ARGV[6]) then
   redis.call('HSET', run, 'out_cut', '1')
   redis.call('XADD', out, '*', 't', 'truncated', 'a', r[3],
     'd', '{"lines":' .. n .. ',"bytes":' .. b .. ',"max_lines":' .. ARGV[5]
       .. ',"max_bytes":' .. ARGV[6] .. '}')
   return {'capped'}
 end
-redis.call('HSET', run, 'out_n', n + 1, 'out_b', b + #ARGV[3])
+redis.call('HSET', run, 'out_n', n + 1, 'out_b', b + size)
 redis.call('XADD', out, '*', 't', ARGV[2], 'a', r[3], 'd', ARGV[3])
 return {'ok'}

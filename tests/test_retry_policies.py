@@ -23,6 +23,7 @@ from marbles_rq.engine.authoring import DefinitionError
 from marbles_rq.engine.failed_steps import NotFailedStepError
 from marbles_rq.engine.input_patch import PatchRefusedError, check_patch, merge_patch
 from marbles_rq.engine.retry_policy import RetryPolicyError
+from marbles_rq.payloads.fields import open_record
 from marbles_rq.store.records import StepRecord
 from tests.procs import REPO_ROOT, Observer, Procs, wait_for
 from tests.retry_workflows import EXEC_PREFIX, GATE_PREFIX, Card
@@ -40,7 +41,9 @@ def tries(obs: Observer, run_id: str, name: str) -> int:
 
 def ledger(obs: Observer, run_id: str) -> dict[str, StepRecord]:
     raw = obs.client.hgetall(obs.runs.keys.steps(run_id))
-    return {(k if isinstance(k, str) else k.decode()): msgspec.json.decode(v, type=StepRecord)
+    # As stored, opened: sealed when MARBLES_KEYS is set (payloads/fields.py).
+    return {(k if isinstance(k, str) else k.decode()):
+            open_record(obs.runs.store, msgspec.json.decode(v, type=StepRecord))
             for k, v in raw.items()}
 
 

@@ -509,10 +509,12 @@ class RunStore:
             if ex.output_capped:
                 return "capped"
             ex.seq += 1
-            # An output line is the body's own text or value: sealed whole (open_event).
+            # An output line is the body's own text or value: sealed whole (open_event);
+            # the output cap counts it as written.
+            size = len(data)
             data = encode_payload(self.store, data, holder=run_holder(ex.run_id))
             status = self.scripts.append_output(
-                keys=ex.keys, epoch=ex.epoch, type=type, data=data, seq=ex.seq,
+                keys=ex.keys, epoch=ex.epoch, type=type, data=data, seq=ex.seq, data_bytes=size,
                 max_entries=max_lines, max_bytes=max_bytes,
                 frame=position[0] if position else "", index=position[1] if position else 0
             ).status

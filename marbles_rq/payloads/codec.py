@@ -22,25 +22,46 @@ store are reached through it."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+import msgspec
 
 from . import crypto, offload
 
 ENVELOPE = b'{"$mr":'
 ESCAPE = b'{"$mr":"esc","v":'
 SEALED = b'{"$mr":"enc",'
+_CANON = b'{"$mr":"'  # how the codec writes every envelope: no spaces
+_ANY = re.compile(rb'\{\s*"\$mr"\s*:')
+
+
+def is_envelope(stored: bytes) -> bool:
+    """Whether `stored` is an envelope: as the codec wrote it, or re-spaced by another JSON
+    encoder (a tool that rewrote a record with json.dumps)."""
+    return stored.startswith(_CANON) or (stored[:1] == b"{" and _ANY.match(stored) is not None)
+
+
+def _compact(stored: bytes) -> bytes:
+    if stored.startswith(_CANON) or not is_envelope(stored):
+        return stored
+    return msgspec.json.encode(msgspec.json.decode(stored))  # members keep their order
 
 
 def encode_payload(store: Any, data: bytes, *, holder: str = "") -> bytes:
     """The JSON text to store for the JSON text `data` of a user value."""
     sealed = crypto.seal_json(data)
     if sealed is None:
-        sealed = ESCAPE + data + b"}" if data.startswith(ENVELOPE) else data
+        # a user value that reads as an envelope: escaped, given back as is
+        sealed = ESCAPE + data + b"}" if is_envelope(data) else data
     return offload.offload(store, sealed, holder)  # after sealing: the blob holds sealed bytes
 
 
 def decode_payload(store: Any, stored: bytes) -> bytes:
     """The JSON text of the user value stored as `stored`."""
+    if stored.startswith(ESCAPE):  # before _compact: the value keeps its exact text
+        return stored[len(ESCAPE):-1]
+    stored = _compact(stored)
     if not stored.startswith(ENVELOPE):
         return stored
     if offload.is_ref(stored):  # before opening: the blob holds the sealed bytes

@@ -32,7 +32,7 @@ from ..store.records import (
     StepRecord,
     WorkspaceEntry,
 )
-from .codec import ENVELOPE, decode_payload, encode_payload
+from .codec import decode_payload, encode_payload, is_envelope
 
 R = TypeVar("R", bound=Record)
 
@@ -74,7 +74,7 @@ def open_record(store: Any, record: R) -> R:
     changes: dict[str, Any] = {}
     for name in PAYLOAD_FIELDS.get(type(record), ()):
         raw = bytes(getattr(record, name))
-        if raw.startswith(ENVELOPE):
+        if is_envelope(raw):
             changes[name] = msgspec.Raw(decode_payload(store, raw))
     if isinstance(record, StepRecord) and any(_is_envelope(p) for p in record.patches):
         changes["patches"] = [open_value(store, p) for p in record.patches]

@@ -576,12 +576,14 @@ class Scripts:
                            ("ok", "cancelled", "timed_out", "stale", "settled", "paused"))
 
     def append_output(self, *, keys: RunKeys, epoch: int, type: str, data: bytes, seq: int,
-                      max_entries: int, max_bytes: int, frame: str = "", index: int = 0
-                      ) -> Reply:
+                      max_entries: int, max_bytes: int, frame: str = "", index: int = 0,
+                      data_bytes: int | None = None) -> Reply:
         """`frame`, `index`: the write's position in the body ("" for none): a position
-        written before answers replayed, writing nothing."""
+        written before answers replayed, writing nothing. `data_bytes`: the size the cap
+        counts (the data as written, before the codec sealed it); None: len(data)."""
         return self._reply("append_output", [keys.run, keys.output],
-                           [epoch, type, data, seq, max_entries, max_bytes, frame, index],
+                           [epoch, type, data, seq, max_entries, max_bytes, frame, index,
+                            "" if data_bytes is None else data_bytes],
                            ("ok", "replayed", "capped", "stale", "settled"))
 
     def renew_attempt(self, *, keys: RunKeys, epoch: int, ttl_ms: int, run_id: str,
@@ -1030,12 +1032,15 @@ class Scripts:
                      batch_key: str, due_key: str, sealed_key: str, group: str, seq: int,
                      event_key: str, item: bytes, max_size: int, max_wait_ms: int,
                      max_bytes: int, grace_ms: int, keep_ms: int, workflow: str,
-                     trigger: str, key: str) -> Reply:
-        """{"added"|"sealed", batch_id, n}, {"exists", batch_id}, {"moved", seq[, sealed]}."""
+                     trigger: str, key: str, item_bytes: int | None = None) -> Reply:
+        """{"added"|"sealed", batch_id, n}, {"exists", batch_id}, {"moved", seq[, sealed]}.
+        `item_bytes`: the item's size in the run's input (it is stored sealed); None: its
+        stored size."""
         return self._reply("append_batch", [group_key, items_key, member_key, batch_key,
                                             due_key, sealed_key],
                            [group, seq, event_key, item, max_size, max_wait_ms, max_bytes,
-                            grace_ms, keep_ms, workflow, trigger, key],
+                            grace_ms, keep_ms, workflow, trigger, key,
+                            "" if item_bytes is None else item_bytes],
                            ("added", "sealed", "exists", "moved"))
 
     def seal_batch(self, *, group_key: str, batch_key: str, due_key: str, sealed_key: str,

@@ -243,7 +243,9 @@ class Batches:
         keys, group = self.keys, slot.group
         bucket = keys.bucket_of(group)
         seq = _SEQ.get(group, 0)  # 0: not known here (the script answers which it is)
-        # Held sealed until the batch's run is recorded (the size cap counts sealed bytes).
+        # Held sealed until the batch's run is recorded; the size cap counts the item as the
+        # run's input will hold it.
+        item_bytes = len(item)
         item = encode_payload(self.store, item, holder=f"run:{event_key}")
         for _ in range(100):  # each "moved" means a batch sealed meanwhile
             batch_id = f"{group}-{seq}"
@@ -252,7 +254,7 @@ class Batches:
                 member_key=keys.batch_member(group, event_key),
                 batch_key=keys.batch(group, batch_id), due_key=keys.batch_due(bucket),
                 sealed_key=keys.batch_sealed(bucket), group=group, seq=seq,
-                event_key=event_key, item=item, max_size=slot.max_size,
+                event_key=event_key, item=item, item_bytes=item_bytes, max_size=slot.max_size,
                 max_wait_ms=slot.max_wait_ms, max_bytes=ops.max_payload(),
                 grace_ms=SEALED_GRACE_MS, keep_ms=KEEP_MS, workflow=slot.workflow,
                 trigger=slot.trigger, key=slot.key)
