@@ -158,25 +158,31 @@ def test_waiters_in_order_of_arrival_status_and_every_face(procs: Procs,
                                                           tmp_path: Path) -> None:
     """A holder that waits for the test's gate; three runs queue behind it one by one (each
     parked, no worker held: one worker with a pool of 2 serves them all); `status`, `watch`,
-    `locks` (CLI, both clients, HTTP, the dashboard) show the holder and the queue; opening
-    the gate lets them through in order of arrival."""
+    `locks` (CLI, both clients, HTTP, the dashboard) and the controller's gauge show the
+    holder and the queue; opening the gate lets them through in order of arrival."""
     import asyncio
 
     import redis
 
     from tests.lock_workflows import GATE_PREFIX
+    from tests.redis_procs import free_port
+    from tests.test_metrics import scrape, value
     from tests.test_web_api import API_TOKEN, curl
     from tests.web_stack import start_web
 
     web = start_web(procs, extra_env={"MARBLES_API_TOKEN": API_TOKEN})
-    procs.start(workers=1, pool=2)
+    port = free_port()
+    procs.worker(pool=2)
+    procs.controller(extra=["--metrics-port", str(port)])
     log = tmp_path / "critical.log"
     obs = procs.observer
-    _enqueue(procs.url, "lk_gated", {"g0": {"log": str(log)}})
+    # A long lease: the waiters' safety-net timers (past g0's hold) stay out of the test
+    _enqueue(procs.url, "lk_gated", {"g0": {"log": str(log), "lease_s": 60}})
     wait_for(lambda: _log(log) or None, timeout=60, what="g0 inside")
     waiters = ["w1", "w2", "w3"]
     for rid in waiters:
-        _enqueue(procs.url, "lk_contend", {rid: {"log": str(log), "hold_s": 0.05}})
+        _enqueue(procs.url, "lk_contend", {rid: {"log": str(log), "hold_s": 0.05,
+                                                 "lease_s": 60}})
         obs.wait_status(rid, "waiting", timeout=60)
     done = procs.cli("status", "w3")
     assert "lock; lock shared, place 3 of 3, held by g0" in done.stdout, done.stdout
@@ -190,6 +196,7 @@ def test_waiters_in_order_of_arrival_status_and_every_face(procs: Procs,
     assert row["until_ms"] > row["since_ms"] > 0
     text = procs.cli("locks")
     assert "shared  held by g0" in text.stdout and "waiters 3: w1, w2, w3" in text.stdout
+    assert value(scrape(port), "marbles_rq_lock_waiters", lock="shared") == 3
     got = curl(web, "GET", "/api/locks")
     assert got.status == 200, got.body
     assert got.json()["locks"][0]["waiters"] == waiters
@@ -210,8 +217,8 @@ def test_waiters_in_order_of_arrival_status_and_every_face(procs: Procs,
     assert [x["run"] for x in lines if x["ev"] == "enter"] == ["g0", *waiters]
     for rid in waiters:  # each parked for the lock once, woken by the release before it
         events = obs.events(rid)
-        assert sum(e.type == "parked" for e in events) == 1
-        assert any(e.type == "woken" and e.data.get("cause") == "lock" for e in events)
+        assert sum(e.type == "parked" for e in events) == 1, events
+        assert [e.data.get("cause") for e in events if e.type == "woken"] == ["lock"], events
         assert [e.type for e in events].count("lock_acquired") == 1
     with mr.connect(procs.url) as client:
         assert [(i.holder, i.waiters) for i in client.locks()] == [("", [])]
