@@ -266,3 +266,40 @@ def test_bad_key_or_lease_is_one_line(procs: Procs) -> None:
     assert "invalid lock key 'a|b'" in str(failed.error)
     done = procs.cli("locks")
     assert done.returncode == 0 and "no locks" in done.stdout, done.stdout
+
+
+def test_a_cancelled_waiter_is_skipped_and_a_cancelled_holder_releases(
+        procs: Procs, tmp_path: Path) -> None:
+    """A waiter cancelled in the queue is dropped when its turn comes (the next one is
+    woken by the release, not by its timer); a run cancelled while it waits inside its
+    block (parked holding the lock) releases it at once. Long leases: no safety-net timer
+    fires within the test, so what moves the queue is the release."""
+    import redis
+
+    from tests.lock_workflows import GATE_PREFIX
+
+    procs.start(workers=1, pool=2)
+    log = tmp_path / "critical.log"
+    obs = procs.observer
+    job = {"log": str(log), "hold_s": 0.05, "lease_s": 60}
+    _enqueue(procs.url, "lk_gated", {"g0": job})
+    wait_for(lambda: _log(log) or None, timeout=60, what="g0 inside")
+    for rid in ("w1", "w2"):
+        _enqueue(procs.url, "lk_contend", {rid: job})
+        obs.wait_status(rid, "waiting", timeout=60)
+    assert procs.cli("cancel", "w1").returncode == 0
+    redis.Redis.from_url(procs.url).set(GATE_PREFIX + "g0", 1)
+    obs.wait_status("w2", "succeeded", timeout=60)
+    assert [e.data.get("cause") for e in obs.events("w2") if e.type == "woken"] == ["lock"]
+    # a holder parked inside its block (a 1 h sleep), cancelled: the lock goes to w3 at once
+    _enqueue(procs.url, "lk_sleeps", {"s1": {**job, "hold_s": 3600}})
+    obs.wait_status("s1", "waiting", timeout=60)
+    _enqueue(procs.url, "lk_contend", {"w3": job})
+    obs.wait_status("w3", "waiting", timeout=60)
+    with mr.connect(procs.url) as client:
+        [info] = client.locks()
+        assert (info.holder, info.waiters) == ("s1", ["w3"])
+        client.cancel("s1")
+        obs.wait_status("w3", "succeeded", timeout=60)
+        assert [(i.holder, i.waiters) for i in client.locks()] == [("", [])]
+    _check_never_two_inside(_log(log))

@@ -595,6 +595,10 @@ class RunStore:
                                         request_id=new_request_id())
         if reply.status == "corrupt":
             raise CorruptRecordError(keys.run, as_text(reply.values[0]))
+        if reply.status == "cancelled":  # settled here, not by an execution: its locks
+            from ..flow.locks import release_finished
+
+            release_finished(self, run_id)
         return reply.status
 
     def cancel_compensate(self, run_id: str, reason: str = "cancelled by request, with "

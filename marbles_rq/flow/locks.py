@@ -200,6 +200,30 @@ def release_held(runs: RunStore, ex: Execution, deliver: Any) -> None:
             wake_next(runs, hold.name, head, deliver)
 
 
+def release_finished(runs: RunStore, run_id: str) -> None:
+    """A run settled without an execution (cancelled while it waited, parked inside a
+    block): give back the locks its ledger took and did not release, and wake each one's
+    next waiter (through the controller's dispatch, after its grace)."""
+    taken, given = set(), set()
+    try:
+        for field, _ in runs.client.hscan_iter(runs.keys.run_keys(run_id).steps,
+                                               match="*lock:*", count=500):
+            key = field.decode() if isinstance(field, bytes) else str(field)
+            if f".{LOCK_PREFIX}" in key:
+                taken.add(key)
+            elif f".{UNLOCK_PREFIX}" in key:
+                given.add(key.replace(f".{UNLOCK_PREFIX}", f".{LOCK_PREFIX}", 1))
+        for key in sorted(taken - given):
+            name = key.split(f".{LOCK_PREFIX}", 1)[1].rsplit("#", 1)[0]
+            status, head = runs.locks().release(name, run_id, f"<= {2 ** 53}")
+            if status == "ok":
+                log.info("run %s settled holding lock %r; released", run_id, name)
+                wake_next(runs, name, head, None)
+    except _STORE_ERRORS as exc:
+        log.warning("run %s: cannot release the locks it held (%s); they lapse", run_id,
+                    one_line(exc))
+
+
 class Lock:
     """What ``mr.lock(...)`` returns: a context manager, sync and async."""
 
@@ -312,4 +336,4 @@ class Lock:
 
 
 __all__ = ["LOCK_PREFIX", "UNLOCK_PREFIX", "Hold", "Lock", "LockError", "lock",
-           "release_held"]
+           "release_finished", "release_held"]
