@@ -13,7 +13,8 @@ Returns:
   {"ok", head}          released; head: the run now first in the queue ('' none), to wake
   {"not_held", head}    that execution holds no hold (another does, it lapsed and another
                         took it, or this is a resend): the hold is left as it is
-Writes: HDEL/HSET KEYS[1] (only for "ok"); ZREM KEYS[2] (ARGV[3])
+Writes: HDEL/HSET KEYS[1], or DEL KEYS[1] when nobody waits (only for "ok"); ZREM KEYS[2]
+  (ARGV[3])
 ]]
 local state, queue = KEYS[1], KEYS[2]
 local run_id, want = ARGV[1], ARGV[2]
@@ -27,7 +28,12 @@ if run_id == '' or h[1] ~= run_id or not (tostring(by) == want or by <= upto) th
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Free and nobody waiting: nothing of it is kept (a lock per customer leaves no garbage).
+if head == '' then
+  redis.call('DEL', state)
+  return {'ok', ''}
+end
 redis.call('HDEL', state, 'run', 'epoch', 'since', 'until')
 -- The head's wait for a free lock starts now (acquire_lock drops a head that never comes).
-if head ~= '' then redis.call('HSET', state, 'free', now_ms) end
+redis.call('HSET', state, 'free', now_ms)
 return {'ok', head}

@@ -29,15 +29,16 @@ def _line(info: LockInfo) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the locks as JSON.")
 @click.pass_obj
 def locks(settings: Settings, as_json: bool) -> None:
-    """Locks taken with mr.lock: each one's holder (run id, the holding execution's epoch,
-    since when, until when its lease lasts without a renewal) and the runs waiting for it,
-    in order of arrival (the first is next)."""
+    """Locks taken with mr.lock, held or waited for now: each one's holder (run id, the
+    holding execution's epoch, since when, until when its lease lasts without a renewal) and
+    the runs waiting for it, in order of arrival (the first is next)."""
     found = Client(settings).locks()
     if as_json:
         click.echo(json.dumps([i.to_dict() for i in found], indent=2))
         return
     if not found:
-        click.echo("no locks (a body takes one with `with mr.lock(key):`)")
+        click.echo("no lock is held or waited for (a body takes one with "
+                   "`with mr.lock(key):`)")
         return
     if render.on_terminal():
         render.table(["LOCK", "HOLDER", "SINCE", "LEASE UNTIL", "WAITERS"],

@@ -584,7 +584,7 @@ class Client:
     # -- locks (flow/locks.py) ----------------------------------------------------------------
 
     def locks(self) -> list[LockInfo]:
-        """Every lock a run took or waited for: its holder (run id, epoch, since, lease
+        """Every lock held or waited for now: its holder (run id, epoch, since, lease
         expiry; "" when free) and its waiters in order of arrival."""
         return self.reader.locks().list()
 

@@ -128,6 +128,8 @@ class RedisLocks:
         out = []
         for name in names:
             (run, epoch, since, until), queue = next(replies), next(replies)
+            if not run and not queue:
+                continue  # free, nobody waiting: its keys are gone until it is taken again
             out.append(LockInfo(name, as_text(run) if run else "", int(epoch or 0),
                                 int(since or 0), int(until or 0),
                                 [as_text(r) for r in queue]))
@@ -210,7 +212,7 @@ class MemoryLocks:
 
     def list(self) -> list[LockInfo]:
         return [LockInfo(name, lk.holder, lk.epoch, lk.since, lk.until, list(lk.queue))
-                for name, lk in sorted(self.locks.items())]
+                for name, lk in sorted(self.locks.items()) if lk.holder or lk.queue]
 
 
 __all__ = ["STALE_MS", "Asked", "LockInfo", "Locks", "MemoryLocks", "RedisLocks", "lock_id"]

@@ -118,7 +118,7 @@ def lock(key: str, *, lease_s: float = DEFAULT_LEASE_S) -> Lock:
     return Lock(check_key(key), check_lease(lease_s))
 
 
-@dataclass
+@dataclass(eq=False)
 class Hold:
     """A lock this execution holds, renewed with its lease."""
 

@@ -636,5 +636,6 @@ class Keyspace:
 
     @property
     def lock_names(self) -> str:
-        """Hash: every lock a run took or waited for: name -> its id (`locks` lists them)."""
+        """Hash: every lock a run took or waited for: name -> its id (`locks` lists those
+        held or waited for; one field per name ever used is kept)."""
         return f"{{{self.prefix}}}:lock_names"

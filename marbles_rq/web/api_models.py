@@ -268,6 +268,6 @@ class LockHolder(msgspec.Struct, frozen=True):
 
 
 class Locks(msgspec.Struct, frozen=True):
-    """Every lock a run took or waited for."""
+    """Every lock held or waited for now."""
 
     locks: list[LockHolder]
