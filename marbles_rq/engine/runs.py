@@ -596,7 +596,7 @@ class RunStore:
         if reply.status == "corrupt":
             raise CorruptRecordError(keys.run, as_text(reply.values[0]))
         if reply.status == "cancelled":  # settled here, not by an execution: its locks
-            from ..flow.locks import release_finished
+            from ..flow.lock_store import release_finished
 
             release_finished(self, run_id)
         return reply.status

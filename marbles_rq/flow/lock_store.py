@@ -7,16 +7,29 @@ decisions on their virtual clock. flow/locks.py explains the mutex.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import redis
+
+from ..errors import MarblesError, RedisUnavailableError
+from ..store.redis_errors import one_line
 from ..store.replies import as_text
 
 if TYPE_CHECKING:
     from ..store.keys import Keyspace
     from ..store.scripts import Scripts
+
+log = logging.getLogger("marbles_rq.flow.locks")
+
+# A run's ledger entries of taking and giving back a lock (flow/locks.py).
+LOCK_PREFIX = "|lock:"
+UNLOCK_PREFIX = "|unlock:"
+TERMINAL = ("succeeded", "failed", "cancelled")
+_STORE_ERRORS = (redis.RedisError, RedisUnavailableError, OSError)
 
 # A head this late to take a free lock is dropped from its queue (its run was cancelled or
 # lost), so one run cannot block the rest; it queues again at the tail if it comes back.
@@ -215,4 +228,54 @@ class MemoryLocks:
                 for name, lk in sorted(self.locks.items()) if lk.holder or lk.queue]
 
 
-__all__ = ["STALE_MS", "Asked", "LockInfo", "Locks", "MemoryLocks", "RedisLocks", "lock_id"]
+def wake_next(runs: Any, name: str, head: str,
+              deliver: Callable[[str, str, int], bool] | None) -> None:
+    """Wake the queue's head after a release; a head whose run is gone is dropped and the
+    next one woken (a few at most: the others' timers do the rest). `runs`: a RunStore or
+    the runs in memory (not imported: the run store calls this module); `deliver` enqueues
+    the woken delivery now (None: the controller does, after its grace)."""
+    waits = runs.waits()
+    for _ in range(5):
+        if not head:
+            return
+        try:
+            status, attempt, queue = waits.wake(head, "lock", detail={"lock": name})
+            if status == "woken":
+                if deliver is not None:
+                    deliver(queue, head, attempt)
+                return
+            if status != "idle" or runs.locks().status_of(head) not in (*TERMINAL, None):
+                return
+            _, head = runs.locks().release(name, "", "", drop=head)
+        except (*_STORE_ERRORS, MarblesError) as exc:
+            log.warning("cannot wake run %s for its lock %r (%s); its timer (or the "
+                        "controller's dispatch) will", head, name, one_line(exc))
+            return
+
+
+def release_finished(runs: Any, run_id: str) -> None:
+    """A run settled without an execution (cancelled while it waited, parked inside a
+    block): give back the locks its ledger took and did not release, and wake each one's
+    next waiter (through the controller's dispatch, after its grace)."""
+    taken, given = set(), set()
+    try:
+        for field, _ in runs.client.hscan_iter(runs.keys.run_keys(run_id).steps,
+                                               match="*lock:*", count=500):
+            key = as_text(field)
+            if f".{LOCK_PREFIX}" in key:
+                taken.add(key)
+            elif f".{UNLOCK_PREFIX}" in key:
+                given.add(key.replace(f".{UNLOCK_PREFIX}", f".{LOCK_PREFIX}", 1))
+        for key in sorted(taken - given):
+            name = key.split(f".{LOCK_PREFIX}", 1)[1].rsplit("#", 1)[0]
+            status, head = runs.locks().release(name, run_id, f"<= {2 ** 53}")
+            if status == "ok":
+                log.info("run %s settled holding lock %r; released", run_id, name)
+                wake_next(runs, name, head, None)
+    except _STORE_ERRORS as exc:
+        log.warning("run %s: cannot release the locks it held (%s); they lapse", run_id,
+                    one_line(exc))
+
+
+__all__ = ["LOCK_PREFIX", "STALE_MS", "TERMINAL", "UNLOCK_PREFIX", "Asked", "LockInfo",
+           "Locks", "MemoryLocks", "RedisLocks", "lock_id", "release_finished", "wake_next"]

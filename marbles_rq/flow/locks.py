@@ -62,11 +62,11 @@ from ..engine.context import (
     check_not_in_foreign_thread,
     current,
 )
-from ..engine.waiting import ParkRun, Wait, deliver_now
+from ..engine.waiting import ParkRun, Wait
 from ..errors import MarblesError, RedisUnavailableError
 from ..store.records import StepRecord
 from ..store.redis_errors import one_line
-from .lock_store import STALE_MS, Locks
+from .lock_store import LOCK_PREFIX, STALE_MS, TERMINAL, UNLOCK_PREFIX, Locks, wake_next
 
 if TYPE_CHECKING:
     from ..engine.execution import Execution
@@ -74,15 +74,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("marbles_rq.flow.locks")
 
-LOCK_PREFIX = "|lock:"
-UNLOCK_PREFIX = "|unlock:"
 DEFAULT_LEASE_S = 60.0
 MAX_LEASE_S = 86_400.0
 MAX_KEY = 200
 # The queue's head wakes this long after the holder's hold would lapse (a holder killed
 # with the lock: nobody releases it); the others one lease later than that.
 HEAD_GRACE_MS = 250
-TERMINAL = ("succeeded", "failed", "cancelled")
 _STORE_ERRORS = (redis.RedisError, RedisUnavailableError, OSError)
 
 
@@ -170,27 +167,6 @@ class Hold:
             return head if status == "ok" else ""
 
 
-def wake_next(runs: RunStore, name: str, head: str, deliver: Any) -> None:
-    """Wake the queue's head after a release; a head whose run is gone is dropped and the
-    next one woken (a few at most: the others' timers do the rest)."""
-    waits = runs.waits()
-    for _ in range(5):
-        if not head:
-            return
-        try:
-            status, attempt, queue = waits.wake(head, "lock", detail={"lock": name})
-            if status == "woken":
-                deliver_now(deliver, queue, head, attempt)
-                return
-            if status != "idle" or runs.locks().status_of(head) not in (*TERMINAL, None):
-                return
-            _, head = runs.locks().release(name, "", "", drop=head)
-        except (*_STORE_ERRORS, MarblesError) as exc:
-            log.warning("cannot wake run %s for its lock %r (%s); its timer will", head, name,
-                        one_line(exc))
-            return
-
-
 def release_held(runs: RunStore, ex: Execution, deliver: Any) -> None:
     """The execution ended holding locks (settled, stopped): give them back."""
     while ex.locks:
@@ -198,30 +174,6 @@ def release_held(runs: RunStore, ex: Execution, deliver: Any) -> None:
         head = hold.release()
         if head:
             wake_next(runs, hold.name, head, deliver)
-
-
-def release_finished(runs: RunStore, run_id: str) -> None:
-    """A run settled without an execution (cancelled while it waited, parked inside a
-    block): give back the locks its ledger took and did not release, and wake each one's
-    next waiter (through the controller's dispatch, after its grace)."""
-    taken, given = set(), set()
-    try:
-        for field, _ in runs.client.hscan_iter(runs.keys.run_keys(run_id).steps,
-                                               match="*lock:*", count=500):
-            key = field.decode() if isinstance(field, bytes) else str(field)
-            if f".{LOCK_PREFIX}" in key:
-                taken.add(key)
-            elif f".{UNLOCK_PREFIX}" in key:
-                given.add(key.replace(f".{UNLOCK_PREFIX}", f".{LOCK_PREFIX}", 1))
-        for key in sorted(taken - given):
-            name = key.split(f".{LOCK_PREFIX}", 1)[1].rsplit("#", 1)[0]
-            status, head = runs.locks().release(name, run_id, f"<= {2 ** 53}")
-            if status == "ok":
-                log.info("run %s settled holding lock %r; released", run_id, name)
-                wake_next(runs, name, head, None)
-    except _STORE_ERRORS as exc:
-        log.warning("run %s: cannot release the locks it held (%s); they lapse", run_id,
-                    one_line(exc))
 
 
 class Lock:
@@ -336,4 +288,4 @@ class Lock:
 
 
 __all__ = ["LOCK_PREFIX", "UNLOCK_PREFIX", "Hold", "Lock", "LockError", "lock",
-           "release_finished", "release_held"]
+           "release_held"]
