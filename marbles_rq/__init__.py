@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .engine.signals import SignalTimeoutError
     from .engine.undo_refs import CompensationError
     from .errors import MarblesError, RunSettledError
+    from .flow.locks import LockError, lock
     from .flow.rate_limits import rate_limit
     from .flow.rate_specs import Rate
     from .store import RedisStore, Store, open_store
@@ -66,6 +67,7 @@ __all__ = [
     "HttpChange",
     "Keyspace",
     "Launch",
+    "LockError",
     "MarblesError",
     "MemoryStore",
     "NonRetryable",
@@ -90,6 +92,7 @@ __all__ = [
     "current",
     "deprecate_patch",
     "gather",
+    "lock",
     "monitor",
     "now",
     "on_event",
@@ -143,6 +146,7 @@ _HOME = {
     "schedule": ".triggers.schedules",
     **{name: ".artifacts" for name in ("Artifact", "ArtifactConflict", "ArtifactVersion",
                                        "artifact")},
+    "lock": ".flow.locks", "LockError": ".flow.locks",
 }
 
 

@@ -206,7 +206,8 @@ def enabled() -> bool:
     return _M is not None
 
 
-_LABELS: dict[str, set[str]] = {"workflow": set(), "queue": set(), "limit": set()}
+_LABELS: dict[str, set[str]] = {"workflow": set(), "queue": set(), "limit": set(),
+                                 "lock": set()}
 # The workflows this process defines, as the engine's registry lists them (it installs
 # itself with `know_workflows`; this module sits below the engine and never imports it).
 # While none are known, any name is a label.

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ..artifacts.records import ArtifactInfo
     from ..engine.history import History
     from ..flow.gate_specs import Decision
+    from ..flow.lock_store import LockInfo
     from ..flow.rate_store import RateLimitInfo
     from ..sessions import AsyncSession, Message, SessionInfo, SessionListing
 
@@ -136,6 +137,8 @@ class AsyncClient:
 
     async def artifacts(self) -> list[ArtifactInfo]:
         return await self._call(self.sync.artifacts)
+    async def locks(self) -> list[LockInfo]:
+        return await self._call(self.sync.locks)
 
     async def rate_limits(self) -> list[RateLimitInfo]:
         return await self._call(self.sync.rate_limits)

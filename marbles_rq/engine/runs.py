@@ -52,6 +52,7 @@ from .undo_refs import MARKER_KEY
 from .waits import WaitStore
 
 if TYPE_CHECKING:
+    from ..flow.lock_store import RedisLocks
     from ..flow.rate_store import RedisRates
 
 log = logging.getLogger("marbles_rq.engine.runs")
@@ -458,9 +459,9 @@ class RunStore:
         starts = [s.triple(ex, self.store) for s in ex.starts.values()]
         ex.starts.clear()
         sent = time.monotonic()
-        # Never for a run holding a concurrency slot: its lease is capped at the hold's
-        # expiry, which only the watchdog's renewals extend.
-        extend = ex.slot is None and sent - ex.lease_at > ex.ttl_ms / 2000
+        # Never for a run holding a concurrency slot or a lock: its lease is capped at the
+        # hold's expiry, which only the watchdog's renewals extend.
+        extend = ex.slot is None and not ex.locks and sent - ex.lease_at > ex.ttl_ms / 2000
         status: str = self.scripts.commit_step(**self._commit_args(
             ex, record, event_type, data, starts, extend)).status
         if status == "ok":
@@ -523,9 +524,11 @@ class RunStore:
 
     def renew(self, ex: Execution) -> str:
         sent = time.monotonic()
-        # The slot first, and the lease capped at its expiry: a live lease always lies
-        # within a live hold (a lapsed hold may be another run's now).
-        cap = ex.slot.renew() if ex.slot is not None else 0
+        # The slot and locks first, and the lease capped at their expiry: a live lease
+        # always lies within a live hold (a lapsed hold may be another run's now).
+        caps = [ex.slot.renew()] if ex.slot is not None else []
+        caps += [hold.renew() for hold in list(ex.locks)]  # flow/locks.Hold
+        cap = min((c for c in caps if c), default=0)
         status: str = self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,
                                                  run_id=ex.run_id, cap_ms=cap).status
         if status == "ok":
@@ -614,6 +617,10 @@ class RunStore:
                                         request_id=new_request_id())
         if reply.status == "corrupt":
             raise CorruptRecordError(keys.run, as_text(reply.values[0]))
+        if reply.status == "cancelled":  # settled here, not by an execution: its locks
+            from ..flow.lock_store import release_finished
+
+            release_finished(self, run_id)
         return reply.status
 
     def cancel_compensate(self, run_id: str, reason: str = "cancelled by request, with "
@@ -659,6 +666,15 @@ class RunStore:
 
             rates = self.__dict__["_rates"] = RedisRates(self.client, self.keys, self.scripts)
         return rates
+
+    def locks(self) -> RedisLocks:
+        """Durable mutexes (flow/lock_store.py)."""
+        locks = self.__dict__.get("_locks")
+        if locks is None:
+            from ..flow.lock_store import RedisLocks
+
+            locks = self.__dict__["_locks"] = RedisLocks(self.client, self.keys, self.scripts)
+        return locks
 
     def waits(self) -> WaitStore:
         """Questions, reports, parking and waking of this store's runs. (A method, so the

@@ -690,3 +690,19 @@ class Keyspace:
         """Set, in the run's bucket: the session ids the run opened (released when it is
         pruned: controller/pruning.py)."""
         return f"{self.tag_of(run_id)}:runses:{run_id}"
+    # -- durable mutexes, each under a tag of its own (flow/locks.py) -----------------------
+
+    def lock_state(self, lock_id: str) -> str:
+        """Hash: a lock's name, its holder (run, epoch, since, until) and its queue's
+        bookkeeping (flow/locks.py), under the lock's own tag."""
+        return f"{{{self.prefix}:lock:{lock_id}}}:state"
+
+    def lock_queue(self, lock_id: str) -> str:
+        """Sorted set: the runs waiting for a lock -> their arrival number (the FIFO)."""
+        return f"{{{self.prefix}:lock:{lock_id}}}:queue"
+
+    @property
+    def lock_names(self) -> str:
+        """Hash: every lock a run took or waited for: name -> its id (`locks` lists those
+        held or waited for; one field per name ever used is kept)."""
+        return f"{{{self.prefix}}}:lock_names"

@@ -304,3 +304,20 @@ class ArtifactRemoved(msgspec.Struct, frozen=True):
 
     name: str
     removed: list[int]
+class LockHolder(msgspec.Struct, frozen=True):
+    """A lock (`mr.lock`): its holder (null: free; the run id, the holding execution's epoch,
+    since when and until when its lease lasts without a renewal, epoch ms) and the runs
+    waiting for it, in order of arrival."""
+
+    name: str
+    waiters: list[str]
+    holder: str | None = None
+    epoch: int | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+
+class Locks(msgspec.Struct, frozen=True):
+    """Every lock held or waited for now."""
+
+    locks: list[LockHolder]

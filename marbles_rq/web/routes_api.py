@@ -51,6 +51,8 @@ from .api_models import (
     EventSent,
     FailBody,
     Feed,
+    LockHolder,
+    Locks,
     NoteBody,
     OpenBatches,
     OpenBatchInfo,
@@ -302,6 +304,9 @@ class Api:
         raw = request.query_params.get("version")
         removed = await handle.delete(None if not raw else _artifact_version(raw))
         return reply(ArtifactRemoved(handle.name, removed))
+    async def locks(self, request: Request) -> Response:
+        found = await self.client.locks()
+        return reply(Locks([msgspec.convert(i.to_dict(), LockHolder) for i in found]))
 
     async def feed(self, request: Request) -> Response:
         limit = int(_number(request, "limit", 100, 1, 1000, integer=True) or 100)
@@ -776,6 +781,9 @@ ROUTES: list[ApiRoute] = [
              "idempotent on `key`", body=api_sessions.MessageBody,
              reply=api_sessions.MessageAppended, status=(201, 200),
              refusals=(*BODY_REFUSALS, *api_sessions.SESSION_REFUSALS, "invalid_message")),
+    # -- locks (flow/locks.py) ---------------------------------------------------------
+    ApiRoute("GET", "/api/locks", Api.locks, "Locks: each one's holder and waiters in order",
+             reply=Locks),
     ApiRoute("GET", "/api/openapi.json", Api.openapi,
              "This document (needs no token)", open=True),
 ]
