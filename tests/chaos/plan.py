@@ -58,6 +58,12 @@ RETRIES = 3
 # per 500 runs, so each lane's limit holds some.
 RATE_BURSTS = 2
 RATE_BURST = 24
+# Runs of issue 23's records per hundred, drawn apart too: sessions (cx_session, about half
+# of them also appending to one shared session), artifacts (cx_artifact, half of them by
+# compare-and-set on one artifact) and the durable mutex (cx_lock, every run on one lock).
+SESSIONS = 3
+ARTIFACTS = 3
+LOCKS = 2
 BATCH_SIZE = 25
 BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
 
@@ -352,6 +358,9 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
     actions += _sagas(random.Random(seed * 1_000_003 + 31), seed, runs, duration)
     actions += _retries(random.Random(seed * 1_000_003 + 37), seed, runs, duration)
     actions += _rates(random.Random(seed * 1_000_003 + 41), seed, runs, duration)
+    actions += _sessions(random.Random(seed * 1_000_003 + 43), seed, runs, duration)
+    actions += _artifacts(random.Random(seed * 1_000_003 + 47), seed, runs, duration)
+    actions += _locks(random.Random(seed * 1_000_003 + 53), seed, runs, duration)
     return sorted(actions, key=lambda a: a.at_s)
 
 
@@ -450,6 +459,57 @@ def _rates(rng: random.Random, seed: int, runs: int, duration: float) -> list[Ac
             spec = RunSpec(f"cx-{seed}-rl{b:02d}{i:02d}-rate", "rate", "cx_rate",
                            {"lane": rng.choice(RATE_KEYS), "sleep_ms": rng.choice([2, 10])})
             out.append(Action(at, "submit", (spec,), "api"))
+    return out
+
+
+def _via(rng: random.Random) -> str:
+    return "cli" if rng.random() < 0.1 else "api"
+
+
+def _sessions(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    """cx_session runs, half of them appending to the shared session too; some in bursts of
+    three (several runs appending to the shared session at once)."""
+    out = []
+    k = 0
+    while k < max(6, runs * SESSIONS // 100):
+        at = round(rng.uniform(0.5, duration * 0.8), 3)
+        for _ in range(3 if rng.random() < 0.3 else 1):
+            spec = RunSpec(f"cx-{seed}-ss{k:03d}-session", "session", "cx_session",
+                           {"steps": rng.randint(1, 3), "shared": k % 2 == 0,
+                            "sleep_ms": rng.choice([5, 20, 60])})
+            out.append(Action(at, "submit", (spec,), _via(rng)))
+            k += 1
+    return out
+
+
+def _artifacts(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    """cx_artifact runs: plain puts and compare-and-set puts, the latter some in bursts of
+    four (conflicts)."""
+    out = []
+    k = 0
+    while k < max(6, runs * ARTIFACTS // 100):
+        at = round(rng.uniform(0.5, duration * 0.8), 3)
+        cas = k % 2 == 1
+        for _ in range(4 if cas and rng.random() < 0.4 else 1):
+            spec = RunSpec(f"cx-{seed}-ar{k:03d}-artifact", "artifact", "cx_artifact",
+                           {"cas": cas, "sleep_ms": rng.choice([10, 40, 120])})
+            out.append(Action(at, "submit", (spec,), _via(rng)))
+            k += 1
+    return out
+
+
+def _locks(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    """cx_lock runs, some in bursts of three (waiters queued behind a holder)."""
+    out = []
+    k = 0
+    while k < max(4, runs * LOCKS // 100):
+        at = round(rng.uniform(0.5, duration * 0.8), 3)
+        for _ in range(3 if rng.random() < 0.3 else 1):
+            spec = RunSpec(f"cx-{seed}-lk{k:03d}-lock", "lock", "cx_lock",
+                           {"hold_ms": rng.choice([20, 100, 300]), "step": rng.random() < 0.5,
+                            "sleep_ms": rng.choice([10, 60])})
+            out.append(Action(at, "submit", (spec,), _via(rng)))
+            k += 1
     return out
 
 
