@@ -35,7 +35,8 @@ ARGV[11..]              the pairs, then the triples
 Returns:
   {"ok", wake_at_ms}             parked: status waiting
   {"requeued", attempt, queue}   woken while it executed by what it parks on (wake_pending:
-                                 '1' anything, 'child' a child; a signal it waits for that
+                                 '1' anything, 'child' a child, 'lock' a lock released;
+                                 a signal it waits for that
                                  is buffered already), or parking for a pause
                                  (reason paused) that a resume lifted meanwhile: queued
                                  again as <attempt>; the caller enqueues that delivery
@@ -94,6 +95,7 @@ redis.call('XADD', out, '*', 't', 'parked', 'a', r[3], 'd', ARGV[7])
 -- after it must not requeue the run at once (an extra delivery, the timer seen "woken").
 local wait_for = cjson.decode(ARGV[5])
 local pending = lifted or r[6] == '1' or (r[6] == 'child' and wait_for.children ~= nil)
+  or (r[6] == 'lock' and wait_for.lock ~= nil)
 -- A signal it waits for that came after the execution looked, before this park (send_signal
 -- found it running and woke nothing): go again now, or it would wait for a signal it has.
 if not pending and type(wait_for.signals) == 'table' then

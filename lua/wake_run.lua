@@ -14,7 +14,9 @@ ARGV[2] ctl_epoch       the calling controller's lease epoch; '' = not the contr
 ARGV[3] cause           timer (wakes only once its wake time has come) | child (from a
                         settled child, not the controller: wakes only a run that waits for
                         children) | rate (a rate limit's turn comes: wakes only a run that
-                        waits for a rate limit, whatever its timer)
+                        waits for a rate limit, whatever its timer) | lock (a lock it
+                        waits for was released: wakes only a run that waits for a lock;
+                        one executing is marked, and requeues itself if it parks for one)
 ARGV[4] grace_ms        the dispatch check comes due after this long
 ARGV[5] event           JSON data of the "woken" output event
 Returns:
@@ -47,7 +49,13 @@ end
 if ARGV[3] == 'rate' and (r[1] ~= 'waiting' or r[8] ~= 'rate_limit') then
   return {'idle', r[1] or 'missing'}  -- it moved on: nothing to wake, its index kept
 end
+if ARGV[3] == 'lock' and r[1] ~= 'running' and (r[1] ~= 'waiting' or r[8] ~= 'lock') then
+  return {'idle', r[1] or 'missing'}  -- it moved on: nothing to wake, its index kept
+end
 if r[1] == 'running' then
+  -- A lock released while its waiter executes (it asked, and has not parked yet): it
+  -- requeues itself if it parks waiting for a lock (park_run), else the wake is spent.
+  if ARGV[3] == 'lock' and r[6] ~= '1' then redis.call('HSET', run, 'wake_pending', 'lock') end
   -- Marked as a child's: it requeues the run only if it parks waiting for children. An
   -- answer's pending wake ('1') is never lowered to a child's: the run may park on that
   -- answered question again, and only the answer's wake would then requeue it.

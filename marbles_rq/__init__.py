@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .engine.signals import SignalTimeoutError
     from .engine.undo_refs import CompensationError
     from .errors import MarblesError, RunSettledError
+    from .flow.locks import LockError, lock
     from .flow.rate_limits import rate_limit
     from .flow.rate_specs import Rate
     from .store import RedisStore, Store, open_store
@@ -62,6 +63,7 @@ __all__ = [
     "HttpChange",
     "Keyspace",
     "Launch",
+    "LockError",
     "MarblesError",
     "MemoryStore",
     "NonRetryable",
@@ -85,6 +87,7 @@ __all__ = [
     "current",
     "deprecate_patch",
     "gather",
+    "lock",
     "monitor",
     "now",
     "on_event",
@@ -136,6 +139,7 @@ _HOME = {
     "FileChange": ".triggers.monitors", "HttpChange": ".triggers.monitors",
     "Launch": ".triggers.monitors", "monitor": ".triggers.monitors",
     "schedule": ".triggers.schedules",
+    "lock": ".flow.locks", "LockError": ".flow.locks",
 }
 
 

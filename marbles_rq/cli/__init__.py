@@ -75,6 +75,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "signal": ("signals", "signal"),
     "info": ("info", "info"), "completion": ("completion", "completion"),
     "limits": ("limits", "limits"),
+    "locks": ("locks", "locks"),
 }
 
 # How --help groups them: section -> (command, summary, example). Static, so the listing and
@@ -140,6 +141,8 @@ SECTIONS: dict[str, list[tuple[str, str, str]]] = {
         ("leader", "Which controller leads (each lane's).", "marbles-rq leader"),
         ("limits", "Rate limits: rates, held runs; set one at run time.",
          "marbles-rq limits set stripe 25/s --burst 5"),
+        ("locks", "Locks (mr.lock): each one's holder and waiters in order.",
+         "marbles-rq locks --json"),
         ("buckets", "The bucket layout; grow the bucket count.", "marbles-rq buckets show"),
         ("completion", "Print the shell completion script.",
          "eval \"$(marbles-rq completion bash)\""),

@@ -323,6 +323,9 @@ def _waiting(waiting: dict[str, Any]) -> str:
         parts.append(f"limit {held.get('limit')}, place {int(held.get('position') or 0) + 1} "
                      f"of {held.get('queued')}, turn about "
                      + time.strftime("%H:%M:%S", time.gmtime(turn / 1000)) + f".{turn % 1000:03d}Z")
+    waits_lock = what.get("lock")
+    if isinstance(waits_lock, dict):
+        parts.append(_lock_wait(waits_lock))
     if waiting.get("reason") in ("retry", "failed_step") or what.get("max_attempts"):
         parts.append(_step_wait(what))
     elif what.get("until_ms"):
@@ -330,6 +333,13 @@ def _waiting(waiting: dict[str, Any]) -> str:
         parts.append("until " + time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at / 1000))
                      + f".{at % 1000:03d}Z")
     return "; ".join(parts) + f" (since {waiting.get('since')})"
+
+
+def _lock_wait(d: dict[str, Any]) -> str:
+    """A wait for a lock (flow/locks.py): its place in the queue, and who holds it."""
+    holder = f", held by {d['holder']}" if d.get("holder") else ""
+    return (f"lock {d.get('name')}, place {int(d.get('position') or 0) + 1} of "
+            f"{d.get('queued')}{holder}")
 
 
 def _run_wait(waiting: dict[str, Any] | None) -> str:

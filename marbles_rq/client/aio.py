@@ -41,6 +41,7 @@ from .views import BulkSummary, Outcome, OutputEntry, QuestionInfo, RunsPage, Ru
 if TYPE_CHECKING:
     from ..engine.history import History
     from ..flow.gate_specs import Decision
+    from ..flow.lock_store import LockInfo
     from ..flow.rate_store import RateLimitInfo
 
 T = TypeVar("T")
@@ -122,6 +123,9 @@ class AsyncClient:
 
     async def runs(self, **filters: Any) -> RunsPage:
         return await self._call(self.sync.runs, **filters)
+
+    async def locks(self) -> list[LockInfo]:
+        return await self._call(self.sync.locks)
 
     async def rate_limits(self) -> list[RateLimitInfo]:
         return await self._call(self.sync.rate_limits)

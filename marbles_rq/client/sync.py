@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from ..engine.rerun import Rerun
     from ..engine.signals import SignalSent, SignalStarted
     from ..flow.gate_specs import Decision
+    from ..flow.lock_store import LockInfo
     from ..flow.rate_store import RateLimitInfo
     from ..transport.lanes import Lanes
     from ..triggers.events import Sent
@@ -579,6 +580,13 @@ class Client:
 
         store = self.runs_store
         return store.rates().reset(name, catalog_rates(store.client, store.keys))
+
+    # -- locks (flow/locks.py) ----------------------------------------------------------------
+
+    def locks(self) -> list[LockInfo]:
+        """Every lock a run took or waited for: its holder (run id, epoch, since, lease
+        expiry; "" when free) and its waiters in order of arrival."""
+        return self.reader.locks().list()
 
     def feed(self, limit: int = 100) -> list[QuestionInfo]:
         """Open questions and approvals across runs, oldest first (`limit`: 1 to 1000)."""

@@ -637,7 +637,7 @@ class Watchdog:
         slot first, itself."""
         due = self._next_renew - (self._interval / 2 if early else 0)
         return (not self._stop.is_set() and due <= now and self.ex.slot is None
-                and hasattr(self.runs, "renew_many"))
+                and not self.ex.locks and hasattr(self.runs, "renew_many"))
 
     def renewed(self, status: str | None, now: float) -> None:
         """The hub renewed it in a batch: `status` as `RunStore.renew`'s (None: not sent)."""
@@ -822,7 +822,7 @@ def park_run(runs: RunStore, ex: Execution, parked: ParkRun,
     waits = parked.waits
     reasons = {w.reason for w in waits}
     reason = next(r for r in ("paused", "failed_step", "question", "signal", "child", "event",
-                              "timer", "retry", "rate_limit") if r in reasons)
+                              "timer", "retry", "rate_limit", "lock") if r in reasons)
     wake_at = min((w.wake_at_ms for w in waits if w.wake_at_ms), default=0)
     wait_for: dict[str, Any] = {}
     questions = [q for w in waits for q in w.questions]
@@ -1001,5 +1001,9 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
                 runs.write_held(ex)
         if ex.slot is not None:
             ex.slot.release()  # settled, parked, handed back or stopped: no longer executing
+        if ex.locks:  # taken where no `with` gives them back (its entry's write refused)
+            from ..flow.locks import release_held
+
+            release_held(runs, ex, deliver)
         if tokens is not None:
             context.leave(tokens)

@@ -94,6 +94,8 @@ class Execution:
     flags_at: float = field(default_factory=time.monotonic)
     # The concurrency slot this execution holds (flow/limits.Slot), renewed with its lease.
     slot: Any = None
+    # The locks it holds (flow/locks.Hold), renewed with its lease like the slot.
+    locks: list[Any] = field(default_factory=list)
     # When (monotonic, before the send) the lease was last set: start_attempt, a renewal, or
     # a commit that extended it. A commit extends it only when the watchdog's renewals
     # (every third of the lease) fell behind: past half the lease.

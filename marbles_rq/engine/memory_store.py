@@ -38,6 +38,7 @@ from .runs import TERMINAL, TIMEOUT_ERROR, OutputEvent, Recorded, RunView, Start
 from .waits import Question
 
 if TYPE_CHECKING:
+    from ..flow.lock_store import MemoryLocks
     from ..flow.rate_store import MemoryRates
 
 MEMORY_WORKER = "memory"
@@ -575,6 +576,18 @@ class MemoryRuns:
 
             rates = self.__dict__["_rates"] = MemoryRates(self.clock.now_ms)
         return rates
+
+    def locks(self) -> MemoryLocks:
+        locks = self.__dict__.get("_locks")
+        if locks is None:
+            from ..flow.lock_store import MemoryLocks
+
+            def status_of(run_id: str) -> str | None:
+                run = self.runs.get(run_id)
+                return None if run is None else run.status
+
+            locks = self.__dict__["_locks"] = MemoryLocks(self.clock.now_ms, status_of)
+        return locks
 
     def waits(self) -> MemoryWaits:
         return MemoryWaits(self)

@@ -107,6 +107,11 @@ def _parked(d: dict[str, Any]) -> str:
         return (f"rate limit {held.get('limit')} (place {int(held.get('position') or 0) + 1} "
                 f"of {held.get('queued')}, turn about "
                 + time.strftime("%H:%M:%S", time.gmtime(at / 1000)) + f".{at % 1000:03d})")
+    if reason == "lock" and isinstance(d.get("lock"), dict):
+        held = d["lock"]
+        return (f"lock {held.get('name')} (place {int(held.get('position') or 0) + 1} of "
+                f"{held.get('queued')}" + (f", held by {held['holder']})" if held.get("holder")
+                                          else ")"))
     return "resume" if reason == "paused" else str(reason)
 
 

@@ -48,6 +48,7 @@ from .undo_refs import MARKER_KEY
 from .waits import WaitStore
 
 if TYPE_CHECKING:
+    from ..flow.lock_store import RedisLocks
     from ..flow.rate_store import RedisRates
 
 log = logging.getLogger("marbles_rq.engine.runs")
@@ -441,9 +442,9 @@ class RunStore:
         starts = [s.triple(ex) for s in ex.starts.values()]
         ex.starts.clear()
         sent = time.monotonic()
-        # Never for a run holding a concurrency slot: its lease is capped at the hold's
-        # expiry, which only the watchdog's renewals extend.
-        extend = ex.slot is None and sent - ex.lease_at > ex.ttl_ms / 2000
+        # Never for a run holding a concurrency slot or a lock: its lease is capped at the
+        # hold's expiry, which only the watchdog's renewals extend.
+        extend = ex.slot is None and not ex.locks and sent - ex.lease_at > ex.ttl_ms / 2000
         status: str = self.scripts.commit_step(**self._commit_args(
             ex, record, event_type, data, starts, extend)).status
         if status == "ok":
@@ -502,9 +503,11 @@ class RunStore:
 
     def renew(self, ex: Execution) -> str:
         sent = time.monotonic()
-        # The slot first, and the lease capped at its expiry: a live lease always lies
-        # within a live hold (a lapsed hold may be another run's now).
-        cap = ex.slot.renew() if ex.slot is not None else 0
+        # The slot and locks first, and the lease capped at their expiry: a live lease
+        # always lies within a live hold (a lapsed hold may be another run's now).
+        caps = [ex.slot.renew()] if ex.slot is not None else []
+        caps += [hold.renew() for hold in list(ex.locks)]  # flow/locks.Hold
+        cap = min((c for c in caps if c), default=0)
         status: str = self.scripts.renew_attempt(keys=ex.keys, epoch=ex.epoch, ttl_ms=ex.ttl_ms,
                                                  run_id=ex.run_id, cap_ms=cap).status
         if status == "ok":
@@ -637,6 +640,15 @@ class RunStore:
 
             rates = self.__dict__["_rates"] = RedisRates(self.client, self.keys, self.scripts)
         return rates
+
+    def locks(self) -> RedisLocks:
+        """Durable mutexes (flow/lock_store.py)."""
+        locks = self.__dict__.get("_locks")
+        if locks is None:
+            from ..flow.lock_store import RedisLocks
+
+            locks = self.__dict__["_locks"] = RedisLocks(self.client, self.keys, self.scripts)
+        return locks
 
     def waits(self) -> WaitStore:
         """Questions, reports, parking and waking of this store's runs. (A method, so the

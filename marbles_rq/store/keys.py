@@ -622,3 +622,19 @@ class Keyspace:
     def rate_overrides(self) -> str:
         """Rates set at run time (`limits set`): name -> "<rate>|<burst>"."""
         return f"{{{self.prefix}}}:rate_overrides"
+
+    # -- durable mutexes, each under a tag of its own (flow/locks.py) -----------------------
+
+    def lock_state(self, lock_id: str) -> str:
+        """Hash: a lock's name, its holder (run, epoch, since, until) and its queue's
+        bookkeeping (flow/locks.py), under the lock's own tag."""
+        return f"{{{self.prefix}:lock:{lock_id}}}:state"
+
+    def lock_queue(self, lock_id: str) -> str:
+        """Sorted set: the runs waiting for a lock -> their arrival number (the FIFO)."""
+        return f"{{{self.prefix}:lock:{lock_id}}}:queue"
+
+    @property
+    def lock_names(self) -> str:
+        """Hash: every lock a run took or waited for: name -> its id (`locks` lists them)."""
+        return f"{{{self.prefix}}}:lock_names"

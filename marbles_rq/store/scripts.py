@@ -787,6 +787,27 @@ class Scripts:
         return self._reply("release_slot", [slots_key, holders_key], [run_id, holder],
                            ("ok", "not_held")).status
 
+    def acquire_lock(self, *, state_key: str, queue_key: str, run_id: str, epoch: int,
+                     ttl_ms: int, stale_ms: int, name: str) -> Reply:
+        """{"ok", until, since} | {"queued", position, queued, holder, until} |
+        {"stale", epoch}; safe to resend (a holder takes its own hold again, a queued run
+        keeps its place)."""
+        return self._reply("acquire_lock", [state_key, queue_key],
+                           [run_id, epoch, ttl_ms, stale_ms, name], ("ok", "queued", "stale"))
+
+    def renew_lock(self, *, state_key: str, run_id: str, epoch: int, ttl_ms: int) -> Reply:
+        """{"ok", until} | {"lost", holder} | {"stale", epoch}; safe to resend."""
+        return self._reply("renew_lock", [state_key], [run_id, epoch, ttl_ms],
+                           ("ok", "lost", "stale"))
+
+    def release_lock(self, *, state_key: str, queue_key: str, run_id: str, epoch: str,
+                     drop: str = "") -> Reply:
+        """{"ok", head} | {"not_held", head}: `epoch` is the holder's, or "<= N" for any
+        execution of the run up to N; `drop` a run id taken off the queue first. A resend
+        after a release answers not_held: nothing twice."""
+        return self._reply("release_lock", [state_key, queue_key], [run_id, epoch, drop],
+                           ("ok", "not_held"))
+
     def take_rate(self, *, state_key: str, queue_key: str, admitted_key: str, token: str,
                   interval_us: int, burst: int, stale_ms: int, keep_ms: int,
                   lookahead_us: int) -> Reply:

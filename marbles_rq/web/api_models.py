@@ -252,3 +252,22 @@ class BulkDone(msgspec.Struct, frozen=True):
 class BulkFailureItem(msgspec.Struct, frozen=True):
     run_id: str
     message: str
+
+
+class LockHolder(msgspec.Struct, frozen=True):
+    """A lock (`mr.lock`): its holder (null: free; the run id, the holding execution's epoch,
+    since when and until when its lease lasts without a renewal, epoch ms) and the runs
+    waiting for it, in order of arrival."""
+
+    name: str
+    waiters: list[str]
+    holder: str | None = None
+    epoch: int | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+
+class Locks(msgspec.Struct, frozen=True):
+    """Every lock a run took or waited for."""
+
+    locks: list[LockHolder]

@@ -21,7 +21,8 @@ def system_context(web: Web) -> dict[str, Any]:
 
     runs = web.settings.runs(read_only=True)
     return dict(system=reads.system(web.settings),
-                rate_limits=runs.rates().list(catalog_rates(runs.client, runs.keys)))
+                rate_limits=runs.rates().list(catalog_rates(runs.client, runs.keys)),
+                locks=runs.locks().list())
 
 
 def routes(web: Web) -> list[BaseRoute]:

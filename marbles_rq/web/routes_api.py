@@ -45,6 +45,8 @@ from .api_models import (
     EventSent,
     FailBody,
     Feed,
+    LockHolder,
+    Locks,
     NoteBody,
     OpenBatches,
     OpenBatchInfo,
@@ -252,6 +254,10 @@ class Api:
     async def reset_rate_limit(self, request: Request) -> Response:
         info = await self.client.reset_rate_limit(request.path_params["name"])
         return reply(msgspec.convert(info.to_dict(), RateLimit))
+
+    async def locks(self, request: Request) -> Response:
+        found = await self.client.locks()
+        return reply(Locks([msgspec.convert(i.to_dict(), LockHolder) for i in found]))
 
     async def feed(self, request: Request) -> Response:
         limit = int(_number(request, "limit", 100, 1, 1000, integer=True) or 100)
@@ -658,6 +664,9 @@ ROUTES: list[ApiRoute] = [
     ApiRoute("DELETE", "/api/limits/{name}", Api.reset_rate_limit,
              "Back to the rate the source declares", reply=RateLimit,
              refusals=("invalid_rate", "unknown_rate_limit")),
+    # -- locks (flow/locks.py) ---------------------------------------------------------
+    ApiRoute("GET", "/api/locks", Api.locks, "Locks: each one's holder and waiters in order",
+             reply=Locks),
     ApiRoute("GET", "/api/openapi.json", Api.openapi,
              "This document (needs no token)", open=True),
 ]
