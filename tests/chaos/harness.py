@@ -52,6 +52,8 @@ from marbles_rq.triggers.events import Events
 from tests.chaos import history as h
 from tests.chaos import workloads  # registers the workflows and the trigger to submit
 from tests.chaos.names import (
+    ARTIFACT_CAS,
+    ARTIFACT_PLAIN,
     COLOURS,
     CUSTOMERS,
     EVENT_SOURCE,
@@ -61,6 +63,7 @@ from tests.chaos.names import (
     ORDER_SOURCE,
     RETRY_PATCH,
     SCHEDULES,
+    SESSION_SHARED,
     SIGNAL_NAME,
     SOURCE,
 )
@@ -506,7 +509,7 @@ class Harness:
             delay = self.t0 + action.at_s - NOW()
             if delay > 0 and self.stop.wait(delay):
                 return
-            if action.op in ("rerun", "cancel_spawning", "retry_patch") \
+            if action.op in ("rerun", "cancel_spawning", "retry_patch", "lock_stop") \
                     or action.ops == ("parked",):
                 # they wait: a thread of their own
                 thread = threading.Thread(target=self._guard, args=(action,), daemon=True,
@@ -572,6 +575,8 @@ class Harness:
             self._cancel(action.runs[0].run_id, action.via, compensate=True)
         elif op == "retry_patch":
             self._retry_patch(action)
+        elif op == "lock_stop":
+            self._lock_stop(action)
         elif op == "cancel_spawning":
             run_id = action.runs[0].run_id
             if self._wait_for(run_id, "child_started"):
@@ -819,6 +824,33 @@ class Harness:
                                   run_id, patch, via, f"error: {exc}", wall_ms())))
         if outcome is not None:
             log.add(log.retries, h.RetryTry(run_id, patch, via, outcome, wall_ms()))
+
+    def _lock_stop(self, action: Action) -> None:
+        """Wait for an execution inside cx_lock's critical section (an entry receipt that
+        held the lock, with no exit yet), then SIGSTOP its worker's processes for pick_ms:
+        its hold lapses while it sleeps. Logged as a stop_worker fault; noted if no
+        execution entered the section in WAIT_START_S."""
+        deadline = NOW() + WAIT_START_S
+        while NOW() < deadline and not self.stop.is_set():
+            try:
+                receipts, _, _ = h.read_locks(self.runs.client)
+            except (redis.RedisError, OSError):
+                receipts = []
+            left = {r.x for r in receipts if r.op == "exit"}
+            inside = [r for r in receipts if r.op == "enter" and r.valid and r.x not in left]
+            for entry in reversed(inside):
+                slot = next((s for s in self._workers() if entry.pid == s.pid
+                             or entry.pid in descendants(s.pid)), None)
+                if slot is None:
+                    continue
+                fault = Fault(0.0, "stop_worker", 0, action.pick_ms / 1000)
+                self._stop(slot, [slot.pid, *descendants(slot.pid)], fault)
+                self.log.note(f"stopped {slot.name} inside the critical section of "
+                              f"{entry.run} (epoch {entry.epoch}) for {fault.hold_s} s")
+                return
+            time.sleep(0.05)
+        self.log.note(f"lock_stop #{action.pick}: no execution inside the critical section "
+                      f"in {WAIT_START_S} s")
 
     def _wait_failed_step(self, run_id: str) -> bool:
         """Wait until the run's journal says it parked on a failed step."""
@@ -1103,6 +1135,7 @@ class Harness:
         executions, claims, applied = h.read_receipts(self.runs.client)
         events = json.loads(self.cli("events", "--json", "--limit", "10000").stdout)
         schedules = json.loads(self.cli("schedules", "--json").stdout)
+        locks = h.read_locks(self.runs.client)
         return h.History(
             runs=h.read_runs(self.runs, ids), executions=executions, claims=claims,
             applied=applied, submitted=list(self.log.submitted), sent=list(self.log.sent),
@@ -1110,6 +1143,8 @@ class Harness:
             pauses=list(self.log.pauses), reruns=list(self.log.reruns),
             signals=list(self.log.signals), orders=list(self.log.orders),
             retries=list(self.log.retries), retry_tries=h.read_retry_tries(self.runs.client),
+            sessions=self._sessions(), artifacts=self._artifacts(),
+            lock_receipts=locks[0], lock_counter=locks[1], lock_done=locks[2],
             limit_counts={k: (v[0], v[1], v[2]) for k, v in self.limit_counts.items()},
             limit_over=list(self.log.limit_over),
             faults=list(self.log.faults), crashes=list(self.log.crashes),
@@ -1117,6 +1152,40 @@ class Harness:
             schedule_every_ms={k: every for k, (_, every) in SCHEDULES.items()},
             schedule_workflows={wf: k for k, (wf, _) in SCHEDULES.items()},
             stuck_after_s=self.stuck_after_s)
+
+    def _sessions(self) -> dict[str, list[Any] | None]:
+        """cx_session's sessions (each run's own: its id is the run's) and the shared one,
+        read back through the client (the codec decodes them): id -> its messages in order
+        (None: missing or unreadable, noted)."""
+        ids = [rid for rid, wf in self._submitted_workflows().items() if wf == "cx_session"]
+        out: dict[str, list[Any] | None] = {}
+        for sid in [SESSION_SHARED, *sorted(ids)]:
+            try:
+                messages = self.client.session_messages(sid)
+            except MarblesError as exc:
+                self.log.note(f"session {sid}: {type(exc).__name__}: {exc}")
+                out[sid] = None
+                continue
+            positions = [m.position for m in messages]
+            if positions != list(range(1, len(positions) + 1)):
+                self.log.note(f"session {sid}: positions {positions}")
+            out[sid] = [m.data for m in messages]
+        return out
+
+    def _artifacts(self) -> dict[str, list[h.ArtifactVersion]]:
+        """cx_artifact's artifacts read back through the client: every version's content."""
+        out: dict[str, list[h.ArtifactVersion]] = {}
+        for name in (ARTIFACT_PLAIN, ARTIFACT_CAS):
+            try:
+                handle = self.client.artifact(name)
+                out[name] = [h.ArtifactVersion(v.version, handle.get(v.version), v.run or "")
+                             for v in handle.versions()]
+            except MarblesError as exc:
+                self.log.note(f"artifact {name}: {type(exc).__name__}: {exc}")
+        return out
+
+    def _submitted_workflows(self) -> dict[str, str]:
+        return {s.run: s.workflow for s in self.log.submitted}
 
     def shutdown(self) -> None:
         self.stop.set()

@@ -248,6 +248,7 @@ class LockReceipt:
     done: bool = False
     read: int = 0
     outcome: str = ""
+    pid: int = 0  # the process that executed the pass
 
 
 @dataclass(frozen=True)
@@ -452,7 +453,7 @@ def read_locks(client: Any) -> tuple[list[LockReceipt], int, list[str]]:
             r["x"], r["op"], r["run"], int(r["epoch"]), int(r.get("attempt") or 0),
             int(r["ms"]), str(r.get("holder") or ""), int(r.get("holder_epoch") or 0),
             bool(r.get("valid")), bool(r.get("done")), int(r.get("read") or 0),
-            str(r.get("outcome") or "")))
+            str(r.get("outcome") or ""), int(r.get("pid") or 0)))
     counter = int(client.get(LOCK_COUNTER_KEY) or 0)
     done = sorted(_s(m) for m in client.smembers(LOCK_DONE_KEY))
     return receipts, counter, done

@@ -63,7 +63,12 @@ RATE_BURST = 24
 # compare-and-set on one artifact) and the durable mutex (cx_lock, every run on one lock).
 SESSIONS = 3
 ARTIFACTS = 3
-LOCKS = 2
+LOCKS = 3
+# Per 250 runs: the harness SIGSTOPs the worker of an execution inside cx_lock's critical
+# section (whichever is inside then) for LOCK_STOP_MS, past its hold's lapse (LOCK_LEASE_S):
+# the run goes on elsewhere, and the stopped execution's write must be refused once it wakes.
+LOCK_STOPS = 1
+LOCK_STOP_MS = (6500, 8000)
 BATCH_SIZE = 25
 BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
 
@@ -96,7 +101,9 @@ class Action:
     #          signal (pick: the signal's index) | signal_start (signal-with-start, index 0) |
     #          order (an event for a cx_publish_wait run; pick: 0 its match, else a decoy) |
     #          cancel_compensate (cancel --compensate of a cx_saga run) |
-    #          retry_patch (once a cx_retry run paused on its step: retry --input-patch)
+    #          retry_patch (once a cx_retry run paused on its step: retry --input-patch) |
+    #          lock_stop (SIGSTOP the worker of an execution inside cx_lock's critical
+    #          section, for pick_ms; runs: none)
     runs: tuple[RunSpec, ...]
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
@@ -470,10 +477,10 @@ def _sessions(rng: random.Random, seed: int, runs: int, duration: float) -> list
     """cx_session runs, half of them appending to the shared session too; some in bursts of
     three (several runs appending to the shared session at once)."""
     out = []
-    k = 0
-    while k < max(6, runs * SESSIONS // 100):
+    k, total = 0, max(6, runs * SESSIONS // 100)
+    while k < total:
         at = round(rng.uniform(0.5, duration * 0.8), 3)
-        for _ in range(3 if rng.random() < 0.3 else 1):
+        for _ in range(min(3 if rng.random() < 0.3 else 1, total - k)):
             spec = RunSpec(f"cx-{seed}-ss{k:03d}-session", "session", "cx_session",
                            {"steps": rng.randint(1, 3), "shared": k % 2 == 0,
                             "sleep_ms": rng.choice([5, 20, 60])})
@@ -486,11 +493,11 @@ def _artifacts(rng: random.Random, seed: int, runs: int, duration: float) -> lis
     """cx_artifact runs: plain puts and compare-and-set puts, the latter some in bursts of
     four (conflicts)."""
     out = []
-    k = 0
-    while k < max(6, runs * ARTIFACTS // 100):
+    k, total = 0, max(6, runs * ARTIFACTS // 100)
+    while k < total:
         at = round(rng.uniform(0.5, duration * 0.8), 3)
         cas = k % 2 == 1
-        for _ in range(4 if cas and rng.random() < 0.4 else 1):
+        for _ in range(min(4 if cas and rng.random() < 0.4 else 1, total - k)):
             spec = RunSpec(f"cx-{seed}-ar{k:03d}-artifact", "artifact", "cx_artifact",
                            {"cas": cas, "sleep_ms": rng.choice([10, 40, 120])})
             out.append(Action(at, "submit", (spec,), _via(rng)))
@@ -501,15 +508,18 @@ def _artifacts(rng: random.Random, seed: int, runs: int, duration: float) -> lis
 def _locks(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
     """cx_lock runs, some in bursts of three (waiters queued behind a holder)."""
     out = []
-    k = 0
-    while k < max(4, runs * LOCKS // 100):
+    k, total = 0, max(4, runs * LOCKS // 100)
+    while k < total:
         at = round(rng.uniform(0.5, duration * 0.8), 3)
-        for _ in range(3 if rng.random() < 0.3 else 1):
+        for _ in range(min(3 if rng.random() < 0.3 else 1, total - k)):
             spec = RunSpec(f"cx-{seed}-lk{k:03d}-lock", "lock", "cx_lock",
                            {"hold_ms": rng.choice([20, 100, 300]), "step": rng.random() < 0.5,
                             "sleep_ms": rng.choice([10, 60])})
             out.append(Action(at, "submit", (spec,), _via(rng)))
             k += 1
+    for n in range(max(1, runs * LOCK_STOPS // 250)):
+        at = round(rng.uniform(duration * 0.1, duration * 0.7), 3)
+        out.append(Action(at, "lock_stop", (), pick_ms=rng.randint(*LOCK_STOP_MS), pick=n))
     return out
 
 

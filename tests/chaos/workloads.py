@@ -108,13 +108,13 @@ from tests.chaos.names import (
     EVENT_SOURCE,
     EXEC_KEY,
     FLAKY_KEY,
+    LIMIT_GLOBAL,
+    LIMIT_PER_KEY,
     LOCK_COUNTER_KEY,
     LOCK_DONE_KEY,
     LOCK_HOLDS_KEY,
     LOCK_LEASE_S,
     LOCK_NAME,
-    LIMIT_GLOBAL,
-    LIMIT_PER_KEY,
     ORDER_SOURCE,
     ORDER_TIMEOUT_S,
     ORDER_TYPE,
@@ -559,28 +559,31 @@ local valid = (h[1] == ARGV[1] and tonumber(h[2]) == tonumber(ARGV[2])) and 1 or
 local done = redis.call('SISMEMBER', KEYS[3], ARGV[1])
 local read = tonumber(redis.call('GET', KEYS[2]) or '0')
 redis.call('RPUSH', KEYS[4], cjson.encode({x = ARGV[3], op = 'enter', run = ARGV[1],
-  epoch = tonumber(ARGV[2]), attempt = tonumber(ARGV[4]), ms = now, valid = valid,
+  epoch = tonumber(ARGV[2]), attempt = tonumber(ARGV[4]), pid = tonumber(ARGV[5]),
+  ms = now, valid = valid,
   done = done, read = read, holder = h[1] or '', holder_epoch = tonumber(h[2] or '0'),
   ['until'] = tonumber(h[3] or '0')}))
 return read
 """
-# Leaving it: the write of read + 1, accepted only from the lock's holder (this execution)
-# and once per run (a redelivery inside the section after the write leaves it as it is).
+# Leaving it: the write of read + 1, accepted only from the lock's holder (this execution:
+# refused otherwise) and once per run (a redelivery inside the section after the write
+# leaves it as it is: already).
 _LOCK_EXIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local h = redis.call('HMGET', KEYS[1], 'run', 'epoch', 'until')
 local valid = h[1] == ARGV[1] and tonumber(h[2]) == tonumber(ARGV[2])
 local outcome = 'refused'
-if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then
+if valid and redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then
   outcome = 'already'
 elseif valid then
-  redis.call('SET', KEYS[2], tonumber(ARGV[5]) + 1)
+  redis.call('SET', KEYS[2], tonumber(ARGV[6]) + 1)
   redis.call('SADD', KEYS[3], ARGV[1])
   outcome = 'written'
 end
 redis.call('RPUSH', KEYS[4], cjson.encode({x = ARGV[3], op = 'exit', run = ARGV[1],
-  epoch = tonumber(ARGV[2]), attempt = tonumber(ARGV[4]), ms = now, outcome = outcome,
+  epoch = tonumber(ARGV[2]), attempt = tonumber(ARGV[4]), pid = tonumber(ARGV[5]),
+  ms = now, outcome = outcome,
   holder = h[1] or '', holder_epoch = tonumber(h[2] or '0'),
   ['until'] = tonumber(h[3] or '0')}))
 return outcome
@@ -593,7 +596,7 @@ def _lock_script(ctx: mr.RunContext, script: str, x: str, *extra: Any) -> Any:
     state = ctx.runs.keys.lock_state(lock_id(LOCK_NAME))
     return _call(lambda c: c.eval(script, 4, state, LOCK_COUNTER_KEY, LOCK_DONE_KEY,
                                   LOCK_HOLDS_KEY, ctx.run_id, ctx.ex.epoch, x,
-                                  ctx.ex.attempt, *extra))
+                                  ctx.ex.attempt, os.getpid(), *extra))
 
 
 class LockIn(msgspec.Struct):
