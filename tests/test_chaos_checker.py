@@ -1124,13 +1124,12 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     # Issue 23: runs on the shared session and of their own, plain and compare-and-set
     # puts (some submitted together), critical sections with and without a step inside,
     # and a worker stopped inside one.
-    inputs = Counter((a.runs[0].kind, tuple(sorted(a.runs[0].input.items())))
-                     for a in plan.actions if a.op == "submit")
-    shared = Counter(dict(i).get("shared") for (k, i) in inputs if k == "session")
+    inputs = [(a.runs[0].kind, a.runs[0].input) for a in plan.actions if a.op == "submit"]
+    shared = Counter(i.get("shared") for (k, i) in inputs if k == "session")
     assert shared[True] >= 3 and shared[False] >= 3
-    cas = Counter(dict(i).get("cas") for (k, i) in inputs if k == "artifact")
+    cas = Counter(i.get("cas") for (k, i) in inputs if k == "artifact")
     assert cas[True] >= 3 and cas[False] >= 3
-    step = Counter(dict(i).get("step") for (k, i) in inputs if k == "lock")
+    step = Counter(i.get("step") for (k, i) in inputs if k == "lock")
     assert step[True] >= 1 and step[False] >= 1
     assert sum(a.op == "lock_stop" for a in plan.actions) >= 1
     # Each cx_publish_wait run is sent its matching event; some runs before they are even
