@@ -71,6 +71,7 @@ def test_every_public_name_is_its_modules_object() -> None:
         "marbles_rq.engine.retry_policy": ["NonRetryable", "Retry"],
         "marbles_rq.flow.rate_limits": ["rate_limit"],
         "marbles_rq.flow.rate_specs": ["Rate"],
+        "marbles_rq.flow.locks": ["LockError", "lock"],
         "marbles_rq.errors": ["MarblesError", "RunSettledError"],
         "marbles_rq.store": ["RedisStore", "Store", "open_store"],
         "marbles_rq.store.keys": ["Keyspace"],
