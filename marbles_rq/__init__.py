@@ -143,6 +143,19 @@ _HOME = {
 }
 
 
+# Sessions (conversation transcripts: marbles_rq/sessions/).
+if TYPE_CHECKING:
+    from .sessions import AsyncSession as AsyncSession
+    from .sessions import InvalidMessageError as InvalidMessageError
+    from .sessions import Session as Session
+    from .sessions import SessionCorruptError as SessionCorruptError
+    from .sessions import SessionNotFoundError as SessionNotFoundError
+    from .sessions.body import session as session
+_SESSIONS = ("AsyncSession", "InvalidMessageError", "Session", "SessionCorruptError",
+             "SessionNotFoundError")
+__all__ += [*_SESSIONS, "session"]
+_HOME.update({**{name: ".sessions" for name in _SESSIONS}, "session": ".sessions.body"})
+
 if not TYPE_CHECKING:  # hidden from type checkers, which would take every misspelt name as Any
 
     def __getattr__(name: str) -> Any:

@@ -80,6 +80,9 @@ def test_every_public_name_is_its_modules_object() -> None:
         "marbles_rq.triggers.batches": ["Batch"],
         "marbles_rq.triggers.monitors": ["FileChange", "HttpChange", "Launch", "monitor"],
         "marbles_rq.triggers.schedules": ["schedule"],
+        "marbles_rq.sessions": ["AsyncSession", "InvalidMessageError", "Session",
+                                "SessionCorruptError", "SessionNotFoundError"],
+        "marbles_rq.sessions.body": ["session"],
     }
     assert sorted(n for names in homes.values() for n in names) == sorted(mr.__all__)
     for module, names in homes.items():

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         rerun,
         runs,
         schedules,
+        sessions,
         signals,
         waits,
         web,
@@ -76,6 +77,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("info", "info"), "completion": ("completion", "completion"),
     "limits": ("limits", "limits"),
     "locks": ("locks", "locks"),
+    "sessions": ("sessions", "sessions"),
 }
 
 # How --help groups them: section -> (command, summary, example). Static, so the listing and
@@ -115,6 +117,8 @@ SECTIONS: dict[str, list[tuple[str, str, str]]] = {
         ("reject", "Reject a run's approval.", "marbles-rq reject r-8f2c1 refund"),
         ("signal", "Send a signal to a run.",
          "marbles-rq signal r-8f2c1 nudge --payload '{\"n\": 1}'"),
+        ("sessions", "Sessions (transcripts): list, show, follow, append, delete.",
+         "marbles-rq sessions show r-8f2c1 --follow"),
     ],
     "Schedules and triggers": [
         ("list", "What --source declares: workflows, schedules, monitors.",

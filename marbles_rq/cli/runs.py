@@ -209,6 +209,8 @@ def _status_lines(data: dict[str, Any], *, head: bool = True,
                    + f", sealed by {b['sealed_by']} at {b['sealed_at']}")
     if data["parent"]:
         out.append(f"  parent {data['parent']}")
+    if data.get("sessions"):  # marbles_rq/sessions/: the sessions it opened
+        out.append(f"  sessions: {', '.join(data['sessions'])}")
     if data["rerun_of"]:
         out.append(f"  rerun of {data['rerun_of']} "
                    + (f"from step {data['rerun_from_step']}" if data["rerun_from_step"] else

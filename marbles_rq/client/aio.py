@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ..flow.gate_specs import Decision
     from ..flow.lock_store import LockInfo
     from ..flow.rate_store import RateLimitInfo
+    from ..sessions import AsyncSession, Message, SessionInfo, SessionListing
 
 T = TypeVar("T")
 
@@ -304,6 +305,33 @@ class AsyncClient:
                     return
             if not follow and len(entries) < 1000:
                 return
+
+    # -- sessions (marbles_rq/sessions/) -----------------------------------------------------
+
+    async def session(self, session_id: str) -> AsyncSession:
+        """Create-or-get the session `session_id` (see Client.session); its `follow` is an
+        async iterator on redis.asyncio."""
+        from ..sessions import AsyncSession
+
+        return AsyncSession(await self._call(self.sync.session, session_id),
+                            lambda: self.aio)
+
+    async def sessions(self, *, limit: int | None = None) -> SessionListing:
+        return await self._call(self.sync.sessions, limit=limit)
+
+    async def session_info(self, session_id: str) -> SessionInfo:
+        return await self._call(self.sync.session_info, session_id)
+
+    async def session_messages(self, session_id: str, *, after: int = 0,
+                               limit: int | None = None) -> list[Message]:
+        return await self._call(self.sync.session_messages, session_id, after=after,
+                                limit=limit)
+
+    async def delete_session(self, session_id: str) -> int:
+        return await self._call(self.sync.delete_session, session_id)
+
+    async def run_sessions(self, run_id: str) -> list[str]:
+        return await self._call(self.sync.run_sessions, run_id)
 
 
 def _connect_async(url: str) -> Any:

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from ..flow.gate_specs import Decision
     from ..flow.lock_store import LockInfo
     from ..flow.rate_store import RateLimitInfo
+    from ..sessions import Message, Session, SessionInfo, SessionListing
     from ..transport.lanes import Lanes
     from ..triggers.events import Sent
 
@@ -447,6 +448,10 @@ class Client:
         data["published"] = published(self.reader, run_id)
         data["signals"] = signals_json(self.reader, run_id)  # per name: sent, taken, buffered
         data["batch"] = self.batch(run_id)
+        # Its own session's id (the run's id: a session exists once the body opens it) and
+        # the sessions it opened (marbles_rq/sessions/).
+        data["session"] = run_id
+        data["sessions"] = self.run_sessions(run_id)
         return data
 
     def batch(self, run_id: str) -> dict[str, Any] | None:
@@ -904,6 +909,52 @@ class Client:
                     return
             if not follow and len(entries) < 1000:
                 return
+
+    # -- sessions (marbles_rq/sessions/) -----------------------------------------------------
+
+    def session(self, session_id: str) -> Session:
+        """Create-or-get the session `session_id` (creating under an existing id returns the
+        existing one, unchanged). One a client creates is kept until deleted.
+        SessionCorruptError when its record cannot be decoded."""
+        from ..sessions import Session, SessionStore
+
+        store = SessionStore(self.runs_store)
+        record, _, created = store.open(session_id)
+        return Session(store, session_id, parent=record.parent, created=created)
+
+    def sessions(self, *, limit: int | None = None) -> SessionListing:
+        """Every session, newest activity first; `.corrupt` names the records skipped
+        because they cannot be decoded."""
+        from ..sessions import SessionStore
+
+        return SessionStore(self.reader).listing(limit=limit)
+
+    def session_info(self, session_id: str) -> SessionInfo:
+        """One session's summary. SessionNotFoundError, SessionCorruptError."""
+        from ..sessions import SessionStore
+
+        return SessionStore(self.reader).info(session_id)
+
+    def session_messages(self, session_id: str, *, after: int = 0,
+                         limit: int | None = None) -> list[Message]:
+        """The messages of a session after position `after`, without creating it.
+        SessionNotFoundError."""
+        from ..sessions import SessionStore
+
+        return SessionStore(self.reader).read(session_id, after=after, limit=limit)
+
+    def delete_session(self, session_id: str) -> int:
+        """Delete a session and its messages, whoever uses it: how many it held.
+        SessionNotFoundError."""
+        from ..sessions import SessionStore
+
+        return SessionStore(self.runs_store).delete(session_id)
+
+    def run_sessions(self, run_id: str) -> list[str]:
+        """The ids of the sessions run `run_id` opened (`mr.session`)."""
+        from ..sessions import SessionStore
+
+        return SessionStore(self.reader).of_run(check_id(run_id, "run id"))
 
 
 def entry_of(event: OutputEvent) -> OutputEntry:

@@ -27,6 +27,16 @@ PRUNE_EVERY_S = 5.0
 HOLD_MAX_MS = 3_600_000  # a child kept for its parent is looked at again at most this late
 
 
+def release_sessions(ctl: PassContext, run_id: str) -> None:
+    """Release the sessions run `run_id` opened (marbles_rq/sessions/): a session whose
+    last owner this was goes with it."""
+    from ..sessions.store import SessionStore
+
+    deleted = SessionStore(ctl.runs).release_run(run_id)
+    if deleted:
+        log.info("run %s pruned: %s of its sessions went with it", run_id, deleted)
+
+
 class Pruning:
     kind = "pruning"
 
@@ -51,11 +61,18 @@ class Pruning:
         for _, run_id in due:
             pipe.smembers(ctl.keys.effect_index(run_id))
             pipe.hget(ctl.keys.run(run_id), "tags")  # its tag index entries go with it
+            pipe.smembers(ctl.keys.run_sessions(run_id))
         replies = pipe.execute(raise_on_error=False)
         done = 0
-        for (_, run_id), found, tags in zip(due, replies[0::2], replies[1::2], strict=True):
+        for (_, run_id), found, tags, sessions in zip(due, replies[0::3], replies[1::3],
+                                                      replies[2::3], strict=True):
             members = [] if isinstance(found, Exception) else sorted(as_text(m) for m in found)
             seen = tags if isinstance(tags, bytes) else b""
+            if isinstance(sessions, Exception) or sessions:
+                # The sessions the run opened go first (their slots are not the run's: not
+                # one script). Each release is idempotent, and the run stays due until it
+                # is purged, so a kill -9 anywhere in between is finished by the next pass.
+                release_sessions(ctl, run_id)
             reply = ctl.run_script(run_id, functools.partial(
                 ctl.runs.scripts.purge_run, keys=ctl.keys.run_keys(run_id), run_id=run_id,
                 receipts=members, tags=seen,

@@ -638,3 +638,30 @@ class Keyspace:
     def lock_names(self) -> str:
         """Hash: every lock a run took or waited for: name -> its id (`locks` lists them)."""
         return f"{{{self.prefix}}}:lock_names"
+
+    # -- sessions (conversation transcripts, marbles_rq/sessions/): every key of one session
+    # shares the session id's bucket tag, so one script appends on a server or a cluster ------
+
+    def session(self, session_id: str) -> str:
+        """Hash: a session: doc (SessionRecord JSON), n (messages so far), created_ms,
+        last_ms (server ms), keep ("1": created by a client, kept until deleted)."""
+        return f"{self.tag_of(session_id)}:ses:{session_id}"
+
+    def session_messages(self, session_id: str) -> str:
+        """Stream: the session's messages, entry id ``0-<position>``; fields t (server ms),
+        m (the stored message), k (its idempotency key)."""
+        return f"{self.tag_of(session_id)}:sesmsg:{session_id}"
+
+    def session_idem(self, session_id: str) -> str:
+        """Hash: idempotency key -> position of the message appended with it (kept for the
+        session's lifetime)."""
+        return f"{self.tag_of(session_id)}:seskey:{session_id}"
+
+    def session_owners(self, session_id: str) -> str:
+        """Set: the run ids that opened the session; it goes when the last is pruned."""
+        return f"{self.tag_of(session_id)}:sesown:{session_id}"
+
+    def run_sessions(self, run_id: str) -> str:
+        """Set, in the run's bucket: the session ids the run opened (released when it is
+        pruned: controller/pruning.py)."""
+        return f"{self.tag_of(run_id)}:runses:{run_id}"

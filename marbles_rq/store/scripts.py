@@ -1292,3 +1292,40 @@ class Scripts:
     def clear_singleton(self, *, pointer: str, run_id: str) -> str:
         """cleared | kept (the pointer is another run's, or none)."""
         return self._reply("clear_singleton", [pointer], [run_id], ("cleared", "kept")).status
+
+    # -- sessions (marbles_rq/sessions/): every script on one session's tag -----------------
+
+    def open_session(self, *, session: str, owners: str, listing: str, session_id: str,
+                     doc: bytes, owner: str, keep: bool) -> Reply:
+        """{"created", doc, 0} | {"exists", doc, n} | {"corrupt"}; safe to resend (the
+        second send finds it created)."""
+        return self._reply("open_session", [session, owners, listing],
+                           [session_id, doc, owner, "1" if keep else "0"],
+                           ("created", "exists", "corrupt"))
+
+    def append_session(self, *, session: str, messages: str, idem: str, owners: str,
+                       marker: str, message: bytes, key: str, owner: str,
+                       request_id: str) -> Reply:
+        """{"ok", position, at_ms} | {"duplicate", position, at_ms} | {"missing"} |
+        {"corrupt"}; a resend (same key, or same request id) answers duplicate."""
+        return self._reply("append_session", [session, messages, idem, owners, marker],
+                           [message, key, owner, request_id, MARKER_MS],
+                           ("ok", "duplicate", "missing", "corrupt"))
+
+    def release_session(self, *, session: str, messages: str, idem: str, owners: str,
+                        listing: str, session_id: str, owner: str) -> str:
+        """kept | deleted | missing; idempotent."""
+        return self._reply("release_session", [session, messages, idem, owners, listing],
+                           [session_id, owner], ("kept", "deleted", "missing")).status
+
+    def delete_session(self, *, session: str, messages: str, idem: str, owners: str,
+                       listing: str, session_id: str) -> Reply:
+        """{"deleted", messages} | {"missing"}; idempotent."""
+        return self._reply("delete_session", [session, messages, idem, owners, listing],
+                           [session_id], ("deleted", "missing"))
+
+    def note_session(self, *, keys: RunKeys, sessions: str, epoch: int, run_id: str,
+                     seq: int, step_key: str, record: bytes, session_id: str) -> Reply:
+        return self._reply("note_session", [keys.run, keys.steps, keys.leases, sessions],
+                           [epoch, run_id, seq, step_key, record, session_id],
+                           ("ok", "cancelled", "paused", "stale", "settled"))

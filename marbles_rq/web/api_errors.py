@@ -61,6 +61,9 @@ STATUS: dict[str, int] = {
     "debouncing": 409,  # an action on a debounce window's run before the window closes
     "patch_refused": 422,  # an input patch that does not fit the step's arguments
     "signal_buffer_full": 409,  # the run holds 10,000 untaken signals of that name
+    "session_not_found": 404,  # sessions (marbles_rq/sessions/)
+    "session_corrupt": 409,  # its record cannot be decoded: repair or delete it
+    "invalid_message": 422,  # a session message that is not a JSON object
     "redis_unavailable": 503,
     "internal": 500,
 }

@@ -24,7 +24,14 @@ from starlette.staticfiles import StaticFiles
 
 from .. import tracing
 from ..deployment import Settings
-from . import routes_admin, routes_live, routes_runs, routes_triggers, routes_waits
+from . import (
+    routes_admin,
+    routes_live,
+    routes_runs,
+    routes_sessions,
+    routes_triggers,
+    routes_waits,
+)
 from .api_auth import ApiGuard
 from .endpoint import HERE, Web
 from .routes_api import create_api
@@ -44,6 +51,7 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         *routes_runs.routes(web),
         *routes_waits.routes(web),
         *routes_triggers.routes(web),
+        *routes_sessions.routes(web),
         *routes_live.routes(web, fragments),
         create_api(settings, ApiGuard(api_token, guard.public, guard.throttle),
                    web.webhooks.limit),

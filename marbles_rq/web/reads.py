@@ -206,7 +206,11 @@ def run_page(settings: Settings, run_id: str) -> RunPage | None:
     waits = WaitStore(runs)
     events = runs.output(run_id, count=OUTPUT_SHOWN)
     lines = [(ev.id, ev.type, _line(ev)) for ev in events]
-    return RunPage(view, view.to_json(), waits.questions(run_id), waits.run_reports(run_id),
+    data = view.to_json()
+    from ..sessions import SessionStore
+
+    data["sessions"] = SessionStore(runs).of_run(run_id)  # the sessions it opened
+    return RunPage(view, data, waits.questions(run_id), waits.run_reports(run_id),
                    lines, events[-1].id if events else "0-0",
                    timeline(events, view.status in TERMINAL),
                    truncated=len(events) >= OUTPUT_SHOWN,

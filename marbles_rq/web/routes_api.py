@@ -34,6 +34,7 @@ from ..engine.ops import MAX_DEPTH, json_depth_exceeds
 from ..engine.runs import STATUSES
 from ..store.ids import check_id
 from ..store.redis_errors import one_line
+from . import api_sessions
 from .api_auth import ApiGuard
 from .api_errors import ApiError, error_response, log, response_for
 from .api_models import (
@@ -667,6 +668,22 @@ ROUTES: list[ApiRoute] = [
     # -- locks (flow/locks.py) ---------------------------------------------------------
     ApiRoute("GET", "/api/locks", Api.locks, "Locks: each one's holder and waiters in order",
              reply=Locks),
+    # -- sessions (web/api_sessions.py) ------------------------------------------------------
+    ApiRoute("GET", "/api/sessions", api_sessions.sessions,
+             "Sessions (conversation transcripts), newest activity first",
+             reply=api_sessions.SessionList, refusals=("invalid_request",),
+             query=(Param("limit", "integer", "at most this many"),)),
+    ApiRoute("GET", "/api/sessions/{id}", api_sessions.session,
+             "A session and its messages after `after`", reply=api_sessions.SessionDetail,
+             refusals=(*api_sessions.SESSION_REFUSALS, "invalid_request",
+                       "invalid_message"),
+             query=(Param("after", "integer", "only the messages after this position"),
+                    Param("limit", "integer", "at most this many messages (1000)"))),
+    ApiRoute("POST", "/api/sessions/{id}/messages", api_sessions.append_message,
+             "Append a message (a JSON object) to a session, creating it if needed; "
+             "idempotent on `key`", body=api_sessions.MessageBody,
+             reply=api_sessions.MessageAppended, status=(201, 200),
+             refusals=(*BODY_REFUSALS, *api_sessions.SESSION_REFUSALS, "invalid_message")),
     ApiRoute("GET", "/api/openapi.json", Api.openapi,
              "This document (needs no token)", open=True),
 ]
