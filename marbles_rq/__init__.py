@@ -6,6 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .artifacts import Artifact, ArtifactConflict, ArtifactVersion, artifact
     from .client import (
         AsyncClient,
         Client,
@@ -53,6 +54,9 @@ if TYPE_CHECKING:
     from .triggers.schedules import schedule
 
 __all__ = [
+    "Artifact",
+    "ArtifactConflict",
+    "ArtifactVersion",
     "AsyncClient",
     "AsyncRunContext",
     "Batch",
@@ -80,6 +84,7 @@ __all__ = [
     "SignalTimeoutError",
     "StartRequest",
     "Store",
+    "artifact",
     "ask",
     "compensate",
     "connect",
@@ -140,6 +145,8 @@ _HOME = {
     "Launch": ".triggers.monitors", "monitor": ".triggers.monitors",
     "schedule": ".triggers.schedules",
     "lock": ".flow.locks", "LockError": ".flow.locks",
+    **{name: ".artifacts" for name in ("Artifact", "ArtifactConflict", "ArtifactVersion",
+                                       "artifact")},
 }
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     # The modules _COMMANDS names, imported by name when a command is looked up: listed here
     # for the import-graph test (tests/test_import_cycles.py), which reads import statements.
     from . import (  # noqa: F401
+        artifacts,
         completion,
         control,
         dev,
@@ -78,6 +79,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "limits": ("limits", "limits"),
     "locks": ("locks", "locks"),
     "sessions": ("sessions", "sessions"),
+    "artifacts": ("artifacts", "artifacts"),
 }
 
 # How --help groups them: section -> (command, summary, example). Static, so the listing and
@@ -108,6 +110,8 @@ SECTIONS: dict[str, list[tuple[str, str, str]]] = {
          "marbles-rq export --workflow order --status waiting -o runs.jsonl"),
         ("replay", "Check new code against recorded runs before deploying it.",
          "marbles-rq replay --check --source app/ --workflow order"),
+        ("artifacts", "Versioned outputs: list, show versions, get, put, delete.",
+         "marbles-rq artifacts get weekly-report > report.html"),
     ],
     "Questions and signals": [
         ("feed", "Open questions across runs, then the newest reports.", "marbles-rq feed"),
@@ -385,8 +389,13 @@ def _known_failure(exc: Exception, argv: list[str] | None) -> tuple[str, int] | 
         from ..flow.rate_store import UnknownRateLimitError
         from ..triggers.schedule_spec import UnknownScheduleError
 
-        bad_input = (DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError,
-                     UnknownScheduleError, RateError, UnknownRateLimitError)
+        bad_input: tuple[type[Exception], ...] = (
+            DefinitionError, InputError, UnknownWorkflowError, RunNotFoundError,
+            UnknownScheduleError, RateError, UnknownRateLimitError)
+        found = sys.modules.get("marbles_rq.artifacts.errors")
+        if found is not None:  # a conflict, an unknown artifact or version: exit 2
+            bad_input += (found.ArtifactConflict, found.UnknownArtifactError,
+                          found.UnknownArtifactVersionError)
         return str(exc), EXIT_INPUT if isinstance(exc, bad_input) else EXIT_PROBLEM
     return None
 

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import signal
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -133,6 +134,7 @@ def worker(settings: Settings, queues: str, burst: bool, pool: int | None,
     # send events to these triggers (workflows first: a trigger found names a known one).
     declare(runs.client, runs.keys, REGISTRY)
     declare_triggers(runs.client, runs.keys)
+    _declare_artifacts(runs)
     engine = Engine(runs, REGISTRY, worker_name="", lease_ms=lease_ms,
                     limits=Limits.from_env())
     logging.getLogger("marbles_rq.transport.worker").info(
@@ -201,3 +203,11 @@ def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_
     # would wait for at exit: a stopped controller must not, so leave without joining it.
     logging.shutdown()
     os._exit(0)
+
+
+def _declare_artifacts(runs: Any) -> None:
+    """The artifacts the source declares (`mr.artifact` at module level), listed before any
+    version exists; a source that never imported marbles_rq.artifacts declares none."""
+    handle = sys.modules.get("marbles_rq.artifacts.handle")
+    if handle is not None:
+        handle.declare_all(runs)

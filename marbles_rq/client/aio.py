@@ -39,6 +39,8 @@ from .sync import (
 from .views import BulkSummary, Outcome, OutputEntry, QuestionInfo, RunsPage, RunStatus
 
 if TYPE_CHECKING:
+    from ..artifacts.handle import AsyncArtifact
+    from ..artifacts.records import ArtifactInfo
     from ..engine.history import History
     from ..flow.gate_specs import Decision
     from ..flow.lock_store import LockInfo
@@ -127,6 +129,15 @@ class AsyncClient:
 
     async def locks(self) -> list[LockInfo]:
         return await self._call(self.sync.locks)
+    def artifact(self, name: str, media_type: str | None = None) -> AsyncArtifact:
+        """`Client.artifact`'s handle with coroutine methods (and `chunks`, an async
+        iterator of the content)."""
+        from ..artifacts.handle import AsyncArtifact
+
+        return AsyncArtifact(self, self.sync.artifact(name, media_type))
+
+    async def artifacts(self) -> list[ArtifactInfo]:
+        return await self._call(self.sync.artifacts)
 
     async def rate_limits(self) -> list[RateLimitInfo]:
         return await self._call(self.sync.rate_limits)

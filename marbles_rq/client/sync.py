@@ -62,6 +62,8 @@ from .views import (
 )
 
 if TYPE_CHECKING:
+    from ..artifacts.handle import ClientArtifact
+    from ..artifacts.records import ArtifactInfo
     from ..engine.history import History
     from ..engine.ops import Enqueued, RunRequest
     from ..engine.rerun import Rerun
@@ -445,6 +447,8 @@ class Client:
         waits = WaitStore(self.reader)
         data["questions"] = [q.to_json() for q in waits.questions(run_id)]
         data["reports"] = [r.to_json() for r in waits.run_reports(run_id)]
+        data["artifacts"] = [{**r["entry"], "step": r["step"]} for r in data["reports"]
+                             if r["kind"] == "artifact" and isinstance(r["entry"], dict)]
         data["published"] = published(self.reader, run_id)
         data["signals"] = signals_json(self.reader, run_id)  # per name: sent, taken, buffered
         data["batch"] = self.batch(run_id)
@@ -556,6 +560,28 @@ class Client:
         return run_bulk(self, action, target, key=key, note=note, from_step=from_step,
                         rerun_key_=rerun_key, batch=batch, on_batch=on_batch,
                         should_stop=should_stop)
+
+    # -- artifacts (marbles_rq/artifacts) ----------------------------------------------------
+
+    def artifact(self, name: str, media_type: str | None = None) -> ClientArtifact:
+        """A handle on artifact `name`: put (compare-and-set with expect_version), get,
+        open, versions, version, latest, delete. ArtifactNameError for a bad name."""
+        from ..artifacts.handle import ClientArtifact
+        from ..artifacts.store import ArtifactStore
+
+        return ClientArtifact(ArtifactStore(self.runs_store), name, media_type)
+
+    def artifact_info(self, name: str) -> ArtifactInfo:
+        """One artifact as the listing shows it. UnknownArtifactError."""
+        from ..artifacts.store import ArtifactStore
+
+        return ArtifactStore(self.reader).info(name)
+
+    def artifacts(self) -> list[ArtifactInfo]:
+        """Every artifact declared or written, by name: latest version, version count."""
+        from ..artifacts.store import ArtifactStore
+
+        return ArtifactStore(self.reader).listing()
 
     # -- rate limits (flow/rate_limits.py) ------------------------------------------------
 

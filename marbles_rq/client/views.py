@@ -108,7 +108,7 @@ class QuestionInfo(msgspec.Struct, frozen=True):
 class ReportInfo(msgspec.Struct, frozen=True):
     run: str
     key: str
-    kind: str  # milestone | result
+    kind: str  # milestone | result | artifact
     entry: Any
     step: str = ""
     at_ms: int = 0
@@ -161,6 +161,8 @@ class RunStatus(msgspec.Struct, frozen=True):
     steps: list[StepInfo] = msgspec.field(default_factory=list)
     questions: list[QuestionInfo] = msgspec.field(default_factory=list)
     reports: list[ReportInfo] = msgspec.field(default_factory=list)
+    # The artifact versions the run wrote: {"name", "version", "size", "media_type", "step"}.
+    artifacts: list[dict[str, Any]] = msgspec.field(default_factory=list)
     published: dict[str, Any] = msgspec.field(default_factory=dict)  # ctx.publish's values
     signals: dict[str, SignalCounts] = msgspec.field(default_factory=dict)  # per name
     # The trace its spans belong to when workers trace (docs/operate/tracing.md): the

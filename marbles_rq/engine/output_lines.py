@@ -41,6 +41,8 @@ def format_event(ev: OutputEvent) -> str:
         "timer_fired": lambda: f"timer {d.get('timer')} fired ({d.get('late_ms')} ms after "
                                f"its due time)",
         "published": lambda: f"published {d.get('key')}",
+        "artifact_put": lambda: f"artifact {d.get('artifact')} version {d.get('version')} "
+                                f"recorded",
         "clock_read": lambda: f"clock read at {d.get('step')}",
         "patched": lambda: (f"patch {d.get('patch')}: the {'new' if d.get('new') else 'old'} "
                              f"branch, recorded"),

@@ -46,7 +46,7 @@ CONTROLLER_LEASE = "controller"  # controller/loop.py LEASE_NAME (not imported: 
 # the growth (nothing is moved blindly: a rerun by a marbles-rq that knows it finishes).
 PER_ID = {"rec", "run", "steps", "out", "asks", "sig", "reports", "eff", "effidx", "fence", "ws",
           "wsidx", "lease", "epoch", "since", "evt", "mon", "sched", "occ", "lock",
-          "pub", "evin",
+          "pub", "evin", "art",
           "ses", "sesmsg", "seskey", "sesown", "runses"}  # sessions (marbles_rq/sessions/)
 RUN_MEMBERS = {"leases", "dispatch", "finished", "waits", "evidx", "evpending", "evoffer", "mondue",
                "sched_idx", "sched_due", "occ_open"}  # members are (hold) the routing ids

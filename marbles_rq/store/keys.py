@@ -414,6 +414,17 @@ class Keyspace:
                        event_inbox=self.event_inbox(run_id), signals=self.signals(run_id),
                        notices=self.notices(bucket))
 
+    # -- artifacts: an artifact's hash and its bucket's listing share its name's tag -----------
+
+    def artifact(self, name: str) -> str:
+        """Hash: an artifact's versions (``v:<n>``), counters, idempotency tokens and blob
+        reference counts (lua/put_artifact.lua documents its fields)."""
+        return f"{self.tag_of(name)}:art:{name}"
+
+    def artifact_listing(self, bucket: int) -> str:
+        """Sorted set: artifact names in the bucket -> when first declared or written (ms)."""
+        return f"{self.tag(bucket)}:idx:art"
+
     # -- events: an inbound event's hash and its bucket's indexes share the event's tag --------
 
     def event(self, event_key: str) -> str:

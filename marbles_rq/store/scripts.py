@@ -1329,3 +1329,22 @@ class Scripts:
         return self._reply("note_session", [keys.run, keys.steps, keys.leases, sessions],
                            [epoch, run_id, seq, step_key, record, session_id],
                            ("ok", "cancelled", "paused", "stale", "settled"))
+    # -- artifacts (artifacts/store.py) ---------------------------------------------------
+
+    def put_artifact(self, *, artifact: str, listing: str, name: str, token: str,
+                     expect: int | None, doc: bytes, blob: str, keep: int) -> Reply:
+        """{"ok", n, dropped...} | {"exists", n} | {"conflict", latest}; a resend (same
+        token) answers exists with the first send's version."""
+        return self._reply("put_artifact", [artifact, listing],
+                           [name, token, "" if expect is None else expect, doc, blob, keep],
+                           ("ok", "exists", "conflict"))
+
+    def delete_artifact(self, *, artifact: str, version: int | None) -> Reply:
+        """{"ok", v...} | {"unknown"} | {"no_version", latest}."""
+        return self._reply("delete_artifact", [artifact],
+                           ["" if version is None else version],
+                           ("ok", "unknown", "no_version"))
+
+    def declare_artifact(self, *, artifact: str, listing: str, name: str,
+                         media_type: str) -> None:
+        self._reply("declare_artifact", [artifact, listing], [name, media_type], ("ok",))

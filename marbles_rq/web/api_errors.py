@@ -64,6 +64,10 @@ STATUS: dict[str, int] = {
     "session_not_found": 404,  # sessions (marbles_rq/sessions/)
     "session_corrupt": 409,  # its record cannot be decoded: repair or delete it
     "invalid_message": 422,  # a session message that is not a JSON object
+    "invalid_artifact": 400,  # an artifact name outside its pattern, meta that is not JSON
+    "unknown_artifact": 404,
+    "unknown_artifact_version": 404,
+    "artifact_conflict": 409,  # a put's expect_version is not the latest version
     "redis_unavailable": 503,
     "internal": 500,
 }

@@ -271,3 +271,53 @@ class Locks(msgspec.Struct, frozen=True):
     """Every lock a run took or waited for."""
 
     locks: list[LockHolder]
+# -- artifacts (marbles_rq/artifacts) ---------------------------------------------------------
+
+class ArtifactSummary(msgspec.Struct, frozen=True):
+    """An artifact: its latest version (0: none), how many versions it keeps, its declared
+    media type, when it was first known and last written (epoch ms), the latest's size."""
+
+    name: str
+    latest: int
+    versions: int
+    media_type: str
+    created_ms: int
+    size: int
+    updated_ms: int | None = None
+
+
+class Artifacts(msgspec.Struct, frozen=True):
+    """Every artifact declared or written, by name."""
+
+    artifacts: list[ArtifactSummary]
+
+
+class ArtifactVersionInfo(msgspec.Struct, frozen=True):
+    """One version: its number, size and sha256 of its content, media type, meta (JSON),
+    the run and step that wrote it (null: from outside a run), when (ISO 8601 UTC)."""
+
+    name: str
+    version: int
+    size: int
+    sha256: str
+    media_type: str
+    created_at: str
+    meta: Any = None
+    run: str | None = None
+    step: str | None = None
+
+
+class ArtifactDetail(msgspec.Struct, frozen=True):
+    """An artifact and every version it keeps, oldest first."""
+
+    name: str
+    latest: int
+    media_type: str
+    versions: list[ArtifactVersionInfo]
+
+
+class ArtifactRemoved(msgspec.Struct, frozen=True):
+    """The versions a delete removed."""
+
+    name: str
+    removed: list[int]

@@ -26,6 +26,7 @@ from .. import tracing
 from ..deployment import Settings
 from . import (
     routes_admin,
+    routes_artifacts,
     routes_live,
     routes_runs,
     routes_sessions,
@@ -52,6 +53,7 @@ def create_app(settings: Settings, guard: Guard, webhooks: Webhooks | None = Non
         *routes_waits.routes(web),
         *routes_triggers.routes(web),
         *routes_sessions.routes(web),
+        *routes_artifacts.routes(web),
         *routes_live.routes(web, fragments),
         create_api(settings, ApiGuard(api_token, guard.public, guard.throttle),
                    web.webhooks.limit),

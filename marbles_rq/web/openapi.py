@@ -48,6 +48,7 @@ class ApiRoute:
     refusals: tuple[str, ...] = ()  # error codes it may answer besides COMMON_REFUSALS
     stream: bool = False  # a text/event-stream, each event's data a `reply`
     open: bool = False  # needs no token
+    raw: str = ""  # the body (sent or answered) is raw bytes of this media type, not JSON
 
 
 def document(routes: Sequence[ApiRoute]) -> dict[str, Any]:
@@ -77,8 +78,17 @@ def document(routes: Sequence[ApiRoute]) -> dict[str, Any]:
         if route.body is not None:
             op["requestBody"] = {"required": True, "content": {"application/json": {
                 "schema": ref_of[route.body]}}}
+        elif route.raw and route.method in ("PUT", "POST"):
+            op["requestBody"] = {"required": True, "content": {route.raw: {
+                "schema": {"type": "string", "format": "binary"}}}}
         kind = "text/event-stream" if route.stream else "application/json"
-        for status in route.status:
+        if route.raw and route.method == "GET":  # the raw bytes are the answer
+            op["responses"]["200"] = {"description": route.summary, "content": {route.raw: {
+                "schema": {"type": "string", "format": "binary"}}}}
+            route_status: tuple[int, ...] = ()
+        else:
+            route_status = route.status
+        for status in route_status:
             op["responses"][str(status)] = {
                 "description": route.summary if status == route.status[0] else "see summary",
                 "content": {kind: {"schema": ref_of[route.reply] if route.reply is not None

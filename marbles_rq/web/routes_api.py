@@ -39,6 +39,11 @@ from .api_auth import ApiGuard
 from .api_errors import ApiError, error_response, log, response_for
 from .api_models import (
     AnswerBody,
+    ArtifactDetail,
+    ArtifactRemoved,
+    Artifacts,
+    ArtifactSummary,
+    ArtifactVersionInfo,
     BulkBody,
     BulkDone,
     BulkFailureItem,
@@ -259,6 +264,49 @@ class Api:
     async def locks(self, request: Request) -> Response:
         found = await self.client.locks()
         return reply(Locks([msgspec.convert(i.to_dict(), LockHolder) for i in found]))
+    # -- artifacts (marbles_rq/artifacts) ----------------------------------------------------
+
+    async def artifacts(self, request: Request) -> Response:
+        found = await self.client.artifacts()
+        return reply(Artifacts([msgspec.convert(i.to_json(), ArtifactSummary)
+                                for i in found]))
+
+    async def artifact(self, request: Request) -> Response:
+        handle = self.client.artifact(request.path_params["artifact"])
+        versions = await handle.versions()
+        info = await self.client._call(self.client.sync.artifact_info, handle.name)
+        return reply(ArtifactDetail(info.name, info.latest, info.media_type, [
+            msgspec.convert(v.to_json(), ArtifactVersionInfo) for v in versions]))
+
+    async def artifact_content(self, request: Request) -> Response:
+        handle = self.client.artifact(request.path_params["artifact"])
+        raw = request.path_params.get("version")
+        version = None if raw is None else _artifact_version(raw)
+        return await artifact_download(handle, version, attachment=False)
+
+    async def put_artifact(self, request: Request) -> Response:
+        handle = self.client.artifact(request.path_params["artifact"])
+        q = request.query_params
+        expect = None if q.get("expect_version") in (None, "") else int(_number(
+            request, "expect_version", 0, 0, 1e15, integer=True) or 0)
+        meta: Any = None
+        if q.get("meta"):
+            try:
+                meta = msgspec.json.decode(q["meta"])
+            except msgspec.DecodeError as exc:
+                raise ApiError("invalid_request", f"meta is not JSON: {exc}") from None
+        media_type = request.headers.get("content-type") or None
+        data = await self.body(request, max(self.limit, ARTIFACT_BODY))
+        version = await handle.put(data, expect_version=expect, media_type=media_type,
+                                   meta=meta)
+        found = await handle.version(version)
+        return reply(msgspec.convert(found.to_json(), ArtifactVersionInfo), 201)
+
+    async def delete_artifact(self, request: Request) -> Response:
+        handle = self.client.artifact(request.path_params["artifact"])
+        raw = request.query_params.get("version")
+        removed = await handle.delete(None if not raw else _artifact_version(raw))
+        return reply(ArtifactRemoved(handle.name, removed))
 
     async def feed(self, request: Request) -> Response:
         limit = int(_number(request, "limit", 100, 1, 1000, integer=True) or 100)
@@ -551,6 +599,28 @@ def _number(request: Request, name: str, default: Any, low: float, high: float, 
     return value
 
 
+async def artifact_download(handle: Any, version: int | None, *,
+                            attachment: bool) -> Response:
+    """A version's content streamed as it is read (the HTTP API, the dashboard's download):
+    the version is looked up first, so an unknown one is refused before a byte is sent."""
+    found, pieces = await handle.download(version)
+    disposition = "attachment" if attachment else "inline"
+    filename = f"{found.name}-v{found.version}"
+    return StreamingResponse(pieces, media_type=found.media_type or "application/octet-stream",
+                             headers={"Content-Length": str(found.size),
+                                      "ETag": f'"{found.sha256}"',
+                                      "X-Artifact-Version": str(found.version),
+                                      "Content-Disposition":
+                                          f'{disposition}; filename="{filename}"'})
+
+
+def _artifact_version(raw: str) -> int:
+    if not raw.isdigit() or len(raw) > 15 or int(raw) < 1:
+        raise ApiError("invalid_request", f"an artifact version is a whole number >= 1, not "
+                                          f"{raw[:40]!r}")
+    return int(raw)
+
+
 # -- the table -----------------------------------------------------------------------------
 
 RUN_REFUSALS = ("invalid_id", "run_not_found")
@@ -560,6 +630,9 @@ START_REFUSALS = (*BODY_REFUSALS, "invalid_input", "unknown_workflow", "invalid_
                   "invalid_signal", "run_settled")
 ANSWER_REFUSALS = (*RUN_REFUSALS, *BODY_REFUSALS, "unknown_question", "answer_refused",
                    "already_answered")
+
+ARTIFACT_REFUSALS = ("invalid_artifact", "unknown_artifact")
+ARTIFACT_BODY = 256 << 20  # bytes of one artifact's content sent to PUT
 
 ROUTES: list[ApiRoute] = [
     ApiRoute("POST", "/api/runs", Api.start, "Start a run (idempotent on `id`)",
@@ -684,6 +757,33 @@ ROUTES: list[ApiRoute] = [
              "idempotent on `key`", body=api_sessions.MessageBody,
              reply=api_sessions.MessageAppended, status=(201, 200),
              refusals=(*BODY_REFUSALS, *api_sessions.SESSION_REFUSALS, "invalid_message")),
+    # -- artifacts (marbles_rq/artifacts) ------------------------------------------------
+    ApiRoute("GET", "/api/artifacts", Api.artifacts,
+             "Artifacts (versioned outputs): latest version, versions kept", reply=Artifacts),
+    ApiRoute("GET", "/api/artifacts/{artifact}", Api.artifact,
+             "An artifact and every version it keeps", reply=ArtifactDetail,
+             refusals=ARTIFACT_REFUSALS),
+    ApiRoute("GET", "/api/artifacts/{artifact}/content", Api.artifact_content,
+             "The latest version's content (raw bytes, its media type)",
+             raw="application/octet-stream",
+             refusals=(*ARTIFACT_REFUSALS, "unknown_artifact_version")),
+    ApiRoute("GET", "/api/artifacts/{artifact}/versions/{version}/content",
+             Api.artifact_content, "A version's content (raw bytes, its media type)",
+             raw="application/octet-stream",
+             refusals=(*ARTIFACT_REFUSALS, "unknown_artifact_version", "invalid_request")),
+    ApiRoute("PUT", "/api/artifacts/{artifact}/content", Api.put_artifact,
+             "Store the body (raw bytes; Content-Type is the media type) as the next "
+             "version; 409 `artifact_conflict` when `expect_version` is not the latest",
+             reply=ArtifactVersionInfo, status=(201,), raw="application/octet-stream",
+             query=(Param("expect_version", "integer", "write only if the latest version "
+                                                       "is this one (0: none yet)"),
+                    Param("meta", "string", "the version's metadata, JSON")),
+             refusals=("invalid_artifact", "invalid_request", "payload_too_large",
+                       "body_timeout", "artifact_conflict")),
+    ApiRoute("DELETE", "/api/artifacts/{artifact}", Api.delete_artifact,
+             "Remove a version (?version=N) or every version; numbers are not reused",
+             reply=ArtifactRemoved, query=(Param("version", "integer", "only this one"),),
+             refusals=(*ARTIFACT_REFUSALS, "unknown_artifact_version", "invalid_request")),
     ApiRoute("GET", "/api/openapi.json", Api.openapi,
              "This document (needs no token)", open=True),
 ]
