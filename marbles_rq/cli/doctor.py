@@ -40,6 +40,7 @@ def doctor(settings: Settings, as_json: bool) -> None:
         raise refused(exc, doctor_hint=False) from None
     if settings.keys.lanes > 1:
         checks += _lane_checks(settings)
+    checks.append(_blob_check(settings))
     bad = problems(checks)
     versions = _versions(settings)
     if as_json:
@@ -62,6 +63,21 @@ def doctor(settings: Settings, as_json: bool) -> None:
         _report_versions(versions)
     if bad:
         sys.exit(1)
+
+
+def _blob_check(settings: Settings) -> Check:
+    """Which blob store this process uses (MARBLES_BLOB_STORE: every process must be given
+    the same) and whether it takes a write: a small object written, read back, deleted."""
+    from ..payloads.blobs import blob_store_for
+
+    try:
+        blobs = blob_store_for(settings.store())
+        return Check("blobs", "blob store", blobs.probe(), "reachable and writable", True,
+                     "problem", "")
+    except Exception as exc:  # unreachable, denied, a bad URL, boto3 missing: one line
+        return Check("blobs", "blob store", f"failed: {one_line(exc)}", "reachable and writable",
+                     False, "problem", "offloaded payloads and artifact contents could be "
+                     "neither written nor read (see MARBLES_BLOB_STORE)")
 
 
 def _lane_checks(settings: Settings) -> list[Check]:

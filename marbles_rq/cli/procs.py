@@ -191,6 +191,9 @@ def controller(settings: Settings, lease_ms: int, interval: float, allow_unsafe_
         from ..controller.rate_gauges import RateGauges
 
         add_collector(RateGauges(settings.runs(read_only=True)))
+        from ..controller.blob_gauges import BlobGauges
+
+        add_collector(BlobGauges(settings.runs(read_only=True)))
         start_at_zero((w.name, w.queue) for w in REGISTRY.workflows.values())
 
     def stop(_signum: int, _frame: Any) -> None:

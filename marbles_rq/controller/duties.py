@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # Kinds in the order recovery visits them; a duty's `kind` places it.
 # The dashboard's rollups come last: they only read what the others settled.
 RECOVERY_ORDER = ("events", "batches", "children", "waiting", "occurrences", "debounce",
-                  "schedules", "monitors", "rollups", "notices")
+                  "schedules", "monitors", "rollups", "notices", "blobs")
 
 
 class Duty(Protocol):
@@ -45,10 +45,11 @@ def default_duties() -> list[Duty]:
     from ..triggers.events import EventsDuty
     from ..triggers.monitors import MonitorsDuty
     from ..triggers.schedules import duties as schedule_duties
+    from .blob_gc import BlobCollection
     from .debouncing import DebounceDuty
     from .notices import NoticesDuty
     from .rollups import RollupsDuty
     from .waiting import WaitingDuty
 
     return [EventsDuty(), WaitingDuty(), *schedule_duties(), MonitorsDuty(), RollupsDuty(),
-            BatchesDuty(), NoticesDuty(), DebounceDuty()]
+            BatchesDuty(), NoticesDuty(), DebounceDuty(), BlobCollection()]

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import offload
+
 ENVELOPE = b'{"$mr":'
 
 
@@ -31,13 +33,17 @@ def encode_payload(store: Any, data: bytes, *, holder: str = "") -> bytes:
     """The JSON text to store for the JSON text `data` of a user value."""
     if data.startswith(ENVELOPE):
         data = b'{"$mr":"esc","v":' + data + b"}"
-    return data
+    return offload.offload(store, data, holder)  # after sealing: the blob holds sealed bytes
 
 
 def decode_payload(store: Any, stored: bytes) -> bytes:
     """The JSON text of the user value stored as `stored`."""
     if not stored.startswith(ENVELOPE):
         return stored
+    if offload.is_ref(stored):  # before opening: the blob holds the sealed bytes
+        stored = offload.fetch(store, stored)
+        if not stored.startswith(ENVELOPE):
+            return stored
     if stored.startswith(b'{"$mr":"esc","v":'):
         return stored[len(b'{"$mr":"esc","v":'):-1]
     raise ValueError("unknown payload envelope")

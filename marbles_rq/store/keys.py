@@ -528,6 +528,36 @@ class Keyspace:
         """Sorted set: the minutes `rollups(lane)` holds, scored by themselves (to trim)."""
         return f"{self.tag(self.lane_buckets(lane).start)}:rollmin:{lane}"
 
+    # -- the blob store (payloads/blobs.py): each blob under a tag of its own sha prefix,
+    # its holders beside it; the index the garbage collection walks under {<prefix>:blobs} --
+
+    def blob_tag(self, sha: str) -> str:
+        return f"{{{self.prefix}:blob:{sha[:4]}}}"
+
+    def blob(self, sha: str) -> str:
+        """String: a blob's bytes (the Redis backend only)."""
+        return f"{self.blob_tag(sha)}:{sha}"
+
+    def blob_holders(self, sha: str) -> str:
+        """Hash: holder (``run:<id>``, ``art:<name>``, ``ses:<id>``) -> when it last put the
+        blob (server ms); ``$del`` -> when a collection began deleting it (other backends)."""
+        return f"{self.blob_tag(sha)}:holders:{sha}"
+
+    @property
+    def blobs_index(self) -> str:
+        """Sorted set: sha -> when the collection looks at the blob next (server ms)."""
+        return f"{{{self.prefix}:blobs}}:index"
+
+    @property
+    def blobs_sizes(self) -> str:
+        """Hash: sha -> the blob's size in bytes (for the byte count)."""
+        return f"{{{self.prefix}:blobs}}:sizes"
+
+    @property
+    def blobs_stats(self) -> str:
+        """Hash: ``blobs``, ``bytes`` (indexed now), ``collected`` (blobs deleted, total)."""
+        return f"{{{self.prefix}:blobs}}:stats"
+
     # -- leases ---------------------------------------------------------------------------
 
     def _lease_tag(self, name: str) -> str:

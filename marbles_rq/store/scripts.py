@@ -1348,3 +1348,35 @@ class Scripts:
     def declare_artifact(self, *, artifact: str, listing: str, name: str,
                          media_type: str) -> None:
         self._reply("declare_artifact", [artifact, listing], [name, media_type], ("ok",))
+    # -- the blob store (payloads/blobs.py) and its collection (controller/blob_gc.py) -----
+
+    def index_blob(self, *, index: str, sizes: str, stats: str, sha: str, size: int,
+                   look_ms: int) -> str:
+        """new | known; safe to resend (a resend answers known)."""
+        return self._reply("index_blob", [index, sizes, stats], [sha, size, look_ms],
+                           ("new", "known")).status
+
+    def hold_blob(self, *, holders: str, holder: str, stale_ms: int, blob: str | None = None,
+                  data: bytes = b"") -> Reply:
+        """{"new"} | {"known"} | {"deleting", since_ms}; with `blob` (the Redis backend) the
+        bytes are written by the same call. Safe to resend (HSET and SET NX)."""
+        keys = [holders] if blob is None else [holders, blob]
+        return self._reply("hold_blob", keys, [holder, stale_ms, data],
+                           ("new", "known", "deleting"))
+
+    def collect_blob(self, *, holders: str, blob: str | None,
+                     dead: Sequence[tuple[str, bytes]]) -> Reply:
+        """{"kept", n} | {"deleted"} | {"delete"}; idempotent."""
+        keys = [holders] if blob is None else [holders, blob]
+        return self._reply("collect_blob", keys, [x for pair in dead for x in pair],
+                           ("kept", "deleted", "delete"))
+
+    def finish_blob(self, *, holders: str) -> str:
+        """ok | gone; idempotent."""
+        return self._reply("finish_blob", [holders], [], ("ok", "gone")).status
+
+    def reindex_blob(self, *, index: str, sizes: str, stats: str, sha: str, seen: int,
+                     next_ms: int) -> str:
+        """kept | removed | moved; a resend of a removal answers moved."""
+        return self._reply("reindex_blob", [index, sizes, stats], [sha, seen, next_ms],
+                           ("kept", "removed", "moved")).status
