@@ -512,6 +512,12 @@ def cx_session(ctx: mr.RunContext, inp: SessionIn) -> dict[str, Any]:
     return {"session": own.id, "said": 2 * inp.steps + 1, "steps": steps}
 
 
+# Declared in the source (known to the deployment from the workers' start: a CAS reads the
+# latest version, 0 before the first put).
+_ART_PLAIN = mr.artifact(ARTIFACT_PLAIN, "application/json")
+_ART_CAS = mr.artifact(ARTIFACT_CAS, "application/json")
+
+
 @mr.step
 def cx_put(cas: bool, sleep_ms: int) -> dict[str, Any]:
     """Puts one version naming its run and step, then naps (a kill there redelivers the
@@ -522,16 +528,14 @@ def cx_put(cas: bool, sleep_ms: int) -> dict[str, Any]:
                          sort_keys=True).encode()
     conflicts = 0
     if cas:
-        art = mr.artifact(ARTIFACT_CAS)
         while True:
-            latest = max((v.version for v in art.versions()), default=0)
             try:
-                version = art.put(content, expect_version=latest, media_type="application/json")
+                version = _ART_CAS.put(content, expect_version=_ART_CAS.latest())
                 break
             except mr.ArtifactConflict:
                 conflicts += 1
     else:
-        version = mr.artifact(ARTIFACT_PLAIN).put(content, media_type="application/json")
+        version = _ART_PLAIN.put(content)
     _nap(sleep_ms - sleep_ms // 2)
     return {"version": version, "conflicts": conflicts, "key": run.idempotency_key}
 
