@@ -1132,6 +1132,7 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     step = Counter(i.get("step") for (k, i) in inputs if k == "lock")
     assert step[True] >= 1 and step[False] >= 1
     assert sum(a.op == "lock_stop" for a in plan.actions) >= 1
+    assert sum(a.op == "put_kill" for a in plan.actions) >= 1
     # Each cx_publish_wait run is sent its matching event; some runs before they are even
     # submitted (the wait's lookback finds it), others while they wait; decoys of each kind.
     submit_at = {a.runs[0].run_id: a.at_s for a in plan.actions

@@ -1062,6 +1062,9 @@ def _check_artifacts(history: History, report: Report) -> None:
         report.checked["artifact puts"] += 1
         if run.input.get("cas"):
             report.checked["artifact puts by compare-and-set"] += 1
+            if any(isinstance(s.result, dict) and s.result.get("conflicts")
+                   for s in run.steps.values() if s.name == "cx_put"):
+                report.checked["artifact puts after a conflict"] += 1
         if mine != [run.result.get("version")]:
             report.add("artifact", run.id, f"{name} holds its put as versions {mine}; its "
                        f"step returned version {run.result.get('version')}")

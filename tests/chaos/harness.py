@@ -61,6 +61,7 @@ from tests.chaos.names import (
     LIMIT_GLOBAL,
     LIMIT_PER_KEY,
     ORDER_SOURCE,
+    PUTS_KEY,
     RETRY_PATCH,
     SCHEDULES,
     SESSION_SHARED,
@@ -509,7 +510,8 @@ class Harness:
             delay = self.t0 + action.at_s - NOW()
             if delay > 0 and self.stop.wait(delay):
                 return
-            if action.op in ("rerun", "cancel_spawning", "retry_patch", "lock_stop") \
+            if action.op in ("rerun", "cancel_spawning", "retry_patch", "lock_stop",
+                             "put_kill") \
                     or action.ops == ("parked",):
                 # they wait: a thread of their own
                 thread = threading.Thread(target=self._guard, args=(action,), daemon=True,
@@ -577,6 +579,8 @@ class Harness:
             self._retry_patch(action)
         elif op == "lock_stop":
             self._lock_stop(action)
+        elif op == "put_kill":
+            self._put_kill(action)
         elif op == "cancel_spawning":
             run_id = action.runs[0].run_id
             if self._wait_for(run_id, "child_started"):
@@ -851,6 +855,52 @@ class Harness:
             time.sleep(0.05)
         self.log.note(f"lock_stop #{action.pick}: no execution inside the critical section "
                       f"in {WAIT_START_S} s")
+
+    def _put_kill(self, action: Action) -> None:
+        """Wait for a cx_put step that has put its version and not returned (its receipt in
+        cx:puts, written after this action began; one whose compare-and-set met a conflict
+        first if one comes in the first half of the wait), then SIGKILL what executes it:
+        a horse or a pool executor alone, a --concurrency worker with its group. Logged as
+        a fault of that kind; noted if none came in WAIT_START_S."""
+        since, start = wall_ms(), NOW()
+        seen: set[str] = set()
+        while NOW() - start < WAIT_START_S and not self.stop.is_set():
+            try:
+                rows = [json.loads(r) for r in self.runs.client.lrange(PUTS_KEY, 0, -1)]
+            except (redis.RedisError, OSError):
+                rows = []
+            fresh = [r for r in rows if r["t"] >= since and r["x"] not in seen
+                     and NOW() - start < WAIT_START_S]
+            seen.update(r["x"] for r in fresh)
+            picky = NOW() - start < WAIT_START_S / 2
+            for put in reversed(fresh):
+                if picky and not put["conflicts"]:
+                    continue
+                if self._kill_pid(int(put["pid"]), f"inside cx_put of {put['run']} after its "
+                                  f"put of version {put['version']} (conflicts "
+                                  f"{put['conflicts']})"):
+                    return
+            time.sleep(0.05)
+        self.log.note(f"put_kill #{action.pick}: no cx_put step to kill in {WAIT_START_S} s")
+
+    def _kill_pid(self, pid: int, why: str) -> bool:
+        """SIGKILL the process executing a step: a horse or a pool executor alone, a worker
+        that executes in its own process with its group. False if it is gone."""
+        for slot in self._workers():
+            if pid == slot.pid:
+                self._kill(slot, [slot.pid, *descendants(slot.pid)],
+                           Fault(0.0, "worker_group", 0), killpg=True)
+            elif pid in children(slot.pid):
+                if not _signal(pid, signal.SIGKILL):
+                    return False
+                kind = "horse" if slot.pool == 0 else "pool_executor"
+                self._record(Fault(0.0, kind, 0), [slot.pid if kind == "horse" else pid],
+                             f"{slot.name} {kind} {pid}")
+            else:
+                continue
+            self.log.note(f"killed {slot.name} ({pid}) {why}")
+            return True
+        return False
 
     def _wait_failed_step(self, run_id: str) -> bool:
         """Wait until the run's journal says it parked on a failed step."""

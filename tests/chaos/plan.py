@@ -69,6 +69,10 @@ LOCKS = 3
 # the run goes on elsewhere, and the stopped execution's write must be refused once it wakes.
 LOCK_STOPS = 1
 LOCK_STOP_MS = (6500, 8000)
+# Per 250 runs: the harness SIGKILLs the process executing a cx_put step that has put its
+# version and not returned (preferring one whose compare-and-set met a conflict first): its
+# redelivery runs the step again, which must not put a second version.
+PUT_KILLS = 2
 BATCH_SIZE = 25
 BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
 
@@ -103,7 +107,8 @@ class Action:
     #          cancel_compensate (cancel --compensate of a cx_saga run) |
     #          retry_patch (once a cx_retry run paused on its step: retry --input-patch) |
     #          lock_stop (SIGSTOP the worker of an execution inside cx_lock's critical
-    #          section, for pick_ms; runs: none)
+    #          section, for pick_ms; runs: none) | put_kill (SIGKILL the process
+    #          executing a cx_put step between its put and its return; runs: none)
     runs: tuple[RunSpec, ...]
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
@@ -493,15 +498,19 @@ def _artifacts(rng: random.Random, seed: int, runs: int, duration: float) -> lis
     """cx_artifact runs: plain puts and compare-and-set puts, the latter some in bursts of
     four (conflicts)."""
     out = []
-    k, total = 0, max(6, runs * ARTIFACTS // 100)
+    k, total, burst = 0, max(6, runs * ARTIFACTS // 100), 0
     while k < total:
         at = round(rng.uniform(0.5, duration * 0.8), 3)
-        cas = k % 2 == 1
-        for _ in range(min(4 if cas and rng.random() < 0.4 else 1, total - k)):
+        cas = burst % 2 == 1
+        burst += 1
+        for _ in range(min(4 if cas and rng.random() < 0.5 else 1, total - k)):
             spec = RunSpec(f"cx-{seed}-ar{k:03d}-artifact", "artifact", "cx_artifact",
                            {"cas": cas, "sleep_ms": rng.choice([10, 40, 120])})
             out.append(Action(at, "submit", (spec,), _via(rng)))
             k += 1
+    for n in range(max(1, runs * PUT_KILLS // 250)):
+        at = round(rng.uniform(duration * 0.1, duration * 0.7), 3)
+        out.append(Action(at, "put_kill", (), pick=n))
     return out
 
 

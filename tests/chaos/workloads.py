@@ -54,8 +54,9 @@ Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
   run again after a kill), and must be kept once, in order.
 * ``cx_artifact`` -- a step (``cx_put``) puts a version of ``chaos-art`` naming its run and
   step, or of ``chaos-art-cas`` by compare-and-set (``expect_version``: the latest version
-  it read, read again on each ``ArtifactConflict``); the step naps after its put, so a kill
-  lands between the put and the commit.
+  it read, read again on each ``ArtifactConflict``); the step leaves a receipt in ``cx:puts``
+  and naps after its put (longer after a compare-and-set), so a kill -- the harness aims
+  some at it -- lands between the put and the commit.
 * ``cx_lock`` -- ``with mr.lock("chaos-lock")``: inside, the body reads a counter (entering)
   and writes it plus one (leaving) with scripts that check the lock's holder in the store
   (run and epoch: a fenced write, refused to an execution that no longer holds it); each
@@ -118,6 +119,8 @@ from tests.chaos.names import (
     ORDER_SOURCE,
     ORDER_TIMEOUT_S,
     ORDER_TYPE,
+    PUT_LINGER_MS,
+    PUTS_KEY,
     QUESTION_KEY,
     RATE_PER_S,
     RETRY_INITIAL,
@@ -536,7 +539,12 @@ def cx_put(cas: bool, sleep_ms: int) -> dict[str, Any]:
                 conflicts += 1
     else:
         version = _ART_PLAIN.put(content)
-    _nap(sleep_ms - sleep_ms // 2)
+    entry = json.dumps({"x": uuid.uuid4().hex, "run": run.run_id, "step": run.step_path,
+                        "epoch": run.ex.epoch, "version": version, "conflicts": conflicts,
+                        "cas": cas, "pid": os.getpid(), "t": _now_ms()})
+    _call(lambda c: c.rpush(PUTS_KEY, entry))
+    # A window for the harness's put_kill: killed now, the step runs again and puts again.
+    _nap(sleep_ms - sleep_ms // 2 + (PUT_LINGER_MS if cas else 0))
     return {"version": version, "conflicts": conflicts, "key": run.idempotency_key}
 
 
