@@ -65,6 +65,7 @@ ARTIFACT_PLAIN = "chaos-art"
 ARTIFACT_CAS = "chaos-art-cas"
 PUTS_KEY = "cx:puts"  # one entry per put answered inside cx_put (run, step, version, pid)
 PUT_LINGER_MS = 400  # a compare-and-set put's step naps this long before it returns
+CAS_THINK_MS = 40  # between reading the latest version and putting with it
 
 # The durable mutex (cx_lock): the lock every run takes, its lease, and the receipts its
 # critical sections leave: the counter they increment by a read (on entering) and a write

@@ -103,6 +103,7 @@ from tests.chaos.names import (
     APPLIED_KEY,
     ARTIFACT_CAS,
     ARTIFACT_PLAIN,
+    CAS_THINK_MS,
     CLAIMS_KEY,
     COLOURS,
     EFFECTS_KEY,
@@ -532,8 +533,10 @@ def cx_put(cas: bool, sleep_ms: int) -> dict[str, Any]:
     conflicts = 0
     if cas:
         while True:
+            read = _ART_CAS.latest()
+            _nap(CAS_THINK_MS)  # read, think, write: runs put at once conflict
             try:
-                version = _ART_CAS.put(content, expect_version=_ART_CAS.latest())
+                version = _ART_CAS.put(content, expect_version=read)
                 break
             except mr.ArtifactConflict:
                 conflicts += 1
