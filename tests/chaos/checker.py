@@ -49,7 +49,15 @@ and for published state and event waits (cx_publish_wait):
   store accepted did not time out;
 * each publish appears once per ledger position (one ``published`` journal entry for each
   ``|publish`` ledger entry, none without one), and a succeeded run's published state is
-  the value it returned.
+  the value it returned;
+and for issue 23's records (see each rule's docstring):
+* a session keeps each message of a run once, in the run's order (its own session and the
+  shared one), and nothing nobody appended;
+* an artifact's versions are 1..N with no gap; a finished run's put is exactly one version
+  (the one its step returned), by compare-and-set too;
+* no two valid holds of the mutex overlap (a hold valid when its fenced read and write both
+  found it the lock's holder in the store); no fenced write accepted from an execution that
+  did not hold it; no lost update; every finished run held it once.
 """
 
 from __future__ import annotations
