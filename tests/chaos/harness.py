@@ -238,6 +238,7 @@ class Harness:
         # order the run takes them in must be the order they were sent in
         self.signallers: dict[str, ThreadPoolExecutor] = {}
         self.stuck_after_s = 0.0
+        self.aimed: set[str] = set()  # the cx:puts receipts a put_kill struck
         # label -> [samples, most live holds seen, limit]
         self.limit_counts: dict[str, list[int]] = {label: [0, 0, limit]
                                                    for label, _, _, limit in LIMITS}
@@ -833,8 +834,8 @@ class Harness:
         """Wait for an execution inside cx_lock's critical section (an entry receipt that
         held the lock, with no exit yet), then SIGSTOP its worker's processes for pick_ms:
         its hold lapses while it sleeps. Logged as a stop_worker fault; noted if no
-        execution entered the section in WAIT_START_S."""
-        deadline = NOW() + WAIT_START_S
+        execution entered the section in time."""
+        deadline = self._aimed_deadline()
         while NOW() < deadline and not self.stop.is_set():
             try:
                 receipts, _, _ = h.read_locks(self.runs.client)
@@ -854,34 +855,40 @@ class Harness:
                 return
             time.sleep(0.05)
         self.log.note(f"lock_stop #{action.pick}: no execution inside the critical section "
-                      f"in {WAIT_START_S} s")
+                      f"before the chaos phase's end")
 
     def _put_kill(self, action: Action) -> None:
         """Wait for a cx_put step that has put its version and not returned (its receipt in
         cx:puts, written after this action began; one whose compare-and-set met a conflict
         first if one comes in the first half of the wait), then SIGKILL what executes it:
         a horse or a pool executor alone, a --concurrency worker with its group. Logged as
-        a fault of that kind; noted if none came in WAIT_START_S."""
-        since, start = wall_ms(), NOW()
+        a fault of that kind; noted if none came in time."""
+        since, start, deadline = wall_ms(), NOW(), self._aimed_deadline()
         seen: set[str] = set()
-        while NOW() - start < WAIT_START_S and not self.stop.is_set():
+        while NOW() < deadline and not self.stop.is_set():
             try:
                 rows = [json.loads(r) for r in self.runs.client.lrange(PUTS_KEY, 0, -1)]
             except (redis.RedisError, OSError):
                 rows = []
-            fresh = [r for r in rows if r["t"] >= since and r["x"] not in seen
-                     and NOW() - start < WAIT_START_S]
+            fresh = [r for r in rows if r["t"] >= since and r["x"] not in seen]
             seen.update(r["x"] for r in fresh)
-            picky = NOW() - start < WAIT_START_S / 2
+            picky = NOW() < (start + deadline) / 2
             for put in reversed(fresh):
-                if picky and not put["conflicts"]:
+                if (picky and not put["conflicts"]) or put["x"] in self.aimed:
                     continue
+                self.aimed.add(put["x"])  # one kill per put, whichever waiter sees it first
                 if self._kill_pid(int(put["pid"]), f"inside cx_put of {put['run']} after its "
                                   f"put of version {put['version']} (conflicts "
                                   f"{put['conflicts']})"):
                     return
             time.sleep(0.05)
-        self.log.note(f"put_kill #{action.pick}: no cx_put step to kill in {WAIT_START_S} s")
+        self.log.note(f"put_kill #{action.pick}: no cx_put step to kill before the chaos "
+                      f"phase's end")
+
+    def _aimed_deadline(self) -> float:
+        """An aimed fault (lock_stop, put_kill) waits for its moment until the plan's last
+        faults at most, so it never makes the chaos phase longer."""
+        return min(NOW() + WAIT_START_S, self.t0 + self.plan.duration_s)
 
     def _kill_pid(self, pid: int, why: str) -> bool:
         """SIGKILL the process executing a step: a horse or a pool executor alone, a worker

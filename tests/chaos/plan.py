@@ -509,7 +509,7 @@ def _artifacts(rng: random.Random, seed: int, runs: int, duration: float) -> lis
             out.append(Action(at, "submit", (spec,), _via(rng)))
             k += 1
     for n in range(max(1, runs * PUT_KILLS // 250)):
-        at = round(rng.uniform(duration * 0.1, duration * 0.7), 3)
+        at = round(rng.uniform(duration * 0.1, duration * 0.6), 3)
         out.append(Action(at, "put_kill", (), pick=n))
     return out
 
@@ -527,7 +527,7 @@ def _locks(rng: random.Random, seed: int, runs: int, duration: float) -> list[Ac
             out.append(Action(at, "submit", (spec,), _via(rng)))
             k += 1
     for n in range(max(1, runs * LOCK_STOPS // 250)):
-        at = round(rng.uniform(duration * 0.1, duration * 0.7), 3)
+        at = round(rng.uniform(duration * 0.1, duration * 0.6), 3)
         out.append(Action(at, "lock_stop", (), pick_ms=rng.randint(*LOCK_STOP_MS), pick=n))
     return out
 
