@@ -474,10 +474,6 @@ def _rates(rng: random.Random, seed: int, runs: int, duration: float) -> list[Ac
     return out
 
 
-def _via(rng: random.Random) -> str:
-    return "cli" if rng.random() < 0.1 else "api"
-
-
 def _sessions(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
     """cx_session runs, half of them appending to the shared session too; some in bursts of
     three (several runs appending to the shared session at once)."""
@@ -489,7 +485,7 @@ def _sessions(rng: random.Random, seed: int, runs: int, duration: float) -> list
             spec = RunSpec(f"cx-{seed}-ss{k:03d}-session", "session", "cx_session",
                            {"steps": rng.randint(1, 3), "shared": k % 2 == 0,
                             "sleep_ms": rng.choice([5, 20, 60])})
-            out.append(Action(at, "submit", (spec,), _via(rng)))
+            out.append(Action(at, "submit", (spec,)))
             k += 1
     return out
 
@@ -506,7 +502,7 @@ def _artifacts(rng: random.Random, seed: int, runs: int, duration: float) -> lis
         for _ in range(min(4 if cas and rng.random() < 0.5 else 1, total - k)):
             spec = RunSpec(f"cx-{seed}-ar{k:03d}-artifact", "artifact", "cx_artifact",
                            {"cas": cas, "sleep_ms": rng.choice([10, 40, 120])})
-            out.append(Action(at, "submit", (spec,), _via(rng)))
+            out.append(Action(at, "submit", (spec,)))
             k += 1
     for n in range(max(1, runs * PUT_KILLS // 250)):
         at = round(rng.uniform(duration * 0.1, duration * 0.6), 3)
@@ -524,7 +520,7 @@ def _locks(rng: random.Random, seed: int, runs: int, duration: float) -> list[Ac
             spec = RunSpec(f"cx-{seed}-lk{k:03d}-lock", "lock", "cx_lock",
                            {"hold_ms": rng.choice([20, 100, 300]), "step": rng.random() < 0.5,
                             "sleep_ms": rng.choice([10, 60])})
-            out.append(Action(at, "submit", (spec,), _via(rng)))
+            out.append(Action(at, "submit", (spec,)))
             k += 1
     for n in range(max(1, runs * LOCK_STOPS // 250)):
         at = round(rng.uniform(duration * 0.1, duration * 0.6), 3)
