@@ -15,6 +15,7 @@ from typing import Any
 
 from marbles_rq.engine import ops
 from marbles_rq.engine.event_waits import _spec_key, wait_term
+from marbles_rq.payloads.fields import open_record
 from marbles_rq.store.records import StepRecord, decode
 from marbles_rq.transport.dispatch import rq_connection
 from marbles_rq.triggers.events import Events, event_key
@@ -50,7 +51,8 @@ def result(procs: Procs, run_id: str) -> Any:
 
 def event_entries(procs: Procs, run_id: str) -> list[StepRecord]:
     raw = procs.observer.runs.client.hgetall(procs.observer.runs.keys.steps(run_id))
-    return [r for r in (decode(StepRecord, v, "ledger") for v in raw.values())
+    store = procs.observer.runs.store  # entries as stored: sealed when MARBLES_KEYS is set
+    return [r for r in (open_record(store, decode(StepRecord, v, "ledger")) for v in raw.values())
             if r.name == "|event"]
 
 

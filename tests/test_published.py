@@ -20,6 +20,7 @@ from marbles_rq.engine.published import (
     get_published,
     wait_published,
 )
+from marbles_rq.payloads.fields import open_record
 from marbles_rq.store.records import StepRecord, decode
 from marbles_rq.transport.dispatch import rq_connection
 from tests.procs import REPO_ROOT, Procs, wait_for
@@ -37,7 +38,8 @@ def enqueue(procs: Procs, name: str, input: Any, run_id: str) -> None:
 
 def publish_entries(procs: Procs, run_id: str) -> list[StepRecord]:
     raw = procs.observer.runs.client.hgetall(procs.observer.runs.keys.steps(run_id))
-    records = [decode(StepRecord, v, "ledger") for v in raw.values()]
+    store = procs.observer.runs.store  # entries as stored: sealed when MARBLES_KEYS is set
+    records = [open_record(store, decode(StepRecord, v, "ledger")) for v in raw.values()]
     return sorted((r for r in records if r.name == "|publish"), key=lambda r: r.key)
 
 

@@ -21,6 +21,7 @@ from ..engine.authoring import WorkflowDef
 from ..engine.execution import RunNotFoundError
 from ..engine.runs import OutputEvent
 from ..engine.selection import RunFilter
+from ..payloads.fields import open_event
 from ..store.connection import connect_async as connect_redis_async
 from ..store.ids import check_id
 from .errors import ResultTimeoutError
@@ -276,7 +277,7 @@ class AsyncClient:
         else:
             reply = await self.aio.xread({key: after}, count=count, block=block_ms)
             rows = reply[0][1] if reply else []
-        return [_entry(eid, fields) for eid, fields in rows]
+        return [_entry(self.sync.reader.store, eid, fields) for eid, fields in rows]
 
     async def result(self, run_id: str, timeout: float | None = None, *,
                      type: Any = Any) -> Any:
@@ -286,7 +287,7 @@ class AsyncClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         key = self.sync.reader.keys.output(run_id)
         rows = await self.aio.xrevrange(key, count=1)
-        last = _entry(*rows[0]) if rows else None
+        last = _entry(self.sync.reader.store, *rows[0]) if rows else None
         while True:
             if last is not None and last.type == "final":
                 return settle(run_id, last.data, type)
@@ -349,11 +350,11 @@ def _connect_async(url: str) -> Any:
     return connect_redis_async(url)
 
 
-def _entry(eid: bytes, fields: dict[bytes, bytes]) -> OutputEntry:
+def _entry(store: Any, eid: bytes, fields: dict[bytes, bytes]) -> OutputEntry:
     ident = eid.decode()
     try:
         event = OutputEvent(ident, fields[b"t"].decode(), int(fields[b"a"]),
-                            msgspec.json.decode(fields[b"d"]))
+                            open_event(store, msgspec.json.decode(fields[b"d"])))
     except (KeyError, ValueError, UnicodeDecodeError, msgspec.DecodeError) as exc:
         event = OutputEvent(ident, "unreadable", 0, {"error": repr(exc)})
     return entry_of(event)

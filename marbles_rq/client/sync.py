@@ -43,6 +43,7 @@ from ..engine.signals import signals_json
 from ..engine.undo_refs import FRAME
 from ..engine.waits import Answered, WaitStore
 from ..errors import ConfigError, InvalidIdError, MarblesError, RunSettledError
+from ..payloads.fields import open_event
 from ..store.connection import CLUSTER_SCHEMES, check_url, redact
 from ..store.ids import check_id
 from ..store.records import RunRecord
@@ -917,7 +918,7 @@ class Client:
         if not rows:
             return None
         eid, fields = rows[0]
-        data = msgspec.json.decode(fields.get(b"d", b"null"))
+        data = open_event(self.reader.store, msgspec.json.decode(fields.get(b"d", b"null")))
         return as_text(eid), as_text(fields.get(b"t", b"")), data
 
     def watch(self, run_id: str, *, after: str = "0-0", follow: bool = True

@@ -37,12 +37,13 @@ import redis
 
 from ..envvars import env_int
 from ..errors import MarblesError
+from ..payloads.fields import open_record, run_holder, seal_record
 from ..store.records import EventRecord, StepRecord, decode, encode
 from ..store.redis_errors import one_line
 from ..store.replies import as_text
 from .authoring import InputError
 from .context import check_branch, check_not_in_foreign_thread, now_ms
-from .execution import DISPATCH_GRACE_MS, stamp
+from .execution import DISPATCH_GRACE_MS, stamp, step_doc
 from .waiting import ParkRun, Wait
 
 if TYPE_CHECKING:
@@ -215,14 +216,14 @@ def wait_for_event(run: Run, source: str, type: str | None = None,
     reply = run.call_store(lambda: runs.scripts.open_event_wait(
         keys=ex.keys, epoch=ex.epoch, wait_key=wait_key,
         timeout_ms=0 if timeout_s is None else int(timeout_s * 1000),
-        timeout_record=encode(stamp(timeout_record, ex)),
+        timeout_record=step_doc(runs.store, ex, stamp(timeout_record, ex)),
         event=msgspec.json.encode({"wait": wait_key, **wait})))
     if reply.status in ("stale", "settled"):
         run.check_reply("stale")
     if reply.status in ("done", "timed_out"):
         if reply.status == "timed_out":
             _drop(runs, run.run_id, wait_key, spec)
-        return _ended(_record(reply.values[0], ex.keys.event_inbox))
+        return _ended(_record(runs, reply.values[0], ex.keys.event_inbox))
     since, due = int(reply.values[0]), int(reply.values[1])
     term = wait_term(source, type, match)
     run.call_store(lambda: runs.scripts.add_event_wait(
@@ -245,8 +246,8 @@ def _ended(record: StepRecord) -> ReceivedEvent:
                                 + " came within the wait's timeout")
 
 
-def _record(raw: bytes, where: str) -> StepRecord:
-    return decode(StepRecord, raw, where)
+def _record(runs: RunStore, raw: bytes, where: str) -> StepRecord:
+    return open_record(runs.store, decode(StepRecord, raw, where))
 
 
 def _look_back(run: Run, spec: dict[str, Any], term: str, since_ms: int
@@ -265,7 +266,7 @@ def _look_back(run: Run, spec: dict[str, Any], term: str, since_ms: int
         if not isinstance(doc, bytes):
             continue  # pruned meanwhile, or unreadable: it costs only itself
         try:
-            event = decode(EventRecord, doc, runs.keys.event(key))
+            event = open_record(runs.store, decode(EventRecord, doc, runs.keys.event(key)))
             payload = msgspec.json.decode(event.payload)
         except (MarblesError, msgspec.DecodeError):
             continue
@@ -280,7 +281,7 @@ def _look_back(run: Run, spec: dict[str, Any], term: str, since_ms: int
             raw = runs.client.hget(runs.keys.event_inbox(run.run_id), spec["key"])
             if isinstance(raw, bytes):
                 _drop(runs, run.run_id, spec["key"], spec)
-                return _ended(_record(raw, runs.keys.event_inbox(run.run_id)))
+                return _ended(_record(runs, raw, runs.keys.event_inbox(run.run_id)))
         if status in ("stale", "idle"):
             run.check_reply("stale")
     return None
@@ -301,7 +302,8 @@ def _deliver(runs: RunStore, spec: dict[str, Any], event: EventRecord, payload: 
                         at_ms=now_ms(), seq=int(spec.get("seq", -1)))
     reply = runs.scripts.deliver_event(
         keys=runs.keys.run_keys(run_id), run_id=run_id, wait_key=wait_key,
-        record=encode(record), event_key=event.id, epoch=epoch, grace_ms=DISPATCH_GRACE_MS,
+        record=encode(seal_record(runs.store, record, run_holder(run_id))), event_key=event.id,
+        epoch=epoch, grace_ms=DISPATCH_GRACE_MS,
         event=msgspec.json.encode({"wait": wait_key, "event": event.id,
                                    "source": event.source, "type": event.type}),
         woken=msgspec.json.encode({"cause": "event", "event": event.id}))

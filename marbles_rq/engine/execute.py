@@ -23,6 +23,7 @@ import redis
 from .. import metrics, tracing
 from ..errors import MarblesError, RedisUnavailableError
 from ..flow.limits import start as start_with_slot
+from ..payloads.crypto import PayloadKeyMissing
 from ..store.records import ErrorInfo, RunRecord, StepRecord
 from ..store.redis_errors import is_outage, one_line
 from ..terminal import safe
@@ -897,6 +898,12 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
         log.info("run %s delivery %s: cancelled before it started", run_id, attempt)
         runs.waits().cancel_children(run_id)
         return _Outcome(started.status)
+    if started.status == "key_missing" and started.execution is not None:
+        # Not this worker's to fail: another worker (or this one, once given the key) can.
+        note = f"waiting for a worker that can read it: {started.detail}"
+        status = runs.defer(started.execution, note)
+        log.warning("run %s: %s; handed back (%s)", run_id, started.detail, status)
+        return _Outcome("deferred")
     if started.status != "ok" or started.execution is None:
         log.info("run %s delivery %s: %s %s", run_id, attempt, started.status, started.detail)
         return _Outcome(started.status)
@@ -980,6 +987,14 @@ def _execute(runs: RunStore, registry: Registry, run_id: str, attempt: int, *, w
             return _Outcome(stop.reason)
         except redis.RedisError:
             raise  # no settle possible; the lease expires and the run is redelivered
+        except PayloadKeyMissing as missing:
+            # A value sealed with a key this worker lacks (a signal, an answer, a child's
+            # result, sealed by a process given a newer key first): not the run's failure.
+            watchdog.finish()
+            runs.write_held(ex)  # a step's success held for the next write is still the run's
+            status = runs.defer(ex, f"waiting for a worker that can read it: {missing}")
+            log.warning("run %s: %s; handed back (%s)", run_id, missing, status)
+            return _Outcome("deferred")
         # sys.exit() and a KeyboardInterrupt raised by the body are its failure (a real
         # SIGINT never lands here: RQ's handlers turn it into a warm shutdown).
         except (Exception, SystemExit, KeyboardInterrupt) as exc:

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from ..errors import MarblesError
+from ..payloads.fields import run_holder, seal_record
 from ..store.keys import RunKeys
 from ..store.records import RunRecord, StepRecord, encode
 
@@ -44,9 +45,10 @@ class StepStart:
     event: bytes  # data of its step_started event: step, attempt, started_ms (server clock)
     due: float
 
-    def triple(self, ex: Execution) -> tuple[str, bytes, bytes]:
-        """The start as the scripts write it, under the execution's current write number."""
-        return self.key, encode(stamp(self.record, ex)), self.event
+    def triple(self, ex: Execution, store: Any) -> tuple[str, bytes, bytes]:
+        """The start as the scripts write it, under the execution's current write number
+        (its user values sealed for `store`: payloads/fields.py)."""
+        return self.key, step_doc(store, ex, stamp(self.record, ex)), self.event
 
 
 @dataclass(eq=False)
@@ -141,6 +143,11 @@ def stamp(record: StepRecord, ex: Execution, after: int = 0) -> StepRecord:
     number it is sent under (`after` more for entries of one write that must keep their
     order, such as a park's). Under ex.lock, after `ex.seq` was raised for the write."""
     return msgspec.structs.replace(record, epoch=ex.epoch, wseq=ex.seq + after)
+
+
+def step_doc(store: Any, ex: Execution, record: StepRecord) -> bytes:
+    """A ledger entry of `ex`'s run as stored: its user values through the codec."""
+    return encode(seal_record(store, record, run_holder(ex.run_id)))
 
 
 def take_due_starts(ex: Execution, now: float) -> list[StepStart]:

@@ -28,6 +28,8 @@ from typing import Any
 import msgspec
 
 from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
+from ..payloads.codec import decode_payload
+from ..payloads.fields import open_bytes_value
 from ..store.records import AskRecord, ErrorInfo, Record, RunRecord, StepRecord, decode, encode
 from ..store.replies import as_text
 from .authoring import InputError
@@ -146,7 +148,7 @@ def _complete(runs: RunStore, views: list[RunView]) -> list[History]:
                                                   key=lambda q: (q.asked_ms, q.key))]
         prefix = keys.effect(rid, "")
         claimed = sorted(k[len(prefix):] for k in map(as_text, effects) if k.startswith(prefix))
-        partial.append((view, questions, _signals(keys.signals(rid), signals), claimed))
+        partial.append((view, questions, _signals(runs.store, keys.signals(rid), signals), claimed))
         child_ids += [child["id"] for child in _children(view.steps)]
     states: dict[str, list[bytes | None]] = {}
     if child_ids:
@@ -163,7 +165,7 @@ def _complete(runs: RunStore, views: list[RunView]) -> list[History]:
             children.append(ChildOutcome(
                 id=child["id"], workflow=str(child.get("workflow", "")),
                 status=as_text(status) if status else "missing",
-                result=msgspec.Raw(result or b"null"),
+                result=msgspec.Raw(open_bytes_value(runs.store, result or None) or b"null"),
                 error=msgspec.json.decode(error, type=ErrorInfo) if error else None))
         out.append(History(
             version=1, run=view.record, wf_version=wf_version_of(view.record),
@@ -191,7 +193,7 @@ def _children(ledger: list[StepRecord]) -> list[dict[str, Any]]:
     return found
 
 
-def _signals(key: str, fields: dict[bytes, bytes]) -> list[SignalState]:
+def _signals(store: Any, key: str, fields: dict[bytes, bytes]) -> list[SignalState]:
     """The signals hash (engine/signals.py): `<name>|n` sent, `<name>|c` taken, and each
     untaken payload under `<name>|<seq>` with its time under `<name>|<seq>|at`."""
     f = {as_text(k): v for k, v in fields.items()}
@@ -210,7 +212,7 @@ def _signals(key: str, fields: dict[bytes, bytes]) -> list[SignalState]:
             doc, when = f.get(f"{name}|{seq}"), f.get(f"{name}|{seq}|at")
             if doc is None:
                 continue
-            payloads.append(msgspec.Raw(doc))
+            payloads.append(msgspec.Raw(decode_payload(store, doc)))
             at.append(int(when) if when else 0)
         out.append(SignalState(name=name, sent=sent, taken=taken, buffered=payloads,
                                buffered_at_ms=at))

@@ -196,6 +196,7 @@ class RunPager:
                 rows[rid] = None  # pruned between the two reads, or not a hash: skipped
                 continue
             try:
+                # Listing fields only: the input stays sealed (not opened for a row).
                 record = msgspec.json.decode(reply[0], type=RunRecord)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 rows[rid] = None  # a corrupt record costs only itself

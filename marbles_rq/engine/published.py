@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..errors import MarblesError
+from ..payloads.codec import decode_payload, encode_payload
+from ..payloads.fields import run_holder
 from ..store.ids import check_id
-from ..store.records import StepRecord, encode
+from ..store.records import StepRecord
 from .authoring import InputError
 from .context import check_branch, check_not_in_foreign_thread, now_ms
-from .execution import RunNotFoundError, stamp
+from .execution import RunNotFoundError, stamp, step_doc
 from .json_values import changed_by_json
 
 if TYPE_CHECKING:
@@ -118,7 +120,8 @@ def _publish(runs: RunStore, ex: Any, record: StepRecord, key: str, encoded: byt
         ex.seq += 1
         return runs.scripts.publish_state(
             keys=ex.keys, epoch=ex.epoch, run_id=ex.run_id, seq=ex.seq,
-            step_key=record.key, record=encode(stamp(record, ex)), key=key, value=encoded,
+            step_key=record.key, record=step_doc(runs.store, ex, stamp(record, ex)), key=key,
+            value=encode_payload(runs.store, encoded, holder=run_holder(ex.run_id)),
             event=msgspec.json.encode({"key": key, "step": record.key})).status
 
 
@@ -134,7 +137,8 @@ def published(runs: RunStore, run_id: str) -> dict[str, Any]:
     exists, fields = pipe.execute()
     if not exists:
         raise RunNotFoundError(f"no run with id {run_id!r}")
-    return {(k.decode() if isinstance(k, bytes) else k): msgspec.json.decode(v)
+    return {(k.decode() if isinstance(k, bytes) else k):
+            msgspec.json.decode(decode_payload(runs.store, v))
             for k, v in sorted(fields.items())}
 
 
@@ -151,7 +155,7 @@ def get_published(runs: RunStore, run_id: str, key: str) -> Any:
         raise RunNotFoundError(f"no run with id {run_id!r}")
     if raw is None:
         raise NotPublishedError(f"run {run_id} has not published {key!r}")
-    return msgspec.json.decode(raw)
+    return msgspec.json.decode(decode_payload(runs.store, raw))
 
 
 def wait_published(runs: RunStore, run_id: str, key: str, timeout_s: float) -> Any:

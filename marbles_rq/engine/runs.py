@@ -20,6 +20,9 @@ import redis
 from .. import metrics, tracing
 from ..errors import CorruptRecordError, MarblesError, UnsupportedRecordVersionError
 from ..flow.limit_specs import delivery_queue, limit_field
+from ..payloads.codec import encode_payload
+from ..payloads.crypto import PayloadKeyMissing
+from ..payloads.fields import open_bytes_value, open_event, open_record, run_holder, seal_record
 from ..store import RedisStore, new_request_id
 from ..store.ids import check_id
 from ..store.keys import RunKeys
@@ -42,6 +45,7 @@ from .execution import (
     StepStart,
     event,
     stamp,
+    step_doc,
     take_due_starts,
 )
 from .undo_refs import MARKER_KEY
@@ -76,7 +80,8 @@ class Started:
     # ok | missing | settled | stale_attempt | busy | cancelled | timed_out | corrupt |
     # waiting (parked: a wake makes a new delivery) | paused (parked now: a pause was asked)
     # | needs_slot (detail: the run's limit) | held (its limit is full: handed back; both
-    # flow/limits.py)
+    # flow/limits.py) | key_missing (started, its values sealed with a key this process
+    # lacks: execution set, with the values still sealed, for the caller to hand it back)
     status: str
     execution: Execution | None = None
     detail: str = ""
@@ -242,7 +247,8 @@ class RunStore:
         check_id(record.id, "run id")
         # The hash's `queue` is the RQ-side queue every delivery of the run goes to: its
         # priority band (flow control), so redeliveries keep the run's priority.
-        return dict(keys=self.keys.run_keys(record.id), run_id=record.id, doc=encode(record),
+        doc = encode(seal_record(self.store, record, run_holder(record.id)))
+        return dict(keys=self.keys.run_keys(record.id), run_id=record.id, doc=doc,
                     request_id=new_request_id(), queue=delivery_queue(record),
                     limit=limit_field(record),
                     timeout_ms=int(record.timeout_s * 1000),
@@ -259,7 +265,7 @@ class RunStore:
             metrics.run_enqueued(record.name, record.queue)
             return Recorded(True, record, "queued", enqueued)
         existing = decode(RunRecord, reply.values[0], self.keys.run(record.id))
-        return Recorded(False, existing, as_text(reply.values[1]))
+        return Recorded(False, open_record(self.store, existing), as_text(reply.values[1]))
 
     def record(self, record: RunRecord, push: JobPush | None = None) -> Recorded:
         """Record a run (journal first). With `push` (its first delivery as an RQ job, when
@@ -300,7 +306,8 @@ class RunStore:
         if push is not None:
             args["push"] = push
         seeded, claimed = self.scripts.seed_and_claim_run(
-            seed=[(s.key, encode(s)) for s in ledger], claim=args)
+            seed=[(s.key, encode(seal_record(self.store, s, run_holder(record.id))))
+                  for s in ledger], claim=args)
         recorded = self._recorded(record, claimed)
         if recorded.created and seeded.status == "corrupt":
             # Recorded without its ledger: it would run every step again. It has not
@@ -336,6 +343,7 @@ class RunStore:
             return Started(reply.status, detail=detail)
         epoch, doc, deadline_ms, flat, server_ms, tries, resumptions, kind = reply.values
         ledger = {}
+        missing: PayloadKeyMissing | None = None
         try:
             record = decode(RunRecord, doc, keys.run)
             if not flat and record.rerun_from_step:
@@ -345,12 +353,21 @@ class RunStore:
             for i in range(0, len(flat), 2):
                 key = as_text(flat[i])
                 ledger[key] = decode(StepRecord, flat[i + 1], f"{keys.steps}#{key}")
+            try:
+                record = open_record(self.store, record)
+                ledger = {k: open_record(self.store, v) for k, v in ledger.items()}
+            except PayloadKeyMissing as exc:
+                missing = exc
         except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
             return Started("corrupt", detail=str(exc))
-        return Started("ok", Execution(run_id, attempt, int(epoch), keys, ttl_ms, record,
-                                       int(deadline_ms), ledger, server_ms=int(server_ms),
-                                       mono_at_start=sent, lease_at=sent, tries=int(tries),
-                                       resumptions=int(resumptions), kind=as_text(kind)))
+        ex = Execution(run_id, attempt, int(epoch), keys, ttl_ms, record, int(deadline_ms),
+                       ledger, server_ms=int(server_ms), mono_at_start=sent, lease_at=sent,
+                       tries=int(tries), resumptions=int(resumptions), kind=as_text(kind))
+        if missing is not None:
+            # This process lacks a key the run's values were sealed with (a rotation rolled
+            # out in the wrong order): started, but the caller hands it back (execute.py).
+            return Started("key_missing", ex, detail=str(missing))
+        return Started("ok", ex)
 
     def start_step(self, ex: Execution, record: StepRecord) -> str:
         """Write a step's start before it runs, checking cancel, pause and the deadline:
@@ -361,7 +378,7 @@ class RunStore:
             sent = time.monotonic()
             status = self.scripts.start_step(
                 keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=False,
-                starts=[(record.key, encode(stamp(record, ex)),
+                starts=[(record.key, step_doc(self.store, ex, stamp(record, ex)),
                          event(step=record.key, attempt=record.attempts,
                                **({"started_ms": ex.admitted_ms} if ex.admitted_ms else {})))]
             ).status
@@ -378,7 +395,7 @@ class RunStore:
             sent = time.monotonic()
             status = self.scripts.note_child(
                 keys=ex.keys, epoch=ex.epoch, seq=ex.seq, step_key=record.key,
-                record=encode(stamp(record, ex))).status
+                record=step_doc(self.store, ex, stamp(record, ex))).status
             if status == "ok":
                 ex.flags_at = sent
             return status
@@ -408,7 +425,7 @@ class RunStore:
                 return None
             ex.seq += 1
             return self.scripts.start_step(keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=True,
-                                           starts=[s.triple(ex) for s in due]).status
+                                           starts=[s.triple(ex, self.store) for s in due]).status
 
     def flush_starts(self, ex: Execution) -> None:
         """Write every deferred start of the execution now (see `write_starts_locked`)."""
@@ -424,7 +441,7 @@ class RunStore:
         ex.starts.clear()
         ex.seq += 1
         self.scripts.start_step(keys=ex.keys, epoch=ex.epoch, seq=ex.seq, late=True,
-                                starts=[s.triple(ex) for s in starts])
+                                starts=[s.triple(ex, self.store) for s in starts])
 
     def commit_step(self, ex: Execution, record: StepRecord, event_type: str,
                     data: bytes) -> str:
@@ -439,7 +456,7 @@ class RunStore:
     def _commit_locked(self, ex: Execution, record: StepRecord, event_type: str,
                        data: bytes) -> str:
         ex.seq += 1
-        starts = [s.triple(ex) for s in ex.starts.values()]
+        starts = [s.triple(ex, self.store) for s in ex.starts.values()]
         ex.starts.clear()
         sent = time.monotonic()
         # Never for a run holding a concurrency slot or a lock: its lease is capped at the
@@ -453,11 +470,11 @@ class RunStore:
                 ex.lease_at = sent
         return status
 
-    @staticmethod
-    def _commit_args(ex: Execution, record: StepRecord, event_type: str, data: bytes,
+    def _commit_args(self, ex: Execution, record: StepRecord, event_type: str, data: bytes,
                      starts: list[tuple[str, bytes, bytes]], extend: bool) -> dict[str, Any]:
         return {"keys": ex.keys, "epoch": ex.epoch, "step_key": record.key,
-                "record": encode(stamp(record, ex)), "event_type": event_type, "event": data,
+                "record": step_doc(self.store, ex, stamp(record, ex)),
+                "event_type": event_type, "event": data,
                 "run_id": ex.run_id, "ttl_ms": ex.ttl_ms if extend else 0, "seq": ex.seq,
                 "starts": starts}
 
@@ -493,6 +510,8 @@ class RunStore:
             if ex.output_capped:
                 return "capped"
             ex.seq += 1
+            # An output line is the body's own text or value: sealed whole (open_event).
+            data = encode_payload(self.store, data, holder=run_holder(ex.run_id))
             status = self.scripts.append_output(
                 keys=ex.keys, epoch=ex.epoch, type=type, data=data, seq=ex.seq,
                 max_entries=max_lines, max_bytes=max_bytes,
@@ -530,6 +549,7 @@ class RunStore:
         err = b"" if error is None else msgspec.json.encode(error)
         data: dict[str, Any] = {"status": status}
         if result is not None:
+            result = encode_payload(self.store, result, holder=run_holder(ex.run_id))
             data["result"] = msgspec.Raw(result)
         if error is not None:
             data["error"] = error
@@ -541,7 +561,7 @@ class RunStore:
             if held is not None:
                 # The last step's success and the settle, in one round trip (one fsync).
                 ex.seq += 1
-                starts = [s.triple(ex) for s in ex.starts.values()]
+                starts = [s.triple(ex, self.store) for s in ex.starts.values()]
                 ex.starts.clear()
                 commit = self._commit_args(ex, held.record, held.event_type, held.event,
                                            starts, False)
@@ -665,7 +685,7 @@ class RunStore:
             if row[0] is None:
                 raise MarblesError(f"child run {cid} does not exist (pruned, or never "
                                    f"recorded)")
-            out.append((row[0].decode(), row[1], row[2]))
+            out.append((row[0].decode(), open_bytes_value(self.store, row[1] or None), row[2]))
         return out
 
     def get(self, run_id: str) -> RunView | None:
@@ -694,8 +714,9 @@ class RunStore:
 
         if b"doc" not in f or b"status" not in f:
             raise CorruptRecordError(keys.run, "the run hash has no doc or status")
-        result, error = f.get(b"result"), f.get(b"error")
-        ledger = sorted((decode(StepRecord, v, f"{keys.steps}#{as_text(k)}")
+        result, error = open_bytes_value(self.store, f.get(b"result") or None), f.get(b"error")
+        ledger = sorted((open_record(self.store, decode(StepRecord, v,
+                                                        f"{keys.steps}#{as_text(k)}"))
                          for k, v in steps.items()), key=ledger_order)
         try:
             error_info = msgspec.json.decode(error, type=ErrorInfo) if error else None
@@ -706,7 +727,8 @@ class RunStore:
             raise CorruptRecordError(keys.run, f"unreadable result, error or status: {exc}"
                                      ) from None
         return RunView(
-            record=decode(RunRecord, f[b"doc"], keys.run), status=status,
+            record=open_record(self.store, decode(RunRecord, f[b"doc"], keys.run)),
+            status=status,
             attempt=attempt_of(num("attempt") or 0, num("deferred") or 0),
             delivery=num("attempt") or 0, resumptions=num("resumptions") or 0,
             epoch=num("epoch") or 0,
@@ -784,7 +806,7 @@ class RunStore:
         for eid, f in rows:
             try:
                 events.append(OutputEvent(as_text(eid), f[b"t"].decode(), int(f[b"a"]),
-                                          msgspec.json.decode(f[b"d"])))
+                                          open_event(self.store, msgspec.json.decode(f[b"d"]))))
             except (KeyError, ValueError, UnicodeDecodeError, msgspec.DecodeError) as exc:
                 # One bad entry costs only itself; the id keeps followers moving past it.
                 log.warning("skipping unreadable output entry %s %s: %r", key, as_text(eid), exc)

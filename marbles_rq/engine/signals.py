@@ -27,13 +27,16 @@ import redis
 from .. import metrics, tracing
 from ..errors import CorruptRecordError, MarblesError, RunSettledError
 from ..flow import limit_specs
+from ..payloads.codec import decode_payload as decode_stored
+from ..payloads.codec import encode_payload as encode_stored
+from ..payloads.fields import open_record, run_holder
 from ..store import new_request_id
 from ..store.ids import check_id
-from ..store.records import RunRecord, StepRecord, decode, encode
+from ..store.records import RunRecord, StepRecord, decode
 from ..store.redis_errors import one_line
 from ..store.replies import as_text
 from .authoring import REGISTRY, InputError, Registry
-from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, stamp
+from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, stamp, step_doc
 from .json_values import changed_by_json
 from .runs import RunStore
 from .waits import check_key
@@ -214,7 +217,8 @@ def _send_signal(runs: RunStore, run_id: str, name: str, payload: Any, *,
     keys = runs.keys.run_keys(run_id)
     reply = runs.scripts.send_signal(
         keys=keys, marker=_marker(runs, run_id, request_id), run_id=run_id,
-        name=name, payload=raw, event_head=_event_head(name), grace_ms=DISPATCH_GRACE_MS,
+        name=name, payload=encode_stored(runs.store, raw, holder=run_holder(run_id)),
+        event_head=_event_head(name), grace_ms=DISPATCH_GRACE_MS,
         max_buffered=MAX_BUFFERED)
     if reply.status == "missing":
         raise RunNotFoundError(f"no run with id {run_id!r}")
@@ -272,7 +276,8 @@ def start_with_signal(runs: RunStore, rq: RQLike, request: RunRequest, name: str
 
     def write(push: Any) -> _Written:
         reply = runs.scripts.start_signal(claim={**claim, "push": push}, marker=marker,
-                                          name=name, payload=raw,
+                                          name=name, payload=encode_stored(
+                                              runs.store, raw, holder=run_holder(record.id)),
                                           event_head=_event_head(name),
                                           max_buffered=MAX_BUFFERED)
         return _Written(reply.status, reply.values)
@@ -294,7 +299,7 @@ def start_with_signal(runs: RunStore, rq: RQLike, request: RunRequest, name: str
         return SignalStarted(record.id, True, name, int(values[0]), "queued", record, False,
                              dispatched)
     seq, attempt, queue = int(values[0]), int(values[1]), as_text(values[2])
-    existing = decode(RunRecord, values[3], runs.keys.run(record.id))
+    existing = open_record(runs.store, decode(RunRecord, values[3], runs.keys.run(record.id)))
     woken_dispatched = attempt > 0 and _enqueue_wake(runs, rq, queue, record.id, attempt)
     return SignalStarted(record.id, False, name, seq, as_text(values[4]), existing,
                          attempt > 0, woken_dispatched)
@@ -371,7 +376,7 @@ def read_buffered(runs: RunStore, run_id: str, name: str, limit: int | None = No
         if doc is None or at is None:
             # Taken meanwhile by another branch of the execution: the caller reads again.
             return Buffered(taken, sent, payloads, at_ms)
-        payloads.append(doc)
+        payloads.append(decode_stored(runs.store, doc))
         at_ms.append(int(at))
     return Buffered(taken, sent, payloads, at_ms)
 
@@ -385,5 +390,5 @@ def take(runs: RunStore, ex: Execution, name: str, taken: int, count: int,
         ex.seq += 1
         return runs.scripts.take_signal(
             keys=ex.keys, epoch=ex.epoch, run_id=ex.run_id, name=name, taken=taken,
-            count=count, step_key=record.key, record=encode(stamp(record, ex)),
+            count=count, step_key=record.key, record=step_doc(runs.store, ex, stamp(record, ex)),
             event=msgspec.json.encode(event), seq=ex.seq).status

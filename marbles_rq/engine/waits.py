@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import msgspec
 
 from ..errors import CorruptRecordError, MarblesError
+from ..payloads.codec import decode_payload, encode_payload
+from ..payloads.fields import open_record, run_holder, seal_record, seal_value
 from ..store import new_request_id
 from ..store.connection import Client
 from ..store.ids import check_id
@@ -25,7 +27,7 @@ from ..store.records import AskRecord, ReportRecord, StepRecord, decode, encode
 from ..store.replies import as_text
 from ..store.scripts import Scripts
 from .authoring import InputError
-from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, event, stamp
+from .execution import DISPATCH_GRACE_MS, Execution, RunNotFoundError, event, stamp, step_doc
 
 MAX_KEY = 128
 
@@ -110,6 +112,7 @@ class Runs(Protocol):
     keys: Keyspace
     scripts: Scripts
     client: Client
+    store: Any  # the store its payloads are sealed for (payloads/fields.py)
 
     def write_starts_locked(self, ex: Execution) -> None: ...
 
@@ -126,6 +129,7 @@ class WaitStore:
         self.keys = runs.keys
         self.scripts = runs.scripts
         self.client = runs.client
+        self.store = runs.store
 
     # -- from inside an execution ------------------------------------------------------
 
@@ -144,8 +148,10 @@ class WaitStore:
                 grace_ms=DISPATCH_GRACE_MS,
                 event=msgspec.json.encode({"reason": reason, **wait_for}),
                 # After every write of the execution (park_run ends its epoch).
-                ledger=[(r.key, encode(stamp(r, ex, i + 1))) for i, r in enumerate(ledger)],
-                asks=[(a.key, encode(a), int(a.timeout_s * 1000)) for a in asks], notice=notice)
+                ledger=[(r.key, step_doc(self.store, ex, stamp(r, ex, i + 1)))
+                        for i, r in enumerate(ledger)],
+                asks=[(a.key, encode(seal_record(self.store, a, run_holder(ex.run_id))),
+                       int(a.timeout_s * 1000)) for a in asks], notice=notice)
         if reply.status == "requeued":
             return "requeued", int(reply.values[0]), as_text(reply.values[1])
         return reply.status, 0, ""
@@ -153,10 +159,11 @@ class WaitStore:
     def add_report(self, ex: Execution, record: ReportRecord) -> str:
         """ok | exists | stale | settled"""
         self.runs.flush_starts(ex)
+        sealed = seal_record(self.store, record, run_holder(ex.run_id))
         return self.scripts.add_report(
-            keys=ex.keys, epoch=ex.epoch, run_id=ex.run_id, key=record.key, doc=encode(record),
+            keys=ex.keys, epoch=ex.epoch, run_id=ex.run_id, key=record.key, doc=encode(sealed),
             event=msgspec.json.encode({"kind": record.report, "key": record.key,
-                                       "entry": record.entry})).status
+                                       "entry": sealed.entry})).status
 
     # -- from outside: the controller, a finished child, the CLI -----------------------
 
@@ -183,7 +190,8 @@ class WaitStore:
         for name, doc in f.items():
             if "|" in name:
                 continue
-            record = decode(AskRecord, doc, f"{self.keys.asks(run_id)}#{name}")
+            record = open_record(self.store, decode(AskRecord, doc,
+                                                    f"{self.keys.asks(run_id)}#{name}"))
 
             def num(field: str, name: str = name) -> int | None:
                 value = f.get(f"{name}|{field}")
@@ -194,7 +202,8 @@ class WaitStore:
                 out.append(Question(
                     run_id, record, as_text(f.get(f"{name}|state", b"open")),
                     as_text(f.get(f"{name}|rev", b"1")), num("asked_ms") or 0,
-                    None if answer is None else msgspec.json.decode(answer),
+                    None if answer is None else msgspec.json.decode(
+                        decode_payload(self.store, answer)),
                     num("answered_ms"), num("timeout_at")))
             except (ValueError, msgspec.DecodeError) as exc:
                 raise CorruptRecordError(self.keys.asks(run_id), f"question {name!r}: {exc}"
@@ -224,8 +233,10 @@ class WaitStore:
             raise AlreadyAnsweredError(f"{key!r} of run {run_id} is already {_closed(question)}")
         reply = self.scripts.answer_ask(
             keys=self.keys.run_keys(run_id), run_id=run_id, key=key, rev=question.rev,
-            answer=msgspec.json.encode(value),
-            event=msgspec.json.encode({"key": key, "answer": value}),
+            answer=encode_payload(self.store, msgspec.json.encode(value),
+                                  holder=run_holder(run_id)),
+            event=msgspec.json.encode({"key": key, "answer": seal_value(
+                self.store, value, run_holder(run_id))}),
             grace_ms=DISPATCH_GRACE_MS, request_id=new_request_id())
         if reply.status == "ok":
             return Answered(question, int(reply.values[0]), as_text(reply.values[1]))
@@ -286,13 +297,19 @@ class WaitStore:
         pipe.hget(keys.steps, key)
         pipe.hget(keys.run, "epoch")
         raw, epoch = pipe.execute()
-        if not isinstance(raw, bytes) or decode(StepRecord, raw, keys.steps) != expected:
+        if not isinstance(raw, bytes) or open_record(
+                self.store, decode(StepRecord, raw, keys.steps)) != expected:
             return "conflict", 0, ""
         epoch_n = int(epoch or 0)
         reply = self.scripts.resolve_step(
             keys=keys, run_id=run_id, action=action, key=key, expected=raw,
-            entry=encode(msgspec.structs.replace(entry, epoch=epoch_n, wseq=0)), epoch=epoch_n,
-            event=msgspec.json.encode(event), grace_ms=DISPATCH_GRACE_MS)
+            entry=encode(seal_record(self.store, msgspec.structs.replace(
+                entry, epoch=epoch_n, wseq=0), run_holder(run_id))), epoch=epoch_n,
+            # A retry's input patch and the arguments it made are user values.
+            event=msgspec.json.encode({k: seal_value(self.store, v, run_holder(run_id))
+                                       if k in ("patch", "args") else v
+                                       for k, v in event.items()}),
+            grace_ms=DISPATCH_GRACE_MS)
         if reply.status == "woken":
             return "woken", int(reply.values[0]), as_text(reply.values[1])
         return reply.status, 0, ""
@@ -313,7 +330,8 @@ class WaitStore:
                 self.keys.steps(parent))
             for raw in values:
                 try:
-                    record = decode(StepRecord, raw, self.keys.steps(parent))
+                    record = open_record(self.store,
+                                         decode(StepRecord, raw, self.keys.steps(parent)))
                     if record.name != "|child":
                         continue
                     child = str(msgspec.json.decode(record.result)["id"])
@@ -378,8 +396,8 @@ class WaitStore:
         for (_, run_id, key), doc in zip(rows, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(doc, bytes):
                 try:
-                    out.append(Report(run_id, decode(ReportRecord, doc,
-                                                     f"{self.keys.reports(run_id)}#{key}")))
+                    out.append(Report(run_id, open_record(self.store, decode(
+                        ReportRecord, doc, f"{self.keys.reports(run_id)}#{key}"))))
                 except MarblesError:
                     continue
         return out
@@ -390,8 +408,8 @@ class WaitStore:
         out = []
         for key, doc in fields.items():
             try:
-                out.append(Report(run_id, decode(ReportRecord, doc,
-                                                 f"{self.keys.reports(run_id)}#{as_text(key)}")))
+                out.append(Report(run_id, open_record(self.store, decode(
+                    ReportRecord, doc, f"{self.keys.reports(run_id)}#{as_text(key)}"))))
             except MarblesError:
                 continue
         return sorted(out, key=lambda r: (r.record.at_ms, r.record.key))

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..engine.authoring import InputError
+from ..payloads.codec import decode_payload, encode_payload
+from ..payloads.fields import run_holder, seal_record
 from ..store import new_request_id
 from ..store.records import RunRecord, decode, encode
 from ..store.replies import as_text
@@ -59,20 +61,26 @@ def enqueue(runs: RunStore, record: RunRecord, gate: Gate, digest: str, key: str
     keys = runs.keys
     bucket = keys.bucket_of(digest)
     record = msgspec.structs.replace(record, id=id_in_bucket(keys, bucket))
-    doc, new_input = encode(record), bytes(record.input)
+    # The window holds the record and its inputs sealed (payloads/codec.py); the reducer
+    # is given them as they were.
+    holder = run_holder(record.id)
+    doc = encode(seal_record(runs.store, record, holder))
+    new_input = bytes(record.input)
+    stored_input = encode_payload(runs.store, new_input, holder=holder)
     expect, merged = ("", b"") if reduce is None else ("?", b"")
     request_id = new_request_id()
     for _ in range(MAX_CAS_TRIES):
         reply = runs.scripts.debounce_enqueue(
             window=keys.debounce_window(digest), due=keys.debounce_due(bucket),
             runs=keys.debounce_runs(bucket), closed=keys.debounce_closed(bucket),
-            run_id=record.id, doc=doc, input=new_input, merged=merged, expect=expect,
+            run_id=record.id, doc=doc, input=stored_input, merged=merged, expect=expect,
             window_ms=gate.window_ms, max_ms=gate.max_ms, digest=digest,
             request_id=request_id)
         if reply.status == "conflict":
             assert reduce is not None
             expect = as_text(reply.values[1])
-            merged = reduce(bytes(reply.values[2]), new_input)
+            merged = encode_payload(runs.store, reduce(
+                decode_payload(runs.store, bytes(reply.values[2])), new_input), holder=holder)
             request_id = new_request_id()  # another write: another request
             continue
         run_id, n, until, most = reply.values
@@ -99,7 +107,7 @@ def close(runs: RunStore, rq: RQLike, bucket: int, run_id: str) -> str:
         return reply.status
     doc, data, _, cancelled = reply.values
     record = msgspec.structs.replace(decode(RunRecord, doc, f"{closed} {run_id}"),
-                                     input=msgspec.Raw(bytes(data)))
+                                     input=msgspec.Raw(decode_payload(runs.store, bytes(data))))
     if cancelled:
         # Recorded to start later (no delivery yet), then cancelled: it never runs.
         record = msgspec.structs.replace(
@@ -179,7 +187,8 @@ def window_view(runs: RunStore, run_id: str) -> RunView | None:
         doc, data, first, wait_for = closed[0], closed[1], 0, None
         status, reason, note = "queued", None, "its debounce window closed: starting"
     record = msgspec.structs.replace(decode(RunRecord, doc, keys.debounce_runs(bucket)),
-                                     input=msgspec.Raw(bytes(data or b"null")))
+                                     input=msgspec.Raw(decode_payload(
+                                         runs.store, bytes(data or b"null"))))
     return RunView(record=record, status=status, attempt=0, epoch=0,
                    created_ms=first or record.requested_at_ms, started_ms=None,
                    finished_ms=None, result=None, error=None, worker=None,

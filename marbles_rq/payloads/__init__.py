@@ -10,6 +10,7 @@ read; nothing else in the package knows whether a payload is encrypted or offloa
 
 from .blobs import BlobRef, BlobStore, blob_store_for
 from .codec import decode_payload, encode_payload, open_bytes, seal_bytes
+from .crypto import PayloadKeyMissing
 
-__all__ = ["BlobRef", "BlobStore", "blob_store_for", "decode_payload", "encode_payload",
-           "open_bytes", "seal_bytes"]
+__all__ = ["BlobRef", "BlobStore", "PayloadKeyMissing", "blob_store_for", "decode_payload",
+           "encode_payload", "open_bytes", "seal_bytes"]

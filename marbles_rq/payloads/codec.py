@@ -24,15 +24,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import offload
+from . import crypto, offload
 
 ENVELOPE = b'{"$mr":'
+ESCAPE = b'{"$mr":"esc","v":'
+SEALED = b'{"$mr":"enc",'
 
 
 def encode_payload(store: Any, data: bytes, *, holder: str = "") -> bytes:
     """The JSON text to store for the JSON text `data` of a user value."""
-    if data.startswith(ENVELOPE):
-        data = b'{"$mr":"esc","v":' + data + b"}"
+    sealed = crypto.seal_json(data)
+    if sealed is not None:
+        data = sealed
+    elif data.startswith(ENVELOPE):
+        data = ESCAPE + data + b"}"
     return offload.offload(store, data, holder)  # after sealing: the blob holds sealed bytes
 
 
@@ -44,16 +49,18 @@ def decode_payload(store: Any, stored: bytes) -> bytes:
         stored = offload.fetch(store, stored)
         if not stored.startswith(ENVELOPE):
             return stored
-    if stored.startswith(b'{"$mr":"esc","v":'):
-        return stored[len(b'{"$mr":"esc","v":'):-1]
-    raise ValueError("unknown payload envelope")
+    if stored.startswith(SEALED):
+        return crypto.open_json(stored)
+    if stored.startswith(ESCAPE):
+        return stored[len(ESCAPE):-1]
+    raise crypto.PayloadSealError(f"unknown payload envelope: {stored[:40]!r}")
 
 
 def seal_bytes(store: Any, data: bytes) -> bytes:
     """Binary content as stored (compressed and encrypted when keys are configured)."""
-    return data
+    return crypto.seal_blob(data)
 
 
 def open_bytes(store: Any, sealed: bytes) -> bytes:
     """The content `seal_bytes` sealed."""
-    return sealed
+    return crypto.open_blob(sealed)

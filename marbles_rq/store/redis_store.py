@@ -509,6 +509,11 @@ def open_store(url: str | None = None, *, prefix: str = DEFAULT_PREFIX,
     error otherwise. `buckets` and `lanes`: None adopts what the deployment recorded (at
     creation: 1,024 buckets; one lane, or one per master on a Redis Cluster); a number must
     match the recorded value. `read_only`: for reading commands; records nothing."""
+    from ..payloads.crypto import check_config
+
+    # A malformed MARBLES_KEYS stops every process at its start (one line), not at the
+    # first payload it seals: a worker would otherwise take runs it cannot record.
+    check_config()
     adopt = {"layout"} | {n for n, v in (("buckets", buckets), ("lanes", lanes)) if v is None}
     client = connect(url)
     try:

@@ -51,6 +51,7 @@ from ..engine.authoring import (
 )
 from ..engine.runs import RunStore
 from ..errors import InvalidIdError
+from ..payloads.codec import decode_payload, encode_payload
 from ..store.redis_errors import is_outage, one_line
 from ..store.replies import as_text
 from ..transport.lanes import RQLike
@@ -242,6 +243,8 @@ class Batches:
         keys, group = self.keys, slot.group
         bucket = keys.bucket_of(group)
         seq = _SEQ.get(group, 0)  # 0: not known here (the script answers which it is)
+        # Held sealed until the batch's run is recorded (the size cap counts sealed bytes).
+        item = encode_payload(self.store, item, holder=f"run:{event_key}")
         for _ in range(100):  # each "moved" means a batch sealed meanwhile
             batch_id = f"{group}-{seq}"
             reply = self.store.scripts.append_batch(
@@ -303,7 +306,8 @@ class Batches:
         if self.rq is None:
             raise ValueError("Batches needs an RQ connection to start runs")
         request = ops.RunRequest(workflow, batch_input(
-            i if isinstance(i, bytes) else i.encode() for i in items), batch_id, origin="batch")
+            decode_payload(self.store, i if isinstance(i, bytes) else i.encode())
+            for i in items), batch_id, origin="batch")
         try:
             enqueued = ops.enqueue(self.runs, self.rq, request, self._registry_for(workflow))
         except UnknownWorkflowError as exc:

@@ -52,6 +52,7 @@ from ..engine.authoring import (
 from ..engine.event_waits import offer_event
 from ..engine.runs import RunStore
 from ..errors import CorruptRecordError, InvalidIdError, UnsupportedRecordVersionError
+from ..payloads.fields import open_record, run_holder, seal_record
 from ..store import RedisStore, new_request_id
 from ..store.keys import Keyspace
 from ..store.records import EventRecord, decode, encode
@@ -363,7 +364,8 @@ class Events:
             event_key=key, event_hash=self.keys.event(key),
             listing_key=self.keys.event_listing(bucket),
             pending_key=self.keys.event_pending(bucket),
-            offer_key=self.keys.event_offer(bucket), doc=encode(record),
+            offer_key=self.keys.event_offer(bucket),
+            doc=encode(seal_record(self.store, record, run_holder(record.id))),
             request_id=new_request_id(), workflow=trigger.workflow if trigger else "",
             run_id=key if trigger and slot is None else "", grace_ms=PENDING_GRACE_MS,
             batch=b"" if slot is None else msgspec.json.encode(slot))
@@ -372,6 +374,9 @@ class Events:
                         trigger.workflow if trigger else "", key if trigger else "")
         state, workflow, run_id = (as_text(v) for v in reply.values[1:4])
         return Sent(key, False, state, workflow, run_id)
+
+    def _open(self, record: EventRecord) -> EventRecord:
+        return open_record(self.store, record)
 
     def send(self, source: str, event_id: str, *, type: str = "",
              payload: bytes = b"null") -> Sent:
@@ -432,8 +437,9 @@ class Events:
                 continue
             doc = fields[0]
             try:
-                record = decode(EventRecord, doc.encode() if isinstance(doc, str) else doc,
-                                self.keys.event(key))
+                record = self._open(decode(
+                    EventRecord, doc.encode() if isinstance(doc, str) else doc,
+                    self.keys.event(key)))
             except (CorruptRecordError, UnsupportedRecordVersionError) as exc:
                 log.warning("event %s: not offered to waiting runs: %s", key, exc)
                 self.store.client.zrem(self.keys.event_offer(self.keys.bucket_of(key)), key)
@@ -497,8 +503,8 @@ class Events:
         if as_text(fields[1]) != "pending":
             return self._mark(key, ctl_epoch, "started")  # not_pending: drops a stale entry
         doc = fields[0]
-        record = decode(EventRecord, doc.encode() if isinstance(doc, str) else doc,
-                        self.keys.event(key))
+        record = self._open(decode(EventRecord, doc.encode() if isinstance(doc, str) else doc,
+                                   self.keys.event(key)))
         workflow = as_text(fields[2])
         if fields[3]:  # its trigger batches: it goes to the batch journaled with it
             try:
@@ -570,7 +576,7 @@ class Events:
             if isinstance(fields, Exception) or fields[0] is None:
                 continue
             try:
-                record = decode(EventRecord, fields[0], self.keys.event(key))
+                record = self._open(decode(EventRecord, fields[0], self.keys.event(key)))
             except Exception as exc:  # one unreadable event costs only itself
                 log.warning("skipping event %s: %s", key, exc)
                 continue

@@ -69,6 +69,7 @@ STATUS: dict[str, int] = {
     "unknown_artifact_version": 404,
     "artifact_conflict": 409,  # a put's expect_version is not the latest version
     "redis_unavailable": 503,
+    "key_missing": 409,  # a payload sealed with a key this server's MARBLES_KEYS lacks
     "internal": 500,
 }
 DEFAULT_STATUS = 409
