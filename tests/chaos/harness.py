@@ -18,6 +18,7 @@ refused); a sampler thread reads the concurrency limits' live holds in the store
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import json
@@ -81,6 +82,7 @@ TARGET_WAIT_S = 3.0  # a fault waits this long for a busy target before taking a
 # controllers share them, each lane with its own lease, epoch and RQ keyspace.
 LANES = int(os.environ.get("MARBLES_CHAOS_LANES", "1"))
 STARTUP_EXCUSE_S = 15.0
+KEY_ID = "cx1"  # MARBLES_KEYS of every chaos process: one key, made for the run
 SAMPLE_EVERY_S = 0.1  # how often the sampler reads the concurrency limits' holds
 RERUN_WAIT_S = 90.0  # a rerun waits this long for its source run to finish
 RETRY_WAIT_S = 240.0  # six tries parked 0.6 s to 9.6 s apart, through kills and outages
@@ -224,6 +226,14 @@ class Harness:
         self.out = out
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = Log(self.dir / "harness.jsonl")
+        # Encryption at rest, always on: every chaos process (and this one, which reads the
+        # history) seals payloads under a key of this run's own, kept beside its data so a
+        # recheck can open them.
+        keyfile = self.dir / "marbles-keys"
+        if not keyfile.exists():
+            keyfile.write_text(f"{KEY_ID}:{base64.b64encode(os.urandom(32)).decode()}\n")
+        self.keys = keyfile.read_text().strip()
+        os.environ["MARBLES_KEYS"] = self.keys
         self.redis: RedisServer | None = None
         self.slots: list[Slot] = []
         self.stop = threading.Event()
@@ -255,7 +265,7 @@ class Harness:
         path = env.get("PYTHONPATH", "")
         env.update(MARBLES_REDIS_URL=self.url, MARBLES_SOURCE=SOURCE, PYTHONUNBUFFERED="1",
                    PYTHONPATH=str(REPO_ROOT) + (os.pathsep + path if path else ""),
-                   MARBLES_LANE_COUNT=str(self.lanes))
+                   MARBLES_LANE_COUNT=str(self.lanes), MARBLES_KEYS=self.keys)
         return env
 
     def base_argv(self) -> list[str]:

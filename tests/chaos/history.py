@@ -23,6 +23,7 @@ import msgspec
 import redis
 
 from marbles_rq.engine.runs import RunStore
+from marbles_rq.payloads.codec import decode_payload
 from marbles_rq.store.records import EffectReceipt, decode
 from tests.chaos.names import (
     CLAIMS_KEY,
@@ -338,7 +339,8 @@ def _events(rows: list[Any]) -> list[Ev]:
     return out
 
 
-def _questions(fields: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
+def _questions(fields: dict[bytes, bytes], store: Any = None) -> dict[str, dict[str, Any]]:
+    """A run's questions; their answers opened (sealed when MARBLES_KEYS is set)."""
     f = {_s(k): v for k, v in fields.items()}
     out: dict[str, dict[str, Any]] = {}
     for name in f:
@@ -346,7 +348,8 @@ def _questions(fields: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
             continue
         answer = f.get(f"{name}|answer")
         out[name] = {"state": _s(f.get(f"{name}|state", b"open")),
-                     "answer": None if answer is None else msgspec.json.decode(answer),
+                     "answer": None if answer is None else msgspec.json.decode(
+                         answer if store is None else decode_payload(store, bytes(answer))),
                      "rev": int(f.get(f"{name}|rev", b"1"))}
     return out
 
@@ -385,13 +388,14 @@ def read_runs(runs: RunStore, ids: list[str]) -> dict[str, Run]:
                 queue=view.record.queue, priority=view.record.priority,
                 rerun_of=view.record.rerun_of, rerun_from_step=view.record.rerun_from_step,
                 start_at_ms=view.record.not_before_ms,
-                events=_events(rows), questions=_questions(asks),
+                events=_events(rows), questions=_questions(asks, runs.store),
                 steps={s.key: Step(s.key, s.name, s.status, s.attempts,
                                    None if s.result is None else msgspec.json.decode(s.result),
                                    s.seq)
                        for s in view.steps})
             run.effects = _effects(runs, rid, [_s(k) for k in effect_keys])
-            run.published = {_s(k): msgspec.json.decode(v) for k, v in published.items()}
+            run.published = {_s(k): msgspec.json.decode(decode_payload(runs.store, v))
+                             for k, v in published.items()}
             out[rid] = run
     return out
 
