@@ -24,6 +24,7 @@ import redis
 
 from marbles_rq.engine.runs import RunStore
 from marbles_rq.payloads.codec import decode_payload
+from marbles_rq.payloads.fields import open_value
 from marbles_rq.store.records import EffectReceipt, decode
 from tests.chaos.names import (
     CLAIMS_KEY,
@@ -326,7 +327,9 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _events(rows: list[Any]) -> list[Ev]:
+def _events(rows: list[Any], store: Any = None) -> list[Ev]:
+    """A run's output journal; with `store`, the user values its entries carry (an input
+    patch, a signal's payload ...) opened when MARBLES_KEYS sealed them."""
     out = []
     for eid, f in rows:
         ms, seq = _s(eid).split("-")
@@ -334,6 +337,8 @@ def _events(rows: list[Any]) -> list[Ev]:
             data = msgspec.json.decode(f[b"d"])
         except msgspec.DecodeError:
             data = {"unreadable": _s(f.get(b"d", b""))}
+        if store is not None and isinstance(data, dict):
+            data = {k: open_value(store, v) for k, v in data.items()}
         out.append(Ev(int(ms), int(seq), _s(f.get(b"t", b"?")), int(f.get(b"a", 0) or 0),
                       data if isinstance(data, dict) else {"value": data}))
     return out
@@ -388,7 +393,7 @@ def read_runs(runs: RunStore, ids: list[str]) -> dict[str, Run]:
                 queue=view.record.queue, priority=view.record.priority,
                 rerun_of=view.record.rerun_of, rerun_from_step=view.record.rerun_from_step,
                 start_at_ms=view.record.not_before_ms,
-                events=_events(rows), questions=_questions(asks, runs.store),
+                events=_events(rows, runs.store), questions=_questions(asks, runs.store),
                 steps={s.key: Step(s.key, s.name, s.status, s.attempts,
                                    None if s.result is None else msgspec.json.decode(s.result),
                                    s.seq)
