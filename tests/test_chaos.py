@@ -5,7 +5,8 @@ combinations of issue 16 included: pause/resume storms, children gathered late, 
 while children start, concurrency limits, reruns from a step, priorities; and runs that
 wait for signals sent while processes die, and runs that publish their state and wait for a
 matching event among decoys; compensating runs, steps under a retry policy paused when
-their tries run out and retried with a patched input, bursts of rate-limited runs), 30
+their tries run out and retried with a patched input, bursts of rate-limited runs;
+sessions, artifacts put by compare-and-set, a durable mutex with its holder stopped), 30
 worker kills,
 5 leader kills, 2 Redis kills and 5 SIGSTOPs (see tests/chaos/). Then the same on three
 lanes, smaller (300 runs, 18 worker kills). A few minutes each on 2 cores.
@@ -35,7 +36,9 @@ COVERED = ("runs", "steps", "effects", "questions", "timers", "children", "event
            "runs started later", "signals", "event waits", "event waits parked",
            "event waits taken at once", "decoy events",
            "published values", "compensated runs", "retry runs", "retries patched",
-           "rate-limited starts lane=north", "rate-limited starts lane=south")
+           "rate-limited starts lane=north", "rate-limited starts lane=south",
+           "session runs", "session messages", "artifact puts",
+           "artifact puts by compare-and-set", "lock runs", "lock passes written")
 
 
 def _chaos(*args: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ from marbles_rq.triggers.events import event_key
 from tests.chaos.checker import KINDS, check, summary
 from tests.chaos.history import (
     AnswerTry,
+    ArtifactVersion,
     Cancel,
     Claim,
     Crash,
@@ -25,6 +27,7 @@ from tests.chaos.history import (
     Fault,
     History,
     LimitSample,
+    LockReceipt,
     OrderSent,
     PauseTry,
     RerunTry,
@@ -36,22 +39,28 @@ from tests.chaos.history import (
     Submitted,
 )
 from tests.chaos.names import (
+    ARTIFACT_CAS,
+    ARTIFACT_PLAIN,
     PRIORITIES,
     RATE_PER_S,
     RETRY_EXHAUST,
     RETRY_MAX_ATTEMPTS,
     RETRY_PATCH,
     SCHEDULES,
+    SESSION_SHARED,
     TICK_KEY,
 )
 from tests.chaos.plan import (
+    ARTIFACTS,
     DECOYS,
+    LOCKS,
     PUBLISH_WAITS,
     RATE_BURST,
     RATE_BURSTS,
     RETRIES,
     RUN_WEIGHTS,
     SAGAS,
+    SESSIONS,
     make_plan,
     order_event,
 )
@@ -255,6 +264,9 @@ def valid_history() -> History:
     _saga(h)
     _retries(h)
     _rates(h)
+    _sessions(h)
+    _artifacts(h)
+    _locks(h)
     return h
 
 
@@ -378,6 +390,106 @@ def _rates(h: History) -> None:
             b.start()
             b.finish({"steps": [b.step("cx_rate.cx_link#0")]})
             h.submitted.append(Submitted(rid, "cx_rate", "api", True))
+
+
+def _sessions(h: History) -> None:
+    """A cx_session run of one step that also appends to the shared session: its own
+    holds messages 0 (body), 1 (step), 2 (body); the shared one 1 (step) and 3 (body)."""
+    b = Builder(h, "r-ses", "cx_session", {"steps": 1, "shared": True, "sleep_ms": 5})
+    b.start()
+    step = b.step("cx_session.cx_say#0", "cx_say", effect=False)
+    b.finish({"session": "r-ses", "said": 3, "steps": [step]})
+    h.submitted.append(Submitted("r-ses", "cx_session", "api", True))
+    said = [{"run": "r-ses", "i": i, "at": "step" if i % 2 else "body"} for i in range(4)]
+    h.sessions = {"r-ses": said[:3], SESSION_SHARED: [said[1], said[3]]}
+
+
+def _artifacts(h: History) -> None:
+    """Two cx_artifact runs: a plain put and one by compare-and-set, each version 1 of
+    its artifact."""
+    for rid, cas, name in (("r-art", False, ARTIFACT_PLAIN), ("r-art-cas", True, ARTIFACT_CAS)):
+        b = Builder(h, rid, "cx_artifact", {"cas": cas, "sleep_ms": 10})
+        b.start()
+        step = b.step("cx_artifact.cx_put#0", "cx_put", effect=False)
+        b.finish({"artifact": name, "version": 1, "steps": [step]})
+        h.submitted.append(Submitted(rid, "cx_artifact", "api", True))
+        content = json.dumps({"run": rid, "step": "cx_artifact.cx_put#0"}).encode()
+        h.artifacts[name] = [ArtifactVersion(1, content, rid)]
+
+
+def _locks(h: History) -> None:
+    """Two cx_lock runs: r-lock-a holds it from 100 to 200 ms; r-lock-b's first execution
+    enters at 250 and is stopped inside; its hold lapses, its run is redelivered, takes it
+    again and passes from 600 to 700 ms; the stopped execution's write at 900 is refused."""
+    def pass_(x: str, run: str, epoch: int, enter: int, exit: int | None, outcome: str,
+              holder: str, holder_epoch: int, read: int) -> None:
+        h.lock_receipts.append(LockReceipt(x, "enter", run, epoch, epoch, T0 + enter, run,
+                                           epoch, valid=True, read=read))
+        if exit is not None:
+            h.lock_receipts.append(LockReceipt(x, "exit", run, epoch, epoch, T0 + exit,
+                                               holder, holder_epoch, outcome=outcome))
+
+    pass_("la", "r-lock-a", 1, 100, 200, "written", "r-lock-a", 1, 0)
+    pass_("lb1", "r-lock-b", 1, 250, 900, "refused", "r-lock-b", 2, 1)
+    pass_("lb2", "r-lock-b", 2, 600, 700, "written", "r-lock-b", 2, 1)
+    for rid in ("r-lock-a", "r-lock-b"):
+        b = Builder(h, rid, "cx_lock", {"hold_ms": 20, "step": False})
+        b.start()
+        b.finish({"steps": [b.step("cx_lock.cx_link#0")]})
+        h.submitted.append(Submitted(rid, "cx_lock", "api", True))
+    h.lock_counter, h.lock_done = 2, ["r-lock-a", "r-lock-b"]
+
+
+def _session_lost_message(h: History) -> None:
+    del h.sessions["r-ses"][1]
+
+
+def _session_message_twice(h: History) -> None:
+    shared = h.sessions[SESSION_SHARED]
+    assert shared is not None
+    shared.insert(0, shared[0])
+
+
+def _session_out_of_order(h: History) -> None:
+    own = h.sessions["r-ses"]
+    assert own is not None
+    own[0], own[1] = own[1], own[0]
+
+
+def _artifact_put_twice(h: History) -> None:
+    first = h.artifacts[ARTIFACT_PLAIN][0]
+    h.artifacts[ARTIFACT_PLAIN].append(dataclasses.replace(first, version=2))
+
+
+def _artifact_gap(h: History) -> None:
+    h.artifacts[ARTIFACT_CAS] = [dataclasses.replace(h.artifacts[ARTIFACT_CAS][0], version=2)]
+
+
+def _artifact_put_lost(h: History) -> None:
+    h.artifacts[ARTIFACT_CAS] = []
+
+
+def _lock_holds_overlap(h: History) -> None:
+    at = next(i for i, r in enumerate(h.lock_receipts) if r.x == "lb2" and r.op == "enter")
+    h.lock_receipts[at] = dataclasses.replace(h.lock_receipts[at], ms=T0 + 150)
+
+
+def _lock_write_not_holding(h: History) -> None:
+    for i, r in enumerate(h.lock_receipts):
+        if r.x == "lb1":
+            h.lock_receipts[i] = dataclasses.replace(r, valid=False, holder="r-lock-a",
+                                                     outcome="written" if r.op == "exit"
+                                                     else "")
+
+
+def _lock_update_lost(h: History) -> None:
+    h.lock_counter = 1
+
+
+def _lock_never_held(h: History) -> None:
+    h.lock_receipts = [r for r in h.lock_receipts if r.run != "r-lock-a"]
+    h.lock_done.remove("r-lock-a")
+    h.lock_counter = 1
 
 
 def _retry_tries_lost(h: History) -> None:
@@ -883,6 +995,16 @@ MUTATIONS: dict[str, tuple[str, Callable[[History], None]]] = {
     "retry_patch_ignored": ("retry", _retry_patch_ignored),
     "retry_effect_skipped": ("retry", _retry_effect_skipped),
     "rate_limit": ("rate_limit", _rate_exceeded),
+    "session_lost_message": ("session", _session_lost_message),
+    "session_message_twice": ("session", _session_message_twice),
+    "session_out_of_order": ("session", _session_out_of_order),
+    "artifact_put_twice": ("artifact", _artifact_put_twice),
+    "artifact_gap": ("artifact", _artifact_gap),
+    "artifact_put_lost": ("artifact", _artifact_put_lost),
+    "lock_holds_overlap": ("lock", _lock_holds_overlap),
+    "lock_write_not_holding": ("lock", _lock_write_not_holding),
+    "lock_update_lost": ("lock", _lock_update_lost),
+    "lock_never_held": ("lock", _lock_never_held),
     "signal_lost": ("signal_lost", _signal_never_taken),
     "signal_order": ("signal_order", _signal_out_of_order),
     "start_early": ("start_early", _started_early),
@@ -909,6 +1031,11 @@ def test_a_correct_history_passes() -> None:
     assert report.checked["retry runs"] == 2 and report.checked["retries patched"] == 1
     assert report.checked["retry failures"] == 2 + RETRY_MAX_ATTEMPTS
     assert report.checked["rate-limited starts lane=north"] == RATE_PER_S + 2
+    assert report.checked["session runs"] == 1 and report.checked["session messages"] == 5
+    assert report.checked["artifact puts"] == 2
+    assert report.checked["artifact puts by compare-and-set"] == 1
+    assert report.checked["lock runs"] == 2 and report.checked["lock passes written"] == 2
+    assert report.checked["lock passes refused"] == 1
     text = summary(history, report)
     assert "violations: 0" in text
 
@@ -956,7 +1083,8 @@ def test_the_plan_is_a_function_of_the_seed() -> None:
     runs = {r.run_id for a in make_plan(11).actions if a.op != "rerun" for r in a.runs}
     # the event waits and the sagas come on top
     assert len(runs) == (500 + 500 * PUBLISH_WAITS // 100 + 500 * SAGAS // 100
-                         + 500 * RETRIES // 100 + RATE_BURSTS * RATE_BURST)
+                         + 500 * RETRIES // 100 + RATE_BURSTS * RATE_BURST
+                         + 500 * (SESSIONS + ARTIFACTS + LOCKS) // 100)
 
 
 @pytest.mark.parametrize(("seed", "runs", "kills"), [(4242, 500, 30), (4243, 300, 18)])
@@ -966,7 +1094,8 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     plan = make_plan(seed, runs, kills)
     kinds = Counter(spec.kind for a in plan.actions
                     if a.op in ("submit", "batch", "send", "signal_start") for spec in a.runs)
-    assert set(kinds) == {*RUN_WEIGHTS, "publish_wait", "saga", "retry", "rate"}, \
+    assert set(kinds) == {*RUN_WEIGHTS, "publish_wait", "saga", "retry", "rate", "session",
+                          "artifact", "lock"}, \
         set(RUN_WEIGHTS) - set(kinds)
     assert sum(a.op == "cancel_compensate" for a in plan.actions) >= 3
     retries = [a.runs[0].input for a in plan.actions if a.op == "submit"
@@ -985,12 +1114,25 @@ def test_the_short_mode_covers_every_workload(seed: int, runs: int, kills: int) 
     assert calls["pause"] >= 10 and calls["resume"] >= 10
     assert any(a.ops[:2] == ("pause", "resume") for a in plan.actions if a.op == "pause")
     assert sum(a.op == "rerun" for a in plan.actions) >= 5
-    assert {a.runs[0].priority for a in plan.actions if a.runs[0].kind == "priority"} \
+    assert {a.runs[0].priority for a in plan.actions
+            if a.runs and a.runs[0].kind == "priority"} \
         == set(PRIORITIES)
     assert sum(a.op == "cancel_spawning" for a in plan.actions) >= 5
     assert any(a.ops[:1] == ("started",) for a in plan.actions if a.op == "pause")
     assert sum(a.op == "signal_start" for a in plan.actions) >= 3
     assert sum(a.op == "signal" for a in plan.actions) >= 20
+    # Issue 23: runs on the shared session and of their own, plain and compare-and-set
+    # puts (some submitted together), critical sections with and without a step inside,
+    # and a worker stopped inside one.
+    inputs = [(a.runs[0].kind, a.runs[0].input) for a in plan.actions if a.op == "submit"]
+    shared = Counter(i.get("shared") for (k, i) in inputs if k == "session")
+    assert shared[True] >= 3 and shared[False] >= 3
+    cas = Counter(i.get("cas") for (k, i) in inputs if k == "artifact")
+    assert cas[True] >= 3 and cas[False] >= 3
+    step = Counter(i.get("step") for (k, i) in inputs if k == "lock")
+    assert step[True] >= 1 and step[False] >= 1
+    assert sum(a.op == "lock_stop" for a in plan.actions) >= 1
+    assert sum(a.op == "put_kill" for a in plan.actions) >= 1
     # Each cx_publish_wait run is sent its matching event; some runs before they are even
     # submitted (the wait's lookback finds it), others while they wait; decoys of each kind.
     submit_at = {a.runs[0].run_id: a.at_s for a in plan.actions

@@ -25,6 +25,7 @@ import msgspec
 from ..engine.context import Run, check_branch, check_not_in_foreign_thread, now_ms
 from ..engine.waiting import _local
 from ..store.records import ReportRecord, StepRecord
+from .errors import ArtifactConflict
 from .memory import artifacts_for
 from .store import Data, Put
 
@@ -43,10 +44,17 @@ def put(run: Run, name: str, data: Data, *, expect_version: int | None, media_ty
     if recorded is not None:
         return int(msgspec.json.decode(recorded.result)["version"])
     store = artifacts_for(run.runs)  # a run in memory (dry run, test kit): kept in memory
-    done: Put = run.call_store(functools.partial(
-        store.put, name, data, expect_version=expect_version, media_type=media_type,
-        meta=meta, declared_type=declared_type, token=f"{run.run_id}|{key}", run=run.run_id,
-        step=frame.path, keep=keep))
+    try:
+        done: Put = run.call_store(functools.partial(
+            store.put, name, data, expect_version=expect_version, media_type=media_type,
+            meta=meta, declared_type=declared_type, token=f"{run.run_id}|{key}",
+            run=run.run_id, step=frame.path, keep=keep))
+    except ArtifactConflict:
+        # A conflict wrote nothing: the retry that follows takes this place (and token) again.
+        # Counted, a step killed after its retry's put would, run again, put under the first
+        # token without meeting the conflict: a second version (the chaos test's cx_artifact).
+        frame.counters[marker] -= 1
+        raise
     version = done.version
     entry = {"name": name, "version": version, "size": done.record.size,
              "media_type": done.record.media_type}

@@ -9,7 +9,9 @@ Layout:
   from, priority bands; pause/resume storms hit chains; runs that wait for signals, and
   runs that publish their state and wait for a matching event; compensating runs, steps
   under a retry policy (some paused when their tries run out, retried with a patched
-  input), rate-limited bursts). Loaded by every worker
+  input), rate-limited bursts; sessions appended from bodies and steps, artifact versions
+  put plainly and by compare-and-set, a durable mutex around a fenced read-then-write).
+  Loaded by every worker
   and controller with ``--source tests.chaos.workloads``. Every step body leaves receipts
   in Redis (see its docstring), so the checker can count executions and effects.
 * ``plan.py`` -- the seeded plan: what is submitted (and paused, resumed, cancelled, rerun)

@@ -49,12 +49,21 @@ and for published state and event waits (cx_publish_wait):
   store accepted did not time out;
 * each publish appears once per ledger position (one ``published`` journal entry for each
   ``|publish`` ledger entry, none without one), and a succeeded run's published state is
-  the value it returned.
+  the value it returned;
+and for issue 23's records (see each rule's docstring):
+* a session keeps each message of a run once, in the run's order (its own session and the
+  shared one), and nothing nobody appended;
+* an artifact's versions are 1..N with no gap; a finished run's put is exactly one version
+  (the one its step returned), by compare-and-set too;
+* no two valid holds of the mutex overlap (a hold valid when its fenced read and write both
+  found it the lock's holder in the store); no fenced write accepted from an execution that
+  did not hold it; no lost update; every finished run held it once.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -63,12 +72,15 @@ from typing import Any
 
 from tests.chaos.history import AnswerTry, Ev, Execution, History, PauseTry, Run
 from tests.chaos.names import (
+    ARTIFACT_CAS,
+    ARTIFACT_PLAIN,
     ORDER_SOURCE,
     ORDER_TYPE,
     RATE_PER_S,
     RETRY_EXHAUST,
     RETRY_MAX_ATTEMPTS,
     RETRY_PATCH,
+    SESSION_SHARED,
     STATE_KEY,
 )
 
@@ -134,6 +146,14 @@ KINDS: dict[str, str] = {
              "use the patched input",
     "rate_limit": "more step starts of a rate-limited workflow in a one-second window than "
                   "its limit, for one key",
+    "session": "a session lost a run's message, kept one twice or out of the run's order, "
+               "holds one nobody appended, or cannot be read",
+    "artifact": "an artifact's versions are not 1..N without a gap, or a run's put is "
+                "missing, made twice, or not the version its step returned",
+    "lock": "two valid holds of the mutex overlapped (each entered and left with the lock's "
+            "holder in the store being its execution), a fenced write was accepted from "
+            "an execution that did not hold it, the counter lost an update, or a finished "
+            "run never held the lock",
 }
 # Journal entries only the execution that owns the run may write.
 EXECUTION_WRITES = ("step_started", "step_succeeded", "step_failed", "step_retry", "output",
@@ -218,6 +238,9 @@ def check(history: History) -> Report:
     _check_sagas(history, report)
     _check_retries(history, report)
     _check_rates(history, report)
+    _check_sessions(history, report)
+    _check_artifacts(history, report)
+    _check_locks(history, report)
     _check_pauses(history, report)
     _check_cancelled_children(history, executions, report)
     _check_limits(history, report)
@@ -942,6 +965,177 @@ def _check_rates(history: History, report: Report) -> None:
             report.add("rate_limit", f"cx_rate[lane={lane}]",
                        f"{most} step starts in the second from {at} ms (limit "
                        f"{RATE_PER_S}/s)")
+
+
+# -- sessions, artifacts and the mutex (issue 23) -------------------------------------------
+
+def _sequence_problem(got: list[Any], want: list[Any]) -> str:
+    """How `got` differs from `want`: missing items, items kept twice, or out of order."""
+    if got == want:
+        return ""
+    counts = Counter(map(repr, got))
+    missing = [w for w in want if repr(w) not in counts]
+    twice = sorted({g for g in map(repr, got) if counts[g] > 1})
+    extra = [g for g in got if g not in want]
+    parts = [f"missing {missing}"] if missing else []
+    parts += [f"twice {twice}"] if twice else []
+    parts += [f"never appended {extra}"] if extra else []
+    return "; ".join(parts) or f"out of order: {got}"
+
+
+def _check_sessions(history: History, report: Report) -> None:
+    """cx_session: a succeeded run's own session holds exactly its messages 0..2n, in
+    order, once each (the body's appends replayed by every later execution, a step's again
+    by its redelivery); the shared session holds each of its steps' messages and its last
+    body message once, in the run's order, and nothing nobody appended. A run that did not
+    succeed kept each message at most once, in order."""
+    shared = history.sessions.get(SESSION_SHARED)
+    in_shared: dict[str, list[Any]] = defaultdict(list)
+    for message in shared or []:
+        if not isinstance(message, dict) or "run" not in message:
+            report.add("session", SESSION_SHARED, f"message {message!r} names no run")
+            continue
+        in_shared[str(message["run"])].append(message.get("i"))
+    sharing = [r for r in history.runs.values() if r.name == "cx_session"
+               and isinstance(r.input, dict) and r.input.get("shared")
+               and r.status == "succeeded"]
+    if sharing and shared is None:
+        report.add("session", SESSION_SHARED, f"missing or unreadable, though {len(sharing)} "
+                   f"runs appended to it")
+    for run in history.runs.values():
+        if run.name != "cx_session" or not isinstance(run.input, dict):
+            continue
+        n = int(run.input.get("steps", 0))
+        want_own = list(range(2 * n + 1))
+        want_shared = [2 * k + 1 for k in range(n)] + [2 * n + 1] \
+            if run.input.get("shared") else []
+        got_shared = in_shared.pop(run.id, [])
+        if run.status != "succeeded" or not isinstance(run.result, dict):
+            if len(set(map(repr, got_shared))) != len(got_shared) \
+                    or any(g not in want_shared for g in got_shared):
+                report.add("session", run.id, f"{run.status}: the shared session holds "
+                           f"{got_shared} of its messages")
+            continue
+        report.checked["session runs"] += 1
+        sid = str(run.result.get("session"))
+        messages = history.sessions.get(sid)
+        if messages is None:
+            report.add("session", run.id, f"its session {sid} is missing or unreadable")
+            continue
+        got = [m.get("i") for m in messages if isinstance(m, dict) and m.get("run") == run.id]
+        foreign = [m for m in messages if not (isinstance(m, dict) and m.get("run") == run.id)]
+        report.checked["session messages"] += len(got) + len(got_shared)
+        problem = _sequence_problem(got, want_own)
+        if problem:
+            report.add("session", run.id, f"its session {sid}: {problem}")
+        if foreign:
+            report.add("session", run.id, f"its session {sid} holds {len(foreign)} messages "
+                       f"of others: {foreign[:3]}")
+        problem = _sequence_problem(got_shared, want_shared)
+        if problem:
+            report.add("session", run.id, f"{SESSION_SHARED}: {problem}")
+    for rid, got in sorted(in_shared.items()):
+        report.add("session", rid, f"{SESSION_SHARED} holds messages {got} of a run that is "
+                   f"no cx_session run in the store")
+
+
+def _check_artifacts(history: History, report: Report) -> None:
+    """cx_artifact: each artifact's versions are 1..N with no gap; each version names one
+    run's put (no two the same: a redelivered put made once); a succeeded run's put is in
+    its artifact exactly once, as the version its step returned (by compare-and-set too: no
+    lost write); a run that did not succeed put at most one."""
+    put_by: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for name, versions in sorted(history.artifacts.items()):
+        numbers = sorted(v.version for v in versions)
+        report.checked[f"artifact versions {name}"] += len(numbers)
+        if numbers != list(range(1, len(numbers) + 1)):
+            report.add("artifact", name, f"versions {numbers}: not 1..{len(numbers)}")
+        for v in versions:
+            try:
+                content = json.loads(v.content)
+                put_by[(name, str(content["run"]))].append(v.version)
+            except (ValueError, KeyError, TypeError):
+                report.add("artifact", name, f"version {v.version} holds {v.content[:80]!r}, "
+                           f"which no run put")
+    for run in history.runs.values():
+        if run.name != "cx_artifact" or not isinstance(run.input, dict):
+            continue
+        name = ARTIFACT_CAS if run.input.get("cas") else ARTIFACT_PLAIN
+        mine = put_by.pop((name, run.id), [])
+        if run.status != "succeeded" or not isinstance(run.result, dict):
+            if len(mine) > 1:
+                report.add("artifact", run.id, f"{run.status}, with {len(mine)} versions of "
+                           f"{name}: {mine}")
+            continue
+        report.checked["artifact puts"] += 1
+        if run.input.get("cas"):
+            report.checked["artifact puts by compare-and-set"] += 1
+            if any(isinstance(s.result, dict) and s.result.get("conflicts")
+                   for s in run.steps.values() if s.name == "cx_put"):
+                report.checked["artifact puts after a conflict"] += 1
+        if mine != [run.result.get("version")]:
+            report.add("artifact", run.id, f"{name} holds its put as versions {mine}; its "
+                       f"step returned version {run.result.get('version')}")
+    for (name, rid), versions in sorted(put_by.items()):
+        report.add("artifact", rid, f"{name} versions {versions} name a run that is no "
+                   f"cx_artifact run in the store")
+
+
+def _check_locks(history: History, report: Report) -> None:
+    """cx_lock. A pass through the critical section is valid when its write was accepted:
+    the script that wrote (on leaving) found the lock's holder in the store to be this
+    execution (run and epoch), and so did the script that read (on entering). An execution
+    whose hold lapsed (stopped, killed, redelivered) may go on running its body -- nothing
+    can stop it -- but its write is refused: it is no violation, as a fenced effect is not.
+    So: no two valid passes of different runs overlap (server ms, enter to exit); no write
+    was accepted from a pass that entered without holding; the counter (read on entering,
+    written plus one on leaving) equals the writes accepted, so no update was lost; each
+    succeeded run wrote exactly once."""
+    enters = {r.x: r for r in history.lock_receipts if r.op == "enter"}
+    exits = [r for r in history.lock_receipts if r.op == "exit"]
+    holds: list[tuple[int, int, str, int]] = []
+    written: Counter[str] = Counter()
+    for out in exits:
+        report.checked[f"lock passes {out.outcome}"] += 1
+        if out.outcome != "written":
+            continue
+        written[out.run] += 1
+        entry = enters.get(out.x)
+        if entry is None:
+            report.add("lock", out.run, f"a write accepted (epoch {out.epoch}) without its "
+                       f"entry receipt")
+        elif not entry.valid:
+            report.add("lock", out.run, f"a write accepted from epoch {out.epoch}, which "
+                       f"entered while {entry.holder or 'nobody'}@{entry.holder_epoch} held "
+                       f"the lock")
+        else:
+            holds.append((entry.ms, out.ms, out.run, out.epoch))
+    report.checked["lock entries not holding"] += sum(
+        1 for r in enters.values() if not r.valid and not r.done)
+    holds.sort()
+    latest: tuple[int, int, str, int] | None = None
+    for hold in holds:
+        if latest is not None and hold[0] < latest[1] and hold[2] != latest[2]:
+            report.add("lock", hold[2], f"held from {hold[0]} to {hold[1]} ms (epoch "
+                       f"{hold[3]}) while {latest[2]} (epoch {latest[3]}) held it from "
+                       f"{latest[0]} to {latest[1]}")
+        if latest is None or hold[1] > latest[1]:
+            latest = hold
+    total = sum(written.values())
+    if history.lock_counter != total or sorted(written) != sorted(history.lock_done):
+        report.add("lock", "cx_lock", f"the counter is {history.lock_counter} after {total} "
+                   f"accepted writes by {len(written)} runs ({len(history.lock_done)} marked "
+                   f"done)")
+    for run in history.runs.values():
+        if run.name != "cx_lock":
+            continue
+        if written[run.id] > 1:
+            report.add("lock", run.id, f"{written[run.id]} writes accepted")
+        if run.status == "succeeded":
+            report.checked["lock runs"] += 1
+            if written[run.id] != 1:
+                report.add("lock", run.id, "succeeded without a valid hold of the lock "
+                           "(no accepted write)")
 
 
 def most_in_window(starts: list[int], window_ms: int) -> tuple[int, int]:

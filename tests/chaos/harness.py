@@ -18,6 +18,7 @@ refused); a sampler thread reads the concurrency limits' live holds in the store
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import json
@@ -52,6 +53,8 @@ from marbles_rq.triggers.events import Events
 from tests.chaos import history as h
 from tests.chaos import workloads  # registers the workflows and the trigger to submit
 from tests.chaos.names import (
+    ARTIFACT_CAS,
+    ARTIFACT_PLAIN,
     COLOURS,
     CUSTOMERS,
     EVENT_SOURCE,
@@ -59,8 +62,10 @@ from tests.chaos.names import (
     LIMIT_GLOBAL,
     LIMIT_PER_KEY,
     ORDER_SOURCE,
+    PUTS_KEY,
     RETRY_PATCH,
     SCHEDULES,
+    SESSION_SHARED,
     SIGNAL_NAME,
     SOURCE,
 )
@@ -77,6 +82,7 @@ TARGET_WAIT_S = 3.0  # a fault waits this long for a busy target before taking a
 # controllers share them, each lane with its own lease, epoch and RQ keyspace.
 LANES = int(os.environ.get("MARBLES_CHAOS_LANES", "1"))
 STARTUP_EXCUSE_S = 15.0
+KEY_ID = "cx1"  # MARBLES_KEYS of every chaos process: one key, made for the run
 SAMPLE_EVERY_S = 0.1  # how often the sampler reads the concurrency limits' holds
 RERUN_WAIT_S = 90.0  # a rerun waits this long for its source run to finish
 RETRY_WAIT_S = 240.0  # six tries parked 0.6 s to 9.6 s apart, through kills and outages
@@ -220,6 +226,14 @@ class Harness:
         self.out = out
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = Log(self.dir / "harness.jsonl")
+        # Encryption at rest, always on: every chaos process (and this one, which reads the
+        # history) seals payloads under a key of this run's own, kept beside its data so a
+        # recheck can open them.
+        keyfile = self.dir / "marbles-keys"
+        if not keyfile.exists():
+            keyfile.write_text(f"{KEY_ID}:{base64.b64encode(os.urandom(32)).decode()}\n")
+        self.keys = keyfile.read_text().strip()
+        os.environ["MARBLES_KEYS"] = self.keys
         self.redis: RedisServer | None = None
         self.slots: list[Slot] = []
         self.stop = threading.Event()
@@ -234,6 +248,7 @@ class Harness:
         # order the run takes them in must be the order they were sent in
         self.signallers: dict[str, ThreadPoolExecutor] = {}
         self.stuck_after_s = 0.0
+        self.aimed: set[str] = set()  # the cx:puts receipts a put_kill struck
         # label -> [samples, most live holds seen, limit]
         self.limit_counts: dict[str, list[int]] = {label: [0, 0, limit]
                                                    for label, _, _, limit in LIMITS}
@@ -250,7 +265,7 @@ class Harness:
         path = env.get("PYTHONPATH", "")
         env.update(MARBLES_REDIS_URL=self.url, MARBLES_SOURCE=SOURCE, PYTHONUNBUFFERED="1",
                    PYTHONPATH=str(REPO_ROOT) + (os.pathsep + path if path else ""),
-                   MARBLES_LANE_COUNT=str(self.lanes))
+                   MARBLES_LANE_COUNT=str(self.lanes), MARBLES_KEYS=self.keys)
         return env
 
     def base_argv(self) -> list[str]:
@@ -506,7 +521,8 @@ class Harness:
             delay = self.t0 + action.at_s - NOW()
             if delay > 0 and self.stop.wait(delay):
                 return
-            if action.op in ("rerun", "cancel_spawning", "retry_patch") \
+            if action.op in ("rerun", "cancel_spawning", "retry_patch", "lock_stop",
+                             "put_kill") \
                     or action.ops == ("parked",):
                 # they wait: a thread of their own
                 thread = threading.Thread(target=self._guard, args=(action,), daemon=True,
@@ -572,6 +588,10 @@ class Harness:
             self._cancel(action.runs[0].run_id, action.via, compensate=True)
         elif op == "retry_patch":
             self._retry_patch(action)
+        elif op == "lock_stop":
+            self._lock_stop(action)
+        elif op == "put_kill":
+            self._put_kill(action)
         elif op == "cancel_spawning":
             run_id = action.runs[0].run_id
             if self._wait_for(run_id, "child_started"):
@@ -819,6 +839,85 @@ class Harness:
                                   run_id, patch, via, f"error: {exc}", wall_ms())))
         if outcome is not None:
             log.add(log.retries, h.RetryTry(run_id, patch, via, outcome, wall_ms()))
+
+    def _lock_stop(self, action: Action) -> None:
+        """Wait for an execution inside cx_lock's critical section (an entry receipt that
+        held the lock, with no exit yet), then SIGSTOP its worker's processes for pick_ms:
+        its hold lapses while it sleeps. Logged as a stop_worker fault; noted if no
+        execution entered the section in time."""
+        deadline = self._aimed_deadline()
+        while NOW() < deadline and not self.stop.is_set():
+            try:
+                receipts, _, _ = h.read_locks(self.runs.client)
+            except (redis.RedisError, OSError):
+                receipts = []
+            left = {r.x for r in receipts if r.op == "exit"}
+            inside = [r for r in receipts if r.op == "enter" and r.valid and r.x not in left]
+            for entry in reversed(inside):
+                slot = next((s for s in self._workers() if entry.pid == s.pid
+                             or entry.pid in descendants(s.pid)), None)
+                if slot is None:
+                    continue
+                fault = Fault(0.0, "stop_worker", 0, action.pick_ms / 1000)
+                self._stop(slot, [slot.pid, *descendants(slot.pid)], fault)
+                self.log.note(f"stopped {slot.name} inside the critical section of "
+                              f"{entry.run} (epoch {entry.epoch}) for {fault.hold_s} s")
+                return
+            time.sleep(0.05)
+        self.log.note(f"lock_stop #{action.pick}: no execution inside the critical section "
+                      f"before the chaos phase's end")
+
+    def _put_kill(self, action: Action) -> None:
+        """Wait for a cx_put step that has put its version and not returned (its receipt in
+        cx:puts, written after this action began; one whose compare-and-set met a conflict
+        first if one comes in the first half of the wait), then SIGKILL what executes it:
+        a horse or a pool executor alone, a --concurrency worker with its group. Logged as
+        a fault of that kind; noted if none came in time."""
+        since, start, deadline = wall_ms(), NOW(), self._aimed_deadline()
+        seen: set[str] = set()
+        while NOW() < deadline and not self.stop.is_set():
+            try:
+                rows = [json.loads(r) for r in self.runs.client.lrange(PUTS_KEY, 0, -1)]
+            except (redis.RedisError, OSError):
+                rows = []
+            fresh = [r for r in rows if r["t"] >= since and r["x"] not in seen]
+            seen.update(r["x"] for r in fresh)
+            picky = NOW() < (start + deadline) / 2
+            for put in reversed(fresh):
+                if (picky and not put["conflicts"]) or put["x"] in self.aimed:
+                    continue
+                self.aimed.add(put["x"])  # one kill per put, whichever waiter sees it first
+                if self._kill_pid(int(put["pid"]), f"inside cx_put of {put['run']} after its "
+                                  f"put of version {put['version']} (conflicts "
+                                  f"{put['conflicts']})"):
+                    return
+            time.sleep(0.05)
+        self.log.note(f"put_kill #{action.pick}: no cx_put step to kill before the chaos "
+                      f"phase's end")
+
+    def _aimed_deadline(self) -> float:
+        """An aimed fault (lock_stop, put_kill) waits for its moment until the plan's last
+        faults at most, so it never makes the chaos phase longer."""
+        return min(NOW() + WAIT_START_S, self.t0 + self.plan.duration_s)
+
+    def _kill_pid(self, pid: int, why: str) -> bool:
+        """SIGKILL the process executing a step: a horse or a pool executor alone, a worker
+        that executes in its own process with its group. False if it is gone."""
+        for slot in self._workers():
+            if pid == slot.pid:
+                self._kill(slot, [slot.pid, *descendants(slot.pid)],
+                           Fault(0.0, "worker_group", 0), killpg=True)
+            elif pid in children(slot.pid):
+                if not _signal(pid, signal.SIGKILL):
+                    return False
+                kind = "horse" if slot.pool == 0 else "pool_executor"
+                self._record(Fault(0.0, kind, 0), [slot.pid if kind == "horse" else pid],
+                             f"{slot.name} {kind} {pid}")
+            else:
+                continue
+            self.log.note(f"killed {slot.name} ({pid}) {why}")
+            return True
+        return False
 
     def _wait_failed_step(self, run_id: str) -> bool:
         """Wait until the run's journal says it parked on a failed step."""
@@ -1103,6 +1202,7 @@ class Harness:
         executions, claims, applied = h.read_receipts(self.runs.client)
         events = json.loads(self.cli("events", "--json", "--limit", "10000").stdout)
         schedules = json.loads(self.cli("schedules", "--json").stdout)
+        locks = h.read_locks(self.runs.client)
         return h.History(
             runs=h.read_runs(self.runs, ids), executions=executions, claims=claims,
             applied=applied, submitted=list(self.log.submitted), sent=list(self.log.sent),
@@ -1110,6 +1210,8 @@ class Harness:
             pauses=list(self.log.pauses), reruns=list(self.log.reruns),
             signals=list(self.log.signals), orders=list(self.log.orders),
             retries=list(self.log.retries), retry_tries=h.read_retry_tries(self.runs.client),
+            sessions=self._sessions(), artifacts=self._artifacts(),
+            lock_receipts=locks[0], lock_counter=locks[1], lock_done=locks[2],
             limit_counts={k: (v[0], v[1], v[2]) for k, v in self.limit_counts.items()},
             limit_over=list(self.log.limit_over),
             faults=list(self.log.faults), crashes=list(self.log.crashes),
@@ -1117,6 +1219,40 @@ class Harness:
             schedule_every_ms={k: every for k, (_, every) in SCHEDULES.items()},
             schedule_workflows={wf: k for k, (wf, _) in SCHEDULES.items()},
             stuck_after_s=self.stuck_after_s)
+
+    def _sessions(self) -> dict[str, list[Any] | None]:
+        """cx_session's sessions (each run's own: its id is the run's) and the shared one,
+        read back through the client (the codec decodes them): id -> its messages in order
+        (None: missing or unreadable, noted)."""
+        ids = [rid for rid, wf in self._submitted_workflows().items() if wf == "cx_session"]
+        out: dict[str, list[Any] | None] = {}
+        for sid in [SESSION_SHARED, *sorted(ids)]:
+            try:
+                messages = self.client.session_messages(sid)
+            except MarblesError as exc:
+                self.log.note(f"session {sid}: {type(exc).__name__}: {exc}")
+                out[sid] = None
+                continue
+            positions = [m.position for m in messages]
+            if positions != list(range(1, len(positions) + 1)):
+                self.log.note(f"session {sid}: positions {positions}")
+            out[sid] = [m.data for m in messages]
+        return out
+
+    def _artifacts(self) -> dict[str, list[h.ArtifactVersion]]:
+        """cx_artifact's artifacts read back through the client: every version's content."""
+        out: dict[str, list[h.ArtifactVersion]] = {}
+        for name in (ARTIFACT_PLAIN, ARTIFACT_CAS):
+            try:
+                handle = self.client.artifact(name)
+                out[name] = [h.ArtifactVersion(v.version, handle.get(v.version), v.run or "")
+                             for v in handle.versions()]
+            except MarblesError as exc:
+                self.log.note(f"artifact {name}: {type(exc).__name__}: {exc}")
+        return out
+
+    def _submitted_workflows(self) -> dict[str, str]:
+        return {s.run: s.workflow for s in self.log.submitted}
 
     def shutdown(self) -> None:
         self.stop.set()

@@ -23,8 +23,18 @@ import msgspec
 import redis
 
 from marbles_rq.engine.runs import RunStore
+from marbles_rq.payloads.codec import decode_payload
+from marbles_rq.payloads.fields import open_value
 from marbles_rq.store.records import EffectReceipt, decode
-from tests.chaos.names import CLAIMS_KEY, EFFECTS_KEY, EXEC_KEY, RETRY_KEY
+from tests.chaos.names import (
+    CLAIMS_KEY,
+    EFFECTS_KEY,
+    EXEC_KEY,
+    LOCK_COUNTER_KEY,
+    LOCK_DONE_KEY,
+    LOCK_HOLDS_KEY,
+    RETRY_KEY,
+)
 
 
 @dataclass(frozen=True)
@@ -213,6 +223,37 @@ class RetryTry:
 
 
 @dataclass(frozen=True)
+class ArtifactVersion:
+    """One version of an artifact, as the client reads it back: its number and content."""
+
+    version: int
+    content: bytes
+    run: str = ""  # the run that wrote it, as its record says ("" if it does not)
+
+
+@dataclass(frozen=True)
+class LockReceipt:
+    """One entry into (op enter) or exit from (op exit) cx_lock's critical section, written
+    by a script that read the lock's holder in the store at that moment (server ms):
+    enter: valid (this execution held it), done (its run's increment was accepted before),
+    read (the counter); exit: outcome written | already | refused (not the holder)."""
+
+    x: str  # one per pass through the section: its enter and exit share it
+    op: str
+    run: str
+    epoch: int
+    attempt: int
+    ms: int
+    holder: str = ""
+    holder_epoch: int = 0
+    valid: bool = False
+    done: bool = False
+    read: int = 0
+    outcome: str = ""
+    pid: int = 0  # the process that executed the pass
+
+
+@dataclass(frozen=True)
 class LimitSample:
     """A sample of a concurrency limit's live holds in the store (server ms) that found
     more than `limit` (the sampler logs only those, and counts the rest)."""
@@ -262,6 +303,12 @@ class History:
     retries: list[RetryTry] = field(default_factory=list)
     # cx_retry: each step's tries as the workload counted them (idempotency key -> count)
     retry_tries: dict[str, int] = field(default_factory=dict)
+    # sessions read back after the chaos: id -> its messages in order (None: unreadable)
+    sessions: dict[str, list[Any] | None] = field(default_factory=dict)
+    artifacts: dict[str, list[ArtifactVersion]] = field(default_factory=dict)
+    lock_receipts: list[LockReceipt] = field(default_factory=list)
+    lock_counter: int = 0  # cx_lock's counter at the end
+    lock_done: list[str] = field(default_factory=list)  # runs whose increment was accepted
     # label -> (samples taken, most live holds seen, the limit)
     limit_counts: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     limit_over: list[LimitSample] = field(default_factory=list)
@@ -280,7 +327,9 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _events(rows: list[Any]) -> list[Ev]:
+def _events(rows: list[Any], store: Any = None) -> list[Ev]:
+    """A run's output journal; with `store`, the user values its entries carry (an input
+    patch, a signal's payload ...) opened when MARBLES_KEYS sealed them."""
     out = []
     for eid, f in rows:
         ms, seq = _s(eid).split("-")
@@ -288,12 +337,15 @@ def _events(rows: list[Any]) -> list[Ev]:
             data = msgspec.json.decode(f[b"d"])
         except msgspec.DecodeError:
             data = {"unreadable": _s(f.get(b"d", b""))}
+        if store is not None and isinstance(data, dict):
+            data = {k: open_value(store, v) for k, v in data.items()}
         out.append(Ev(int(ms), int(seq), _s(f.get(b"t", b"?")), int(f.get(b"a", 0) or 0),
                       data if isinstance(data, dict) else {"value": data}))
     return out
 
 
-def _questions(fields: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
+def _questions(fields: dict[bytes, bytes], store: Any = None) -> dict[str, dict[str, Any]]:
+    """A run's questions; their answers opened (sealed when MARBLES_KEYS is set)."""
     f = {_s(k): v for k, v in fields.items()}
     out: dict[str, dict[str, Any]] = {}
     for name in f:
@@ -301,7 +353,8 @@ def _questions(fields: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
             continue
         answer = f.get(f"{name}|answer")
         out[name] = {"state": _s(f.get(f"{name}|state", b"open")),
-                     "answer": None if answer is None else msgspec.json.decode(answer),
+                     "answer": None if answer is None else msgspec.json.decode(
+                         answer if store is None else decode_payload(store, bytes(answer))),
                      "rev": int(f.get(f"{name}|rev", b"1"))}
     return out
 
@@ -340,13 +393,14 @@ def read_runs(runs: RunStore, ids: list[str]) -> dict[str, Run]:
                 queue=view.record.queue, priority=view.record.priority,
                 rerun_of=view.record.rerun_of, rerun_from_step=view.record.rerun_from_step,
                 start_at_ms=view.record.not_before_ms,
-                events=_events(rows), questions=_questions(asks),
+                events=_events(rows, runs.store), questions=_questions(asks, runs.store),
                 steps={s.key: Step(s.key, s.name, s.status, s.attempts,
                                    None if s.result is None else msgspec.json.decode(s.result),
                                    s.seq)
                        for s in view.steps})
             run.effects = _effects(runs, rid, [_s(k) for k in effect_keys])
-            run.published = {_s(k): msgspec.json.decode(v) for k, v in published.items()}
+            run.published = {_s(k): msgspec.json.decode(decode_payload(runs.store, v))
+                             for k, v in published.items()}
             out[rid] = run
     return out
 
@@ -393,3 +447,22 @@ def read_receipts(client: redis.Redis) -> tuple[list[Execution], list[Claim], li
 
 def read_retry_tries(client: Any) -> dict[str, int]:
     return {_s(k): int(v) for k, v in client.hgetall(RETRY_KEY).items()}
+
+
+def read_locks(client: Any) -> tuple[list[LockReceipt], int, list[str]]:
+    """cx_lock's receipts (a receipt resent after a Redis restart counts once: its first),
+    its counter and the runs whose increment was accepted."""
+    seen: set[tuple[str, str]] = set()
+    receipts = []
+    for r in _json_list(client, LOCK_HOLDS_KEY):
+        if (r["x"], r["op"]) in seen:
+            continue
+        seen.add((r["x"], r["op"]))
+        receipts.append(LockReceipt(
+            r["x"], r["op"], r["run"], int(r["epoch"]), int(r.get("attempt") or 0),
+            int(r["ms"]), str(r.get("holder") or ""), int(r.get("holder_epoch") or 0),
+            bool(r.get("valid")), bool(r.get("done")), int(r.get("read") or 0),
+            str(r.get("outcome") or ""), int(r.get("pid") or 0)))
+    counter = int(client.get(LOCK_COUNTER_KEY) or 0)
+    done = sorted(_s(m) for m in client.smembers(LOCK_DONE_KEY))
+    return receipts, counter, done

@@ -54,3 +54,25 @@ RETRY_PATCH = {"fails": 0}
 # Rate limits (cx_rate): its limit per key, and the key values the runs carry.
 RATE_PER_S = 10
 RATE_KEYS = ["north", "south"]
+
+# Sessions (cx_session): a run appends to its own session in its body and in its steps, and
+# some to one session they all share.
+SESSION_SHARED = "chaos-shared"
+
+# Artifacts (cx_artifact): a step puts a version of one shared artifact (a plain put), or of
+# another one by compare-and-set (expect_version: the latest it read, again on a conflict).
+ARTIFACT_PLAIN = "chaos-art"
+ARTIFACT_CAS = "chaos-art-cas"
+PUTS_KEY = "cx:puts"  # one entry per put answered inside cx_put (run, step, version, pid)
+PUT_LINGER_MS = 400  # a compare-and-set put's step naps this long before it returns
+CAS_THINK_MS = 40  # between reading the latest version and putting with it
+
+# The durable mutex (cx_lock): the lock every run takes, its lease, and the receipts its
+# critical sections leave: the counter they increment by a read (on entering) and a write
+# (on leaving), each checked against the lock's holder in the store (a fenced write), the
+# runs whose increment was accepted, and one entry per entry into and exit from the section.
+LOCK_NAME = "chaos-lock"
+LOCK_LEASE_S = 4.0
+LOCK_COUNTER_KEY = "cx:lock_counter"
+LOCK_DONE_KEY = "cx:lock_done"
+LOCK_HOLDS_KEY = "cx:lock_holds"

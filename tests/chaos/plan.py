@@ -58,6 +58,21 @@ RETRIES = 3
 # per 500 runs, so each lane's limit holds some.
 RATE_BURSTS = 2
 RATE_BURST = 24
+# Runs of issue 23's records per hundred, drawn apart too: sessions (cx_session, about half
+# of them also appending to one shared session), artifacts (cx_artifact, half of them by
+# compare-and-set on one artifact) and the durable mutex (cx_lock, every run on one lock).
+SESSIONS = 3
+ARTIFACTS = 3
+LOCKS = 3
+# Per 250 runs: the harness SIGSTOPs the worker of an execution inside cx_lock's critical
+# section (whichever is inside then) for LOCK_STOP_MS, past its hold's lapse (LOCK_LEASE_S):
+# the run goes on elsewhere, and the stopped execution's write must be refused once it wakes.
+LOCK_STOPS = 1
+LOCK_STOP_MS = (6500, 8000)
+# Per 250 runs: the harness SIGKILLs the process executing a cx_put step that has put its
+# version and not returned (preferring one whose compare-and-set met a conflict first): its
+# redelivery runs the step again, which must not put a second version.
+PUT_KILLS = 2
 BATCH_SIZE = 25
 BATCH_DUPLICATES = 3  # ids submitted before, sent again inside each batch
 
@@ -90,7 +105,10 @@ class Action:
     #          signal (pick: the signal's index) | signal_start (signal-with-start, index 0) |
     #          order (an event for a cx_publish_wait run; pick: 0 its match, else a decoy) |
     #          cancel_compensate (cancel --compensate of a cx_saga run) |
-    #          retry_patch (once a cx_retry run paused on its step: retry --input-patch)
+    #          retry_patch (once a cx_retry run paused on its step: retry --input-patch) |
+    #          lock_stop (SIGSTOP the worker of an execution inside cx_lock's critical
+    #          section, for pick_ms; runs: none) | put_kill (SIGKILL the process
+    #          executing a cx_put step between its put and its return; runs: none)
     runs: tuple[RunSpec, ...]
     via: str = "api"  # api | cli | cli-kill (a CLI SIGKILLed while it works) | thread (at
     #                   once, from another thread)
@@ -352,6 +370,9 @@ def _actions(rng: random.Random, seed: int, runs: int, duration: float) -> list[
     actions += _sagas(random.Random(seed * 1_000_003 + 31), seed, runs, duration)
     actions += _retries(random.Random(seed * 1_000_003 + 37), seed, runs, duration)
     actions += _rates(random.Random(seed * 1_000_003 + 41), seed, runs, duration)
+    actions += _sessions(random.Random(seed * 1_000_003 + 43), seed, runs, duration)
+    actions += _artifacts(random.Random(seed * 1_000_003 + 47), seed, runs, duration)
+    actions += _locks(random.Random(seed * 1_000_003 + 53), seed, runs, duration)
     return sorted(actions, key=lambda a: a.at_s)
 
 
@@ -450,6 +471,60 @@ def _rates(rng: random.Random, seed: int, runs: int, duration: float) -> list[Ac
             spec = RunSpec(f"cx-{seed}-rl{b:02d}{i:02d}-rate", "rate", "cx_rate",
                            {"lane": rng.choice(RATE_KEYS), "sleep_ms": rng.choice([2, 10])})
             out.append(Action(at, "submit", (spec,), "api"))
+    return out
+
+
+def _sessions(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    """cx_session runs, half of them appending to the shared session too; some in bursts of
+    three (several runs appending to the shared session at once)."""
+    out = []
+    k, total = 0, max(6, runs * SESSIONS // 100)
+    while k < total:
+        at = round(rng.uniform(0.5, duration * 0.8), 3)
+        for _ in range(min(3 if rng.random() < 0.3 else 1, total - k)):
+            spec = RunSpec(f"cx-{seed}-ss{k:03d}-session", "session", "cx_session",
+                           {"steps": rng.randint(1, 3), "shared": k % 2 == 0,
+                            "sleep_ms": rng.choice([5, 20, 60])})
+            out.append(Action(at, "submit", (spec,)))
+            k += 1
+    return out
+
+
+def _artifacts(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    """cx_artifact runs: plain puts and compare-and-set puts, the latter some in bursts of
+    four (conflicts)."""
+    out = []
+    k, total, burst = 0, max(6, runs * ARTIFACTS // 100), 0
+    while k < total:
+        at = round(rng.uniform(0.5, duration * 0.8), 3)
+        cas = burst % 2 == 1
+        burst += 1
+        for _ in range(min(4 if cas and rng.random() < 0.5 else 1, total - k)):
+            spec = RunSpec(f"cx-{seed}-ar{k:03d}-artifact", "artifact", "cx_artifact",
+                           {"cas": cas, "sleep_ms": rng.choice([10, 40, 120])})
+            out.append(Action(at, "submit", (spec,)))
+            k += 1
+    for n in range(max(1, runs * PUT_KILLS // 250)):
+        at = round(rng.uniform(duration * 0.1, duration * 0.6), 3)
+        out.append(Action(at, "put_kill", (), pick=n))
+    return out
+
+
+def _locks(rng: random.Random, seed: int, runs: int, duration: float) -> list[Action]:
+    """cx_lock runs, some in bursts of three (waiters queued behind a holder)."""
+    out = []
+    k, total = 0, max(4, runs * LOCKS // 100)
+    while k < total:
+        at = round(rng.uniform(0.5, duration * 0.8), 3)
+        for _ in range(min(3 if rng.random() < 0.3 else 1, total - k)):
+            spec = RunSpec(f"cx-{seed}-lk{k:03d}-lock", "lock", "cx_lock",
+                           {"hold_ms": rng.choice([20, 100, 300]), "step": rng.random() < 0.5,
+                            "sleep_ms": rng.choice([10, 60])})
+            out.append(Action(at, "submit", (spec,)))
+            k += 1
+    for n in range(max(1, runs * LOCK_STOPS // 250)):
+        at = round(rng.uniform(duration * 0.1, duration * 0.6), 3)
+        out.append(Action(at, "lock_stop", (), pick_ms=rng.randint(*LOCK_STOP_MS), pick=n))
     return out
 
 

@@ -48,6 +48,20 @@ Workflows (all return ``{"steps": [idempotency keys of their steps], ...}``):
   pauses it on the step until the harness retries it with the input patch ``{"fails": 0}``.
 * ``cx_rate`` -- ``rate_limit="10/s"`` per ``lane``: one quick step, whose start the
   checker measures (no window of one second holds more than 10 per lane).
+* ``cx_session`` -- appends numbered messages to its own session (``mr.session()``) in its
+  body and in its steps (``cx_say``), and some runs to the session ``chaos-shared`` they all
+  share: every append is replayed by every later execution of the body (and again by a step
+  run again after a kill), and must be kept once, in order.
+* ``cx_artifact`` -- a step (``cx_put``) puts a version of ``chaos-art`` naming its run and
+  step, or of ``chaos-art-cas`` by compare-and-set (``expect_version``: the latest version
+  it read, read again on each ``ArtifactConflict``); the step leaves a receipt in ``cx:puts``
+  and naps after its put (longer after a compare-and-set), so a kill -- the harness aims
+  some at it -- lands between the put and the commit.
+* ``cx_lock`` -- ``with mr.lock("chaos-lock")``: inside, the body reads a counter (entering)
+  and writes it plus one (leaving) with scripts that check the lock's holder in the store
+  (run and epoch: a fenced write, refused to an execution that no longer holds it); each
+  entry and exit leaves a receipt in ``cx:lock_holds`` with the server's time; some runs
+  run a step inside the section (a kill there redelivers the run inside it).
 
 The combinations (issue 16), each under the same faults:
 
@@ -87,6 +101,9 @@ import marbles_rq as mr
 from marbles_rq.engine.event_waits import EventWaitTimeoutError
 from tests.chaos.names import (
     APPLIED_KEY,
+    ARTIFACT_CAS,
+    ARTIFACT_PLAIN,
+    CAS_THINK_MS,
     CLAIMS_KEY,
     COLOURS,
     EFFECTS_KEY,
@@ -95,9 +112,16 @@ from tests.chaos.names import (
     FLAKY_KEY,
     LIMIT_GLOBAL,
     LIMIT_PER_KEY,
+    LOCK_COUNTER_KEY,
+    LOCK_DONE_KEY,
+    LOCK_HOLDS_KEY,
+    LOCK_LEASE_S,
+    LOCK_NAME,
     ORDER_SOURCE,
     ORDER_TIMEOUT_S,
     ORDER_TYPE,
+    PUT_LINGER_MS,
+    PUTS_KEY,
     QUESTION_KEY,
     RATE_PER_S,
     RETRY_INITIAL,
@@ -105,6 +129,7 @@ from tests.chaos.names import (
     RETRY_MAX_ATTEMPTS,
     SAGA_SIGNAL,
     SAGA_WAIT_S,
+    SESSION_SHARED,
     SIGNAL_NAME,
     SIGNAL_TIMEOUT_S,
     SOURCE,
@@ -446,6 +471,169 @@ class RateIn(msgspec.Struct):
 @mr.workflow(rate_limit=f"{RATE_PER_S}/s", rate_key="lane")
 def cx_rate(ctx: mr.RunContext, inp: RateIn) -> dict[str, Any]:
     return {"steps": [cx_link(0, inp.sleep_ms)]}
+
+
+# -- sessions, artifacts and the mutex (issue 23) -------------------------------------------
+
+def _said(run_id: str, index: int, where: str) -> dict[str, Any]:
+    """A message a cx_session run appends: which run, its number in the run, where from."""
+    return {"run": run_id, "i": index, "at": where}
+
+
+@mr.step
+def cx_say(index: int, shared: bool, sleep_ms: int) -> str:
+    """Appends message #index to its run's session (and to the shared one), naps: a kill in
+    the nap lands after the appends and before the commit (the step runs again with the
+    same appends, which must be kept once)."""
+    run = _executing()
+    _nap(sleep_ms // 2)
+    message = _said(run.run_id, index, "step")
+    mr.session().append(message)
+    if shared:
+        mr.session(SESSION_SHARED).append(message)
+    _nap(sleep_ms - sleep_ms // 2)
+    return run.idempotency_key
+
+
+class SessionIn(msgspec.Struct):
+    steps: int = 2
+    shared: bool = False
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_session(ctx: mr.RunContext, inp: SessionIn) -> dict[str, Any]:
+    """Messages 0, 2, 4 ... from the body, 1, 3 ... from steps, in that order; the shared
+    session gets the steps' messages and a last one from the body."""
+    own = mr.session()
+    own.append(_said(ctx.run_id, 0, "body"))
+    steps = []
+    for k in range(inp.steps):
+        steps.append(cx_say(2 * k + 1, inp.shared, inp.sleep_ms))
+        own.append(_said(ctx.run_id, 2 * k + 2, "body"))
+    if inp.shared:
+        mr.session(SESSION_SHARED).append(_said(ctx.run_id, 2 * inp.steps + 1, "body"))
+    return {"session": own.id, "said": 2 * inp.steps + 1, "steps": steps}
+
+
+# Declared in the source (known to the deployment from the workers' start: a CAS reads the
+# latest version, 0 before the first put).
+_ART_PLAIN = mr.artifact(ARTIFACT_PLAIN, "application/json")
+_ART_CAS = mr.artifact(ARTIFACT_CAS, "application/json")
+
+
+@mr.step
+def cx_put(cas: bool, sleep_ms: int) -> dict[str, Any]:
+    """Puts one version naming its run and step, then naps (a kill there redelivers the
+    run after the put, before the commit: the put must not be made twice)."""
+    run = _executing()
+    _nap(sleep_ms // 2)
+    content = json.dumps({"run": run.run_id, "step": run.step_path},
+                         sort_keys=True).encode()
+    conflicts = 0
+    if cas:
+        while True:
+            read = _ART_CAS.latest()
+            _nap(CAS_THINK_MS)  # read, think, write: runs put at once conflict
+            try:
+                version = _ART_CAS.put(content, expect_version=read)
+                break
+            except mr.ArtifactConflict:
+                conflicts += 1
+    else:
+        version = _ART_PLAIN.put(content)
+    entry = json.dumps({"x": uuid.uuid4().hex, "run": run.run_id, "step": run.step_path,
+                        "epoch": run.ex.epoch, "version": version, "conflicts": conflicts,
+                        "cas": cas, "pid": os.getpid(), "t": _now_ms()})
+    _call(lambda c: c.rpush(PUTS_KEY, entry))
+    # A window for the harness's put_kill: killed now, the step runs again and puts again.
+    _nap(sleep_ms - sleep_ms // 2 + (PUT_LINGER_MS if cas else 0))
+    return {"version": version, "conflicts": conflicts, "key": run.idempotency_key}
+
+
+class ArtifactIn(msgspec.Struct):
+    cas: bool = False
+    sleep_ms: int = 20
+
+
+@mr.workflow
+def cx_artifact(ctx: mr.RunContext, inp: ArtifactIn) -> dict[str, Any]:
+    put = cx_put(inp.cas, inp.sleep_ms)
+    return {"artifact": ARTIFACT_CAS if inp.cas else ARTIFACT_PLAIN,
+            "version": put["version"], "steps": [put["key"]]}
+
+
+# Entering the critical section: the server's time, whether the lock's holder in the store is
+# this execution (run and epoch), whether this run's increment was accepted already (a body
+# replayed past the section), and the counter (read now, written plus one on leaving).
+_LOCK_ENTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local h = redis.call('HMGET', KEYS[1], 'run', 'epoch', 'until')
+local valid = (h[1] == ARGV[1] and tonumber(h[2]) == tonumber(ARGV[2])) and 1 or 0
+local done = redis.call('SISMEMBER', KEYS[3], ARGV[1])
+local read = tonumber(redis.call('GET', KEYS[2]) or '0')
+redis.call('RPUSH', KEYS[4], cjson.encode({x = ARGV[3], op = 'enter', run = ARGV[1],
+  epoch = tonumber(ARGV[2]), attempt = tonumber(ARGV[4]), pid = tonumber(ARGV[5]),
+  ms = now, valid = valid,
+  done = done, read = read, holder = h[1] or '', holder_epoch = tonumber(h[2] or '0'),
+  ['until'] = tonumber(h[3] or '0')}))
+return read
+"""
+# Leaving it: the write of read + 1, accepted only from the lock's holder (this execution:
+# refused otherwise) and once per run (a redelivery inside the section after the write
+# leaves it as it is: already).
+_LOCK_EXIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local h = redis.call('HMGET', KEYS[1], 'run', 'epoch', 'until')
+local valid = h[1] == ARGV[1] and tonumber(h[2]) == tonumber(ARGV[2])
+local outcome = 'refused'
+if valid and redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then
+  outcome = 'already'
+elseif valid then
+  redis.call('SET', KEYS[2], tonumber(ARGV[6]) + 1)
+  redis.call('SADD', KEYS[3], ARGV[1])
+  outcome = 'written'
+end
+redis.call('RPUSH', KEYS[4], cjson.encode({x = ARGV[3], op = 'exit', run = ARGV[1],
+  epoch = tonumber(ARGV[2]), attempt = tonumber(ARGV[4]), pid = tonumber(ARGV[5]),
+  ms = now, outcome = outcome,
+  holder = h[1] or '', holder_epoch = tonumber(h[2] or '0'),
+  ['until'] = tonumber(h[3] or '0')}))
+return outcome
+"""
+
+
+def _lock_script(ctx: mr.RunContext, script: str, x: str, *extra: Any) -> Any:
+    from marbles_rq.flow.lock_store import lock_id  # the mutex's own naming of its keys
+
+    state = ctx.runs.keys.lock_state(lock_id(LOCK_NAME))
+    return _call(lambda c: c.eval(script, 4, state, LOCK_COUNTER_KEY, LOCK_DONE_KEY,
+                                  LOCK_HOLDS_KEY, ctx.run_id, ctx.ex.epoch, x,
+                                  ctx.ex.attempt, os.getpid(), *extra))
+
+
+class LockIn(msgspec.Struct):
+    hold_ms: int = 50
+    step: bool = False
+    sleep_ms: int = 10
+
+
+@mr.workflow
+def cx_lock(ctx: mr.RunContext, inp: LockIn) -> dict[str, Any]:
+    """A read-then-write of a counter inside the lock, from the body (every execution of
+    the body that passes the section does both, fenced), with an optional step inside."""
+    steps = []
+    with mr.lock(LOCK_NAME, lease_s=LOCK_LEASE_S):
+        x = uuid.uuid4().hex
+        read = int(_lock_script(ctx, _LOCK_ENTER, x))
+        _nap(inp.hold_ms)
+        if inp.step:
+            steps.append(cx_link(0, inp.sleep_ms))
+        _lock_script(ctx, _LOCK_EXIT, x, read)
+    steps.append(cx_link(1, inp.sleep_ms))
+    return {"steps": steps}
 
 
 class ChildIn(msgspec.Struct):
