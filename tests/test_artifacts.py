@@ -150,8 +150,9 @@ def test_identical_content_is_one_blob_and_reads_and_deletes(redis_url: str) -> 
         err.value)
     assert a.latest() == 2
     c = client.artifact("fresh")
+    assert c.latest() == 0  # nothing declared or written: none yet
     with pytest.raises(UnknownArtifactError):
-        c.latest()
+        c.get()
     assert c.put("first", expect_version=0) == 1
     with pytest.raises(ArtifactConflict):
         c.put("again", expect_version=0)
@@ -296,3 +297,11 @@ def test_runs_in_memory_keep_their_artifacts_in_memory(procs: Procs) -> None:
     out = ok(procs.cli("run", "aw_async", "--dry-run"))
     assert '"content": "two"' in out or "two" in out, out
     assert sorted(procs.observer.runs.client.keys("*")) == before
+
+
+def test_latest_of_an_unknown_artifact_is_zero_and_cas_starts_there(redis_url: str) -> None:
+    client = mr.connect(redis_url, prefix=f"lat{os.getpid()}")
+    art = client.artifact("never-declared")
+    assert art.latest() == 0
+    assert art.put(b"first", expect_version=art.latest()) == 1
+    assert art.latest() == 1

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 
 from ..engine.context import awaitable_here, current, current_run
 from ..errors import MarblesError
-from .errors import check_name, check_version
+from .errors import UnknownArtifactError, check_name, check_version
 from .records import ArtifactVersion
 from .store import CHUNK, ArtifactStore, Data, _view
 
@@ -76,8 +76,9 @@ class Artifact:
         return self._store().versions(self.name)
 
     def latest(self) -> int:
-        """The latest version's number (0: none yet)."""
-        return self._store().latest(self.name)
+        """The latest version's number (0: none yet, also for an artifact nothing declared
+        or wrote: a compare-and-set loop starts from it with ``expect_version=0``)."""
+        return _latest_or_zero(self._store(), self.name)
 
 
 def artifact(name: str, media_type: str | None = None, *, keep: int = 0) -> Artifact:
@@ -133,7 +134,8 @@ class ClientArtifact:
         return self._store.describe(self.name, version)
 
     def latest(self) -> int:
-        return self._store.latest(self.name)
+        """The latest version's number (0: none yet, or no such artifact)."""
+        return _latest_or_zero(self._store, self.name)
 
     def delete(self, version: int | None = None) -> list[int]:
         """Remove `version`, or every version when None (numbers are never reused); the
@@ -196,3 +198,10 @@ class AsyncArtifact:
         _, pieces = await self.download(version)
         async for piece in pieces:
             yield piece
+
+
+def _latest_or_zero(store: Any, name: str) -> int:
+    try:
+        return int(store.latest(name))
+    except UnknownArtifactError:
+        return 0
