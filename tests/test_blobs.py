@@ -31,6 +31,13 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
           "AWS_DEFAULT_REGION": "us-east-1"}
 
 
+@pytest.fixture(autouse=True)
+def _every_blob_in_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests put small blobs to exercise each backend: none stays in Redis (the
+    default keeps blobs under 64 KiB there: test_small_blobs_stay_in_redis)."""
+    monkeypatch.setenv("MARBLES_BLOB_INLINE_MAX", "1")
+
+
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real S3-compatible server process (moto_server, from the dev extras) with a bucket
@@ -437,3 +444,33 @@ def test_an_offloaded_payload_is_sealed_before_it_leaves(
     dumped = b"".join(store.client.dump(k) or b"" for k in store.client.scan_iter())
     assert marker.encode() not in dumped
     assert decode_payload(store, stored) == value
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_small_blobs_stay_in_redis_large_go_to_the_store(
+        kind: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
+    """With a directory or S3 store, a blob up to MARBLES_BLOB_INLINE_MAX stays in Redis (its
+    ref says so), a larger one goes to the store; both read back through the store, and the
+    artifact path (a put then a get) reads whichever it is."""
+    if kind == "s3":
+        request.getfixturevalue("s3_env")
+    monkeypatch.setenv("MARBLES_BLOB_INLINE_MAX", "4096")
+    store = open_store(redis_url)
+    blobs = open_blob_store(store, _url(kind, tmp_path))
+    small, large = os.urandom(4096), os.urandom(4097)
+    s_ref = blobs.put(small, holder="run:tier-small")
+    l_ref = blobs.put(large, holder="run:tier-large")
+    assert (s_ref.backend, l_ref.backend) == ("redis", kind)
+    assert store.client.get(store.keys.blob(s_ref.sha256)) == small
+    assert store.client.get(store.keys.blob(l_ref.sha256)) is None
+    assert blobs.exists(s_ref) and blobs.exists(l_ref)
+    assert blobs.get(s_ref) == small and blobs.get(l_ref) == large
+    with blobs.open(s_ref) as reader:
+        assert reader.read() == small
+    with blobs.open(l_ref) as reader:
+        assert reader.read() == large
+    if kind == "file":
+        files = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+        assert [f.name for f in files if s_ref.sha256 in f.name] == []
+        assert [f.name for f in files if l_ref.sha256 in f.name] != []

@@ -25,6 +25,7 @@ import msgspec
 from ..engine.json_values import changed_by_json
 from ..errors import MarblesError
 from ..payloads import BlobRef, blob_store_for, open_bytes, seal_bytes
+from ..payloads.blobs import backend_named
 from ..payloads.holders import register_holder_kind
 from ..store.records import decode, encode
 from ..store.replies import as_text
@@ -222,7 +223,8 @@ class ArtifactStore:
         return self.content(record)
 
     def content(self, record: ArtifactVersionRecord) -> bytes:
-        blob = blob_store_for(self.store).get(_ref(record))
+        ref = _ref(record)
+        blob = backend_named(self.store, ref.backend).get(ref)
         return open_bytes(self.store, blob)
 
     def open(self, name: str, version: int | None = None) -> BinaryIO:
@@ -232,7 +234,8 @@ class ArtifactStore:
 
     def reader(self, record: ArtifactVersionRecord) -> BinaryIO:
         if record.blob == record.sha256:  # stored as it is: the backend's own reader
-            return blob_store_for(self.store).open(_ref(record))
+            ref = _ref(record)
+            return backend_named(self.store, ref.backend).open(ref)
         return io.BytesIO(self.content(record))
 
     def chunks(self, record: ArtifactVersionRecord) -> Any:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from ..envvars import env_int
 from ..errors import MarblesError
@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 BLOB_STORE_ENV = "MARBLES_BLOB_STORE"
 BLOB_GRACE_ENV = "MARBLES_BLOB_GRACE_S"
 DEFAULT_GRACE_S = 600
+# With a directory or S3 store, a blob this small stays in Redis: a round trip to an object
+# store costs more than the bytes do (an artifact of a few KB, a sealed small value).
+BLOB_INLINE_ENV = "MARBLES_BLOB_INLINE_MAX"
+DEFAULT_INLINE_MAX = 64 << 10
 # A `$del` mark older than this is a collection that died between its two steps: a put
 # takes the blob over (lua/hold_blob.lua). Far longer than deleting one object takes.
 STALE_DELETE_MS = 60_000
@@ -76,6 +80,10 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def inline_max() -> int:
+    return env_int(BLOB_INLINE_ENV, DEFAULT_INLINE_MAX, unit="bytes")
+
+
 def grace_ms() -> int:
     """How long a blob and each of its holders are left alone by the collection after they
     were put: longer than any writer takes from its put to writing the record that
@@ -106,7 +114,10 @@ class HeldBlobs:
         keys, scripts = self.store.keys, self.store.scripts
         scripts.index_blob(index=keys.blobs_index, sizes=keys.blobs_sizes,
                            stats=keys.blobs_stats, sha=sha, size=len(data), look_ms=grace_ms())
-        blob, inline = (keys.blob(sha), data) if self.inline else (None, b"")
+        # Small blobs stay in Redis whatever the backend (their ref says "redis"): every
+        # backend reads those, and the collection deletes them with the others.
+        in_redis = self.inline or len(data) <= inline_max()
+        blob, inline = (keys.blob(sha), data) if in_redis else (None, b"")
         deadline = time.monotonic() + 2 * STALE_DELETE_MS / 1000
         while True:
             reply = scripts.hold_blob(holders=keys.blob_holders(sha), holder=holder,
@@ -117,18 +128,27 @@ class HeldBlobs:
         if reply.status == "deleting":
             raise BlobMissing(f"blob {sha} is being deleted by the controller and did not "
                               f"finish within {2 * STALE_DELETE_MS // 1000} s; try again")
-        if not self.inline and (reply.status == "new" or not self._exists(sha)):
+        if not in_redis and (reply.status == "new" or not self._exists(sha)):
             self._write(sha, data)
-        return BlobRef(sha, len(data), self.name)
+        return BlobRef(sha, len(data), "redis" if in_redis else self.name)
+
+    def _in_redis(self, ref: BlobRef) -> bool:
+        return ref.backend == "redis" and not self.inline
 
     def get(self, ref: BlobRef) -> bytes:
-        data = self._read(ref.sha256)
+        if self._in_redis(ref):
+            got: Any = self.store.client.get(self.store.keys.blob(ref.sha256))
+            data = None if got is None else bytes(got)
+        else:
+            data = self._read(ref.sha256)
         if data is None:
             raise BlobMissing(f"blob {ref.sha256} is missing from the {self.name} blob store "
                               f"{self.url}".rstrip())
         return data
 
     def exists(self, ref: BlobRef) -> bool:
+        if self._in_redis(ref):
+            return bool(self.store.client.exists(self.store.keys.blob(ref.sha256)))
         return self._exists(ref.sha256)
 
     def open(self, ref: BlobRef) -> BinaryIO:

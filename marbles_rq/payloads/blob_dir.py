@@ -52,6 +52,8 @@ class DirBlobs(HeldBlobs):
         return self.path(sha).is_file()
 
     def open(self, ref: BlobRef) -> BinaryIO:
+        if self._in_redis(ref):
+            return super().open(ref)  # a small blob, kept in Redis
         try:
             return open(self.path(ref.sha256), "rb")
         except FileNotFoundError:

@@ -64,6 +64,8 @@ class S3Blobs(HeldBlobs):
         return True
 
     def open(self, ref: BlobRef) -> BinaryIO:
+        if self._in_redis(ref):
+            return super().open(ref)  # a small blob, kept in Redis
         try:
             body = self.client.get_object(Bucket=self.bucket, Key=self.key(ref.sha256))["Body"]
         except self.client.exceptions.NoSuchKey:
