@@ -74,3 +74,25 @@ def _merge(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 @mr.workflow(debounce="1s", debounce_key="customer", debounce_reduce=_merge)
 def enc_debounced(ctx: mr.RunContext, inp: dict[str, Any]) -> list[Any]:
     return list(inp["items"])
+
+
+@mr.step
+def enc_note(session_id: str, text: str) -> int:
+    # An append inside a step, to the run's own session's child: sealed like the rest.
+    return mr.session(session_id).append({"note": text})
+
+
+@mr.step
+def enc_put(name: str, data: str) -> int:
+    return mr.artifact(name).put(data.encode(), media_type="text/plain")
+
+
+@mr.workflow
+def enc_kept(ctx: mr.RunContext, inp: dict[str, Any]) -> dict[str, Any]:
+    """A session message from the body and from a step, an artifact from a step (small:
+    kept in Redis) and a large one (over the inline size: in the blob store)."""
+    mr.session().append({"said": inp["said"]})
+    enc_note(inp["session"], inp["noted"])
+    small = enc_put(inp["art"], inp["small"])
+    large = enc_put(inp["art"] + "-big", inp["large"])
+    return {"small": small, "large": large}
