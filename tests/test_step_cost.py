@@ -290,7 +290,7 @@ def test_deferred_starts_are_fenced_and_written_once(redis_url: str) -> None:
         reply = runs.scripts.commit_step(
             keys=ex.keys, epoch=ex.epoch, step_key=done.key, record=encode(done),
             event_type="step_succeeded", event=b"{}", run_id=ex.run_id, ttl_ms=60_000,
-            seq=1, starts=[start.triple(ex)])
+            seq=1, starts=[start.triple(ex, runs.store)])
         assert reply.status == "ok"
     types = [e.type for e in runs.output("fence-starts")]
     assert types.count("step_started") == 1 and types.count("step_succeeded") == 1
